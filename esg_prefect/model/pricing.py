@@ -1,0 +1,124 @@
+"""Prices and the cost model of one batch (ESG-SPEC section 2).
+
+``batch_cost = (vcpus * price_per_vcpu_s + gpu_share * price_per_gpu_s[hw]) * L / 1000``
+and ``cost_per_request = batch_cost / batch``. Prices are per second; a whole
+GPU of type ``hw`` costs ``price_per_gpu_s[hw]``, a share of it pays pro rata.
+
+The default sheet (``PriceSheet.default()``) is illustrative: on-demand list
+prices of public clouds in 2024, rounded (vCPU $0.04/h; T4 $0.35/h; V100
+$2.48/h; A10 $1.00/h; A100 $3.67/h; H100 $6.98/h; H200 $10.60/h). Users give
+their own through the price-sheet block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from esg_prefect.exceptions import PriceError
+from esg_prefect.model.config import CPU, Config
+
+_DEFAULT_GPU_PER_HOUR = {
+    "T4": 0.35,
+    "V100": 2.48,
+    "A10": 1.00,
+    "A100": 3.67,
+    "H100": 6.98,
+    "H200": 10.60,
+}
+_DEFAULT_VCPU_PER_HOUR = 0.04
+
+
+def _check_price(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PriceError(f"{name} must be a number, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise PriceError(f"{name} must be a finite price >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceSheet:
+    """Per-second prices of a vCPU and of one whole GPU of each type.
+
+    Args:
+        price_per_vcpu_s: price of one vCPU for one second.
+        price_per_gpu_s: price of one whole GPU for one second, per GPU type.
+
+    Examples:
+        >>> sheet = PriceSheet.from_hourly(vcpu_per_hour=0.036, gpu_per_hour={"T4": 0.36})
+        >>> round(sheet.batch_cost(Config(8, 1, 0.5), "T4", latency_ms=1000.0), 8)
+        6e-05
+    """
+
+    price_per_vcpu_s: float
+    price_per_gpu_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "price_per_vcpu_s", _check_price("price_per_vcpu_s", self.price_per_vcpu_s))
+        gpus: dict[str, float] = {}
+        for hw, price in dict(self.price_per_gpu_s).items():
+            if not hw or hw == CPU:
+                raise PriceError(f"GPU type must be a non-empty name other than {CPU!r}, got {hw!r}")
+            gpus[hw] = _check_price(f"price_per_gpu_s[{hw!r}]", price)
+        object.__setattr__(self, "price_per_gpu_s", MappingProxyType(gpus))
+
+    def __hash__(self) -> int:
+        return hash((self.price_per_vcpu_s, tuple(sorted(self.price_per_gpu_s.items()))))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PriceSheet):
+            return NotImplemented
+        return self.price_per_vcpu_s == other.price_per_vcpu_s and dict(self.price_per_gpu_s) == dict(
+            other.price_per_gpu_s
+        )
+
+    def __getstate__(self) -> tuple[float, dict[str, float]]:
+        return self.price_per_vcpu_s, dict(self.price_per_gpu_s)
+
+    def __setstate__(self, state: tuple[float, dict[str, float]]) -> None:
+        object.__setattr__(self, "price_per_vcpu_s", state[0])
+        object.__setattr__(self, "price_per_gpu_s", MappingProxyType(dict(state[1])))
+
+    @classmethod
+    def from_hourly(cls, vcpu_per_hour: float, gpu_per_hour: Mapping[str, float]) -> PriceSheet:
+        """Build a sheet from per-hour prices, as clouds publish them."""
+        vcpu = _check_price("vcpu_per_hour", vcpu_per_hour)
+        gpus = {hw: _check_price(f"gpu_per_hour[{hw!r}]", p) / 3600.0 for hw, p in gpu_per_hour.items()}
+        return cls(vcpu / 3600.0, gpus)
+
+    @classmethod
+    def default(cls) -> PriceSheet:
+        """The illustrative default sheet described in the module docstring."""
+        return cls.from_hourly(_DEFAULT_VCPU_PER_HOUR, _DEFAULT_GPU_PER_HOUR)
+
+    def gpu_price_s(self, hardware: str) -> float:
+        """Per-second price of a whole GPU of type ``hardware`` (0 for the CPU).
+
+        Raises:
+            PriceError: when the sheet has no price for that GPU type.
+        """
+        if hardware == CPU:
+            return 0.0
+        try:
+            return self.price_per_gpu_s[hardware]
+        except KeyError:
+            raise PriceError(
+                f"no price for GPU type {hardware!r}; the sheet prices {sorted(self.price_per_gpu_s)}"
+            ) from None
+
+    def rate_per_s(self, vcpus: int, gpu_share: float, hardware: str) -> float:
+        """Per-second price of a worker holding ``vcpus`` and ``gpu_share`` of ``hardware``."""
+        return vcpus * self.price_per_vcpu_s + gpu_share * self.gpu_price_s(hardware)
+
+    def batch_cost(self, config: Config, hardware: str, latency_ms: float) -> float:
+        """Cost of running one batch with ``config`` for ``latency_ms``."""
+        if not (math.isfinite(latency_ms) and latency_ms >= 0):
+            raise PriceError(f"latency_ms must be a finite number >= 0, got {latency_ms!r}")
+        return self.rate_per_s(config.vcpus, config.gpu_share, hardware) * latency_ms / 1000.0
+
+    def cost_per_request(self, config: Config, hardware: str, latency_ms: float) -> float:
+        """Cost of one job of a full batch: ``batch_cost / batch``."""
+        return self.batch_cost(config, hardware, latency_ms) / config.batch

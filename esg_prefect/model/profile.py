@@ -1,0 +1,302 @@
+"""Latency model: batch latency of a stage from a measured profile table.
+
+``L(stage, config, hardware) -> ms`` for one batch (ESG-SPEC section 2). A
+profile is a table of measured points ``(stage, hardware, batch, vcpus,
+gpu_share) -> (mean_ms, p95_ms)`` plus a cold-start time per (stage, hardware).
+
+Between measured points the model interpolates (choice, documented in the
+README): piecewise linear in the batch size, and linear in ``1/vcpus`` and in
+``1/gpu_share`` between the measured resource levels that bracket the query,
+because throughput, not latency, scales about linearly with resources. It never
+extrapolates: a query outside the measured range raises
+:class:`MissingProfileError`, so the scheduler plans only with what was
+measured. Which statistic the scheduler plans with is a knob (``p95`` where
+measured, else the mean).
+
+CSV format (header required, extra columns ignored)::
+
+    stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms
+    resnet,cpu,1,1,0,41.5,44.0,820
+    resnet,T4,8,2,0.5,12.0,13.1,2400
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from esg_prefect.exceptions import MissingProfileError, ProfileError
+from esg_prefect.model.config import CPU, Config, normalize_share
+
+Percentile = Literal["p95", "mean"]
+_PERCENTILES = ("p95", "mean")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePoint:
+    """One measured batch latency.
+
+    Args:
+        stage: stage (function) name.
+        hardware: ``"cpu"`` for CPU-only points, else a GPU type such as ``"T4"``.
+        batch: batch size measured.
+        vcpus: vCPUs of the worker.
+        gpu_share: GPU share, 0 for CPU-only points.
+        mean_ms: mean batch latency in ms.
+        p95_ms: 95th percentile batch latency in ms, if measured.
+    """
+
+    stage: str
+    hardware: str
+    batch: int
+    vcpus: int
+    gpu_share: float
+    mean_ms: float
+    p95_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.stage:
+            raise ProfileError(f"stage must be a non-empty name, got {self.stage!r}")
+        if not self.hardware:
+            raise ProfileError(f"hardware must be a non-empty name, got {self.hardware!r}")
+        Config(self.batch, self.vcpus, self.gpu_share)  # validates the three values
+        object.__setattr__(self, "gpu_share", normalize_share(self.gpu_share))
+        if (self.gpu_share == 0.0) != (self.hardware == CPU):
+            raise ProfileError(
+                f"hardware {self.hardware!r} does not fit gpu_share {self.gpu_share}: "
+                f"CPU points have gpu_share 0 and hardware {CPU!r}"
+            )
+        if not (math.isfinite(self.mean_ms) and self.mean_ms > 0):
+            raise ProfileError(f"mean_ms must be a finite number > 0, got {self.mean_ms!r}")
+        if self.p95_ms is not None and not (math.isfinite(self.p95_ms) and self.p95_ms > 0):
+            raise ProfileError(f"p95_ms must be a finite number > 0 or empty, got {self.p95_ms!r}")
+
+    def value(self, percentile: Percentile) -> float:
+        """The statistic to plan with: p95 where measured, else the mean."""
+        if percentile == "p95" and self.p95_ms is not None:
+            return self.p95_ms
+        return self.mean_ms
+
+
+class _Grid:
+    """Measured points of one (stage, hardware), indexed for interpolation."""
+
+    __slots__ = ("by_resources", "shares", "vcpus")
+
+    def __init__(self, points: Iterable[ProfilePoint]) -> None:
+        self.by_resources: dict[tuple[int, float], dict[int, ProfilePoint]] = {}
+        for p in points:
+            row = self.by_resources.setdefault((p.vcpus, p.gpu_share), {})
+            if p.batch in row:
+                raise ProfileError(
+                    f"duplicate profile point for stage {p.stage!r} on {p.hardware!r}: "
+                    f"batch={p.batch} vcpus={p.vcpus} gpu_share={p.gpu_share}"
+                )
+            row[p.batch] = p
+        self.vcpus = sorted({v for v, _ in self.by_resources})
+        self.shares = sorted({s for _, s in self.by_resources})
+
+    def batch_latency(self, vcpus: int, share: float, batch: int, pct: Percentile) -> float | None:
+        row = self.by_resources.get((vcpus, share))
+        if row is None:
+            return None
+        if batch in row:
+            return row[batch].value(pct)
+        batches = sorted(row)
+        i = bisect.bisect_left(batches, batch)
+        if i == 0 or i == len(batches):
+            return None  # outside the measured batch range: never extrapolate
+        b0, b1 = batches[i - 1], batches[i]
+        l0, l1 = row[b0].value(pct), row[b1].value(pct)
+        return l0 + (l1 - l0) * (batch - b0) / (b1 - b0)
+
+
+def _bracket(values: list[int] | list[float], x: float) -> tuple[float, float] | None:
+    """The measured values that bracket x (equal if x itself was measured)."""
+    i = bisect.bisect_left(values, x)
+    if i < len(values) and values[i] == x:
+        return values[i], values[i]
+    if i == 0 or i == len(values):
+        return None
+    return values[i - 1], values[i]
+
+
+def _inverse_lerp(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
+    """Linear interpolation in 1/x between (x0, y0) and (x1, y1)."""
+    if x0 == x1:
+        return y0
+    t = (1.0 / x - 1.0 / x0) / (1.0 / x1 - 1.0 / x0)
+    return y0 + (y1 - y0) * t
+
+
+class LatencyProfile:
+    """Measured batch latencies and cold starts of stages, with interpolation.
+
+    Args:
+        points: the measured points.
+        cold_start_ms: model load time per ``(stage, hardware)``; missing pairs
+            cost 0 ms to start.
+
+    Raises:
+        ProfileError: on duplicate points or negative cold starts.
+
+    Examples:
+        >>> prof = LatencyProfile([
+        ...     ProfilePoint("enc", "cpu", 1, 1, 0.0, 10.0),
+        ...     ProfilePoint("enc", "cpu", 4, 1, 0.0, 22.0),
+        ... ])
+        >>> prof.latency_ms("enc", Config(2, 1, 0.0), "cpu")
+        14.0
+    """
+
+    def __init__(
+        self,
+        points: Iterable[ProfilePoint],
+        cold_start_ms: Mapping[tuple[str, str], float] | None = None,
+    ) -> None:
+        self._points = tuple(points)
+        grouped: dict[tuple[str, str], list[ProfilePoint]] = {}
+        for p in self._points:
+            grouped.setdefault((p.stage, p.hardware), []).append(p)
+        self._grids = {key: _Grid(pts) for key, pts in grouped.items()}
+        self._cold: dict[tuple[str, str], float] = {}
+        for key, ms in (cold_start_ms or {}).items():
+            if not (math.isfinite(ms) and ms >= 0):
+                raise ProfileError(f"cold_start_ms for {key} must be >= 0, got {ms!r}")
+            self._cold[key] = float(ms)
+
+    @property
+    def points(self) -> tuple[ProfilePoint, ...]:
+        """Every measured point, in the order given."""
+        return self._points
+
+    def stages(self) -> frozenset[str]:
+        """Stages with at least one measured point."""
+        return frozenset(stage for stage, _ in self._grids)
+
+    def hardware_types(self, stage: str) -> frozenset[str]:
+        """Hardware types on which ``stage`` was measured."""
+        return frozenset(hw for st, hw in self._grids if st == stage)
+
+    def measured_configs(self, stage: str, hardware: str) -> list[Config]:
+        """Every configuration measured for ``stage`` on ``hardware``."""
+        grid = self._grids.get((stage, hardware))
+        if grid is None:
+            return []
+        return sorted(Config(b, v, s) for (v, s), row in grid.by_resources.items() for b in row)
+
+    def cold_start_ms(self, stage: str, hardware: str) -> float:
+        """Time to start a worker and load the stage's model on ``hardware``."""
+        return self._cold.get((stage, hardware), 0.0)
+
+    def latency_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95") -> float:
+        """Predicted latency of one batch of ``stage`` with ``config`` on ``hardware``.
+
+        Raises:
+            MissingProfileError: when the measured points do not cover the query.
+            ProfileError: when ``percentile`` is not ``"p95"`` or ``"mean"``.
+        """
+        value = self.try_latency_ms(stage, config, hardware, percentile)
+        if value is None:
+            raise MissingProfileError(
+                f"no profile covers stage {stage!r} on {hardware!r} with {config}; "
+                f"measured hardware for it: {sorted(self.hardware_types(stage)) or 'none'}"
+            )
+        return value
+
+    def try_latency_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95") -> float | None:
+        """Like :meth:`latency_ms` but returns None where the profile has no cover."""
+        if percentile not in _PERCENTILES:
+            raise ProfileError(f"percentile must be one of {_PERCENTILES}, got {percentile!r}")
+        if (config.gpu_share == 0.0) != (hardware == CPU):
+            return None
+        grid = self._grids.get((stage, hardware))
+        if grid is None:
+            return None
+        vb = _bracket(grid.vcpus, config.vcpus)
+        sb = _bracket(grid.shares, config.gpu_share)
+        if vb is None or sb is None:
+            return None
+        corners: dict[tuple[float, float], float] = {}
+        for v in set(vb):
+            for s in set(sb):
+                lat = grid.batch_latency(int(v), s, config.batch, percentile)
+                if lat is None:
+                    return None
+                corners[(v, s)] = lat
+        v0, v1 = vb
+        s0, s1 = sb
+        if s0 == 0.0:  # CPU-only: nothing to interpolate over the share
+            return _inverse_lerp(v0, corners[(v0, s0)], v1, corners[(v1, s0)], config.vcpus)
+        low_v = _inverse_lerp(s0, corners[(v0, s0)], s1, corners[(v0, s1)], config.gpu_share)
+        high_v = _inverse_lerp(s0, corners[(v1, s0)], s1, corners[(v1, s1)], config.gpu_share)
+        return _inverse_lerp(v0, low_v, v1, high_v, config.vcpus)
+
+    # ---- CSV -------------------------------------------------------------
+
+    @classmethod
+    def from_csv(cls, source: str | Path | io.TextIOBase) -> LatencyProfile:
+        """Load a profile from a CSV file path or an open text stream.
+
+        Raises:
+            ProfileError: naming the row and column of a malformed value.
+        """
+        if isinstance(source, (str, Path)):
+            with open(source, newline="", encoding="utf-8") as fh:
+                return cls._parse(csv.DictReader(fh), str(source))
+        return cls._parse(csv.DictReader(source), "<stream>")
+
+    @classmethod
+    def _parse(cls, reader: csv.DictReader[str], origin: str) -> LatencyProfile:
+        needed = {"stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms"}
+        missing = needed - set(reader.fieldnames or ())
+        if missing:
+            raise ProfileError(f"{origin}: missing columns {sorted(missing)}")
+        points: list[ProfilePoint] = []
+        cold: dict[tuple[str, str], float] = {}
+        for lineno, row in enumerate(reader, start=2):
+            try:
+                p95 = row.get("p95_ms") or ""
+                point = ProfilePoint(
+                    stage=row["stage"],
+                    hardware=row["hardware"],
+                    batch=int(row["batch"]),
+                    vcpus=int(row["vcpus"]),
+                    gpu_share=float(row["gpu_share"]),
+                    mean_ms=float(row["mean_ms"]),
+                    p95_ms=float(p95) if p95.strip() else None,
+                )
+                cs = (row.get("cold_start_ms") or "").strip()
+                if cs:
+                    key = (point.stage, point.hardware)
+                    cold[key] = max(cold.get(key, 0.0), float(cs))
+            except (ValueError, TypeError) as exc:
+                raise ProfileError(f"{origin} line {lineno}: {exc}") from exc
+            points.append(point)
+        return cls(points, cold)
+
+    def to_csv(self, target: str | Path) -> None:
+        """Write the profile in the format :meth:`from_csv` reads."""
+        fields = ["stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms"]
+        with open(target, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer.writeheader()
+            for p in self._points:
+                writer.writerow(
+                    {
+                        "stage": p.stage,
+                        "hardware": p.hardware,
+                        "batch": p.batch,
+                        "vcpus": p.vcpus,
+                        "gpu_share": p.gpu_share,
+                        "mean_ms": p.mean_ms,
+                        "p95_ms": "" if p.p95_ms is None else p.p95_ms,
+                        "cold_start_ms": self._cold.get((p.stage, p.hardware), ""),
+                    }
+                )

@@ -1,0 +1,160 @@
+"""ESG_Dispatch: put a chosen configuration on a worker (ESG-SPEC section 5).
+
+Ranking of the places that have the capacity:
+
+1. an idle warm worker of the same (stage, resources) on the node holding most
+   of the batch's inputs;
+2. an idle warm worker of the same (stage, resources) anywhere;
+3. a cold start on the node holding most of the inputs;
+4. a cold start anywhere; ties go to the device (or node, on the CPU) with the
+   least capacity left over: best fit, less fragmentation.
+
+When no free capacity is left, idle workers of other stages may be stopped to
+make room (a knob, on by default): the least recently used first, on the
+device or node where the fewest must go. If nothing fits, the batch stays
+queued. GPU shares are counted in hundredths, so capacity checks are exact.
+
+:class:`ClusterView` is the mutable working copy of a
+:class:`~esg_prefect.model.cluster.ClusterSnapshot` that one ``decide`` call
+updates as it dispatches, so two batches never get the same capacity.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from esg_prefect.model.cluster import ClusterSnapshot, Worker
+from esg_prefect.model.config import CPU
+from esg_prefect.scheduling.base import Placement
+
+
+def _h(share: float) -> int:
+    return round(share * 100)
+
+
+class ClusterView:
+    """Free capacity and idle workers during one scheduling round.
+
+    Args:
+        cluster: the snapshot to start from.
+        allow_eviction: whether idle workers may be stopped to make room.
+    """
+
+    def __init__(self, cluster: ClusterSnapshot, allow_eviction: bool = True) -> None:
+        self.allow_eviction = allow_eviction
+        self.node_order = [n.name for n in cluster.nodes]
+        self.free_vcpus = {n.name: n.vcpus for n in cluster.nodes}
+        self.devices = {d.device_id: d for d in cluster.devices}
+        self.free_share = {d.device_id: 100 for d in cluster.devices}
+        self.clients = {d.device_id: 0 for d in cluster.devices}
+        self.idle: dict[str, Worker] = {}
+        for w in cluster.workers:
+            self.free_vcpus[w.node] -= w.vcpus
+            if w.device_id is not None:
+                self.free_share[w.device_id] -= _h(w.gpu_share)
+                self.clients[w.device_id] += 1
+            if not w.busy:
+                self.idle[w.worker_id] = w
+        self.hardware = cluster.hardware_types()
+
+    # ---- questions asked while building options --------------------------
+
+    def idle_warm(self, stage: str, vcpus: int, share: float, hardware: str) -> list[Worker]:
+        """Idle workers warm for ``stage`` with exactly these resources."""
+        return [
+            w
+            for w in self.idle.values()
+            if w.stage == stage and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
+        ]
+
+    def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
+        """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
+        return self._cold_slot(vcpus, share, hardware, None) is not None
+
+    # ---- placement --------------------------------------------------------
+
+    def place(
+        self, stage: str, vcpus: int, share: float, hardware: str, input_nodes: Iterable[str | None]
+    ) -> Placement | None:
+        """Choose where to run, by the four rules; None if nothing fits."""
+        counts = Counter(n for n in input_nodes if n is not None)
+        home = max(sorted(counts), key=lambda n: counts[n]) if counts else None
+        warm = self.idle_warm(stage, vcpus, share, hardware)
+        if warm:
+            # Most inputs local first, then longest idle (fairness), then id (determinism).
+            warm.sort(key=lambda w: (-counts.get(w.node, 0), w.idle_since_ms or 0.0, w.worker_id))
+            w = warm[0]
+            return Placement(w.node, w.device_id, w.worker_id, 1 if w.node == home and home else 2)
+        slot = self._cold_slot(vcpus, share, hardware, home)
+        if slot is None:
+            return None
+        node, device, evict = slot
+        return Placement(node, device, None, 3 if node == home and home else 4, evict)
+
+    def commit(self, placement: Placement, vcpus: int, share: float) -> None:
+        """Take the capacity of a placement so that later dispatches see it gone."""
+        for wid in placement.evict:
+            w = self.idle.pop(wid)
+            self.free_vcpus[w.node] += w.vcpus
+            if w.device_id is not None:
+                self.free_share[w.device_id] += _h(w.gpu_share)
+                self.clients[w.device_id] -= 1
+        if placement.worker_id is not None:
+            del self.idle[placement.worker_id]
+            return
+        self.free_vcpus[placement.node] -= vcpus
+        if placement.device_id is not None:
+            self.free_share[placement.device_id] -= _h(share)
+            self.clients[placement.device_id] += 1
+
+    def _cold_slot(
+        self, vcpus: int, share: float, hardware: str, home: str | None
+    ) -> tuple[str, str | None, tuple[str, ...]] | None:
+        need = _h(share)
+        best: tuple[tuple[int, int, int, str], tuple[str, str | None, tuple[str, ...]]] | None = None
+        if hardware == CPU:
+            places: list[tuple[str, str | None]] = [(n, None) for n in self.node_order]
+        else:
+            places = [(d.node, d.device_id) for d in self.devices.values() if d.hardware == hardware]
+        for node, dev in places:
+            evict = self._room(node, dev, vcpus, need)
+            if evict is None:
+                continue
+            leftover = self.free_share[dev] - need if dev is not None else self.free_vcpus[node] - vcpus
+            # Rank: on the inputs' node first, then fewest evictions, then best fit, then name.
+            key = (0 if node == home else 1, len(evict), leftover, dev or node)
+            if best is None or key < best[0]:
+                best = (key, (node, dev, evict))
+        return None if best is None else best[1]
+
+    def _room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
+        """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible."""
+
+        def fits(freed_cpu: int, freed_share: int, freed_clients: int) -> bool:
+            if self.free_vcpus[node] + freed_cpu < vcpus:
+                return False
+            if dev is None:
+                return True
+            d = self.devices[dev]
+            return self.free_share[dev] + freed_share >= need and self.clients[dev] - freed_clients < d.max_clients
+
+        if fits(0, 0, 0):
+            return ()
+        if not self.allow_eviction:
+            return None
+        victims = sorted(
+            (w for w in self.idle.values() if w.node == node),
+            key=lambda w: (w.idle_since_ms if w.idle_since_ms is not None else 0.0, w.worker_id),
+        )
+        chosen: list[str] = []
+        cpu = share = clients = 0
+        for w in victims:
+            chosen.append(w.worker_id)
+            cpu += w.vcpus
+            if dev is not None and w.device_id == dev:
+                share += _h(w.gpu_share)
+                clients += 1
+            if fits(cpu, share, clients):
+                return tuple(chosen)
+        return None

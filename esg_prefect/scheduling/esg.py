@@ -1,0 +1,287 @@
+"""The ESG scheduler: ESG_1Q (A* with dual-blade pruning) plus ESG_Dispatch.
+
+Each round, queues are served in order of their most urgent job (EDF across
+queues). For one queue, ESG_1Q builds the first stage's options from the
+queue's real state and plans them together with the stages after it up to the
+end of the horizon (ESG-SPEC section 3):
+
+* a *dispatch-now* option per (resources, batch size) for batches the queue
+  can fill now, and one for the whole queue when it holds fewer jobs than a
+  larger batch size (``min(batch, len(queue))`` jobs go);
+* a *wait* option per larger batch size when ``wait_for_batch`` is on and the
+  queue's arrival rate is known: its latency includes the projected time to
+  fill the batch, so waiting wins only while the whole plan stays within the
+  slack and is cheaper;
+* only resources that can be placed now are offered (an idle warm worker, or
+  room for a cold one, whose cold start is added to the latency and billed).
+
+The slack is the earliest deadline among the queue's jobs (they are taken in
+EDF order) minus ``now_ms``. Only the first stage's choice is committed
+(receding horizon). When no plan meets the slack, the ``best_effort`` policy
+dispatches the whole queue (up to the largest batch) on the fastest placeable
+resources and marks it at risk; the ``reject`` policy rejects the jobs that
+even the fastest option cannot serve in time.
+
+Example:
+    >>> from esg_prefect.model import (Config, ConfigSpace, LatencyProfile, ProfilePoint, PriceSheet,
+    ...     Workflow, QueueKey, Job, cpu_cluster)
+    >>> prof = LatencyProfile([ProfilePoint("m", "cpu", b, 1, 0.0, 10.0 + 2 * b) for b in (1, 2, 4)])
+    >>> sched = ESGScheduler(prof, PriceSheet(1e-5, {}),
+    ...     ESGSettings(config_space=ConfigSpace((1, 2, 4), (1,), (0.0,))))
+    >>> wf = Workflow.chain("w", ["m"], slo_ms=100)
+    >>> q = QueueKey("w", "m")
+    >>> jobs = tuple(Job(f"j{i}", f"r{i}", f"r{i}", q, 0.0, 0.0, 100.0, 100.0) for i in range(4))
+    >>> res = sched.decide(Snapshot((QueueState(q, jobs),), cpu_cluster(1, 2), {"w": wf}), now_ms=0.0)
+    >>> [(d.config.batch, d.predicted_ms) for d in res.dispatches]
+    [(4, 18.0)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.config import Config
+from esg_prefect.model.jobs import Job
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.base import (
+    DecisionStats,
+    Dispatch,
+    Hold,
+    QueueState,
+    Reject,
+    SchedulingResult,
+    Snapshot,
+)
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.frontier import Option, pareto_prune
+from esg_prefect.scheduling.search import Clock, astar_plan
+from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.scheduling.tables import CandidateTables, Choice, to_us
+
+__all__ = ["ESGScheduler", "QueueDecision"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDecision:
+    """The outcome of one ESG_1Q call, before placement."""
+
+    kind: str  # "dispatch", "wait", "none" (nothing placeable), "reject"
+    choice: Choice | None
+    plan: tuple[Choice, ...]
+    at_risk: bool
+    stats: DecisionStats
+    reject_count: int = 0
+
+
+class ESGScheduler:
+    """ESG: pipeline-conscious batch, vCPU and GPU-share choice, then placement.
+
+    Args:
+        profile: the latency model.
+        prices: the price sheet.
+        settings: the knobs (defaults from ESG-SPEC).
+        clock: monotonic clock in ms, injected to enforce the time budget and
+            measure decision time; without it decisions are fully deterministic.
+
+    Examples:
+        Create by name through the registry, as the runtime and simulator do::
+
+            from esg_prefect.scheduling import create_scheduler
+            sched = create_scheduler("esg", profile, prices)
+    """
+
+    name = "esg"
+
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings or ESGSettings()
+        self.tables = CandidateTables(profile, prices, self.settings)
+        self.clock = clock
+
+    # ---- the round ---------------------------------------------------------
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        """Decide this round's dispatches; see the module docstring."""
+        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        dispatches: list[Dispatch] = []
+        holds: list[Hold] = []
+        rejects: list[Reject] = []
+        stats: list[DecisionStats] = []
+        queues = [q for q in snapshot.queues if q.jobs]
+        pending = {q.key: sorted(q.jobs, key=self._edf_key) for q in queues}
+        queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
+        for q in queues:
+            wf = snapshot.workflows[q.key.workflow]
+            jobs = pending[q.key]
+            while jobs:
+                try:
+                    dec = self.decide_queue(q, jobs, wf, view, now_ms)
+                except MissingProfileError as exc:
+                    rejects.append(Reject(q.key, tuple(j.job_id for j in jobs), str(exc)))
+                    break
+                stats.append(dec.stats)
+                if dec.kind == "reject":
+                    gone, jobs = jobs[: dec.reject_count], jobs[dec.reject_count :]
+                    rejects.append(
+                        Reject(q.key, tuple(j.job_id for j in gone), "no configuration can meet the deadline")
+                    )
+                    continue
+                if dec.kind == "none" or dec.choice is None:
+                    holds.append(Hold(q.key, "no capacity for any configuration; jobs stay queued"))
+                    break
+                c = dec.choice
+                if dec.kind == "wait":
+                    holds.append(
+                        Hold(
+                            q.key,
+                            f"waiting for batch {c.config.batch}: {len(jobs)} queued, ~{c.wait_ms:.1f} ms to fill",
+                        )
+                    )
+                    break
+                batch, jobs = jobs[: c.config.batch], jobs[c.config.batch :]
+                placement = view.place(
+                    c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in batch)
+                )
+                if placement is None:  # options were placeable when built; kept as a guard
+                    holds.append(Hold(q.key, "no capacity for the chosen configuration"))
+                    break
+                view.commit(placement, c.config.vcpus, c.config.gpu_share)
+                dispatches.append(
+                    Dispatch(
+                        q.key,
+                        tuple(j.job_id for j in batch),
+                        c.config,
+                        c.hardware,
+                        placement,
+                        c.latency_ms,
+                        tuple((p.stage, p.config, p.hardware) for p in dec.plan),
+                        dec.at_risk,
+                        self._reason(c, dec, placement.rule),
+                    )
+                )
+        return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats))
+
+    def _edf_key(self, job: Job) -> tuple[float, float, str]:
+        return (self._deadline(job), job.ready_ms, job.job_id)
+
+    def _deadline(self, job: Job) -> float:
+        return job.e2e_deadline_ms if self.settings.search_horizon == "workflow" else job.deadline_ms
+
+    @staticmethod
+    def _reason(c: Choice, dec: QueueDecision, rule: int) -> str:
+        where = {
+            1: "warm worker on the inputs' node",
+            2: "warm worker",
+            3: "cold start on the inputs' node",
+            4: "cold start, best fit",
+        }[rule]
+        if dec.at_risk:
+            return f"no plan meets the slack: fastest option, best effort ({where})"
+        return f"cheapest plan within the slack over {dec.stats.horizon} stage(s) ({where})"
+
+    # ---- ESG_1Q ------------------------------------------------------------
+
+    def first_stage_options(self, stage: str, jobs: list[Job], rate_per_s: float, view: ClusterView) -> list[Option]:
+        """Options for the queue's own stage given its real state (see module docstring)."""
+        t = self.tables
+        space = self.settings.config_space
+        n = len(jobs)
+        hardware = view.hardware & t.profile.hardware_types(stage)
+        out: list[Option] = []
+        for hw in sorted(hardware):
+            for v, s in t.resources(hw):
+                warm = bool(view.idle_warm(stage, v, s, hw))
+                if not warm and not view.can_start(v, s, hw):
+                    continue
+                cold_ms = 0.0 if warm else t.profile.cold_start_ms(stage, hw)
+                sizes = {b for b in space.batches if b <= n}
+                if n < space.max_batch:
+                    sizes.add(n)  # the whole queue, below a larger batch size
+                for b in sorted(sizes):
+                    self._add(out, stage, Config(b, v, s), hw, cold_ms, 0.0)
+                if self.settings.wait_for_batch and rate_per_s > 0:
+                    for b in space.batches:
+                        if b > n:
+                            wait_ms = (b - n) / rate_per_s * 1000.0
+                            self._add(out, stage, Config(b, v, s), hw, cold_ms, wait_ms)
+        return out
+
+    def _add(self, out: list[Option], stage: str, cfg: Config, hw: str, cold_ms: float, wait_ms: float) -> None:
+        lat = self.tables.latency_ms(stage, cfg.batch, cfg.vcpus, cfg.gpu_share, hw)
+        if lat is None:
+            return
+        busy = lat + cold_ms
+        cost = self.tables.prices.batch_cost(cfg, hw, busy) / cfg.batch
+        out.append(Option(to_us(busy + wait_ms), cost, Choice(stage, cfg, hw, busy, wait_ms, cold_ms > 0)))
+
+    def decide_queue(
+        self, queue: QueueState, jobs: list[Job], workflow: Workflow, view: ClusterView, now_ms: float
+    ) -> QueueDecision:
+        """ESG_1Q for one queue whose jobs are ``jobs`` (EDF order)."""
+        t0 = self.clock() if self.clock is not None else None
+        stage = queue.key.stage
+        hardware = frozenset(view.hardware)
+        _, rest_opts, frontiers = self.tables.suffix(workflow, stage, hardware)
+        raw = self.first_stage_options(stage, jobs, queue.arrival_rate_per_s, view)
+        if not raw:
+            self.tables.stage_options(stage, hardware)  # raises MissingProfileError if unprofiled
+            st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
+            return QueueDecision("none", None, (), False, st)
+        first = pareto_prune(raw)
+        slack_us = to_us(self._deadline(jobs[0]) - now_ms)
+        s = self.settings
+        result = astar_plan(
+            [first, *rest_opts],
+            slack_us,
+            latency_blade=s.latency_blade,
+            cost_blade=s.cost_blade,
+            heuristic=s.heuristic,
+            frontiers=frontiers if s.heuristic == "frontier" else None,
+            max_expansions=s.max_expansions,
+            time_budget_ms=s.time_budget_ms,
+            clock=self.clock,
+        )
+        r = result.stats
+        stats = DecisionStats(
+            queue.key,
+            r.expansions,
+            r.generated,
+            r.cut_latency,
+            r.cut_cost,
+            r.budget_hit,
+            self._since(t0),
+            result.plan is not None,
+            1 + len(rest_opts),
+            len(first),
+        )
+        if result.plan is not None:
+            head = result.plan[0].payload
+            assert isinstance(head, Choice)
+            plan = tuple(o.payload for o in result.plan[1:] if isinstance(o.payload, Choice))
+            return QueueDecision("wait" if head.wait_ms > 0 else "dispatch", head, plan, False, stats)
+        now_opts = [o for o in raw if isinstance(o.payload, Choice) and o.payload.wait_ms == 0]
+        min_rest_us = sum(opts[0].latency_us for opts in rest_opts)
+        if s.infeasible_policy == "reject":
+            fastest_us = min(o.latency_us for o in now_opts) + min_rest_us
+            late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
+            if late:
+                return QueueDecision("reject", None, (), False, stats, reject_count=late)
+        # Best effort: the largest batch the queue fills now, on the fastest resources.
+        top = max(o.payload.config.batch for o in now_opts if isinstance(o.payload, Choice))
+        best = min(
+            (o for o in now_opts if isinstance(o.payload, Choice) and o.payload.config.batch == top),
+            key=lambda o: (o.latency_us, o.cost),
+        )
+        assert isinstance(best.payload, Choice)
+        return QueueDecision("dispatch", best.payload, (), True, stats)
+
+    def _since(self, t0: float | None) -> float | None:
+        return None if t0 is None or self.clock is None else self.clock() - t0

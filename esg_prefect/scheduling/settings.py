@@ -1,0 +1,130 @@
+"""ESG's knobs: every choice ESG-SPEC leaves to the project, with its default.
+
+The README lists these under "Where esg-prefect fills gaps in the paper". The
+scheduler block (Prefect integration) mirrors this dataclass field by field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from esg_prefect.exceptions import ConfigError
+from esg_prefect.model.config import ConfigSpace
+
+Heuristic = Literal["frontier", "min_cost"]
+Horizon = Literal["segment", "workflow"]
+InfeasiblePolicy = Literal["best_effort", "reject"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "heuristic": ("frontier", "min_cost"),
+    "search_horizon": ("segment", "workflow"),
+    "infeasible_policy": ("best_effort", "reject"),
+    "percentile": ("p95", "mean"),
+    "cost_split": ("equal", "input_size"),
+    "idle_billing": ("attribute", "separate"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ESGSettings:
+    """The knobs of the ESG scheduler, each with ESG-SPEC's default.
+
+    Attributes:
+        config_space: candidate (batch, vcpus, gpu_share) values.
+        tick_ms: period of the controller's timer round.
+        max_expansions: A* node expansion budget per decision.
+        time_budget_ms: A* wall-time budget per decision (needs an injected clock).
+        latency_blade: prune children that cannot finish within the slack.
+        cost_blade: prune children that cannot beat the best complete plan.
+        heuristic: ``"frontier"`` (slack-aware, exact: cheapest suffix-frontier
+            point within the remaining slack) or ``"min_cost"`` (sum of per-stage
+            cheapest costs, blind to the slack).
+        search_horizon: plan to the end of the job's SLO segment (``"segment"``,
+            the paper's dominator split) or to the end of the workflow.
+        percentile: statistic of the profile to plan with.
+        wait_for_batch: allow holding a queue for a fuller batch while the plan
+            stays feasible.
+        rate_ewma_alpha: weight of the newest inter-arrival gap in the arrival
+            rate estimate kept per queue by the runtime and the simulator.
+        infeasible_policy: ``"best_effort"`` dispatches an infeasible batch on the
+            fastest resources and marks it at risk; ``"reject"`` fails jobs that
+            no configuration can serve in time.
+        keep_alive_s: how long an idle warm worker is kept.
+        redistribute_slack: recompute later segments' deadlines from real finish times.
+        cost_split: split a batch's cost among its jobs equally or by input size.
+        idle_billing: attribute warm idle time to the runs served before it, or
+            show it on a separate idle line.
+        allow_eviction: stop idle workers of other stages to make room for a
+            cold start when no free capacity is left.
+    """
+
+    config_space: ConfigSpace = field(default_factory=ConfigSpace)
+    tick_ms: float = 5.0
+    max_expansions: int = 10_000
+    time_budget_ms: float = 5.0
+    latency_blade: bool = True
+    cost_blade: bool = True
+    heuristic: Heuristic = "frontier"
+    search_horizon: Horizon = "segment"
+    percentile: Literal["p95", "mean"] = "p95"
+    wait_for_batch: bool = True
+    rate_ewma_alpha: float = 0.2
+    infeasible_policy: InfeasiblePolicy = "best_effort"
+    keep_alive_s: float = 60.0
+    redistribute_slack: bool = True
+    cost_split: Literal["equal", "input_size"] = "equal"
+    idle_billing: Literal["attribute", "separate"] = "attribute"
+    allow_eviction: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config_space, ConfigSpace):
+            raise ConfigError(f"config_space must be a ConfigSpace, got {self.config_space!r}")
+        for name in ("tick_ms", "time_budget_ms", "keep_alive_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
+        if isinstance(self.max_expansions, bool) or not isinstance(self.max_expansions, int) or self.max_expansions < 1:
+            raise ConfigError(f"max_expansions must be an int >= 1, got {self.max_expansions!r}")
+        if not (0.0 < self.rate_ewma_alpha <= 1.0):
+            raise ConfigError(f"rate_ewma_alpha must be in (0, 1], got {self.rate_ewma_alpha!r}")
+        for name, allowed in _CHOICES.items():
+            v = getattr(self, name)
+            if v not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
+        for name in ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def pruning(self) -> bool:
+        """Whether any pruning is on (both blades and the slack-aware heuristic)."""
+        return self.latency_blade or self.cost_blade or self.heuristic == "frontier"
+
+    def without_pruning(self) -> ESGSettings:
+        """Plain A*: no blades, slack-blind heuristic (for ablations and checks)."""
+        return replace(self, latency_blade=False, cost_blade=False, heuristic="min_cost")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, for logs, artifacts and blocks."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, ConfigSpace):
+                v = {"batches": list(v.batches), "vcpus": list(v.vcpus), "gpu_shares": list(v.gpu_shares)}
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ESGSettings:
+        """Inverse of :meth:`to_dict`; unknown keys raise ConfigError naming them."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown ESG settings {sorted(unknown)}; known: {sorted(known)}")
+        kw = dict(data)
+        if isinstance(kw.get("config_space"), dict):
+            cs = kw["config_space"]
+            kw["config_space"] = ConfigSpace(tuple(cs["batches"]), tuple(cs["vcpus"]), tuple(cs["gpu_shares"]))
+        return cls(**kw)

@@ -1,0 +1,166 @@
+"""Precomputed candidate tables: what each stage's configurations cost and take.
+
+The latency model and the price sheet change rarely; the scheduler asks the
+same questions every few milliseconds. This module answers them from caches
+keyed by (stage, hardware types present): Pareto-pruned options per stage,
+minimum latencies, SLO distributions, search horizons and suffix frontiers.
+It is shared by ESG and the baselines, and by the runtime and the simulator to
+compute the deadlines jobs carry, so that all agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.config import CPU, Config
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.slo import SLODistribution, critical_path
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.frontier import Option, SuffixFrontiers, pareto_prune
+from esg_prefect.scheduling.settings import ESGSettings
+
+
+def to_us(ms: float) -> int:
+    """Milliseconds to integer microseconds, the search's exact unit."""
+    return round(ms * 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The payload of a search option: what running it means.
+
+    Attributes:
+        stage: stage name.
+        config: resources and batch size (the real size for a first stage).
+        hardware: ``"cpu"`` or GPU type.
+        latency_ms: predicted batch latency (cold start included if ``cold``).
+        wait_ms: time to wait for the batch to fill (first stage only).
+        cold: a new worker must start.
+    """
+
+    stage: str
+    config: Config
+    hardware: str
+    latency_ms: float
+    wait_ms: float = 0.0
+    cold: bool = False
+
+
+class CandidateTables:
+    """Cached per-stage options and SLO structures for one (profile, prices, settings).
+
+    Args:
+        profile: the latency model.
+        prices: the price sheet.
+        settings: the ESG knobs (configuration space, percentile, horizon).
+    """
+
+    def __init__(self, profile: LatencyProfile, prices: PriceSheet, settings: ESGSettings) -> None:
+        self.profile = profile
+        self.prices = prices
+        self.settings = settings
+        self._lat_cache: dict[tuple[str, str, int, int, float], float | None] = {}
+        self._options: dict[tuple[str, frozenset[str]], tuple[Option, ...]] = {}
+        self._slo: dict[tuple[Workflow, frozenset[str]], SLODistribution] = {}
+        self._suffix: dict[
+            tuple[Workflow, str, frozenset[str]], tuple[tuple[str, ...], list[tuple[Option, ...]], SuffixFrontiers]
+        ] = {}
+
+    # ---- latencies -------------------------------------------------------
+
+    def latency_ms(self, stage: str, batch: int, vcpus: int, share: float, hardware: str) -> float | None:
+        """Planned batch latency, or None where the profile has no cover (cached)."""
+        key = (stage, hardware, batch, vcpus, share)
+        if key not in self._lat_cache:
+            self._lat_cache[key] = self.profile.try_latency_ms(
+                stage, Config(batch, vcpus, share), hardware, self.settings.percentile
+            )
+        return self._lat_cache[key]
+
+    def resources(self, hardware: str) -> Iterable[tuple[int, float]]:
+        """(vcpus, share) pairs of the configuration space usable on ``hardware``."""
+        space = self.settings.config_space
+        for share in space.gpu_shares:
+            if (share == 0.0) != (hardware == CPU):
+                continue
+            for v in space.vcpus:
+                yield v, share
+
+    def stage_options(self, stage: str, hardware: frozenset[str]) -> tuple[Option, ...]:
+        """Pareto-pruned full-batch options of ``stage`` on the given hardware types.
+
+        Raises:
+            MissingProfileError: when no configuration of the space is covered.
+        """
+        key = (stage, hardware)
+        cached = self._options.get(key)
+        if cached is not None:
+            return cached
+        opts: list[Option] = []
+        for hw in sorted(hardware & self.profile.hardware_types(stage)):
+            for v, s in self.resources(hw):
+                for b in self.settings.config_space.batches:
+                    lat = self.latency_ms(stage, b, v, s, hw)
+                    if lat is None:
+                        continue
+                    cfg = Config(b, v, s)
+                    cost = self.prices.cost_per_request(cfg, hw, lat)
+                    opts.append(Option(to_us(lat), cost, Choice(stage, cfg, hw, lat)))
+        if not opts:
+            raise MissingProfileError(
+                f"no latency profile covers stage {stage!r} on hardware {sorted(hardware)} within the "
+                f"configuration space; profiled hardware for it: {sorted(self.profile.hardware_types(stage)) or 'none'}"
+            )
+        pruned = pareto_prune(opts)
+        self._options[key] = pruned
+        return pruned
+
+    def min_latency_ms(self, stage: str, hardware: frozenset[str]) -> float:
+        """Least batch latency of ``stage`` at any covered configuration."""
+        return self.stage_options(stage, hardware)[0].latency_us / 1000.0
+
+    # ---- SLO structures --------------------------------------------------
+
+    def slo(self, workflow: Workflow, hardware: frozenset[str]) -> SLODistribution:
+        """The workflow's dominator-based SLO distribution (cached)."""
+        key = (workflow, hardware)
+        dist = self._slo.get(key)
+        if dist is None:
+            mins = {s: self.min_latency_ms(s, hardware) for s in workflow.stages}
+            dist = SLODistribution(workflow, mins, redistribute=self.settings.redistribute_slack)
+            self._slo[key] = dist
+        return dist
+
+    def horizon(self, workflow: Workflow, stage: str, hardware: frozenset[str]) -> tuple[str, ...]:
+        """Stages planned together with ``stage``: itself first, then the ones after it.
+
+        With ``search_horizon="segment"`` these are the stages to the end of
+        ``stage``'s SLO segment (in a fork-join region, the heaviest branch);
+        with ``"workflow"``, the heaviest path on to the workflow's end, each
+        later segment contributing its critical path.
+        """
+        dist = self.slo(workflow, hardware)
+        seg = dist.segment_of(stage)
+        path = critical_path(workflow, seg.stages, dist.min_latency_ms, start=stage)
+        if self.settings.search_horizon == "segment":
+            return path
+        out = list(path)
+        for later in dist.segments[seg.index + 1 :]:
+            out.extend(critical_path(workflow, later.stages, dist.min_latency_ms))
+        return tuple(out)
+
+    def suffix(
+        self, workflow: Workflow, stage: str, hardware: frozenset[str]
+    ) -> tuple[tuple[str, ...], list[tuple[Option, ...]], SuffixFrontiers]:
+        """Horizon after ``stage``, its stages' options and their suffix frontiers (cached)."""
+        key = (workflow, stage, hardware)
+        got = self._suffix.get(key)
+        if got is None:
+            rest = self.horizon(workflow, stage, hardware)[1:]
+            opts = [self.stage_options(s, hardware) for s in rest]
+            got = (rest, opts, SuffixFrontiers(opts))
+            self._suffix[key] = got
+        return got

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The README's test command: lint, type check, then the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ruff check esg_prefect tests bench flows
+mypy
+python -m pytest -q -n 2 "$@"
