@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.config import Config
+from esg_prefect.model.cluster import Worker
+from esg_prefect.model.config import CPU, Config
 from esg_prefect.model.pricing import PriceSheet
 
 CostSplit = Literal["equal", "input_size"]
@@ -83,6 +84,9 @@ class IdleRecord:
     end_ms: float
 
     def __post_init__(self) -> None:
+        Worker(
+            self.worker_id, "-", None if self.hardware == CPU else "-", self.hardware, self.vcpus, self.gpu_share, None
+        )
         if not (math.isfinite(self.start_ms) and math.isfinite(self.end_ms)) or self.end_ms < self.start_ms:
             raise InvalidInputError(
                 f"idle record of {self.worker_id}: need start_ms <= end_ms, got {self.start_ms}, {self.end_ms}"
@@ -143,6 +147,8 @@ def attribute_costs(
     Returns:
         The per-request and per-run costs and the totals.
     """
+    if split not in ("equal", "input_size"):
+        raise InvalidInputError(f"cost split must be 'equal' or 'input_size', got {split!r}")
     if idle_billing not in ("attribute", "separate"):
         raise InvalidInputError(f"idle_billing must be 'attribute' or 'separate', got {idle_billing!r}")
     per_request: dict[str, float] = defaultdict(float)

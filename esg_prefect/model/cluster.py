@@ -7,6 +7,7 @@ their own state before calling the scheduler. A worker is a process bound to
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -150,6 +151,12 @@ class ClusterSnapshot:
         for n in self.nodes:
             if used_cpu[n.name] > n.vcpus:
                 raise InvalidInputError(f"node {n.name}: workers hold {used_cpu[n.name]} vcpus of {n.vcpus}")
+        clients = Counter(w.device_id for w in self.workers if w.device_id is not None)
+        for dev_id, count in clients.items():
+            if count > devs[dev_id].max_clients:
+                raise InvalidInputError(
+                    f"device {dev_id}: {count} workers exceed its max_clients={devs[dev_id].max_clients}"
+                )
         for dev_id, used in used_share.items():
             if used > 1.0 + 1e-9:
                 raise InvalidInputError(f"device {dev_id}: workers hold share {used:.2f} > 1.0")

@@ -274,8 +274,13 @@ class LatencyProfile:
                 )
                 cs = (row.get("cold_start_ms") or "").strip()
                 if cs:
+                    ms = float(cs)
+                    # Check here, not in __init__: max() below would turn a negative or NaN
+                    # value into 0 silently, and here the error can name the line.
+                    if not (math.isfinite(ms) and ms >= 0):
+                        raise ProfileError(f"cold_start_ms must be a finite number >= 0, got {ms!r}")
                     key = (point.stage, point.hardware)
-                    cold[key] = max(cold.get(key, 0.0), float(cs))
+                    cold[key] = max(cold.get(key, 0.0), ms)
             except (ValueError, TypeError) as exc:
                 raise ProfileError(f"{origin} line {lineno}: {exc}") from exc
             points.append(point)

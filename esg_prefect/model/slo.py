@@ -176,27 +176,22 @@ class SLODistribution:
         """Absolute end-to-end deadline of a request arriving at ``arrival_ms``."""
         return arrival_ms + self.workflow.slo_ms
 
-    def deadline_after(self, stage: str, arrival_ms: float, ready_ms: float) -> float:
-        """Deadline of ``stage``'s segment for a job that became ready at ``ready_ms``.
+    def deadline_after(self, stage: str, arrival_ms: float, segment_start_ms: float) -> float:
+        """Deadline of ``stage``'s segment, given when that segment started.
 
+        ``segment_start_ms`` is when the segment's first job became ready: for
+        a single-stage segment, this job's ready time; for a fork-join region,
+        when the dominator before it finished, so that every stage of the
+        region (heads and the stages after them) gets the same deadline.
         Without redistribution this is :meth:`deadline_ms`. With it, the time
         left to the end-to-end deadline is split again over the segments from
-        ``stage``'s on, in proportion to their weights; a stage inside a region
-        whose region already started keeps the region's static deadline so that
-        parallel branches agree.
+        this one on, in proportion to their weights.
         """
         seg = self.segment_of(stage)
-        static = self.deadline_ms(stage, arrival_ms)
         if not self.redistribute:
-            return static
-        if seg.is_region and stage not in self._region_heads(seg):
-            return static
-        remaining = self.e2e_deadline_ms(arrival_ms) - ready_ms
+            return self.deadline_ms(stage, arrival_ms)
+        remaining = self.e2e_deadline_ms(arrival_ms) - segment_start_ms
         weights = self.weights[seg.index :]
         total = sum(weights)
         share = weights[0] / total if total > 0 else 1.0 / len(weights)
-        return ready_ms + remaining * share
-
-    def _region_heads(self, seg: Segment) -> frozenset[str]:
-        inside = set(seg.stages)
-        return frozenset(s for s in seg.stages if not any(p in inside for p in self.workflow.graph.predecessors(s)))
+        return segment_start_ms + remaining * share

@@ -68,6 +68,10 @@ class ClusterView:
             if w.stage == stage and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
         ]
 
+    def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
+        """(hardware, vcpus, share) of the idle workers warm for ``stage``."""
+        return {(w.hardware, w.vcpus, w.gpu_share) for w in self.idle.values() if w.stage == stage}
+
     def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
         """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
         return self._cold_slot(vcpus, share, hardware, None) is not None
@@ -143,9 +147,14 @@ class ClusterView:
             return ()
         if not self.allow_eviction:
             return None
+        # Workers on the same device free share as well as vCPUs: they go first, then least recently used.
         victims = sorted(
             (w for w in self.idle.values() if w.node == node),
-            key=lambda w: (w.idle_since_ms if w.idle_since_ms is not None else 0.0, w.worker_id),
+            key=lambda w: (
+                0 if dev is not None and w.device_id == dev else 1,
+                w.idle_since_ms if w.idle_since_ms is not None else 0.0,
+                w.worker_id,
+            ),
         )
         chosen: list[str] = []
         cpu = share = clients = 0

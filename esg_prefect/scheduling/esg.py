@@ -41,7 +41,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
-from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -56,10 +55,9 @@ from esg_prefect.scheduling.base import (
     Snapshot,
 )
 from esg_prefect.scheduling.dispatch import ClusterView
-from esg_prefect.scheduling.frontier import Option, pareto_prune
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
-from esg_prefect.scheduling.tables import CandidateTables, Choice, to_us
+from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource, to_us
 
 __all__ = ["ESGScheduler", "QueueDecision"]
 
@@ -189,38 +187,18 @@ class ESGScheduler:
 
     # ---- ESG_1Q ------------------------------------------------------------
 
-    def first_stage_options(self, stage: str, jobs: list[Job], rate_per_s: float, view: ClusterView) -> list[Option]:
-        """Options for the queue's own stage given its real state (see module docstring)."""
+    def placeable_resources(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
+        """Resources of the space that can take a batch of ``stage`` now, and whether warm."""
         t = self.tables
-        space = self.settings.config_space
-        n = len(jobs)
-        hardware = view.hardware & t.profile.hardware_types(stage)
-        out: list[Option] = []
-        for hw in sorted(hardware):
+        warm = view.warm_resources(stage)
+        out: list[Resource] = []
+        for hw in sorted(view.hardware & t.profile.hardware_types(stage)):
             for v, s in t.resources(hw):
-                warm = bool(view.idle_warm(stage, v, s, hw))
-                if not warm and not view.can_start(v, s, hw):
-                    continue
-                cold_ms = 0.0 if warm else t.profile.cold_start_ms(stage, hw)
-                sizes = {b for b in space.batches if b <= n}
-                if n < space.max_batch:
-                    sizes.add(n)  # the whole queue, below a larger batch size
-                for b in sorted(sizes):
-                    self._add(out, stage, Config(b, v, s), hw, cold_ms, 0.0)
-                if self.settings.wait_for_batch and rate_per_s > 0:
-                    for b in space.batches:
-                        if b > n:
-                            wait_ms = (b - n) / rate_per_s * 1000.0
-                            self._add(out, stage, Config(b, v, s), hw, cold_ms, wait_ms)
-        return out
-
-    def _add(self, out: list[Option], stage: str, cfg: Config, hw: str, cold_ms: float, wait_ms: float) -> None:
-        lat = self.tables.latency_ms(stage, cfg.batch, cfg.vcpus, cfg.gpu_share, hw)
-        if lat is None:
-            return
-        busy = lat + cold_ms
-        cost = self.tables.prices.batch_cost(cfg, hw, busy) / cfg.batch
-        out.append(Option(to_us(busy + wait_ms), cost, Choice(stage, cfg, hw, busy, wait_ms, cold_ms > 0)))
+                if (hw, v, s) in warm:
+                    out.append((hw, v, s, True))
+                elif view.can_start(v, s, hw):
+                    out.append((hw, v, s, False))
+        return tuple(out)
 
     def decide_queue(
         self, queue: QueueState, jobs: list[Job], workflow: Workflow, view: ClusterView, now_ms: float
@@ -230,12 +208,11 @@ class ESGScheduler:
         stage = queue.key.stage
         hardware = frozenset(view.hardware)
         _, rest_opts, frontiers = self.tables.suffix(workflow, stage, hardware)
-        raw = self.first_stage_options(stage, jobs, queue.arrival_rate_per_s, view)
-        if not raw:
-            self.tables.stage_options(stage, hardware)  # raises MissingProfileError if unprofiled
+        resources = self.placeable_resources(stage, view)
+        first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+        if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
             return QueueDecision("none", None, (), False, st)
-        first = pareto_prune(raw)
         slack_us = to_us(self._deadline(jobs[0]) - now_ms)
         s = self.settings
         result = astar_plan(
@@ -267,21 +244,18 @@ class ESGScheduler:
             assert isinstance(head, Choice)
             plan = tuple(o.payload for o in result.plan[1:] if isinstance(o.payload, Choice))
             return QueueDecision("wait" if head.wait_ms > 0 else "dispatch", head, plan, False, stats)
-        now_opts = [o for o in raw if isinstance(o.payload, Choice) and o.payload.wait_ms == 0]
-        min_rest_us = sum(opts[0].latency_us for opts in rest_opts)
         if s.infeasible_policy == "reject":
-            fastest_us = min(o.latency_us for o in now_opts) + min_rest_us
+            now_fastest = min(o.latency_us for o in first if isinstance(o.payload, Choice) and o.payload.wait_ms == 0)
+            fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
             late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
             if late:
                 return QueueDecision("reject", None, (), False, stats, reject_count=late)
         # Best effort: the largest batch the queue fills now, on the fastest resources.
-        top = max(o.payload.config.batch for o in now_opts if isinstance(o.payload, Choice))
-        best = min(
-            (o for o in now_opts if isinstance(o.payload, Choice) and o.payload.config.batch == top),
-            key=lambda o: (o.latency_us, o.cost),
-        )
+        top = min(len(jobs), self.settings.config_space.max_batch)
+        whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
+        best = min(whole, key=lambda o: (o.latency_us, o.cost)) if whole else first[0]
         assert isinstance(best.payload, Choice)
-        return QueueDecision("dispatch", best.payload, (), True, stats)
+        return QueueDecision("dispatch" if best.payload.wait_ms == 0 else "wait", best.payload, (), True, stats)
 
     def _since(self, t0: float | None) -> float | None:
         return None if t0 is None or self.clock is None else self.clock() - t0

@@ -223,6 +223,8 @@ def astar_plan(
                 best_cost, best_plan = ncost, npath
             heapq.heappush(heap, (nf, next(counter), k + 1, nlat, ncost, npath))
     plan = found if found is not None else best_plan
+    if plan is None and budget_hit:
+        plan = greedy_plan(stages, slack_us)  # still a feasible answer, if one exists
     elapsed = (clock() - t0) if clock is not None else None
     stats = SearchStats(expansions, generated, cut_lat, cut_cost, budget_hit, elapsed)
     if plan is None:

@@ -11,7 +11,7 @@ compute the deadlines jobs carry, so that all agree.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.config import CPU, Config
@@ -26,6 +26,12 @@ from esg_prefect.scheduling.settings import ESGSettings
 def to_us(ms: float) -> int:
     """Milliseconds to integer microseconds, the search's exact unit."""
     return round(ms * 1000.0)
+
+
+Resource = tuple[str, int, float, bool]
+"""A placeable resource choice for a first stage: (hardware, vcpus, gpu_share, warm)."""
+
+_CACHE_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,10 @@ class CandidateTables:
         self._suffix: dict[
             tuple[Workflow, str, frozenset[str]], tuple[tuple[str, ...], list[tuple[Option, ...]], SuffixFrontiers]
         ] = {}
+        # First-stage option caches: static given (stage, batch, resources, warm or cold).
+        self._single: dict[tuple[str, str, int, float, int, bool], Option | None] = {}
+        self._now: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
+        self._at_batch: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
 
     # ---- latencies -------------------------------------------------------
 
@@ -164,3 +174,69 @@ class CandidateTables:
             got = (rest, opts, SuffixFrontiers(opts))
             self._suffix[key] = got
         return got
+
+    # ---- first-stage options -----------------------------------------------
+
+    def single_option(self, stage: str, res: Resource, batch: int) -> Option | None:
+        """Dispatch-now option of ``batch`` jobs on ``res`` (cold start added unless warm)."""
+        hw, v, share, warm = res
+        key = (stage, hw, v, share, batch, warm)
+        if key in self._single:
+            return self._single[key]
+        lat = self.latency_ms(stage, batch, v, share, hw)
+        opt = None
+        if lat is not None:
+            cold_ms = 0.0 if warm else self.profile.cold_start_ms(stage, hw)
+            busy = lat + cold_ms
+            cfg = Config(batch, v, share)
+            cost = self.prices.batch_cost(cfg, hw, busy) / batch
+            opt = Option(to_us(busy), cost, Choice(stage, cfg, hw, busy, 0.0, cold_ms > 0))
+        self._single[key] = opt
+        return opt
+
+    def first_options(
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float
+    ) -> tuple[Option, ...]:
+        """Pareto-pruned first-stage options for a queue of ``n`` jobs.
+
+        Dispatch-now options cover each batch size up to ``n`` and the whole
+        queue when it is shorter than the largest batch; with
+        ``wait_for_batch`` and a known arrival rate, each larger batch size is
+        offered too, its latency lengthened by the projected fill time
+        ``(batch - n) / rate``. Both parts come from caches, so a decision
+        costs a merge of short lists.
+        """
+        space = self.settings.config_space
+        n = min(n, space.max_batch)
+        now = self._cached(self._now, (stage, n, resources), lambda: self._build_now(stage, n, resources))
+        if not (self.settings.wait_for_batch and rate_per_s > 0 and n < space.max_batch):
+            return now
+        merged = list(now)
+        for b in space.batches:
+            if b <= n:
+                continue
+            wait_ms = (b - n) / rate_per_s * 1000.0
+            wait_us = to_us(wait_ms)
+            group = self._cached(
+                self._at_batch,
+                (stage, b, resources),
+                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),  # type: ignore[misc]
+            )
+            for o in group:
+                assert isinstance(o.payload, Choice)
+                merged.append(Option(o.latency_us + wait_us, o.cost, replace(o.payload, wait_ms=wait_ms)))
+        return pareto_prune(merged)
+
+    def _build_now(self, stage: str, n: int, resources: tuple[Resource, ...]) -> tuple[Option, ...]:
+        sizes = sorted({b for b in self.settings.config_space.batches if b <= n} | {n})
+        return pareto_prune([o for r in resources for b in sizes if (o := self.single_option(stage, r, b))])
+
+    @staticmethod
+    def _cached(cache: dict, key: object, build: object) -> tuple[Option, ...]:  # type: ignore[type-arg]
+        got = cache.get(key)
+        if got is None:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()  # bounded memory; entries are cheap to rebuild
+            got = build()  # type: ignore[operator]
+            cache[key] = got
+        return got  # type: ignore[no-any-return]

@@ -1,0 +1,296 @@
+"""ESG_1Q and the round: hand-worked cases, then a brute-force oracle over whole decisions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from esg_prefect.exceptions import UnknownSchedulerError
+from esg_prefect.model import (
+    ClusterSnapshot,
+    Config,
+    ConfigSpace,
+    Device,
+    Job,
+    LatencyProfile,
+    Node,
+    PriceSheet,
+    ProfilePoint,
+    QueueKey,
+    Worker,
+    Workflow,
+    cpu_cluster,
+)
+from esg_prefect.scheduling import (
+    ESGScheduler,
+    ESGSettings,
+    QueueState,
+    Snapshot,
+    create_scheduler,
+    scheduler_names,
+)
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.tables import to_us
+
+CPU_PRICE = 1e-3  # per vCPU-second: cost per request = vcpus * 1e-3 * L / 1000 / batch
+
+
+def jobs_for(q: QueueKey, n: int, deadline: float, e2e: float | None = None, now: float = 0.0) -> tuple[Job, ...]:
+    return tuple(Job(f"{q.stage}-j{i}", f"r{i}", f"run{i}", q, now, now, deadline, e2e or deadline) for i in range(n))
+
+
+def one_stage(latency: dict[int, float], cold_ms: float = 0.0, **settings: object) -> ESGScheduler:
+    """A stage 'm' on one vCPU of a CPU, with the given batch latencies."""
+    prof = LatencyProfile(
+        [ProfilePoint("m", "cpu", b, 1, 0.0, lat) for b, lat in latency.items()], {("m", "cpu"): cold_ms}
+    )
+    space = ConfigSpace(tuple(latency), (1,), (0.0,))
+    return ESGScheduler(prof, PriceSheet(CPU_PRICE, {}), ESGSettings(config_space=space, **settings))  # type: ignore[arg-type]
+
+
+def snap(sched_wf: Workflow, queues: list[QueueState], cluster: ClusterSnapshot | None = None) -> Snapshot:
+    return Snapshot(tuple(queues), cluster or cpu_cluster(1, 4), {sched_wf.name: sched_wf})
+
+
+WF1 = Workflow.chain("w", ["m"], slo_ms=1000)
+Q1 = QueueKey("w", "m")
+
+
+def test_full_batch_is_cheapest_when_slack_allows() -> None:
+    # L(b) = 10 + 2b ms: b=1 12 ms, b=2 14 ms, b=4 18 ms. Cost per request = 1e-6 * L / b:
+    # 12e-6, 7e-6, 4.5e-6. With 4 jobs and 100 ms of slack the whole queue goes as one batch.
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0})
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 100.0))]), now_ms=0.0)
+    assert [(d.config, d.predicted_ms, d.at_risk) for d in res.dispatches] == [(Config(4, 1, 0.0), 18.0, False)]
+    assert res.dispatches[0].placement.rule == 4 and res.dispatches[0].placement.cold
+
+
+def test_tight_slack_forces_smaller_batches() -> None:
+    # Slack 15 ms: only b=1 (12) and b=2 (14) fit. b=2 is cheaper per request (7e-6 < 12e-6),
+    # so two batches of 2 go, on two cold workers (the node has 4 vCPUs).
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0})
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 15.0))]), now_ms=0.0)
+    assert [d.config.batch for d in res.dispatches] == [2, 2]
+    assert [d.job_ids for d in res.dispatches] == [("m-j0", "m-j1"), ("m-j2", "m-j3")]
+    assert len(res.stats) == 2 and all(st.feasible for st in res.stats)
+
+
+def test_waits_for_a_fuller_batch_only_while_feasible() -> None:
+    # 2 jobs queued, arrivals at 1000/s: batch 4 fills in (4-2)/1000 s = 2 ms, then takes 18 ms = 20 ms
+    # at 4.5e-6 per request, cheaper than sending 2 now (14 ms, 7e-6). Slack 100 ms: hold.
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0})
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 2, 100.0), arrival_rate_per_s=1000.0)]), 0.0)
+    assert res.dispatches == () and len(res.holds) == 1
+    assert "waiting for batch 4" in res.holds[0].reason and "2.0 ms" in res.holds[0].reason
+    # Slack 19 ms: waiting (20 ms) no longer fits; the 2 queued jobs go now.
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 2, 19.0), arrival_rate_per_s=1000.0)]), 0.0)
+    assert [d.config.batch for d in res.dispatches] == [2]
+    # Waiting switched off: dispatch now whatever the slack.
+    s2 = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, wait_for_batch=False)
+    res = s2.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 2, 100.0), arrival_rate_per_s=1000.0)]), 0.0)
+    assert [d.config.batch for d in res.dispatches] == [2]
+
+
+def test_partial_batch_uses_interpolated_latency() -> None:
+    # 3 jobs, batches {1, 4}: sending all 3 is a batch of 3 whose latency is interpolated between
+    # b=1 (12) and b=4 (18): 12 + 6 * (3-1)/(4-1) = 16 ms, 1e-6*16/3 per request: the cheapest option.
+    s = one_stage({1: 12.0, 4: 18.0})
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 3, 100.0))]), 0.0)
+    assert [(d.config.batch, d.predicted_ms) for d in res.dispatches] == [(3, 16.0)]
+
+
+def test_infeasible_best_effort_is_at_risk() -> None:
+    # Slack 5 ms < fastest 12 ms: best effort sends the largest fillable batch (4) on the fastest
+    # resources and marks it at risk.
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0})
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 5.0))]), 0.0)
+    assert [(d.config.batch, d.at_risk) for d in res.dispatches] == [(4, True)]
+    assert res.stats[0].feasible is False
+    assert "best effort" in res.dispatches[0].reason
+
+
+def test_infeasible_reject_policy_rejects_only_late_jobs() -> None:
+    # Jobs 0-1 have 5 ms (below the fastest 12 ms): rejected. Jobs 2-3 have 50 ms: dispatched.
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, infeasible_policy="reject")
+    jobs = jobs_for(Q1, 2, 5.0) + tuple(
+        replace(j, job_id=f"late-ok{i}", deadline_ms=50.0, e2e_deadline_ms=50.0)
+        for i, j in enumerate(jobs_for(Q1, 2, 50.0))
+    )
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs)]), 0.0)
+    assert [r.job_ids for r in res.rejects] == [("m-j0", "m-j1")]
+    assert [d.job_ids for d in res.dispatches] == [("late-ok0", "late-ok1")]
+
+
+def test_warm_worker_beats_cold_start() -> None:
+    # Cold start 100 ms. A warm idle worker for (m, 1 vCPU) exists: no cold start is added, and
+    # the batch goes to it (rule 1: warm on the inputs' node, since job inputs sit on node0).
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=100.0)
+    warm = Worker("w0", "node0", None, "cpu", 1, 0.0, "m", busy=False, idle_since_ms=0.0)
+    cluster = ClusterSnapshot([Node("node0", 4)], [], [warm])
+    jobs = tuple(replace(j, input_node="node0") for j in jobs_for(Q1, 4, 60.0))
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs)], cluster), 0.0)
+    d = res.dispatches[0]
+    assert (d.placement.worker_id, d.placement.rule, d.predicted_ms) == ("w0", 1, 18.0)
+    # Without the warm worker, a cold start (100 + L) cannot meet the 60 ms slack: at risk, and
+    # best effort sends the whole queue (batch 4) at 100 + 18 = 118 ms.
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs)], ClusterSnapshot([Node("node0", 4)])), 0.0)
+    assert res.dispatches[0].at_risk and res.dispatches[0].predicted_ms == 118.0
+
+
+def test_no_capacity_holds_the_queue() -> None:
+    # The only node's 1 vCPU is held by a busy worker: nothing can be placed, jobs stay queued.
+    s = one_stage({1: 12.0})
+    busy = Worker("w0", "node0", None, "cpu", 1, 0.0, "other", busy=True)
+    cluster = ClusterSnapshot([Node("node0", 1)], [], [busy])
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 100.0))], cluster), 0.0)
+    assert res.dispatches == () and "no capacity" in res.holds[0].reason
+
+
+def test_missing_profile_rejects_with_the_stage_named() -> None:
+    s = one_stage({1: 12.0})
+    wf = Workflow.chain("w2", ["unknown"], 100)
+    q = QueueKey("w2", "unknown")
+    res = s.decide(Snapshot((QueueState(q, jobs_for(q, 2, 50.0)),), cpu_cluster(1, 2), {"w2": wf}), 0.0)
+    assert len(res.rejects) == 1 and "'unknown'" in res.rejects[0].reason and len(res.rejects[0].job_ids) == 2
+
+
+def test_queues_are_served_by_earliest_deadline() -> None:
+    # Two workflows share the only vCPU: the queue with the earlier deadline gets it.
+    s = one_stage({1: 12.0})
+    wf_a, wf_b = Workflow.chain("a", ["m"], 100), Workflow.chain("b", ["m"], 100)
+    qa, qb = QueueKey("a", "m"), QueueKey("b", "m")
+    snapshot = Snapshot(
+        (QueueState(qa, jobs_for(qa, 1, 80.0)), QueueState(qb, jobs_for(qb, 1, 30.0))),
+        cpu_cluster(1, 1),
+        {"a": wf_a, "b": wf_b},
+    )
+    res = s.decide(snapshot, 0.0)
+    assert [d.queue for d in res.dispatches] == [qb] and [h.queue for h in res.holds] == [qa]
+
+
+def test_registry() -> None:
+    assert {"esg", "esg-unpruned"} <= set(scheduler_names())
+    prof = LatencyProfile([ProfilePoint("m", "cpu", 1, 1, 0.0, 1.0)])
+    assert create_scheduler("esg", prof, PriceSheet(0.0, {})).name == "esg"
+    with pytest.raises(UnknownSchedulerError, match="'nope'"):
+        create_scheduler("nope", prof, PriceSheet(0.0, {}))
+
+
+# ---- the oracle: whole decisions against brute-force enumeration ------------------------------
+
+
+def random_case(seed: int) -> tuple[ESGScheduler, Workflow, list[str], list[Job], float, ClusterSnapshot]:
+    """A random chain or fork-join workflow, profile, prices and queue; returns the horizon too."""
+    rng = random.Random(seed)
+    shape = rng.choice(["chain", "chain", "forkjoin"])
+    if shape == "chain":
+        k = rng.randint(1, 5)
+        names = [f"s{i}" for i in range(k)]
+        wf = Workflow.chain("wf", names, slo_ms=1000)
+    else:  # a -> {b1 -> b2, c} -> d
+        names = ["a", "b1", "b2", "c", "d"]
+        wf = Workflow("wf", names, [("a", "b1"), ("b1", "b2"), ("a", "c"), ("b2", "d"), ("c", "d")], 1000)
+    stages_n = len(names)
+    batches = (1, 2, 4) if stages_n <= 3 else (1, 4)
+    vcpus = (1, 2) if stages_n <= 4 else (1,)
+    shares = (0.0, 0.5) if stages_n <= 3 else (0.0, 1.0)
+    space = ConfigSpace(batches, vcpus, shares)
+    points = []
+    cold = {}
+    for st in names:
+        base = rng.uniform(2, 40)
+        for hw, share in (("cpu", 0.0), ("T4", shares[1])):
+            speed = 1.0 if hw == "cpu" else rng.uniform(3, 8) * share
+            for v in vcpus:
+                for b in batches:
+                    lat = base * (0.6 + 0.4 * b) / speed / (v ** rng.uniform(0.2, 0.8)) + rng.uniform(0, 2)
+                    points.append(ProfilePoint(st, hw, b, v, share, round(lat, 3)))
+            cold[(st, hw)] = round(rng.uniform(0, 30), 3)
+    prices = PriceSheet(rng.uniform(1e-6, 2e-5), {"T4": rng.uniform(5e-5, 5e-4)})
+    settings = ESGSettings(config_space=space, search_horizon=rng.choice(["segment", "workflow"]))
+    sched = ESGScheduler(LatencyProfile(points, cold), prices, settings)
+    entry = names[0] if shape == "chain" else rng.choice(["a", "b1", "c"])
+    n = rng.randint(1, 6)
+    q = QueueKey("wf", entry)
+    deadline = rng.uniform(5, 250)
+    jobs = [Job(f"j{i}", f"r{i}", f"r{i}", q, 0.0, 0.0, deadline + i, deadline + 2 * i) for i in range(n)]
+    rate = rng.choice([0.0, 50.0, 500.0])
+    cluster = ClusterSnapshot([Node("n0", 8)], [Device("n0/g0", "n0", "T4")])
+    hardware = frozenset({"cpu", "T4"})
+    horizon = list(sched.tables.horizon(wf, entry, hardware))
+    return sched, wf, horizon, jobs, rate, cluster
+
+
+def brute_force_decision(sched: ESGScheduler, horizon: list[str], jobs: list[Job], rate: float, now: float) -> float:
+    """Least plan cost by enumeration from the raw profile and prices (every worker is cold)."""
+    t = sched.tables
+    space = sched.settings.config_space
+    prof, prices = t.profile, t.prices
+    n = len(jobs)
+
+    def configs(stage: str) -> list[tuple[Config, str]]:
+        return [(c, "cpu" if c.gpu_share == 0 else "T4") for c in space]
+
+    first: list[tuple[int, float]] = []
+    stage = horizon[0]
+    for cfg, hw in configs(stage):
+        cold = prof.cold_start_ms(stage, hw)
+        sizes = []
+        if cfg.batch <= n:
+            sizes.append((cfg.batch, 0.0))
+        else:
+            sizes.append((n, 0.0))  # the whole queue goes now
+            if rate > 0:
+                sizes.append((cfg.batch, (cfg.batch - n) / rate * 1000.0))
+        for b, wait in sizes:
+            lat = prof.try_latency_ms(stage, cfg.with_batch(b), hw)
+            if lat is None:
+                continue
+            busy = lat + cold
+            # A wait option's latency: the busy time plus the fill time, each in whole microseconds.
+            first.append((to_us(busy) + to_us(wait), prices.batch_cost(cfg.with_batch(b), hw, busy) / b))
+    rest: list[list[tuple[int, float]]] = []
+    for st in horizon[1:]:
+        opts = []
+        for cfg, hw in configs(st):
+            lat = prof.latency_ms(st, cfg, hw)
+            opts.append((to_us(lat), prices.cost_per_request(cfg, hw, lat)))
+        rest.append(opts)
+    deadline = min(j.e2e_deadline_ms if sched.settings.search_horizon == "workflow" else j.deadline_ms for j in jobs)
+    slack = to_us(deadline - now)
+    best = math.inf
+    for plan in itertools.product(first, *rest):
+        if sum(p[0] for p in plan) <= slack:
+            best = min(best, sum(p[1] for p in plan))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(520))
+def test_decision_cost_equals_brute_force_and_unpruned(seed: int) -> None:
+    sched, wf, horizon, jobs, rate, cluster = random_case(seed)
+    now = 1.0
+    view_snapshot = Snapshot((QueueState(jobs[0].queue, tuple(jobs), rate),), cluster, {wf.name: wf})
+
+    expected = brute_force_decision(sched, horizon, jobs, rate, now)
+    unpruned = ESGScheduler(sched.tables.profile, sched.tables.prices, sched.settings.without_pruning())
+    results = []
+    for s in (sched, unpruned):
+        view = ClusterView(view_snapshot.cluster)
+        dec = s.decide_queue(view_snapshot.queues[0], list(jobs), wf, view, now)
+        assert dec.stats.horizon == len(horizon)
+        if expected == math.inf:
+            assert not dec.stats.feasible and (dec.kind != "dispatch" or dec.at_risk)
+            results.append(math.inf)
+            continue
+        assert dec.stats.feasible and dec.choice is not None and not dec.at_risk
+        plan = (dec.choice, *dec.plan)
+        assert [c.stage for c in plan] == horizon
+        # Every choice's latency_ms is its busy time (cold start included) and config.batch its real size.
+        cost = sum(sched.tables.prices.cost_per_request(c.config, c.hardware, c.latency_ms) for c in plan)
+        assert math.isclose(cost, expected, rel_tol=1e-9), (seed, cost, expected)
+        results.append(cost)
+    assert results[0] == results[1] or math.isclose(results[0], results[1], rel_tol=1e-9)
