@@ -39,6 +39,10 @@ def cpu_worker(wid: str, vcpus: int, node: str = "n0") -> Worker:
     return Worker(wid, node, None, "cpu", vcpus, 0.0, "wf/det")
 
 
+def busy_cpu_worker(wid: str, vcpus: int, node: str = "n0") -> Worker:
+    return Worker(wid, node, None, "cpu", vcpus, 0.0, "wf/det", busy=True)
+
+
 # ---- Config and ConfigSpace ---------------------------------------------------
 
 
@@ -257,7 +261,7 @@ def test_bad_nodes_or_devices_are_named(nodes: list[Node], devices: list[Device]
         ([gpu_worker("a", 0.5, device="n0/g7")], "worker a names device 'n0/g7'"),
         ([gpu_worker("a", 0.5, device="n1/g0")], "worker a names device 'n1/g0' .* not on node 'n0'"),
         ([Worker("a", "n0", "n0/g0", "A100", 1, 0.5, None)], re.escape("names device 'n0/g0' (A100)")),
-        ([cpu_worker("a", 5), cpu_worker("b", 4)], "node n0: workers hold 9 vcpus of 8"),
+        ([busy_cpu_worker("a", 5), busy_cpu_worker("b", 4)], "node n0: busy workers hold 9 vcpus of 8"),
         ([gpu_worker("a", 0.6), gpu_worker("b", 0.5)], "device n0/g0: workers hold share 1.10 > 1.0"),
     ],
 )

@@ -62,7 +62,7 @@ def test_commit_prevents_double_booking() -> None:
     second = view.place("m", 1, 0.4, "T4", [])
     assert second is not None
     view.commit(second, 1, 0.4)
-    assert view.place("m", 1, 0.0, "cpu", []) is None  # both vCPUs taken
+    assert view.place("m", 1, 0.0, "cpu", []) is None  # both vCPUs taken by the two new (busy) workers
 
 
 def test_warm_worker_is_used_once_per_round() -> None:
@@ -75,19 +75,30 @@ def test_warm_worker_is_used_once_per_round() -> None:
     assert p2 is not None and p2.worker_id is None  # a second batch needs a new worker
 
 
-def test_eviction_frees_room_least_recently_used_first() -> None:
-    # One node, 2 vCPUs, both held by idle workers of other stages; the older idle one goes.
+def test_eviction_frees_a_worker_slot_least_recently_used_first() -> None:
+    # One node with room for 2 workers, both taken by idle workers of other stages; the older goes.
     ws = [
         Worker("old", "n0", None, "cpu", 1, 0.0, "x", idle_since_ms=10.0),
         Worker("new", "n0", None, "cpu", 1, 0.0, "y", idle_since_ms=50.0),
     ]
-    view = ClusterView(ClusterSnapshot([Node("n0", 2)], [], ws))
+    view = ClusterView(ClusterSnapshot([Node("n0", 2, max_workers=2)], [], ws))
     p = view.place("m", 1, 0.0, "cpu", [])
     assert p is not None and p.evict == ("old",) and p.cold
     view.commit(p, 1, 0.0)
-    assert "old" not in view.idle and view.free_vcpus["n0"] == 0
-    no_evict = ClusterView(ClusterSnapshot([Node("n0", 2)], [], ws), allow_eviction=False)
+    assert "old" not in view.idle and view.free_vcpus["n0"] == 1 and view.free_slots["n0"] == 0
+    no_evict = ClusterView(ClusterSnapshot([Node("n0", 2, max_workers=2)], [], ws), allow_eviction=False)
     assert no_evict.place("m", 1, 0.0, "cpu", []) is None
+
+
+def test_idle_workers_hold_no_compute_but_busy_ones_do() -> None:
+    # 2 vCPUs: an idle 2-vCPU worker leaves both free; a busy one leaves none, and eviction cannot help.
+    idle = Worker("i", "n0", None, "cpu", 2, 0.0, "x", idle_since_ms=0.0)
+    view = ClusterView(ClusterSnapshot([Node("n0", 2)], [], [idle]))
+    assert view.free_vcpus["n0"] == 2 and view.can_start(2, 0.0, "cpu")
+    busy = Worker("b", "n0", None, "cpu", 2, 0.0, "x", busy=True)
+    view = ClusterView(ClusterSnapshot([Node("n0", 2)], [], [busy, idle]))
+    assert not view.can_start(1, 0.0, "cpu")
+    assert view.place("x", 2, 0.0, "cpu", []) is None  # the idle warm worker has no compute to run on
 
 
 def test_mps_client_limit_is_respected() -> None:
@@ -98,7 +109,8 @@ def test_mps_client_limit_is_respected() -> None:
 
 
 def test_cpu_placement_best_fit_on_vcpus() -> None:
-    busy = Worker("w", "n1", None, "cpu", 6, 0.0, "x", busy=True)
+    busy = Worker("w", "n1", None, "cpu", 6, 0.0, "x", busy=True)  # n1: 2 vCPUs free, n0: 8
     view = ClusterView(ClusterSnapshot(NODES, [], [busy]))
     p = view.place("m", 2, 0.0, "cpu", [])
     assert p is not None and (p.node, p.device_id) == ("n1", None)  # 0 vCPUs left on n1 vs 6 on n0
+    assert view.free_slots["n0"] == float("inf")

@@ -17,16 +17,31 @@ from esg_prefect.model.config import CPU, Config, normalize_share
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A machine with ``vcpus`` vCPUs for workers."""
+    """A machine with ``vcpus`` vCPUs of compute and room for ``max_workers`` worker processes.
+
+    Compute is held only while a worker runs a batch: an idle warm worker is a
+    sleeping process that uses memory (a worker slot), not CPU. GPU shares, in
+    contrast, are reserved for a worker's whole life (MPS percentage and memory
+    fraction are set at process start), so idle workers keep holding them.
+
+    Args:
+        name: node name.
+        vcpus: vCPUs that busy workers may use at once.
+        max_workers: most worker processes (busy or idle) on the node; None for no limit.
+    """
 
     name: str
     vcpus: int
+    max_workers: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise InvalidInputError(f"node name must be non-empty, got {self.name!r}")
         if isinstance(self.vcpus, bool) or not isinstance(self.vcpus, int) or self.vcpus < 1:
             raise InvalidInputError(f"node {self.name!r}: vcpus must be an int >= 1, got {self.vcpus!r}")
+        mw = self.max_workers
+        if mw is not None and (isinstance(mw, bool) or not isinstance(mw, int) or mw < 1):
+            raise InvalidInputError(f"node {self.name!r}: max_workers must be an int >= 1 or None, got {mw!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +148,7 @@ class ClusterSnapshot:
                 raise InvalidInputError(f"device {d.device_id} is on unknown node {d.node!r}")
         ids: set[str] = set()
         used_cpu = {n: 0 for n in node_names}
+        count = {n: 0 for n in node_names}
         used_share = {d: 0.0 for d in devs}
         for w in self.workers:
             if w.worker_id in ids:
@@ -140,7 +156,9 @@ class ClusterSnapshot:
             ids.add(w.worker_id)
             if w.node not in used_cpu:
                 raise InvalidInputError(f"worker {w.worker_id} is on unknown node {w.node!r}")
-            used_cpu[w.node] += w.vcpus
+            count[w.node] += 1
+            if w.busy:
+                used_cpu[w.node] += w.vcpus
             if w.device_id is not None:
                 dev = devs.get(w.device_id)
                 if dev is None or dev.node != w.node or dev.hardware != w.hardware:
@@ -150,12 +168,14 @@ class ClusterSnapshot:
                 used_share[w.device_id] += w.gpu_share
         for n in self.nodes:
             if used_cpu[n.name] > n.vcpus:
-                raise InvalidInputError(f"node {n.name}: workers hold {used_cpu[n.name]} vcpus of {n.vcpus}")
+                raise InvalidInputError(f"node {n.name}: busy workers hold {used_cpu[n.name]} vcpus of {n.vcpus}")
+            if n.max_workers is not None and count[n.name] > n.max_workers:
+                raise InvalidInputError(f"node {n.name}: {count[n.name]} workers exceed max_workers={n.max_workers}")
         clients = Counter(w.device_id for w in self.workers if w.device_id is not None)
-        for dev_id, count in clients.items():
-            if count > devs[dev_id].max_clients:
+        for dev_id, n_clients in clients.items():
+            if n_clients > devs[dev_id].max_clients:
                 raise InvalidInputError(
-                    f"device {dev_id}: {count} workers exceed its max_clients={devs[dev_id].max_clients}"
+                    f"device {dev_id}: {n_clients} workers exceed its max_clients={devs[dev_id].max_clients}"
                 )
         for dev_id, used in used_share.items():
             if used > 1.0 + 1e-9:

@@ -9,10 +9,15 @@ Ranking of the places that have the capacity:
 4. a cold start anywhere; ties go to the device (or node, on the CPU) with the
    least capacity left over: best fit, less fragmentation.
 
-When no free capacity is left, idle workers of other stages may be stopped to
-make room (a knob, on by default): the least recently used first, on the
-device or node where the fewest must go. If nothing fits, the batch stays
-queued. GPU shares are counted in hundredths, so capacity checks are exact.
+Capacity (see :class:`~esg_prefect.model.cluster.Node`): a batch needs free
+compute (vCPUs not used by busy workers) on the worker's node; a new worker
+also needs a worker slot on the node and, for a GPU configuration, a free
+share (and an MPS client slot) on a device of the right type. Idle workers
+hold their slot and GPU share but no compute. When no slot or share is left,
+idle workers of other stages may be stopped to make room (a knob, on by
+default): those on the same device first, then the least recently used. If
+nothing fits, the batch stays queued. GPU shares are counted in hundredths, so
+capacity checks are exact.
 
 :class:`ClusterView` is the mutable working copy of a
 :class:`~esg_prefect.model.cluster.ClusterSnapshot` that one ``decide`` call
@@ -45,12 +50,17 @@ class ClusterView:
         self.allow_eviction = allow_eviction
         self.node_order = [n.name for n in cluster.nodes]
         self.free_vcpus = {n.name: n.vcpus for n in cluster.nodes}
+        self.free_slots: dict[str, float] = {
+            n.name: float(n.max_workers) if n.max_workers is not None else float("inf") for n in cluster.nodes
+        }
         self.devices = {d.device_id: d for d in cluster.devices}
         self.free_share = {d.device_id: 100 for d in cluster.devices}
         self.clients = {d.device_id: 0 for d in cluster.devices}
         self.idle: dict[str, Worker] = {}
         for w in cluster.workers:
-            self.free_vcpus[w.node] -= w.vcpus
+            self.free_slots[w.node] -= 1
+            if w.busy:
+                self.free_vcpus[w.node] -= w.vcpus
             if w.device_id is not None:
                 self.free_share[w.device_id] -= _h(w.gpu_share)
                 self.clients[w.device_id] += 1
@@ -69,8 +79,12 @@ class ClusterView:
         ]
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
-        """(hardware, vcpus, share) of the idle workers warm for ``stage``."""
-        return {(w.hardware, w.vcpus, w.gpu_share) for w in self.idle.values() if w.stage == stage}
+        """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
+        return {
+            (w.hardware, w.vcpus, w.gpu_share)
+            for w in self.idle.values()
+            if w.stage == stage and self.free_vcpus[w.node] >= w.vcpus
+        }
 
     def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
         """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
@@ -84,7 +98,7 @@ class ClusterView:
         """Choose where to run, by the four rules; None if nothing fits."""
         counts = Counter(n for n in input_nodes if n is not None)
         home = max(sorted(counts), key=lambda n: counts[n]) if counts else None
-        warm = self.idle_warm(stage, vcpus, share, hardware)
+        warm = [w for w in self.idle_warm(stage, vcpus, share, hardware) if self.free_vcpus[w.node] >= vcpus]
         if warm:
             # Most inputs local first, then longest idle (fairness), then id (determinism).
             warm.sort(key=lambda w: (-counts.get(w.node, 0), w.idle_since_ms or 0.0, w.worker_id))
@@ -100,14 +114,15 @@ class ClusterView:
         """Take the capacity of a placement so that later dispatches see it gone."""
         for wid in placement.evict:
             w = self.idle.pop(wid)
-            self.free_vcpus[w.node] += w.vcpus
+            self.free_slots[w.node] += 1
             if w.device_id is not None:
                 self.free_share[w.device_id] += _h(w.gpu_share)
                 self.clients[w.device_id] -= 1
+        self.free_vcpus[placement.node] -= vcpus
         if placement.worker_id is not None:
             del self.idle[placement.worker_id]
             return
-        self.free_vcpus[placement.node] -= vcpus
+        self.free_slots[placement.node] -= 1
         if placement.device_id is not None:
             self.free_share[placement.device_id] -= _h(share)
             self.clients[placement.device_id] += 1
@@ -126,6 +141,7 @@ class ClusterView:
             if evict is None:
                 continue
             leftover = self.free_share[dev] - need if dev is not None else self.free_vcpus[node] - vcpus
+            leftover = int(leftover)
             # Rank: on the inputs' node first, then fewest evictions, then best fit, then name.
             key = (0 if node == home else 1, len(evict), leftover, dev or node)
             if best is None or key < best[0]:
@@ -135,8 +151,11 @@ class ClusterView:
     def _room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
         """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible."""
 
-        def fits(freed_cpu: int, freed_share: int, freed_clients: int) -> bool:
-            if self.free_vcpus[node] + freed_cpu < vcpus:
+        if self.free_vcpus[node] < vcpus:
+            return None  # compute is held by busy workers only: evicting idle ones frees none
+
+        def fits(freed_slots: int, freed_share: int, freed_clients: int) -> bool:
+            if self.free_slots[node] + freed_slots < 1:
                 return False
             if dev is None:
                 return True
@@ -157,13 +176,12 @@ class ClusterView:
             ),
         )
         chosen: list[str] = []
-        cpu = share = clients = 0
+        share = clients = 0
         for w in victims:
             chosen.append(w.worker_id)
-            cpu += w.vcpus
             if dev is not None and w.device_id == dev:
                 share += _h(w.gpu_share)
                 clients += 1
-            if fits(cpu, share, clients):
+            if fits(len(chosen), share, clients):
                 return tuple(chosen)
         return None
