@@ -9,7 +9,13 @@ Callers catch these classes, never a bare ``Exception``::
      │    ├── ProfileError: a malformed latency profile table
      │    └── PriceError: a price sheet without a needed price
      ├── MissingProfileError (also a LookupError): no latency for a (stage, config)
-     └── UnknownSchedulerError (also a LookupError): no scheduler by that name
+     ├── UnknownSchedulerError (also a LookupError): no scheduler by that name
+     ├── UnknownStageError (also a LookupError): a stage reference that cannot be resolved
+     └── StageCallError: a pooled stage call did not produce its result
+          ├── StageFailedError: the batch function raised on this call's input
+          ├── StageRejectedError: the scheduler rejected the call (no profile, no time)
+          ├── WorkerCrashedError: the worker died each time it ran this input
+          └── PoolClosedError: the pool shut down before the call finished
 """
 
 from __future__ import annotations
@@ -45,3 +51,37 @@ class MissingProfileError(ESGError, LookupError):
 
 class UnknownSchedulerError(ESGError, LookupError):
     """A scheduler name that the registry does not know."""
+
+
+class UnknownStageError(ESGError, LookupError):
+    """A stage reference (import path or name) that cannot be resolved."""
+
+
+class StageCallError(ESGError):
+    """A pooled stage call that did not produce its result."""
+
+
+class StageFailedError(StageCallError):
+    """The stage's batch function raised on this call's input.
+
+    Attributes:
+        error_type: qualified name of the original exception class.
+        remote_traceback: the traceback text from the worker.
+    """
+
+    def __init__(self, message: str, error_type: str = "", remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+
+
+class StageRejectedError(StageCallError):
+    """The scheduler rejected the call: no profile covers the stage, or no time is left."""
+
+
+class WorkerCrashedError(StageCallError):
+    """The worker process died each time it ran this call's input."""
+
+
+class PoolClosedError(StageCallError):
+    """The pool was closed before the call finished."""

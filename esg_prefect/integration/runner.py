@@ -1,0 +1,167 @@
+"""ESGTaskRunner: Prefect's thread-pool runner, plus a shared ESG pool for DNN stages.
+
+Every task runs as under :class:`prefect.task_runners.ThreadPoolTaskRunner`
+(states, retries, ``wait_for``, upstream futures, caching are Prefect's own).
+Tasks made by :meth:`esg_prefect.Pipeline.stage` hand their item to the
+runner's pool from inside their task run and wait; the pool batches the
+calls of every flow run in the process (or, through the pool service, of many
+processes) with the ESG scheduler.
+
+Construction modes (checked in ``__init__``):
+
+* ``ESGTaskRunner()``: the process-wide embedded pool for the given settings,
+  created on the first stage call and shared by all flow runs with equal settings;
+* ``ESGTaskRunner(pool=my_pool)``: a pool object you manage.
+
+Prefect duplicates the runner once per flow run and may pickle it; the pool is
+a process-level object, so duplicates share it and pickling drops it.
+
+Example:
+    >>> from prefect import flow
+    >>> from esg_prefect import ESGTaskRunner
+    >>> @flow(task_runner=ESGTaskRunner(backend="inline"))   # doctest: +SKIP
+    ... def image_flow(img): ...
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+from esg_prefect.scheduling.settings import ESGSettings
+
+BackendName = Literal["process", "inline"]
+
+_shared: dict[tuple[Any, ...], Pool] = {}
+_shared_lock = threading.Lock()  # guards _shared: flow runs in many threads ask for the pool at once
+
+
+def shared_pool(
+    scheduler: str = "esg",
+    settings: ESGSettings | None = None,
+    profile: str | None = None,
+    backend: BackendName = "process",
+    prices: PriceSheet | None = None,
+) -> Pool:
+    """The process-wide pool for these settings, created on first use."""
+    settings = settings or ESGSettings()
+    key = (scheduler, settings, profile, backend, prices)
+    with _shared_lock:
+        pool = _shared.get(key)
+        if pool is None:
+            prof = LatencyProfile.from_csv(profile) if profile else None
+            be = InlineBackend() if backend == "inline" else LocalProcessBackend()
+            pool = Pool(prof, prices, scheduler, settings, be)
+            _shared[key] = pool
+        return pool
+
+
+def close_shared_pools() -> None:
+    """Close every shared pool (at interpreter exit, and in tests)."""
+    with _shared_lock:
+        pools = list(_shared.values())
+        _shared.clear()
+    for p in pools:
+        p.close()
+
+
+atexit.register(close_shared_pools)
+
+
+class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
+    """Runs tasks in threads; pools DNN stage calls across flow runs with ESG.
+
+    Args:
+        pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool.
+        scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
+        settings: ESG knobs for the embedded pool.
+        profile: path of a latency profile CSV; default the profiles shipped with esg-prefect.
+        backend: ``"process"`` (worker processes, the default) or ``"inline"`` (threads).
+        prices: price sheet; default :meth:`PriceSheet.default`.
+        max_workers: threads for tasks; stage calls wait in threads, so the default is large.
+
+    Examples:
+        Before::
+
+            @flow(task_runner=ThreadPoolTaskRunner())
+            def image_flow(img): ...
+
+        After::
+
+            @flow(task_runner=ESGTaskRunner())
+            def image_flow(img): ...
+    """
+
+    def __init__(
+        self,
+        pool: Pool | None = None,
+        *,
+        scheduler: str = "esg",
+        settings: ESGSettings | None = None,
+        profile: str | Path | None = None,
+        backend: BackendName = "process",
+        prices: PriceSheet | None = None,
+        max_workers: int | None = None,
+    ) -> None:
+        super().__init__(max_workers=max_workers if max_workers is not None else 1024)
+        if backend not in ("process", "inline"):
+            raise InvalidInputError(f"backend must be 'process' or 'inline', got {backend!r}")
+        if pool is not None and not isinstance(pool, Pool):
+            raise InvalidInputError(f"pool must be an esg_prefect Pool, got {type(pool).__name__}")
+        if pool is not None and (settings is not None or profile is not None or prices is not None):
+            raise InvalidInputError("give either pool= or the settings of an embedded pool, not both")
+        self._pool = pool
+        self._config: dict[str, Any] = {
+            "scheduler": scheduler,
+            "settings": settings,
+            "profile": str(profile) if profile is not None else None,
+            "backend": backend,
+            "prices": prices,
+        }
+
+    def pool_client(self) -> Pool:
+        """The pool stage calls go to (the embedded one is created on first use)."""
+        if self._pool is None:
+            self._pool = shared_pool(**self._config)
+        return self._pool
+
+    def duplicate(self) -> Self:
+        dup = (
+            type(self)(pool=self._pool, max_workers=self._max_workers)
+            if self._pool
+            else type(self)(max_workers=self._max_workers, **self._config)
+        )
+        dup._config = dict(self._config)
+        return dup
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if self._pool is not None and ctx is not None and ctx.flow_run is not None:
+            self._pool.end_run(str(ctx.flow_run.id))  # non-blocking: posts to the pool's loop
+        super().__exit__(exc_type, exc_value, traceback)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ESGTaskRunner):
+            return False
+        return self._config == other._config and self._pool is other._pool
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The pool holds threads, processes and an event loop: a copy in another process
+        # re-resolves its own shared pool from the settings instead.
+        state = super().__getstate__()
+        state["_pool"] = None
+        return state

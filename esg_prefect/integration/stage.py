@@ -1,0 +1,215 @@
+"""Declaring DNN stages on Prefect tasks.
+
+A :class:`Pipeline` names a workflow and its end-to-end SLO (and, optionally,
+its DAG); ``@pipeline.stage(load=...)`` turns a *batch function*
+``run(model, items) -> outputs`` into a Prefect task that takes *one* item.
+Each call of that task stays a real Prefect task run (states, retries,
+caching, logs, graph edges in the UI); inside it, the call is handed to the
+ESG pool of the flow's :class:`~esg_prefect.integration.runner.ESGTaskRunner`,
+which batches it with the same stage's calls from other flow runs, and waits
+for its output. Without an ESG runner (another task runner, or no flow at all)
+the task runs its batch function on a batch of one, with the model loaded once
+per process: the same code works with and without pooling.
+
+Routing happens in the task body, not in the runner's ``submit``, so direct
+calls (``detect(x)``), ``.submit`` and ``.map`` are pooled alike.
+
+Example:
+    Before, one model call per flow run::
+
+        @task
+        def detect(image): return model(image[None])[0]
+
+    After, batched across flow runs::
+
+        image = Pipeline("image", slo_ms=800)
+
+        @image.stage(load=load_detector)
+        def detect(model, images: list) -> list:
+            return list(model(torch.stack(images)))
+
+        @flow(task_runner=ESGTaskRunner())
+        def image_flow(img): return detect(img)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.runtime.calls import StageCall, WorkflowDecl
+from esg_prefect.runtime.stages import BatchFn, LoadFn, StageSpec, run_checked
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    request_id: str | None = None
+    input_size: float | None = None
+
+
+_NO_OPTIONS = _Options()
+_options: contextvars.ContextVar[_Options] = contextvars.ContextVar("esg_options", default=_NO_OPTIONS)
+
+
+@contextlib.contextmanager
+def esg_options(*, request_id: str | None = None, input_size: float | None = None) -> Iterator[None]:
+    """Per-call options for the stage calls made inside the block.
+
+    Args:
+        request_id: the request these calls belong to. By default a request is
+            a flow run; a flow that serves many requests (e.g. one ``.map`` per
+            request) names each so that deadlines and costs follow requests.
+        input_size: size of the input (tokens, pixels) for size-aware cost splits.
+
+    Example:
+        >>> with esg_options(request_id="req-42"):   # doctest: +SKIP
+        ...     caption(detect(img))
+    """
+    if input_size is not None and not input_size > 0:
+        raise InvalidInputError(f"input_size must be > 0, got {input_size!r}")
+    token = _options.set(_Options(request_id, input_size))
+    try:
+        yield
+    finally:
+        _options.reset(token)
+
+
+class Pipeline:
+    """A workflow of DNN stages with an end-to-end latency SLO.
+
+    Args:
+        name: workflow (application) name; one AFW queue per (name, stage).
+        slo_ms: end-to-end latency objective of one request, in ms.
+        edges: ``(upstream, downstream)`` stage names; leave None to let the
+            pool learn the DAG from the runs (from which task outputs feed which task).
+
+    Raises:
+        InvalidInputError: on an empty name or a non-positive SLO.
+    """
+
+    def __init__(self, name: str, slo_ms: float, edges: Sequence[tuple[str, str]] | None = None) -> None:
+        self.decl = WorkflowDecl(name, slo_ms, tuple(edges) if edges is not None else None)
+        self.stages: dict[str, StageSpec] = {}
+
+    @property
+    def name(self) -> str:
+        """The workflow's name."""
+        return self.decl.name
+
+    def stage(
+        self,
+        *,
+        load: LoadFn,
+        name: str | None = None,
+        profile_name: str | None = None,
+        import_path: str | None = None,
+        **task_kwargs: Any,
+    ) -> Callable[[BatchFn], Any]:
+        """Decorate a batch function ``run(model, items) -> outputs`` into a one-item Prefect task.
+
+        Args:
+            load: ``load(device) -> model``, run once per worker.
+            name: stage name (default: the function's name); also the task's name.
+            profile_name: the stage's name in the latency profile (default: ``name``).
+            import_path: where workers find the stage (default: the function's
+                ``module:qualname``; the decorated object must live there).
+            **task_kwargs: passed to ``prefect.task`` (retries, tags, cache policy, ...).
+        """
+        from prefect import task
+
+        def decorate(run: BatchFn) -> Any:
+            stage_name: str = name or str(getattr(run, "__name__", ""))
+            path = import_path or f"{run.__module__}:{run.__qualname__}"
+            spec = StageSpec(stage_name, load, run, path, str(profile_name or stage_name))
+            if stage_name in self.stages:
+                raise InvalidInputError(f"pipeline {self.name!r} already has a stage named {stage_name!r}")
+            self.stages[stage_name] = spec
+            decl = self.decl
+
+            def one_item(item: Any) -> Any:
+                return call_stage(spec, decl, item)
+
+            functools.update_wrapper(one_item, run)
+            # Prefect reads the parameters from the signature: one item, not (model, items).
+            one_item.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+                [inspect.Parameter("item", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            )
+            task_kwargs.setdefault("name", stage_name)
+            prefect_task = task(**task_kwargs)(one_item)
+            prefect_task.esg_stage = spec  # type: ignore[attr-defined]
+            prefect_task.esg_pipeline = self  # type: ignore[attr-defined]
+            return prefect_task
+
+        return decorate
+
+
+_local_models: dict[str, Any] = {}
+_local_lock = threading.Lock()  # guards _local_models: tasks of one process load each model once
+
+
+def run_locally(spec: StageSpec, item: Any) -> Any:
+    """Run one item through the stage in this process (no pool), loading its model once."""
+    with _local_lock:
+        model = _local_models.get(spec.import_path)
+        if model is None:
+            model = spec.load("cpu")
+            _local_models[spec.import_path] = model
+    return run_checked(spec, model, [item])[0]
+
+
+def _pool_of_current_flow() -> Any:
+    from prefect.context import FlowRunContext
+
+    from esg_prefect.integration.runner import ESGTaskRunner
+
+    ctx = FlowRunContext.get()
+    runner = getattr(ctx, "task_runner", None) if ctx is not None else None
+    return runner.pool_client() if isinstance(runner, ESGTaskRunner) else None
+
+
+def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
+    """The body of every stage task: pool the call if an ESG runner is active, else run it here."""
+    pool = _pool_of_current_flow()
+    if pool is None:
+        return run_locally(spec, item)
+    from prefect import get_run_logger
+    from prefect.client.schemas.objects import TaskRunResult
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    flow_ctx = FlowRunContext.get()
+    task_ctx = TaskRunContext.get()
+    opts = _options.get()
+    run_id = str(flow_ctx.flow_run.id) if flow_ctx and flow_ctx.flow_run else f"local-{uuid.uuid4()}"
+    task_run_id = str(task_ctx.task_run.id) if task_ctx else str(uuid.uuid4())
+    attempt = task_ctx.task_run.run_count if task_ctx else 0
+    upstream: list[str] = []
+    if task_ctx is not None:
+        for inputs in task_ctx.task_run.task_inputs.values():
+            upstream.extend(str(i.id) for i in inputs if isinstance(i, TaskRunResult))
+    start = flow_ctx.flow_run.start_time if flow_ctx and flow_ctx.flow_run else None
+    arrival_ms = start.timestamp() * 1000.0 if start is not None else time.time() * 1000.0
+    call = StageCall(
+        call_id=f"{task_run_id}:{attempt}",
+        stage=spec.name,
+        stage_path=spec.import_path,
+        workflow=decl,
+        request_id=opts.request_id or run_id,
+        run_id=run_id,
+        item=item,
+        upstream=tuple(upstream),
+        arrival_ms=arrival_ms,
+        input_size=opts.input_size or 1.0,
+        task_run_id=task_run_id,
+    )
+    result = pool.submit(call).result()
+    get_run_logger().info("%s: %s", spec.name, result.describe())
+    return result.output

@@ -1,0 +1,688 @@
+"""The pool: AFW queues of stage calls from many flow runs, batched by a scheduler onto workers.
+
+One pool serves every flow run of a process (the embedded default) or, behind
+the pool service, of many processes. Its state lives on one asyncio event
+loop in a thread of its own (the controller): callers hand it calls from any
+thread with :meth:`Pool.submit` and get a :class:`concurrent.futures.Future`.
+
+The controller runs a scheduling round (``scheduler.decide(snapshot, now_ms)``,
+the very call the simulator makes) when calls arrive, when batches finish and
+on a timer tick while calls wait. Rounds are coalesced: a burst of arrivals in
+one loop iteration costs one round. It applies the decisions: dispatches start
+batches on warm or new workers, rejections fail their calls with the reason.
+
+Failure isolation, so that nothing is lost or delivered twice:
+
+* a batch whose function raises is split in halves and each half re-run on the
+  same worker, down to single items: only the poison input's call fails, with
+  the original error type, message and traceback;
+* a worker that dies mid-batch is dropped (billed up to its death) and the
+  batch's unfinished calls go back to their queue marked *solo*: whatever
+  batch they join next, the pool runs the other calls first as one batch and
+  then each solo call alone, so an input that kills its worker twice, alone,
+  fails with :class:`~esg_prefect.exceptions.WorkerCrashedError` and the
+  others complete;
+* every call's future is resolved exactly once; a duplicate ``call_id`` (a
+  client retrying) joins the first call or gets its stored result.
+
+Costs: busy time of each batch (cold start included) and idle time of warm
+workers are recorded as :class:`~esg_prefect.model.attribution.BatchRecord`
+and :class:`~esg_prefect.model.attribution.IdleRecord`, ready for
+:func:`~esg_prefect.model.attribution.attribute_costs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from esg_prefect.exceptions import (
+    PoolClosedError,
+    StageFailedError,
+    StageRejectedError,
+    WorkerCrashedError,
+)
+from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
+from esg_prefect.model.cluster import ClusterSnapshot, Worker
+from esg_prefect.model.config import Config
+from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile, ProfilePoint
+from esg_prefect.runtime.calls import StageCall, StageResult
+from esg_prefect.runtime.workers import (
+    BatchOutcome,
+    LocalProcessBackend,
+    WorkerBackend,
+    WorkerDiedError,
+    WorkerHandle,
+    WorkerLoadError,
+    WorkerSpec,
+)
+from esg_prefect.runtime.workflows import WorkflowRegistry
+from esg_prefect.scheduling import DecisionStats, Dispatch, ESGSettings, QueueState, Snapshot, create_scheduler
+from esg_prefect.scheduling.tables import CandidateTables
+
+logger = logging.getLogger(__name__)
+
+_DONE_MEMORY = 50_000
+
+
+def wall_ms() -> float:
+    """Wall-clock time in ms: comparable across the processes of one machine."""
+    return time.time() * 1000.0
+
+
+def perf_ms() -> float:
+    """Monotonic time in ms, injected into the scheduler for its time budget."""
+    return time.perf_counter() * 1000.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A call waiting in its queue (owned by the controller loop)."""
+
+    call: StageCall
+    future: concurrent.futures.Future[StageResult]
+    job: Job
+    solo: bool = False  # after a crash: run alone, so a poison input finds itself
+    crashes: int = 0
+
+
+@dataclass(slots=True)
+class _WorkerState:
+    spec: WorkerSpec
+    stage: str
+    handle: WorkerHandle | None = None
+    busy: bool = True
+    idle_since_ms: float | None = None
+    started_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class _Rate:
+    """EWMA arrival rate of one queue; it decays while nothing arrives."""
+
+    alpha: float
+    last_ms: float | None = None
+    per_s: float = 0.0
+
+    def arrive(self, now_ms: float) -> None:
+        if self.last_ms is not None:
+            gap = max(now_ms - self.last_ms, 0.1)
+            self.per_s = self.alpha * (1000.0 / gap) + (1 - self.alpha) * self.per_s
+        self.last_ms = now_ms
+
+    def at(self, now_ms: float) -> float:
+        if self.last_ms is None:
+            return 0.0
+        since = now_ms - self.last_ms
+        return min(self.per_s, 1000.0 / since) if since > 0 else self.per_s
+
+
+@dataclass(slots=True)
+class _Request:
+    arrival_ms: float
+    run_id: str
+    workflow: str
+    segment_start: dict[int, float] = field(default_factory=dict)
+    last_end_ms: float = 0.0
+    open_calls: int = 0
+    failed: bool = False
+    at_risk: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One finished call, for reports and artifacts."""
+
+    call_id: str
+    request_id: str
+    run_id: str
+    workflow: str
+    stage: str
+    ready_ms: float
+    start_ms: float
+    end_ms: float
+    ok: bool
+    result: StageResult | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """Copies of a pool's records, taken on its loop so they are consistent."""
+
+    calls: tuple[CallRecord, ...]
+    batches: tuple[BatchRecord, ...]
+    idles: tuple[IdleRecord, ...]
+    decisions: tuple[DecisionStats, ...]
+    requests: dict[str, dict[str, Any]]
+    queue_depths: dict[str, int]
+    workers: tuple[dict[str, Any], ...]
+
+
+def load_default_profile() -> LatencyProfile:
+    """Every profile CSV shipped in ``esg_prefect/data/profiles``, merged."""
+    from importlib import resources
+
+    points: list[ProfilePoint] = []
+    cold: dict[tuple[str, str], float] = {}
+    folder = resources.files("esg_prefect") / "data" / "profiles"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".csv"):
+            with resources.as_file(entry) as path:
+                prof = LatencyProfile.from_csv(path)
+            points.extend(prof.points)
+            for p in prof.points:
+                cold[(p.stage, p.hardware)] = prof.cold_start_ms(p.stage, p.hardware)
+    return LatencyProfile(points, cold)
+
+
+class Pool:
+    """AFW queues, an ESG controller and a worker backend, shared by many flow runs.
+
+    Args:
+        profile: latency model; defaults to the profiles shipped with esg-prefect.
+        prices: price sheet; defaults to :meth:`PriceSheet.default`.
+        scheduler: registered scheduler name (``esg-prefect schedulers`` lists them).
+        settings: ESG knobs.
+        backend: where workers run; defaults to local processes.
+
+    Examples:
+        >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
+        >>> fut = pool.submit(call); fut.result().output   # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        profile: LatencyProfile | None = None,
+        prices: PriceSheet | None = None,
+        scheduler: str = "esg",
+        settings: ESGSettings | None = None,
+        backend: WorkerBackend | None = None,
+    ) -> None:
+        self.profile = profile if profile is not None else load_default_profile()
+        self.prices = prices or PriceSheet.default()
+        self.settings = settings or ESGSettings()
+        self.scheduler_name = scheduler
+        self.scheduler = create_scheduler(scheduler, self.profile, self.prices, self.settings, clock=perf_ms)
+        self.tables = CandidateTables(self.profile, self.prices, self.settings)
+        self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
+        self._start_lock = threading.Lock()  # guards starting the loop thread once
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Everything below is owned by the controller loop: touched only from its thread.
+        self._queues: dict[QueueKey, list[_Pending]] = {}
+        self._rates: dict[QueueKey, _Rate] = {}
+        self._workers: dict[str, _WorkerState] = {}
+        self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
+        self._done: OrderedDict[str, concurrent.futures.Future[StageResult]] = OrderedDict()
+        self._requests: dict[str, _Request] = {}
+        self._registry = WorkflowRegistry()
+        self._round_pending = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ids = itertools.count(1)
+        self._calls: list[CallRecord] = []
+        self._batches: list[BatchRecord] = []
+        self._idles: list[IdleRecord] = []
+        self._decisions: deque[DecisionStats] = deque(maxlen=100_000)
+
+    # ---- thread-safe API -------------------------------------------------------------------
+
+    def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
+        """Queue a stage call; the future resolves to its :class:`StageResult` or raises a StageCallError."""
+        fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
+        if self._closed:
+            fut.set_exception(PoolClosedError("the pool is closed"))
+            return fut
+        loop = self._ensure_started()
+        loop.call_soon_threadsafe(self._on_submit, call, fut)
+        return fut
+
+    def end_run(self, run_id: str) -> None:
+        """Tell the pool a flow run finished, so its requests are closed in the records."""
+        if self._loop is not None and not self._closed:
+            self._loop.call_soon_threadsafe(self._on_end_run, run_id)
+
+    def snapshot(self, timeout_s: float = 30.0) -> PoolSnapshot:
+        """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers)."""
+        if self._loop is None:
+            return PoolSnapshot((), (), (), (), {}, {}, ())
+        return asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop).result(timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Fail waiting calls with PoolClosedError, stop all workers and the controller."""
+        with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout_s)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout_s)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- controller loop -----------------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        with self._start_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
+
+                def _run() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(started.set)
+                    loop.run_forever()
+
+                self._thread = threading.Thread(target=_run, name="esg-pool-controller", daemon=True)
+                self._thread.start()
+                started.wait()
+                self._loop = loop
+            return self._loop
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # keep a reference: the loop holds tasks only weakly
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_submit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
+        if self._closed:
+            fut.set_exception(PoolClosedError("the pool is closed"))
+            return
+        # Idempotency: a call id seen before joins the first call, or gets its stored outcome.
+        first = self._inflight.get(call.call_id) or self._done.get(call.call_id)
+        if first is not None:
+            _chain(first, fut)
+            return
+        now = wall_ms()
+        try:
+            workflow = self._registry.observe(call)
+        except Exception as exc:  # a bad declaration fails this call, clearly, and nothing else
+            fut.set_exception(StageRejectedError(f"workflow {call.workflow.name!r}: {exc}"))
+            return
+        req = self._requests.get(call.request_id)
+        if req is None:
+            arrival = call.arrival_ms if 0 < call.arrival_ms <= now else now
+            req = _Request(arrival, call.run_id, workflow.name)
+            self._requests[call.request_id] = req
+        req.open_calls += 1
+        key = QueueKey(workflow.name, call.stage)
+        hardware = frozenset({"cpu", *(d.hardware for d in self.backend.devices())})
+        try:
+            dist = self.tables.slo(workflow, hardware)
+            seg = dist.segment_of(call.stage)
+            start = req.segment_start.setdefault(seg.index, now)
+            deadline = dist.deadline_after(call.stage, req.arrival_ms, start)
+        except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
+            req.open_calls -= 1
+            req.failed = True
+            fut.set_exception(StageRejectedError(str(exc)))
+            return
+        job = Job(
+            call.call_id,
+            call.request_id,
+            call.run_id,
+            key,
+            req.arrival_ms,
+            max(now, req.arrival_ms),
+            deadline,
+            req.arrival_ms + workflow.slo_ms,
+            None,
+            call.input_size,
+        )
+        self._inflight[call.call_id] = fut
+        self._queues.setdefault(key, []).append(_Pending(call, fut, job))
+        self._rates.setdefault(key, _Rate(self.settings.rate_ewma_alpha)).arrive(now)
+        self._request_round()
+
+    def _on_end_run(self, run_id: str) -> None:
+        for _rid, req in list(self._requests.items()):
+            if req.run_id == run_id and req.open_calls == 0:
+                req.open_calls = -1  # closed: no more calls expected
+
+    def _request_round(self) -> None:
+        if not self._round_pending:
+            self._round_pending = True
+            asyncio.get_running_loop().call_soon(self._round)
+
+    def _round(self) -> None:
+        self._round_pending = False
+        if self._closed:
+            return
+        now = wall_ms()
+        self._expire_idle(now)
+        queues = tuple(
+            QueueState(key, tuple(p.job for p in pend), self._rates[key].at(now))
+            for key, pend in self._queues.items()
+            if pend
+        )
+        if queues:
+            snapshot = Snapshot(queues, self._cluster(), self._registry.current())
+            result = self.scheduler.decide(snapshot, now)
+            self._decisions.extend(result.stats)
+            for rej in result.rejects:
+                for jid in rej.job_ids:
+                    self._fail_queued(rej.queue, jid, StageRejectedError(rej.reason))
+            for d in result.dispatches:
+                self._dispatch(d, now)
+        if any(self._queues.values()) and self._tick_handle is None:
+            loop = asyncio.get_running_loop()
+            self._tick_handle = loop.call_later(self.settings.tick_ms / 1000.0, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        self._request_round()
+
+    def _cluster(self) -> ClusterSnapshot:
+        workers = [
+            Worker(
+                wid,
+                ws.spec.node,
+                ws.spec.device_id,
+                ws.spec.hardware,
+                ws.spec.vcpus,
+                ws.spec.gpu_share,
+                ws.stage,
+                busy=ws.busy,
+                idle_since_ms=ws.idle_since_ms,
+            )
+            for wid, ws in self._workers.items()
+        ]
+        return ClusterSnapshot(self.backend.nodes(), self.backend.devices(), workers)
+
+    def _expire_idle(self, now: float) -> None:
+        keep_ms = self.settings.keep_alive_s * 1000.0
+        for wid, ws in list(self._workers.items()):
+            if not ws.busy and ws.idle_since_ms is not None and now - ws.idle_since_ms > keep_ms:
+                self._retire(wid, now)
+
+    def _retire(self, wid: str, now: float) -> None:
+        ws = self._workers.pop(wid)
+        if ws.idle_since_ms is not None:
+            self._record_idle(ws, ws.idle_since_ms, now)
+        if ws.handle is not None:
+            self._spawn_task(ws.handle.stop())
+
+    def _record_idle(self, ws: _WorkerState, start: float, end: float) -> None:
+        if end > start:
+            s = ws.spec
+            self._idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, start, end))
+
+    def _take(self, key: QueueKey, job_ids: tuple[str, ...]) -> list[_Pending]:
+        wanted = set(job_ids)
+        pend = self._queues.get(key, [])
+        taken = [p for p in pend if p.job.job_id in wanted]
+        self._queues[key] = [p for p in pend if p.job.job_id not in wanted]
+        return taken
+
+    def _fail_queued(self, key: QueueKey, job_id: str, exc: Exception) -> None:
+        for p in self._take(key, (job_id,)):
+            self._finish(p, None, exc, wall_ms(), wall_ms())
+
+    def _dispatch(self, d: Dispatch, now: float) -> None:
+        pendings = self._take(d.queue, d.job_ids)
+        if not pendings:
+            return
+        for wid in d.placement.evict:
+            if wid in self._workers and not self._workers[wid].busy:
+                self._retire(wid, now)
+        if d.placement.worker_id is not None and d.placement.worker_id in self._workers:
+            ws = self._workers[d.placement.worker_id]
+            if ws.idle_since_ms is not None:
+                self._record_idle(ws, ws.idle_since_ms, now)
+            ws.busy, ws.idle_since_ms = True, None
+        else:
+            ws = self._new_worker(
+                pendings[0].call.stage_path,
+                d.queue.stage,
+                d.placement.node,
+                d.placement.device_id,
+                d.hardware,
+                d.config,
+                now,
+            )
+        self._spawn_task(self._run_batch(ws, pendings, d, now))
+
+    def _new_worker(
+        self, path: str, stage: str, node: str, device: str | None, hardware: str, cfg: Config, now: float
+    ) -> _WorkerState:
+        wid = f"w{next(self._ids)}"
+        spec = WorkerSpec(wid, path, node, device, hardware, cfg.vcpus, cfg.gpu_share)
+        ws = _WorkerState(spec, stage, started_ms=now)
+        self._workers[wid] = ws
+        return ws
+
+    async def _run_batch(self, ws: _WorkerState, pendings: list[_Pending], d: Dispatch, start: float) -> None:
+        cold = ws.handle is None
+        batch_id = f"b{next(self._ids)}"
+        results: dict[int, tuple[Any, BaseException | None]] = {}
+        running: list[int] = []  # indices on the worker right now, to blame a crash on
+        died: BaseException | None = None
+        try:
+            if ws.handle is None:
+                ws.handle = await self.backend.start(ws.spec)
+            normal = [i for i, p in enumerate(pendings) if not p.solo]
+            if normal:
+                await self._run_items(ws.handle, pendings, normal, results, running)
+            for i in (i for i, p in enumerate(pendings) if p.solo):
+                await self._run_items(ws.handle, pendings, [i], results, running)
+        except WorkerLoadError as exc:
+            for i in range(len(pendings)):
+                results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
+            died = exc
+        except WorkerDiedError as exc:
+            died = exc
+        end = wall_ms()
+        self._batches.append(
+            BatchRecord(
+                batch_id,
+                ws.spec.worker_id,
+                tuple(BatchItem(p.call.request_id, p.call.run_id, p.call.input_size) for p in pendings),
+                Config(len(pendings), ws.spec.vcpus, ws.spec.gpu_share),
+                ws.spec.hardware,
+                start,
+                end,
+            )
+        )
+        runs = len({p.call.run_id for p in pendings})
+        requeue: list[_Pending] = []
+        for i, p in enumerate(pendings):
+            if i in results:
+                out, err = results[i]
+                res = None
+                if err is None:
+                    res = StageResult(
+                        p.call.call_id,
+                        out,
+                        batch_id,
+                        len(pendings),
+                        ws.spec.worker_id,
+                        ws.spec.hardware,
+                        ws.spec.vcpus,
+                        ws.spec.gpu_share,
+                        start - p.job.ready_ms,
+                        d.predicted_ms,
+                        end - start,
+                        cold,
+                        d.at_risk,
+                        d.reason,
+                        runs,
+                    )
+                self._finish(p, res, err, start, end)
+                continue
+            # Not finished on a worker that died: back to the queue, to run alone next time.
+            if p.solo and running == [i]:
+                p.crashes += 1  # it was alone on the worker when it died
+            if p.crashes >= 2:
+                crash = WorkerCrashedError(
+                    f"stage {p.call.stage!r}: the worker died twice while running this input alone ({died})"
+                )
+                self._finish(p, None, crash, start, end)
+            else:
+                p.solo = True
+                requeue.append(p)
+        if requeue:
+            self._queues[d.queue] = requeue + self._queues.get(d.queue, [])
+        if died is not None:
+            self._workers.pop(ws.spec.worker_id, None)
+            logger.warning("worker %s lost (%s); %d call(s) requeued", ws.spec.worker_id, died, len(requeue))
+        else:
+            ws.busy, ws.idle_since_ms = False, end
+        self._request_round()
+
+    async def _run_items(
+        self,
+        handle: WorkerHandle,
+        pendings: list[_Pending],
+        idx: list[int],
+        results: dict[int, tuple[Any, BaseException | None]],
+        running: list[int],
+    ) -> None:
+        """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
+        running[:] = idx
+        outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
+        running.clear()
+        if outcome.ok:
+            for i, out in zip(idx, outcome.outputs, strict=True):
+                results[i] = (out, None)
+            return
+        if len(idx) == 1:
+            stage = pendings[idx[0]].call.stage
+            results[idx[0]] = (
+                None,
+                StageFailedError(
+                    f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}",
+                    outcome.error_type,
+                    outcome.error_traceback,
+                ),
+            )
+            return
+        mid = len(idx) // 2
+        await self._run_items(handle, pendings, idx[:mid], results, running)
+        await self._run_items(handle, pendings, idx[mid:], results, running)
+
+    def _finish(
+        self, p: _Pending, res: StageResult | None, err: BaseException | None, start: float, end: float
+    ) -> None:
+        self._inflight.pop(p.call.call_id, None)
+        self._done[p.call.call_id] = p.future
+        if len(self._done) > _DONE_MEMORY:
+            self._done.popitem(last=False)
+        req = self._requests.get(p.call.request_id)
+        if req is not None:
+            req.open_calls -= 1
+            req.last_end_ms = max(req.last_end_ms, end)
+            req.failed |= err is not None
+            req.at_risk |= bool(res and res.at_risk)
+        self._calls.append(
+            CallRecord(
+                p.call.call_id,
+                p.call.request_id,
+                p.call.run_id,
+                p.call.workflow.name,
+                p.call.stage,
+                p.job.ready_ms,
+                start,
+                end,
+                err is None,
+                res,
+                "" if err is None else str(err),
+            )
+        )
+        if not p.future.done():  # exactly once
+            if err is None:
+                assert res is not None
+                p.future.set_result(res)
+            else:
+                p.future.set_exception(err)
+
+    async def _snapshot(self) -> PoolSnapshot:
+        now = wall_ms()
+        idles = list(self._idles)
+        for ws in self._workers.values():  # idle time so far, not yet closed
+            if not ws.busy and ws.idle_since_ms is not None and now > ws.idle_since_ms:
+                s = ws.spec
+                idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, ws.idle_since_ms, now))
+        requests = {
+            rid: {
+                "run_id": r.run_id,
+                "workflow": r.workflow,
+                "arrival_ms": r.arrival_ms,
+                "finish_ms": r.last_end_ms if r.open_calls <= 0 and not r.failed else None,
+                "slo_ms": self._registry.current()[r.workflow].slo_ms,
+                "at_risk": r.at_risk,
+            }
+            for rid, r in self._requests.items()
+        }
+        workers = tuple(
+            {
+                "worker_id": wid,
+                "stage": ws.stage,
+                "busy": ws.busy,
+                "vcpus": ws.spec.vcpus,
+                "gpu_share": ws.spec.gpu_share,
+                "hardware": ws.spec.hardware,
+                "enforcement": getattr(ws.handle, "enforcement", ""),
+            }
+            for wid, ws in self._workers.items()
+        )
+        return PoolSnapshot(
+            tuple(self._calls),
+            tuple(self._batches),
+            tuple(idles),
+            tuple(self._decisions),
+            requests,
+            {str(k): len(v) for k, v in self._queues.items()},
+            workers,
+        )
+
+    async def _shutdown(self) -> None:
+        for pend in self._queues.values():
+            for p in pend:
+                if not p.future.done():
+                    p.future.set_exception(PoolClosedError("the pool closed before this call ran"))
+        self._queues.clear()
+        now = wall_ms()
+        for wid in list(self._workers):
+            ws = self._workers[wid]
+            if not ws.busy:
+                self._retire(wid, now)
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for p_fut in self._inflight.values():
+            if not p_fut.done():
+                p_fut.set_exception(PoolClosedError("the pool closed while this call ran"))
+        await self.backend.close()
+
+
+def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:
+    def _copy(f: concurrent.futures.Future[StageResult]) -> None:
+        if dst.done():
+            return
+        exc = f.exception()
+        if exc is not None:
+            dst.set_exception(exc)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(_copy)

@@ -1,0 +1,99 @@
+"""Stage definitions as the pool and its workers see them.
+
+A stage is a batch function ``run(model, items) -> outputs`` (same length and
+order as ``items``) plus a loader ``load(device) -> model`` called once per
+worker (the cold start). Workers run in other processes, so a stage is named
+by an import path ``"package.module:attribute"`` that resolves to the
+:class:`StageSpec` (or to an object with an ``esg_stage`` attribute holding
+one, such as the Prefect task made by :meth:`esg_prefect.Pipeline.stage`).
+A script's ``__main__`` module is found as ``__mp_main__`` in spawned workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from esg_prefect.exceptions import InvalidInputError, UnknownStageError
+
+LoadFn = Callable[[str], Any]
+BatchFn = Callable[[Any, list[Any]], Sequence[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One DNN stage: how to load its model and how to run a batch.
+
+    Args:
+        name: stage name, unique within its workflow; also the profile's stage name.
+        load: ``load(device) -> model``, called once per worker; ``device`` is
+            ``"cpu"`` or ``"cuda"`` (the worker sees only its own GPU).
+        run: ``run(model, items) -> outputs``, one output per item, in order.
+        import_path: ``"module:attribute"`` resolving to this spec (or to an
+            object whose ``esg_stage`` is this spec), for worker processes.
+        profile_name: name of the stage in the latency profile (defaults to ``name``).
+    """
+
+    name: str
+    load: LoadFn
+    run: BatchFn
+    import_path: str
+    profile_name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise InvalidInputError(f"stage name must be a non-empty string, got {self.name!r}")
+        if not callable(self.load) or not callable(self.run):
+            raise InvalidInputError(f"stage {self.name!r}: load and run must be callables")
+        if ":" not in self.import_path:
+            raise InvalidInputError(
+                f"stage {self.name!r}: import_path must look like 'module:attribute', got {self.import_path!r}"
+            )
+        if not self.profile_name:
+            object.__setattr__(self, "profile_name", self.name)
+
+
+def resolve_stage(import_path: str) -> StageSpec:
+    """Import ``"module:attribute"`` and return the stage spec it names.
+
+    Raises:
+        UnknownStageError: naming the path and what went wrong.
+    """
+    module_name, _, attr = import_path.partition(":")
+    if not module_name or not attr:
+        raise UnknownStageError(f"stage import path must look like 'module:attribute', got {import_path!r}")
+    if module_name == "__main__" and "__mp_main__" in sys.modules:
+        module_name = "__mp_main__"  # a spawned worker sees the parent's script under this name
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownStageError(f"cannot import module {module_name!r} of stage {import_path!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UnknownStageError(
+                f"module {module_name!r} has no attribute {attr!r} (stage {import_path!r})"
+            ) from None
+    spec = obj if isinstance(obj, StageSpec) else getattr(obj, "esg_stage", None)
+    if not isinstance(spec, StageSpec):
+        raise UnknownStageError(f"{import_path!r} is neither a StageSpec nor has an 'esg_stage' attribute")
+    return spec
+
+
+def run_checked(spec: StageSpec, model: Any, items: list[Any]) -> list[Any]:
+    """Run a batch and check it returned one output per item.
+
+    Raises:
+        InvalidInputError: when the batch function returns the wrong number of outputs.
+    """
+    outputs = spec.run(model, items)
+    outputs = list(outputs)
+    if len(outputs) != len(items):
+        raise InvalidInputError(
+            f"stage {spec.name!r}: batch function returned {len(outputs)} outputs for {len(items)} inputs"
+        )
+    return outputs

@@ -1,0 +1,93 @@
+"""The body of a local worker process.
+
+A worker starts as a *spare*: a process that has already imported torch (the
+slow part of a Python cold start) and waits for a stage. When the pool assigns
+it one, it applies its resources (threads = vCPUs; GPU pinning, MPS share and
+memory fraction), loads the model (the cold start the profile measures), then
+serves batches until told to stop. Messages travel on a pipe to the parent
+that spawned it, which is trusted: it is this process's own parent, never the
+network.
+
+Messages (parent -> worker): ``("load", stage_path, vcpus, gpu_share, device)``,
+``("run", batch_id, items)``, ``("stop",)``. Replies: ``("spare",)``,
+``("ready", load_ms, enforcement)``, ``("load_error", type, message, traceback)``,
+``("ok", batch_id, outputs, elapsed_ms)``, ``("error", batch_id, type, message, traceback)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+
+def _apply_resources(vcpus: int, gpu_share: float, device: str) -> str:
+    import torch
+
+    torch.set_num_threads(vcpus)
+    if device == "cpu":
+        return f"cpu: {vcpus} thread(s)"
+    parts = ["CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", "")]
+    if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in os.environ:
+        parts.append("MPS active threads " + os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] + "%")
+    else:
+        parts.append("compute share logical (no MPS daemon: time-sliced)")
+    if torch.cuda.is_available() and 0 < gpu_share < 1:
+        torch.cuda.set_per_process_memory_fraction(gpu_share, 0)
+        parts.append(f"memory fraction {gpu_share:.2f}")
+    return "; ".join(parts)
+
+
+def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str]) -> None:
+    """Entry point of a spawned worker process; ``env`` is applied before CUDA can initialise."""
+    import importlib
+
+    os.environ.update(env)
+    for mod in preload:
+        importlib.import_module(mod)
+    try:
+        import torch
+
+        torch.set_num_interop_threads(1)
+    except (ImportError, RuntimeError):
+        pass
+    conn.send(("spare",))
+    try:
+        msg = conn.recv()
+    except EOFError:
+        return
+    if msg[0] != "load":
+        return
+    _, stage_path, vcpus, gpu_share, device = msg
+    from esg_prefect.runtime.stages import resolve_stage, run_checked
+
+    t0 = time.perf_counter()
+    try:
+        enforcement = _apply_resources(vcpus, gpu_share, device)
+        spec = resolve_stage(stage_path)
+        model = spec.load(device)
+    except Exception as exc:  # report any load failure to the pool, which fails the calls clearly
+        conn.send(("load_error", type(exc).__qualname__, str(exc), traceback.format_exc()))
+        return
+    conn.send(("ready", (time.perf_counter() - t0) * 1000.0, enforcement))
+    _serve(conn, spec, model, run_checked)
+
+
+def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        _, batch_id, items = msg
+        t0 = time.perf_counter()
+        try:
+            outputs = run_checked(spec, model, items)
+        except Exception as exc:  # the batch function's own error: reported, the worker lives on
+            conn.send(("error", batch_id, type(exc).__qualname__, str(exc), traceback.format_exc()))
+            continue
+        conn.send(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0))

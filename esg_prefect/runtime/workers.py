@@ -1,0 +1,329 @@
+"""Worker backends: where batches run.
+
+One interface (``WorkerBackend.start -> WorkerHandle``, ``WorkerHandle.execute``)
+with two implementations here:
+
+* :class:`LocalProcessBackend`: one OS process per worker, bound to
+  (device, gpu_share, vcpus), its model warm across batches; spare processes
+  with torch already imported keep Python's own start-up out of cold starts.
+* :class:`InlineBackend`: workers are threads of this process. For tests and
+  notebooks; a crash cannot be isolated there.
+
+The Ray backend for multi-node pools lives in its own module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
+
+from esg_prefect.exceptions import ESGError
+from esg_prefect.model.cluster import Device, Node
+from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
+from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
+from esg_prefect.runtime.worker_main import worker_main
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerDiedError(ESGError):
+    """The worker process exited while it held a batch."""
+
+
+class WorkerLoadError(ESGError):
+    """The worker could not load its stage's model."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """What a worker says about one batch: outputs, or the batch function's error."""
+
+    ok: bool
+    outputs: list[Any]
+    elapsed_ms: float
+    error_type: str = ""
+    error_message: str = ""
+    error_traceback: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Where and with what a worker runs."""
+
+    worker_id: str
+    stage_path: str
+    node: str
+    device_id: str | None
+    hardware: str
+    vcpus: int
+    gpu_share: float
+
+
+class WorkerHandle(Protocol):
+    """A started worker with its model loaded."""
+
+    spec: WorkerSpec
+    load_ms: float
+    enforcement: str
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        """Run one batch. Raises WorkerDiedError if the worker dies meanwhile."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop the worker and free its resources."""
+        ...
+
+
+class WorkerBackend(Protocol):
+    """Starts workers on the nodes and devices it manages."""
+
+    def nodes(self) -> tuple[Node, ...]:
+        """The nodes workers can run on."""
+        ...
+
+    def devices(self) -> tuple[Device, ...]:
+        """The GPUs workers can hold shares of."""
+        ...
+
+    async def start(self, spec: WorkerSpec) -> WorkerHandle:
+        """Start a worker and load its model. Raises WorkerLoadError."""
+        ...
+
+    async def close(self) -> None:
+        """Stop everything this backend started."""
+        ...
+
+
+# ---- local processes -----------------------------------------------------------------------
+
+
+class _LocalWorker:
+    """A worker process and the parent's end of its pipe."""
+
+    def __init__(self, spec: WorkerSpec, proc: BaseProcess, conn: Connection) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.conn = conn
+        self.load_ms = 0.0
+        self.enforcement = ""
+        self._batch = 0
+
+    def _roundtrip(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+        try:
+            self.conn.send(msg)
+            while not self.conn.poll(0.05):
+                if not self.proc.is_alive():
+                    raise WorkerDiedError(f"worker {self.spec.worker_id} exited with code {self.proc.exitcode}")
+            reply: tuple[Any, ...] = self.conn.recv()
+            return reply
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise WorkerDiedError(f"worker {self.spec.worker_id} died: {exc!r}") from exc
+
+    async def load(self, device: str) -> None:
+        reply = await asyncio.to_thread(
+            self._roundtrip, ("load", self.spec.stage_path, self.spec.vcpus, self.spec.gpu_share, device)
+        )
+        if reply[0] == "load_error":
+            self.proc.join(timeout=5)
+            raise WorkerLoadError(f"stage {self.spec.stage_path!r} failed to load: {reply[1]}: {reply[2]}\n{reply[3]}")
+        self.load_ms, self.enforcement = float(reply[1]), str(reply[2])
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        self._batch += 1
+        reply = await asyncio.to_thread(self._roundtrip, ("run", self._batch, items))
+        if reply[0] == "ok":
+            return BatchOutcome(True, list(reply[2]), float(reply[3]))
+        return BatchOutcome(False, [], 0.0, str(reply[2]), str(reply[3]), str(reply[4]))
+
+    async def stop(self) -> None:
+        def _stop() -> None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self.conn.send(("stop",))
+            self.proc.join(timeout=2)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=2)
+            self.conn.close()
+
+        await asyncio.to_thread(_stop)
+
+
+class LocalProcessBackend:
+    """Workers as local processes (spawned), with spare pre-imported processes.
+
+    Args:
+        vcpus: vCPUs of this node that busy workers may use at once; default
+            all cores (``os.cpu_count()``).
+        max_workers: most worker processes alive at once (memory bound); idle
+            warm workers count, and ESG evicts the least recently used.
+        spares: processes kept ready with torch imported, so a cold start
+            costs the model load only.
+        preload: modules spares import ahead (torch by default).
+        node_name: the name of this node in cluster snapshots.
+    """
+
+    def __init__(
+        self,
+        vcpus: int | None = None,
+        max_workers: int = 8,
+        spares: int = 1,
+        preload: tuple[str, ...] = ("torch",),
+        node_name: str = "local",
+    ) -> None:
+        self._node = Node(node_name, vcpus or os.cpu_count() or 1, max_workers)
+        gpus = discover_gpus()
+        self._gpu_index = {f"{node_name}/gpu{g.index}": g.index for g in gpus}
+        self._devices = tuple(Device(f"{node_name}/gpu{g.index}", node_name, g.hardware) for g in gpus)
+        self._mps = mps_active() if gpus else False
+        if not gpus:
+            logger.info("esg-prefect: no GPU found, workers run on the CPU (a share is a thread count there)")
+        elif not self._mps:
+            logger.warning(
+                "esg-prefect: no MPS daemon found; GPU shares are logical (time-sliced) and memory fractions "
+                "are enforced by torch. Start nvidia-cuda-mps-control -d to enforce compute shares."
+            )
+        self._spares_wanted = spares
+        self._preload = preload
+        self._ctx = mp.get_context("spawn")
+        self._spares: list[tuple[BaseProcess, Connection]] = []
+        self._lock = threading.Lock()  # guards _spares: filled from worker threads, taken from the pool loop
+        self._all: list[_LocalWorker] = []
+
+    def nodes(self) -> tuple[Node, ...]:
+        return (self._node,)
+
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
+
+    def _spawn(self, env: dict[str, str] | None = None) -> tuple[BaseProcess, Connection]:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=worker_main, args=(child, self._preload, env or {}), daemon=True)
+        proc.start()
+        child.close()
+        if not parent.poll(120):
+            proc.kill()
+            raise WorkerLoadError("a new worker process did not start within 120 s")
+        parent.recv()  # ("spare",)
+        return proc, parent
+
+    def _refill(self) -> None:
+        with self._lock:
+            missing = self._spares_wanted - len(self._spares)
+        for _ in range(max(0, missing)):
+            spare = self._spawn({"CUDA_VISIBLE_DEVICES": ""} if not self._devices else None)
+            with self._lock:
+                self._spares.append(spare)
+
+    async def warm_up(self) -> None:
+        """Start the spare processes now instead of at the first cold start."""
+        await asyncio.to_thread(self._refill)
+
+    async def start(self, spec: WorkerSpec) -> WorkerHandle:
+        device = "cpu"
+        spare = None
+        if spec.device_id is None:
+            with self._lock:
+                while self._spares and spare is None:
+                    cand = self._spares.pop()
+                    spare = cand if cand[0].is_alive() else None
+        if spare is None:
+            idx = self._gpu_index.get(spec.device_id or "")
+            env = share_environment(idx, spec.gpu_share, self._mps)
+            spare = await asyncio.to_thread(self._spawn, env)
+            device = "cuda" if idx is not None else "cpu"
+        worker = _LocalWorker(spec, spare[0], spare[1])
+        self._all.append(worker)
+        if self._spares_wanted:
+            threading.Thread(target=self._refill, name="esg-spare-refill", daemon=True).start()
+        try:
+            await worker.load(device)
+        except WorkerDiedError as exc:
+            raise WorkerLoadError(f"worker {spec.worker_id} died while loading {spec.stage_path!r}: {exc}") from exc
+        return worker
+
+    def pids(self) -> dict[str, int]:
+        """Process id of every live worker, by worker id (for operators and fault tests)."""
+        return {w.spec.worker_id: w.proc.pid for w in self._all if w.proc.is_alive() and w.proc.pid is not None}
+
+    async def close(self) -> None:
+        for w in list(self._all):
+            if w.proc.is_alive():
+                await w.stop()
+        self._all.clear()
+        with self._lock:
+            spares, self._spares = self._spares, []
+        for proc, conn in spares:
+            proc.kill()
+            proc.join(timeout=2)
+            conn.close()
+
+
+# ---- in-process threads ----------------------------------------------------------------------
+
+
+class _InlineWorker:
+    def __init__(self, spec: WorkerSpec, stage: StageSpec, model: Any, load_ms: float) -> None:
+        self.spec = spec
+        self.stage = stage
+        self.model = model
+        self.load_ms = load_ms
+        self.enforcement = "inline thread (no isolation)"
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        def _run() -> BatchOutcome:
+            t0 = time.perf_counter()
+            try:
+                out = run_checked(self.stage, self.model, items)
+            except Exception as exc:  # the batch function's own error, reported like a process worker's
+                import traceback
+
+                return BatchOutcome(False, [], 0.0, type(exc).__qualname__, str(exc), traceback.format_exc())
+            return BatchOutcome(True, out, (time.perf_counter() - t0) * 1000.0)
+
+        return await asyncio.to_thread(_run)
+
+    async def stop(self) -> None:
+        self.model = None
+
+
+class InlineBackend:
+    """Workers as threads of this process: fast to start, no fault isolation.
+
+    Args:
+        vcpus: compute of the one node (default: all cores).
+        max_workers: most workers at once.
+    """
+
+    def __init__(self, vcpus: int | None = None, max_workers: int = 16) -> None:
+        self._node = Node("inline", vcpus or os.cpu_count() or 1, max_workers)
+
+    def nodes(self) -> tuple[Node, ...]:
+        return (self._node,)
+
+    def devices(self) -> tuple[Device, ...]:
+        return ()
+
+    async def start(self, spec: WorkerSpec) -> WorkerHandle:
+        def _load() -> _InlineWorker:
+            t0 = time.perf_counter()
+            stage = resolve_stage(spec.stage_path)
+            try:
+                model = stage.load("cpu")
+            except Exception as exc:  # surfaced to the calls as a load failure
+                raise WorkerLoadError(f"stage {spec.stage_path!r} failed to load: {exc!r}") from exc
+            return _InlineWorker(spec, stage, model, (time.perf_counter() - t0) * 1000.0)
+
+        return await asyncio.to_thread(_load)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,69 @@
+"""Tiny stages for runtime tests: cheap, deterministic, with a poison input and a crashing input.
+
+Worker processes import this module by path (``tests.toy_stages``), so it must stay importable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from esg_prefect.integration.stage import Pipeline
+from esg_prefect.model import LatencyProfile, ProfilePoint
+
+POISON = 13  # makes the batch function raise
+CRASH = 666  # kills the worker process
+
+toy = Pipeline("toy", slo_ms=5_000, edges=[("double", "inc")])
+learned = Pipeline("learned", slo_ms=5_000)  # no edges: the pool learns them
+
+
+def load_double(device: str) -> dict[str, Any]:
+    return {"factor": 2, "device": device}
+
+
+def load_inc(device: str) -> dict[str, Any]:
+    return {"step": 1}
+
+
+@toy.stage(load=load_double)
+def double(model: dict[str, Any], items: list[int]) -> list[int]:
+    time.sleep(0.002)
+    return [model["factor"] * x for x in items]
+
+
+@toy.stage(load=load_inc, retries=0)
+def inc(model: dict[str, Any], items: list[int]) -> list[int]:
+    if CRASH * 2 in items:
+        os._exit(3)  # a hard crash, as a segfaulting native library would do
+    if POISON * 2 in items:
+        raise ValueError(f"poison input {POISON * 2}")
+    time.sleep(0.002)
+    return [x + model["step"] for x in items]
+
+
+@learned.stage(load=load_double, name="first")
+def first(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x * 10 for x in items]
+
+
+@learned.stage(load=load_inc, name="second")
+def second(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + 1 for x in items]
+
+
+@learned.stage(load=load_inc, name="third")
+def third(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + 2 for x in items]
+
+
+def toy_profile() -> LatencyProfile:
+    """Batching pays: 5 ms + 0.5 ms per item; 2 vCPUs run 1.5x faster."""
+    points = []
+    for stage in ("double", "inc", "first", "second", "third"):
+        for v in (1, 2):
+            for b in (1, 2, 4, 8, 16, 32):
+                lat = (5.0 + 0.5 * b) / (1.5 if v == 2 else 1.0)
+                points.append(ProfilePoint(stage, "cpu", b, v, 0.0, lat, lat * 1.1))
+    return LatencyProfile(points, {(s, "cpu"): 20.0 for s in ("double", "inc", "first", "second", "third")})
