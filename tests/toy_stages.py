@@ -15,8 +15,8 @@ from esg_prefect.model import LatencyProfile, ProfilePoint
 POISON = 13  # makes the batch function raise
 CRASH = 666  # kills the worker process
 
-toy = Pipeline("toy", slo_ms=5_000, edges=[("double", "inc")])
-learned = Pipeline("learned", slo_ms=5_000)  # no edges: the pool learns them
+toy = Pipeline("toy", slo_ms=800, edges=[("double", "inc")])
+learned = Pipeline("learned", slo_ms=800)  # no edges: the pool learns them
 
 
 def load_double(device: str) -> dict[str, Any]:
@@ -61,9 +61,25 @@ def third(model: dict[str, Any], items: list[int]) -> list[int]:
 def toy_profile() -> LatencyProfile:
     """Batching pays: 5 ms + 0.5 ms per item; 2 vCPUs run 1.5x faster."""
     points = []
-    for stage in ("double", "inc", "first", "second", "third"):
+    for stage in STAGES:
         for v in (1, 2):
             for b in (1, 2, 4, 8, 16, 32):
                 lat = (5.0 + 0.5 * b) / (1.5 if v == 2 else 1.0)
                 points.append(ProfilePoint(stage, "cpu", b, v, 0.0, lat, lat * 1.1))
-    return LatencyProfile(points, {(s, "cpu"): 20.0 for s in ("double", "inc", "first", "second", "third")})
+    return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
+
+
+STAGES = ("double", "inc", "first", "second", "third", "flaky")
+
+
+flaky_seen: set[int] = set()  # items that already failed once (inline backend: same process)
+
+
+@toy.stage(load=load_inc, name="flaky", retries=2, retry_delay_seconds=0)
+def flaky(model: dict[str, Any], items: list[int]) -> list[int]:
+    """Fails the first time it sees an item: a Prefect retry then succeeds."""
+    fresh = [x for x in items if x not in flaky_seen]
+    if fresh:
+        flaky_seen.update(fresh)
+        raise RuntimeError(f"transient failure on {fresh}")
+    return [x + 100 for x in items]

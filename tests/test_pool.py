@@ -1,0 +1,183 @@
+"""The pool without Prefect: batching across runs, poison inputs, crashes, idempotency, records."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from esg_prefect.exceptions import PoolClosedError, StageFailedError, StageRejectedError, WorkerCrashedError
+from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+from esg_prefect.scheduling import ESGSettings
+from tests.toy_stages import CRASH, POISON, toy_profile
+
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+PRICES = PriceSheet(1e-5, {})
+
+
+def call(i: int, stage: str = "inc", run: str | None = None, call_id: str | None = None) -> StageCall:
+    return StageCall(
+        call_id=call_id or f"{stage}-{i}",
+        stage=stage,
+        stage_path=f"tests.toy_stages:{stage}",
+        workflow=TOY,
+        request_id=run or f"run{i}",
+        run_id=run or f"run{i}",
+        item=i,
+    )
+
+
+def settle(futs: list[concurrent.futures.Future[StageResult]], timeout: float = 60) -> list[object]:
+    out: list[object] = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout))
+        except Exception as exc:  # collected for assertions
+            out.append(exc)
+    return out
+
+
+@pytest.fixture
+def inline_pool() -> Pool:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    yield pool
+    pool.close()
+
+
+def test_calls_of_many_runs_share_batches(inline_pool: Pool) -> None:
+    items = [i for i in range(41) if i != POISON * 2]
+    futs = [inline_pool.submit(call(i)) for i in items]
+    results = settle(futs)
+    assert [r.output for r in results if isinstance(r, StageResult)] == [i + 1 for i in items]
+    sizes = [r.batch_size for r in results if isinstance(r, StageResult)]
+    assert max(sizes) > 1  # batched
+    mixed = [r for r in results if isinstance(r, StageResult) and r.co_batched_runs > 1]
+    assert mixed, "some batch should hold calls of several runs"
+    snap = inline_pool.snapshot()
+    assert sum(len(b.items) for b in snap.batches) == 40  # every call ran exactly once
+    assert len({c.call_id for c in snap.calls}) == 40 and all(c.ok for c in snap.calls)
+
+
+def test_poison_input_fails_only_its_own_call(inline_pool: Pool) -> None:
+    items = [*range(27, 43), POISON * 2]  # 26 is the poison for 'inc'
+    futs = [inline_pool.submit(call(i)) for i in items]
+    results = settle(futs)
+    for i, r in zip(items, results, strict=True):
+        if i == POISON * 2:
+            assert isinstance(r, StageFailedError)
+            assert r.error_type == "ValueError" and "poison input 26" in str(r) and "Traceback" in r.remote_traceback
+        else:
+            assert isinstance(r, StageResult) and r.output == i + 1
+
+
+def test_duplicate_call_id_is_run_once(inline_pool: Pool) -> None:
+    first = inline_pool.submit(call(5, call_id="same"))
+    second = inline_pool.submit(call(5, call_id="same"))
+    assert first.result(30).output == second.result(30).output == 6
+    third = inline_pool.submit(call(5, call_id="same"))  # after completion: the stored result
+    assert third.result(30).batch_id == first.result().batch_id
+    assert sum(len(b.items) for b in inline_pool.snapshot().batches) == 1
+
+
+def test_unprofiled_stage_is_rejected_with_its_name(inline_pool: Pool) -> None:
+    decl = WorkflowDecl("other", 1000)
+    bad = StageCall("c1", "mystery", "tests.toy_stages:double", decl, "r", "r", 1)
+    with pytest.raises(StageRejectedError, match="'mystery'"):
+        inline_pool.submit(bad).result(30)
+
+
+def test_closed_pool_fails_new_calls() -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend())
+    assert pool.submit(call(1)).result(30).output == 2
+    pool.close()
+    with pytest.raises(PoolClosedError):
+        pool.submit(call(2)).result(5)
+
+
+def test_costs_attributed_to_runs_add_up_to_worker_time(inline_pool: Pool) -> None:
+    futs = [inline_pool.submit(call(i, run=f"run{i % 3}", call_id=f"c{i}")) for i in range(30) if i != POISON * 2]
+    settle(futs)
+    time.sleep(0.05)  # some idle time on the warm workers
+    snap = inline_pool.snapshot()
+    report = attribute_costs(snap.batches, snap.idles, PRICES)
+    busy = sum(PRICES.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)
+    idle = sum(
+        PRICES.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in snap.idles
+    )
+    assert set(report.per_run) == {"run0", "run1", "run2"}
+    assert math.isclose(sum(report.per_run.values()) + report.idle_unattributed, busy + idle, rel_tol=1e-9)
+
+
+def test_learned_workflow_edges_come_from_upstream_calls() -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend())
+    decl = WorkflowDecl("learned", 800)
+    try:
+        a = StageCall("a1", "first", "tests.toy_stages:first", decl, "r1", "r1", 1, task_run_id="t-a1")
+        assert pool.submit(a).result(30).output == 10
+        b = StageCall("b1", "second", "tests.toy_stages:second", decl, "r1", "r1", 10, upstream=("t-a1",))
+        assert pool.submit(b).result(30).output == 11
+        wf = pool._registry.current()["learned"]
+        assert wf.edges == (("first", "second"),) and wf.entries == ("first",)
+    finally:
+        pool.close()
+
+
+# ---- real worker processes ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def process_pool() -> Pool:
+    settings = ESGSettings(wait_for_batch=False)
+    pool = Pool(toy_profile(), PRICES, settings=settings, backend=LocalProcessBackend(vcpus=2, spares=0, preload=()))
+    yield pool
+    pool.close()
+
+
+@pytest.mark.service
+def test_worker_crash_requeues_others_and_fails_the_killer(process_pool: Pool) -> None:
+    # CRASH*2 makes 'inc' call os._exit: its batch's other calls must complete, exactly once.
+    items = [*range(50, 62), CRASH * 2]
+    futs = [process_pool.submit(call(i)) for i in items]
+    results = settle(futs, timeout=120)
+    for i, r in zip(items, results, strict=True):
+        if i == CRASH * 2:
+            assert isinstance(r, WorkerCrashedError) and "died twice" in str(r)
+        else:
+            assert isinstance(r, StageResult) and r.output == i + 1, (i, r)
+    snap = process_pool.snapshot()
+    done = [c for c in snap.calls if c.ok]
+    assert sorted(c.call_id for c in done) == sorted(f"inc-{i}" for i in items if i != CRASH * 2)
+
+
+@pytest.mark.service
+def test_kill_9_mid_batch_loses_nothing(process_pool: Pool) -> None:
+    # Warm a worker, then kill -9 it while it runs a batch of slow calls.
+    assert process_pool.submit(call(1, stage="double")).result(120).output == 2
+    futs = [process_pool.submit(call(i, stage="double", call_id=f"k{i}")) for i in range(100, 160)]
+    killed = threading.Event()
+
+    def killer() -> None:
+        for _ in range(400):
+            pids = process_pool.backend.pids()  # type: ignore[attr-defined]
+            if pids and any(not f.done() for f in futs):
+                os.kill(next(iter(pids.values())), signal.SIGKILL)
+                killed.set()
+                return
+            time.sleep(0.005)
+
+    t = threading.Thread(target=killer)
+    t.start()
+    results = settle(futs, timeout=120)
+    t.join()
+    assert killed.is_set()
+    assert [r.output for r in results if isinstance(r, StageResult)] == [2 * i for i in range(100, 160)]
+    ok_ids = [c.call_id for c in process_pool.snapshot().calls if c.ok and c.call_id.startswith("k")]
+    assert len(ok_ids) == len(set(ok_ids)) == 60  # none lost, none delivered twice

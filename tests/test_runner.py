@@ -1,0 +1,129 @@
+"""ESGTaskRunner with real Prefect flow runs: contract, pooling across runs, failures, async."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import pickle
+from collections.abc import Iterator
+
+import pytest
+from prefect import flow
+from prefect.states import State
+
+from esg_prefect import ESGTaskRunner
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.scheduling import ESGSettings
+from tests.toy_stages import POISON, double, first, flaky, inc, second, third, toy_profile
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
+    yield p
+    p.close()
+
+
+def test_runner_contract() -> None:
+    a, b = ESGTaskRunner(), ESGTaskRunner()
+    assert a == b and a.duplicate() == a
+    assert ESGTaskRunner(scheduler="esg-unpruned") != a
+    settings = ESGSettings(tick_ms=2.0)
+    assert ESGTaskRunner(settings=settings).duplicate() == ESGTaskRunner(settings=settings)
+    p = Pool(toy_profile(), backend=InlineBackend())
+    try:
+        r = ESGTaskRunner(pool=p)
+        assert r.duplicate().pool_client() is p
+        clone = pickle.loads(pickle.dumps(r))  # the live pool is dropped, the settings kept
+        assert clone._pool is None and clone._config == r._config
+    finally:
+        p.close()
+    with pytest.raises(InvalidInputError, match="'gpu'"):
+        ESGTaskRunner(backend="gpu")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="not both"):
+        ESGTaskRunner(pool=Pool(toy_profile(), backend=InlineBackend()), settings=settings)
+
+
+def test_concurrent_flow_runs_share_batches(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def toy_flow(x: int) -> int:
+        return inc(double(x))
+
+    xs = [x for x in range(30) if x != POISON]
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        out = list(ex.map(toy_flow, xs))
+    assert out == [2 * x + 1 for x in xs]
+    snap = pool.snapshot()
+    runs_per_batch = [len({i.run_id for i in b.items}) for b in snap.batches]
+    assert max(runs_per_batch) > 1, runs_per_batch  # calls of different flow runs in one batch
+
+
+def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def mapped(xs: list[int]) -> tuple[list[int], State, State]:
+        doubled = double.map(xs)
+        bad = inc.submit(POISON * 2)  # inc(26) is the poison: this task run fails, nothing else does
+        after_bad = double.submit(1, wait_for=[bad])
+        good = [inc.submit(d) for d in doubled]
+        return [g.result() for g in good], bad.wait() or bad.state, after_bad.wait() or after_bad.state
+
+    values, bad_state, after_state = mapped([1, 2, 3, 4])
+    assert values == [3, 5, 7, 9]
+    assert bad_state.is_failed() and "poison input 26" in str(bad_state.message)
+    assert after_state.name == "NotReady"  # an upstream failure, as under any Prefect runner
+
+
+def test_retries_are_prefect_retries(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def retried(x: int) -> int:
+        return flaky(x)
+
+    assert retried(7) == 107  # failed once in the pool, retried by Prefect, then pooled again
+
+
+def test_async_flows_are_pooled(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    async def async_flow(x: int) -> int:
+        return inc.submit(double.submit(x)).result()
+
+    async def many() -> list[int]:
+        return await asyncio.gather(*(async_flow(x) for x in range(40, 52)))
+
+    assert asyncio.run(many()) == [2 * x + 1 for x in range(40, 52)]
+
+
+def test_dag_is_learned_from_runs(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def learned_flow(x: int) -> int:
+        # Futures carry the lineage (Prefect cannot link plain ints returned by direct calls).
+        a = first.submit(x)
+        return third.submit(second.submit(a)).result()
+
+    assert learned_flow(3) == 33
+    wf = pool._registry.current()["learned"]
+    assert wf.edges == (("first", "second"), ("second", "third"))
+
+
+def test_stage_logs_name_the_batch(pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def logged(x: int) -> int:
+        return double(x)
+
+    with caplog.at_level(logging.INFO):
+        assert logged(5) == 10
+    lines = [r.getMessage() for r in caplog.records if "double:" in r.getMessage()]
+    assert lines and "batch b" in lines[0] and "queue wait" in lines[0] and "predicted" in lines[0]
+
+
+def test_without_the_esg_runner_stages_run_locally() -> None:
+    @flow
+    def plain(x: int) -> int:
+        return inc(double(x))
+
+    assert plain(4) == 9
