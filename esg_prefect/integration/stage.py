@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
@@ -122,9 +123,11 @@ class Pipeline:
             profile_name: the stage's name in the latency profile (default: ``name``).
             import_path: where workers find the stage (default: the function's
                 ``module:qualname``; the decorated object must live there).
-            **task_kwargs: passed to ``prefect.task`` (retries, tags, cache policy, ...).
+            **task_kwargs: passed to ``prefect.task`` (retries, tags, ...). The cache policy
+                defaults to ``NO_CACHE``: hashing large tensor inputs costs more than caching saves.
         """
         from prefect import task
+        from prefect.cache_policies import NO_CACHE
 
         def decorate(run: BatchFn) -> Any:
             stage_name: str = name or str(getattr(run, "__name__", ""))
@@ -144,6 +147,8 @@ class Pipeline:
                 [inspect.Parameter("item", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
             )
             task_kwargs.setdefault("name", stage_name)
+            # Inference inputs are large tensors: hashing them for a cache key costs more than it saves.
+            task_kwargs.setdefault("cache_policy", NO_CACHE)
             prefect_task = task(**task_kwargs)(one_item)
             prefect_task.esg_stage = spec  # type: ignore[attr-defined]
             prefect_task.esg_pipeline = self  # type: ignore[attr-defined]
@@ -154,6 +159,8 @@ class Pipeline:
 
 _local_models: dict[str, Any] = {}
 _local_lock = threading.Lock()  # guards _local_models: tasks of one process load each model once
+local_call_log: collections.deque[tuple[str, float]] = collections.deque(maxlen=1_000_000)
+"""(stage, ms) of each call run outside a pool, for per-invocation cost comparisons."""
 
 
 def run_locally(spec: StageSpec, item: Any) -> Any:
@@ -163,7 +170,10 @@ def run_locally(spec: StageSpec, item: Any) -> Any:
         if model is None:
             model = spec.load("cpu")
             _local_models[spec.import_path] = model
-    return run_checked(spec, model, [item])[0]
+    t0 = time.perf_counter()
+    out = run_checked(spec, model, [item])[0]
+    local_call_log.append((spec.name, (time.perf_counter() - t0) * 1000.0))
+    return out
 
 
 def _pool_of_current_flow() -> Any:

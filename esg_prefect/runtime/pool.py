@@ -55,6 +55,8 @@ from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
+from esg_prefect.model.records import RequestRecord, StageRecord
+from esg_prefect.model.report import Report, summarize
 from esg_prefect.runtime.calls import StageCall, StageResult
 from esg_prefect.runtime.workers import (
     BatchOutcome,
@@ -168,15 +170,20 @@ class PoolSnapshot:
     workers: tuple[dict[str, Any], ...]
 
 
-def load_default_profile() -> LatencyProfile:
-    """Every profile CSV shipped in ``esg_prefect/data/profiles``, merged."""
+DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
+"""Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
+
+
+def load_default_profile(names: tuple[str, ...] = DEFAULT_PROFILES) -> LatencyProfile:
+    """The shipped latency profiles ``names`` (from ``esg_prefect/data/profiles``), merged; missing ones skipped."""
     from importlib import resources
 
     points: list[ProfilePoint] = []
     cold: dict[tuple[str, str], float] = {}
     folder = resources.files("esg_prefect") / "data" / "profiles"
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".csv"):
+    for name in names:
+        entry = folder / name
+        if entry.is_file():
             with resources.as_file(entry) as path:
                 prof = LatencyProfile.from_csv(path)
             points.extend(prof.points)
@@ -258,6 +265,20 @@ class Pool:
         if self._loop is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
         return asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop).result(timeout_s)
+
+    def report(self, timeout_s: float = 30.0) -> Report:
+        """SLO hit rate, latencies, batch sizes, costs and decision times so far (one ``summarize``)."""
+        snap = self.snapshot(timeout_s)
+        return summarize(
+            request_records(snap),
+            stage_records(snap),
+            snap.batches,
+            snap.idles,
+            self.prices,
+            snap.decisions,
+            self.settings.cost_split,
+            self.settings.idle_billing,
+        )
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Fail waiting calls with PoolClosedError, stop all workers and the controller."""
@@ -686,3 +707,39 @@ def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.
             dst.set_result(f.result())
 
     src.add_done_callback(_copy)
+
+
+def request_records(snap: PoolSnapshot) -> list[RequestRecord]:
+    """One record per request the pool saw (unfinished or failed ones have no finish time)."""
+    return [
+        RequestRecord(rid, r["run_id"], r["workflow"], r["arrival_ms"], r["finish_ms"], r["slo_ms"], r["at_risk"])
+        for rid, r in snap.requests.items()
+    ]
+
+
+def stage_records(snap: PoolSnapshot) -> list[StageRecord]:
+    """One record per stage call that produced its output."""
+    out = []
+    for c in snap.calls:
+        res = c.result
+        if not c.ok or res is None:
+            continue
+        out.append(
+            StageRecord(
+                c.call_id,
+                c.request_id,
+                c.workflow,
+                c.stage,
+                res.batch_id,
+                res.batch_size,
+                res.worker_id,
+                res.hardware,
+                res.gpu_share,
+                res.vcpus,
+                c.ready_ms,
+                c.start_ms,
+                c.end_ms,
+                res.predicted_ms,
+            )
+        )
+    return out

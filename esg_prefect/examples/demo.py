@@ -1,0 +1,132 @@
+"""The demo: many concurrent flow runs of the example pipelines, pooled by ESG, then the same under Prefect's default.
+
+Arrivals come from a real trace slice shipped with esg-prefect (Azure
+Functions 2019 by default; see ``esg_prefect/data/traces/README.md``), scaled
+to the requested rate. Each request is one flow run of one of the example
+pipelines. The same arrivals then run under Prefect's
+:class:`~prefect.task_runners.ThreadPoolTaskRunner`, where every stage call
+runs its model on a batch of one inside the flow's process.
+
+Costs: under ESG, each worker is billed for its busy and warm idle time at the
+price sheet's vCPU price (see :mod:`esg_prefect.model.attribution`); under the
+thread pool, each stage call is billed for its own duration times the threads
+torch uses, the per-invocation model of serverless platforms.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from esg_prefect.examples.driver import RequestOutcome, run_workload
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.report import Report
+
+
+@dataclass(frozen=True, slots=True)
+class DemoRun:
+    """One runner's pass over the workload."""
+
+    runner: str
+    outcomes: tuple[RequestOutcome, ...]
+    wall_s: float
+    cost_total: float
+    report: Report | None = None
+    per_run_cost: tuple[tuple[str, str, float], ...] = ()  # (flow run id, workflow, cost)
+
+
+def demo_arrivals(requests: int, rate_per_s: float, seed: int, trace: str) -> list[tuple[float, str]]:
+    """The first ``requests`` arrivals of the three example workflows from ``trace`` at ``rate_per_s``."""
+    from esg_prefect.workload import arrivals
+
+    duration = requests / rate_per_s * 1.5 + 5.0
+    out = arrivals(trace, ["image", "text", "video"], rate_per_s, duration, seed, start_s=None)
+    return out[:requests]
+
+
+def quiet_prefect() -> None:
+    """Keep run logs in the API (the UI shows them) but off this console."""
+    os.environ.setdefault("PREFECT_LOGGING_TO_CONSOLE", "false")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    import logging
+
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def warm_prefect() -> None:
+    """Start Prefect's API (the ephemeral one when no server is configured) before the burst."""
+    from prefect import flow
+
+    @flow(name="esg-demo-warm-up")
+    def warm_up() -> int:
+        return 1
+
+    warm_up()
+
+
+def run_esg(
+    arrivals: Sequence[tuple[float, str]],
+    on_done: Callable[[RequestOutcome], None] | None = None,
+    backend: str = "process",
+    max_concurrency: int = 64,
+) -> DemoRun:
+    """The workload under :class:`ESGTaskRunner` with a fresh embedded pool."""
+    from esg_prefect.examples.pipelines import FLOWS
+    from esg_prefect.integration.runner import ESGTaskRunner
+    from esg_prefect.runtime.pool import Pool
+    from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+
+    be: Any = InlineBackend() if backend == "inline" else LocalProcessBackend()
+    pool = Pool(backend=be)
+    flows = {wf: f.with_options(task_runner=ESGTaskRunner(pool=pool)) for wf, f in FLOWS.items()}
+    run_ids: dict[int, str] = {}
+
+    def call(i: int, workflow: str) -> Any:
+        state = flows[workflow](request_seed=i, return_state=True)
+        run_ids[i] = str(state.state_details.flow_run_id)
+        return state.result()
+
+    try:
+        t0 = time.perf_counter()
+        outcomes = run_workload(arrivals, call, max_concurrency, on_done)
+        wall = time.perf_counter() - t0
+        report = pool.report()
+        snap = pool.snapshot()
+    finally:
+        pool.close()
+    from esg_prefect.model.attribution import attribute_costs
+
+    costs = attribute_costs(snap.batches, snap.idles, pool.prices, pool.settings.cost_split, pool.settings.idle_billing)
+    wf_of = {r["run_id"]: r["workflow"] for r in snap.requests.values()}
+    per_run = tuple(sorted(((rid, wf_of.get(rid, "?"), c) for rid, c in costs.per_run.items()), key=lambda x: x[0]))
+    return DemoRun("esg", tuple(outcomes), wall, costs.total, report, per_run)
+
+
+def run_threadpool(
+    arrivals: Sequence[tuple[float, str]],
+    on_done: Callable[[RequestOutcome], None] | None = None,
+    prices: PriceSheet | None = None,
+    max_concurrency: int = 64,
+) -> DemoRun:
+    """The workload under Prefect's ThreadPoolTaskRunner: one model call per item, in the flow's process."""
+    import torch
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from esg_prefect.examples.pipelines import FLOWS
+    from esg_prefect.integration import stage
+
+    prices = prices or PriceSheet.default()
+    flows = {wf: f.with_options(task_runner=ThreadPoolTaskRunner()) for wf, f in FLOWS.items()}
+    stage.local_call_log.clear()
+    t0 = time.perf_counter()
+    outcomes = run_workload(arrivals, lambda i, wf: flows[wf](request_seed=i), max_concurrency, on_done)
+    wall = time.perf_counter() - t0
+    threads = torch.get_num_threads()
+    busy_ms = sum(ms for _, ms in stage.local_call_log)
+    cost = busy_ms / 1000.0 * threads * prices.price_per_vcpu_s
+    return DemoRun("threadpool", tuple(outcomes), wall, cost)

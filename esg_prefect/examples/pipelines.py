@@ -1,0 +1,85 @@
+"""The example pipelines as Prefect flows whose DNN stages are pooled by ESG.
+
+Three workflows, the models of :mod:`esg_prefect.examples.catalog`:
+
+* ``image``: preprocess -> detect -> classify -> caption, with the parallel
+  branch preprocess -> scene joining at caption (a fork-join the dominator
+  split turns into one segment);
+* ``text``: tokenize -> encode -> classify_text -> summarize (a chain);
+* ``video``: split_frames -> frame_model, once per frame (fan-out) -> aggregate.
+
+A flow takes a request *seed* and makes its input inside (as a real flow would
+fetch an image or a text): flow parameters go to the Prefect API, tensors
+should not. The flows carry no task runner; choose one per use::
+
+    from esg_prefect import ESGTaskRunner
+    image_flow.with_options(task_runner=ESGTaskRunner())(request_seed=7)
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from prefect import flow
+
+from esg_prefect.examples import catalog, image, text, video
+from esg_prefect.integration.stage import Pipeline
+
+_HERE = __name__
+
+
+def _pipeline(name: str) -> tuple[Pipeline, dict[str, Any]]:
+    spec = catalog.get_pipeline(name)
+    pipe = Pipeline(name, slo_ms=spec.slo_ms, edges=spec.edges)
+    tasks = {
+        st.name: pipe.stage(load=st.load, name=st.name, profile_name=st.profile_name, import_path=f"{_HERE}:{st.name}")(
+            st.run
+        )
+        for st in spec.stages
+    }
+    return pipe, tasks
+
+
+IMAGE, _image = _pipeline("image")
+TEXT, _text = _pipeline("text")
+VIDEO, _video = _pipeline("video")
+
+preprocess, detect, classify, scene, caption = (
+    _image[s] for s in ("preprocess", "detect", "classify", "scene", "caption")
+)
+tokenize, encode, classify_text, summarize = (_text[s] for s in ("tokenize", "encode", "classify_text", "summarize"))
+split_frames, frame_model, aggregate = (_video[s] for s in ("split_frames", "frame_model", "aggregate"))
+
+
+@flow(name="image-pipeline")
+def image_flow(request_seed: int) -> dict[str, Any]:
+    """Detect, classify and caption one image; a scene embedding joins at the caption."""
+    img = image.make_input(random.Random(request_seed))
+    pre = preprocess.submit(img)
+    scene_vec = scene.submit(pre)
+    classes = classify.submit(detect.submit(pre))
+    out: dict[str, Any] = caption(image.caption_input(classes.result(), scene_vec.result()))
+    return {"tokens": out["tokens"] if isinstance(out, dict) and "tokens" in out else out}
+
+
+@flow(name="text-pipeline")
+def text_flow(request_seed: int) -> dict[str, Any]:
+    """Encode a text, classify its topic and summarise it."""
+    doc = text.make_input(random.Random(request_seed))
+    out: dict[str, Any] = summarize(classify_text(encode(tokenize(doc))))
+    return out
+
+
+@flow(name="video-pipeline")
+def video_flow(request_seed: int) -> dict[str, Any]:
+    """Split a clip into frames, run the frame model once per frame, aggregate."""
+    clip = video.make_input(random.Random(request_seed))
+    frames = split_frames(clip)
+    per_frame = frame_model.map(frames).result()
+    out: dict[str, Any] = aggregate(video.aggregate_input(per_frame))
+    return out
+
+
+FLOWS = {"image": image_flow, "text": text_flow, "video": video_flow}
+"""The example flows by workflow name."""
