@@ -318,6 +318,9 @@ class Pool:
                 self._thread.start()
                 started.wait()
                 self._loop = loop
+                warm_up = getattr(self.backend, "warm_up", None)
+                if callable(warm_up):  # spare workers start while the first calls queue
+                    asyncio.run_coroutine_threadsafe(warm_up(), loop)
             return self._loop
 
     def _spawn_task(self, coro: Any) -> None:
@@ -683,10 +686,10 @@ class Pool:
                     p.future.set_exception(PoolClosedError("the pool closed before this call ran"))
         self._queues.clear()
         now = wall_ms()
-        for wid in list(self._workers):
-            ws = self._workers[wid]
-            if not ws.busy:
-                self._retire(wid, now)
+        for ws in self._workers.values():
+            if not ws.busy and ws.idle_since_ms is not None:
+                self._record_idle(ws, ws.idle_since_ms, now)
+        self._workers.clear()
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -145,17 +145,18 @@ class _LocalWorker:
             return BatchOutcome(True, list(reply[2]), float(reply[3]))
         return BatchOutcome(False, [], 0.0, str(reply[2]), str(reply[3]), str(reply[4]))
 
-    async def stop(self) -> None:
-        def _stop() -> None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                self.conn.send(("stop",))
+    def stop_now(self) -> None:
+        """Ask the worker to exit, kill it if it does not within 2 s (blocking)."""
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.conn.send(("stop",))
+        self.proc.join(timeout=2)
+        if self.proc.is_alive():
+            self.proc.kill()
             self.proc.join(timeout=2)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(timeout=2)
-            self.conn.close()
+        self.conn.close()
 
-        await asyncio.to_thread(_stop)
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.stop_now)
 
 
 class LocalProcessBackend:
@@ -164,10 +165,11 @@ class LocalProcessBackend:
     Args:
         vcpus: vCPUs of this node that busy workers may use at once; default
             all cores (``os.cpu_count()``).
-        max_workers: most worker processes alive at once (memory bound); idle
-            warm workers count, and ESG evicts the least recently used.
+        max_workers: most worker processes alive at once (memory bound, a few
+            hundred MB each with torch); idle warm workers count, and ESG
+            evicts the least recently used.
         spares: processes kept ready with torch imported, so a cold start
-            costs the model load only.
+            costs the model load only; started in the background when the pool starts.
         preload: modules spares import ahead (torch by default).
         node_name: the name of this node in cluster snapshots.
     """
@@ -175,8 +177,8 @@ class LocalProcessBackend:
     def __init__(
         self,
         vcpus: int | None = None,
-        max_workers: int = 8,
-        spares: int = 1,
+        max_workers: int = 16,
+        spares: int = 2,
         preload: tuple[str, ...] = ("torch",),
         node_name: str = "local",
     ) -> None:
@@ -256,9 +258,10 @@ class LocalProcessBackend:
         return {w.spec.worker_id: w.proc.pid for w in self._all if w.proc.is_alive() and w.proc.pid is not None}
 
     async def close(self) -> None:
+        # Synchronous on purpose: at interpreter exit no new threads can be started.
         for w in list(self._all):
             if w.proc.is_alive():
-                await w.stop()
+                w.stop_now()
         self._all.clear()
         with self._lock:
             spares, self._spares = self._spares, []
