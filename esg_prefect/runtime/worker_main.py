@@ -75,6 +75,29 @@ def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str])
     _serve(conn, spec, model, run_checked)
 
 
+def compact(obj: Any) -> Any:
+    """Outputs with every tensor owning just its own data.
+
+    A batch function often returns views into one batched tensor (``list(out)``);
+    pickling a view sends the whole batch's storage with every item. Cloning the
+    views first keeps what crosses the pipe (or the network) to each item's size.
+    """
+    try:
+        import torch
+    except ImportError:  # no torch: nothing to compact
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if obj.untyped_storage().nbytes() > obj.numel() * obj.element_size():
+            return obj.clone()
+        return obj
+    if isinstance(obj, dict):
+        return {k: compact(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [compact(v) for v in obj]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
 def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
     while True:
         try:
@@ -90,4 +113,4 @@ def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
         except Exception as exc:  # the batch function's own error: reported, the worker lives on
             conn.send(("error", batch_id, type(exc).__qualname__, str(exc), traceback.format_exc()))
             continue
-        conn.send(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0))
+        conn.send(("ok", batch_id, [compact(o) for o in outputs], (time.perf_counter() - t0) * 1000.0))

@@ -164,13 +164,14 @@ class LocalProcessBackend:
 
     Args:
         vcpus: vCPUs of this node that busy workers may use at once; default
-            all cores (``os.cpu_count()``).
+            all cores but one, which is left to Prefect, its API and the pool's
+            controller (on a 2-core machine: 1).
         max_workers: most worker processes alive at once (memory bound, a few
             hundred MB each with torch); idle warm workers count, and ESG
             evicts the least recently used.
         spares: processes kept ready with torch imported, so a cold start
             costs the model load only; started in the background when the pool starts.
-        preload: modules spares import ahead (torch by default).
+        preload: modules spares import ahead: torch, and prefect, which stage modules import.
         node_name: the name of this node in cluster snapshots.
     """
 
@@ -179,10 +180,10 @@ class LocalProcessBackend:
         vcpus: int | None = None,
         max_workers: int = 16,
         spares: int = 2,
-        preload: tuple[str, ...] = ("torch",),
+        preload: tuple[str, ...] = ("torch", "prefect"),
         node_name: str = "local",
     ) -> None:
-        self._node = Node(node_name, vcpus or os.cpu_count() or 1, max_workers)
+        self._node = Node(node_name, vcpus or max(1, (os.cpu_count() or 1) - 1), max_workers)
         gpus = discover_gpus()
         self._gpu_index = {f"{node_name}/gpu{g.index}": g.index for g in gpus}
         self._devices = tuple(Device(f"{node_name}/gpu{g.index}", node_name, g.hardware) for g in gpus)
