@@ -54,3 +54,4 @@ __all__ = [
     "register_scheduler",
     "scheduler_names",
 ]
+from esg_prefect.scheduling import baselines as baselines  # registers the baselines

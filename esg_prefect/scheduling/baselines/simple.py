@@ -1,0 +1,173 @@
+"""Two baselines without any SLO reasoning: per-invocation (Prefect's default) and Triton-like batching.
+
+``per-invocation`` — Prefect's default behaviour
+    What it models: every stage call is a task run of its own, executed
+    alone (batch 1) as soon as a worker is free, first come first served
+    across all queues, on a whole GPU (Prefect has no notion of a GPU share;
+    a GPU work pool hands a task a device). Hardware: a warm idle worker of the
+    stage on any GPU type, else a new worker on the cheapest GPU type with
+    room (an operator's sensible default). Workers stay warm for the
+    keep-alive time, like a long-lived worker process with the model loaded.
+    What it leaves out: Prefect's own per-task overhead (about 4 ms of client
+    CPU per task run here, see ARCHITECTURE.md), result persistence, retries.
+
+``triton`` — NVIDIA Triton's dynamic batcher on whole GPUs
+    What it models: one model instance holds a whole GPU; requests of a
+    queue are batched up to ``max_batch_size`` (8) and a batch goes when it is
+    full or its oldest request has waited ``max_queue_delay_ms`` (10 ms),
+    Triton's ``dynamic_batching`` with ``max_queue_delay_microseconds``. A
+    batch goes to an idle warm instance; when none is idle, a new instance is
+    started (one at a time per model, as a queue-driven autoscaler such as
+    KServe's does) on the GPU type with the lowest cost per request at full
+    batch (the type an operator would pick after profiling). No SLO is used.
+    What it leaves out: Triton's preferred batch sizes, priority levels and
+    per-request timeouts, multiple instances per GPU (``instance_group``
+    count > 1), and batching across workflows (queues stay per workflow and
+    stage, as for every scheduler here).
+"""
+
+from __future__ import annotations
+
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
+from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, cheapest_gpu_first, fifo
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.search import Clock
+from esg_prefect.scheduling.settings import ESGSettings
+
+
+class PerInvocationScheduler(BaselineBase):
+    """Batch 1, whole GPU, first come first served: Prefect's default (module docstring)."""
+
+    name = "per-invocation"
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        """Send every waiting job alone to a free whole GPU, oldest first."""
+        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        states = {q.key: q for q in snapshot.queues}
+        jobs = fifo(j for q in snapshot.queues for j in q.jobs)
+        dispatches: list[Dispatch] = []
+        stats: list[DecisionStats] = []
+        blocked: set[str] = set()
+        v = min(self.settings.config_space.vcpus)
+        for job in jobs:
+            stage = job.queue.stage
+            if stage in blocked:
+                continue
+            types = cheapest_gpu_first(self.prices, view.hardware & self.profile.hardware_types(stage))
+            res_list: list[Resource] = [(hw, v, 0.0 if hw == "cpu" else 1.0) for hw in types]
+            choice = None
+            for allow_cold in (False, True):  # a warm worker on any type first
+                for res in res_list:
+                    lat = self.latency_ms(stage, 1, res)
+                    if lat is None:
+                        continue
+                    placement = self.place(view, stage, res, [job], now_ms, allow_cold=allow_cold)
+                    if placement is not None:
+                        choice = (res, placement, lat)
+                        break
+                if choice is not None:
+                    break
+            stats.append(DecisionStats(job.queue, feasible=choice is not None, options=len(res_list)))
+            if choice is None:
+                blocked.add(stage)
+                continue
+            res, placement, lat = choice
+            dispatches.append(
+                self.dispatch(states[job.queue], [job], res, placement, lat, False, "per-invocation: alone, whole GPU")
+            )
+        holds = tuple(Hold(q.key, "no free worker") for q in snapshot.queues if q.key.stage in blocked)
+        return SchedulingResult(tuple(dispatches), holds, (), tuple(stats))
+
+
+class TritonScheduler(BaselineBase):
+    """Dynamic batching with a maximum queue delay on whole GPUs (module docstring).
+
+    Args:
+        max_batch_size: largest batch.
+        max_queue_delay_ms: how long the oldest request may wait for a fuller batch.
+    """
+
+    name = "triton"
+
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+        max_batch_size: int = 8,
+        max_queue_delay_ms: float = 10.0,
+    ) -> None:
+        super().__init__(profile, prices, settings, clock)
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_ms = max_queue_delay_ms
+        self._ranked: dict[tuple[str, frozenset[str]], tuple[tuple[Resource, int], ...]] = {}
+
+    def _instance_type(self, stage: str, view: ClusterView) -> tuple[tuple[Resource, int], ...]:
+        """Whole-GPU resources, with their batch cap, by cost per request at full batch (cached).
+
+        This is the deployment choice an operator makes after profiling.
+        """
+        key = (stage, frozenset(view.hardware))
+        got = self._ranked.get(key)
+        if got is None:
+            v = min(self.settings.config_space.vcpus)
+            ranked = []
+            for hw in cheapest_gpu_first(self.prices, view.hardware & self.profile.hardware_types(stage)):
+                res: Resource = (hw, v, 0.0 if hw == "cpu" else 1.0)
+                b = self._batch_cap(stage, res)
+                lat = self.latency_ms(stage, b, res)
+                if lat is not None:
+                    ranked.append((self.cost_per_request(stage, b, res, lat), hw, res, b))
+            got = tuple((r, b) for _, _, r, b in sorted(ranked))
+            self._ranked[key] = got
+        return got
+
+    def _batch_cap(self, stage: str, res: Resource) -> int:
+        """The largest batch up to max_batch_size that the profile covers on ``res``."""
+        for b in range(self.max_batch_size, 0, -1):
+            if self.latency_ms(stage, b, res) is not None:
+                return b
+        return 1
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        """Dispatch full or timed-out batches to idle instances; start one instance when none is idle."""
+        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        dispatches: list[Dispatch] = []
+        holds: list[Hold] = []
+        stats: list[DecisionStats] = []
+        queues = sorted(snapshot.queues, key=lambda q: (min(j.ready_ms for j in q.jobs), q.key))
+        for q in queues:
+            stage = q.key.stage
+            jobs = fifo(q.jobs)
+            ranked = self._instance_type(stage, view)
+            cap = max((c for _, c in ranked), default=1)
+            while jobs:
+                waited = now_ms - jobs[0].ready_ms
+                if len(jobs) < cap and waited < self.max_queue_delay_ms:
+                    holds.append(Hold(q.key, f"batching: {len(jobs)} of {cap}, oldest waited {waited:.1f} ms"))
+                    break
+                choice = None
+                for allow_cold in (False, True):
+                    for res, res_cap in ranked:
+                        b = min(len(jobs), res_cap)
+                        lat = self.latency_ms(stage, b, res)
+                        if lat is None:
+                            continue
+                        placement = self.place(view, stage, res, jobs[:b], now_ms, allow_cold=allow_cold)
+                        if placement is not None:
+                            choice = (res, placement, lat, b)
+                            break
+                    if choice is not None:
+                        break
+                stats.append(DecisionStats(q.key, feasible=choice is not None, options=len(ranked)))
+                if choice is None:
+                    holds.append(Hold(q.key, "no idle instance"))
+                    break
+                res, placement, lat, b = choice
+                batch, jobs = jobs[:b], jobs[b:]
+                reason = f"triton: batch {b} (max {cap}, delay {self.max_queue_delay_ms} ms)"
+                dispatches.append(self.dispatch(q, batch, res, placement, lat, False, reason))
+        return SchedulingResult(tuple(dispatches), tuple(holds), (), tuple(stats))

@@ -1,0 +1,305 @@
+"""The simulator: event loop, cluster, a hand-worked run, determinism, cases, and the simulator half of conformance."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+import esg_prefect.scheduling  # noqa: F401 - registers the baselines
+from esg_prefect.exceptions import ConfigError, InvalidInputError, WorkflowError
+from esg_prefect.model.config import Config, ConfigSpace
+from esg_prefect.model.conformance import Tolerance, compare_reports
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile, ProfilePoint
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.base import Placement
+from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.simulator import Case, ClusterSpec, NodeSpec, SimSpec, WorkloadSpec, run_case, simulate, tiny_case
+from esg_prefect.simulator.cluster import SimCluster, lognormal_params
+from esg_prefect.simulator.engine import EventLoop
+
+# ---- the event loop ------------------------------------------------------------------------
+
+
+def test_event_loop_orders_by_time_then_kind_then_insertion() -> None:
+    loop = EventLoop()
+    seen: list[object] = []
+    loop.at(5.0, 2, "late kind")
+    loop.at(5.0, 0, "first")
+    loop.at(5.0, 0, "second")
+    loop.at(1.0, 9, "earliest")
+    loop.run(lambda k, p: seen.append(p), lambda t: seen.append(("settle", t)))
+    assert seen == ["earliest", ("settle", 1.0), "first", "second", "late kind", ("settle", 5.0)]
+    assert (loop.now_ms, loop.events, len(loop)) == (5.0, 4, 0)
+
+
+def test_event_loop_until_and_stop_and_no_past_events() -> None:
+    loop = EventLoop()
+    for t in (1.0, 2.0, 3.0):
+        loop.at(t, 0, t)
+    seen: list[object] = []
+    loop.run(lambda k, p: seen.append(p), lambda t: None, until_ms=2.0)
+    assert seen == [1.0, 2.0] and loop.next_time() == 3.0
+    with pytest.raises(InvalidInputError, match="before the simulated now"):
+        loop.at(1.5, 0)
+    loop.stop()
+    assert len(loop) == 0
+
+
+def test_lognormal_params_match_mean_and_p95() -> None:
+    mu, sigma = lognormal_params(20.0, 26.0) or (0.0, 0.0)
+    assert math.exp(mu + sigma**2 / 2) == pytest.approx(20.0)
+    assert math.exp(mu + 1.6448536269514722 * sigma) == pytest.approx(26.0)
+    assert lognormal_params(20.0, None) is None and lognormal_params(20.0, 19.0) is None
+    rng = random.Random(0)
+    draws = [math.exp(mu + sigma * rng.gauss(0, 1)) for _ in range(20000)]
+    assert sum(draws) / len(draws) == pytest.approx(20.0, rel=0.01)
+
+
+# ---- the cluster -----------------------------------------------------------------------------
+
+GPU_PROFILE = LatencyProfile(
+    [ProfilePoint("m", "T4", 1, 1, s, 10.0) for s in (0.5, 1.0)] + [ProfilePoint("m", "cpu", 1, 1, 0.0, 40.0)],
+    {("m", "T4"): 100.0},
+)
+
+
+def cluster(sim: SimSpec | None = None) -> SimCluster:
+    spec = ClusterSpec((NodeSpec("n0", 4, ("T4",)), NodeSpec("n1", 4)))
+    return SimCluster(spec, GPU_PROFILE, sim or SimSpec(service_time="mean"), 1000.0, random.Random(0))
+
+
+def test_cluster_applies_placements_and_bills_idle_time() -> None:
+    c = cluster()
+    w = c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.5), "T4", 0.0)
+    assert (w.worker_id, w.busy, c.cold_starts) == ("w1", True, 1)
+    assert c.snapshot().workers[0].busy
+    with pytest.raises(InvalidInputError, match="which is busy"):
+        c.acquire(Placement("n0", "n0/gpu0", "w1", 1), "m", Config(1, 1, 0.5), "T4", 1.0)
+    with pytest.raises(InvalidInputError, match=r"needs share 0\.6 of n0/gpu0: 0\.50 free"):
+        c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.6), "T4", 1.0)
+    with pytest.raises(InvalidInputError, match="needs 5 vCPUs on n1, 4 free"):
+        c.acquire(Placement("n1", None, None, 4), "m", Config(1, 5, 0.0), "cpu", 1.0)
+    from esg_prefect.model.attribution import BatchItem, BatchRecord
+
+    rec = BatchRecord("b1", "w1", (BatchItem("r", "r"),), Config(1, 1, 0.5), "T4", 0.0, 110.0)
+    token = c.finish(w, rec, 110.0)
+    assert not w.busy and not c.expire("w1", token - 1, 500.0)  # a stale expiry does nothing
+    # reused at 300: idle 110-300 billed
+    assert c.acquire(Placement("n0", "n0/gpu0", "w1", 1), "m", Config(1, 1, 0.5), "T4", 300.0) is w
+    token = c.finish(w, replace(rec, start_ms=300.0, end_ms=310.0), 310.0)
+    assert c.expire("w1", token, 1310.0) and "w1" not in c.workers
+    assert [(i.start_ms, i.end_ms) for i in c.idles] == [(110.0, 300.0), (310.0, 1310.0)]
+    # the capacity is back: a whole GPU fits again
+    c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 1.0), "T4", 1400.0)
+
+
+def test_cluster_eviction_needs_an_idle_victim() -> None:
+    c = cluster()
+    c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.5), "T4", 0.0)
+    with pytest.raises(InvalidInputError, match="evicts 'w1', which is busy"):
+        c.acquire(Placement("n0", "n0/gpu0", None, 4, ("w1",)), "m", Config(1, 1, 1.0), "T4", 1.0)
+
+
+def test_timing_cold_start_transfer_and_interference() -> None:
+    sim = SimSpec(
+        service_time="mean",
+        interference_per_corunner=0.05,
+        network_latency_ms=0.5,
+        network_gbps=10.0,
+        payload_kb=1000.0,
+    )
+    c = cluster(sim)
+    w1 = c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.5), "T4", 0.0)
+    t1 = c.timing(w1, "m", Config(1, 1, 0.5), cold=True, remote_inputs=0)
+    assert (t1.cold_start_ms, t1.transfer_ms, t1.exec_ms, t1.total_ms) == (100.0, 0.0, 10.0, 110.0)
+    c.begin(w1)
+    w2 = c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.5), "T4", 0.0)
+    t2 = c.timing(w2, "m", Config(1, 1, 0.5), cold=False, remote_inputs=2)
+    # one busy co-runner: 10 * 1.05; two 1000 KB inputs over 10 Gb/s: 0.5 + 2 * 8192 kbit / 10,000 kbit/ms
+    assert t2.exec_ms == pytest.approx(10.5)
+    assert t2.transfer_ms == pytest.approx(0.5 + 2 * 8192.0 / 10_000.0)
+    with pytest.raises(InvalidInputError, match="no profile covers it"):
+        c.timing(w2, "m", Config(2, 1, 0.5), cold=False, remote_inputs=0)
+
+
+# ---- a hand-worked run -----------------------------------------------------------------------
+
+CPU_PROFILE = LatencyProfile(
+    [ProfilePoint("a", "cpu", 1, 1, 0.0, 10.0), ProfilePoint("b", "cpu", 1, 1, 0.0, 20.0)],
+    {("a", "cpu"): 5.0, ("b", "cpu"): 5.0},
+)
+CHAIN = Workflow.chain("w", ["a", "b"], slo_ms=50.0)
+
+
+def cpu_case(
+    scheduler: str = "per-invocation", nodes: tuple[NodeSpec, ...] = (NodeSpec("n0", 4),), **settings: object
+) -> Case:
+    return Case(
+        name="hand",
+        workflows=(CHAIN,),
+        profile=CPU_PROFILE,
+        prices=PriceSheet(0.001, {}),
+        cluster=ClusterSpec(nodes),
+        workload=WorkloadSpec("poisson", 1.0),
+        duration_s=1.0,
+        scheduler=scheduler,
+        settings=ESGSettings(config_space=ConfigSpace((1,), (1,), (0.0,)), **settings),  # type: ignore[arg-type]
+        sim=SimSpec(service_time="mean", interference_per_corunner=0.0, round_interval_ms=0.0),
+    )
+
+
+def test_hand_worked_run_per_invocation() -> None:
+    # r1 at 0: a cold on w1 (5 + 10, ends 15), b cold on w2 (5 + 20, ends 40): latency 40.
+    # r2 at 100: a warm on w1 (ends 110), b warm on w2 (ends 130): latency 30.
+    run = simulate(cpu_case(), arrivals=[(0.0, "w"), (100.0, "w")])
+    assert [(r.request_id, r.arrival_ms, r.finish_ms, r.slo_met) for r in run.requests] == [
+        ("r1", 0.0, 40.0, True),
+        ("r2", 100.0, 130.0, True),
+    ]
+    assert [(s.job_id, s.worker_id, s.ready_ms, s.start_ms, s.end_ms, s.cold_start_ms) for s in run.stages] == [
+        ("r1:a", "w1", 0.0, 0.0, 15.0, 5.0),
+        ("r1:b", "w2", 15.0, 15.0, 40.0, 5.0),
+        ("r2:a", "w1", 100.0, 100.0, 110.0, 0.0),
+        ("r2:b", "w2", 110.0, 110.0, 130.0, 0.0),
+    ]
+    # idle: w1 15-100 and 110-130 (the run ends at 130), w2 40-110
+    assert sorted((i.worker_id, i.start_ms, i.end_ms) for i in run.idles) == [
+        ("w1", 15.0, 100.0),
+        ("w1", 110.0, 130.0),
+        ("w2", 40.0, 110.0),
+    ]
+    rep = run.report
+    # 1 vCPU at 0.001/s: batches 15 + 25 + 10 + 20 ms, idle 85 + 20 + 70 ms
+    assert rep.busy_cost == pytest.approx(7e-5) and rep.idle_cost == pytest.approx(1.75e-4)
+    assert rep.overall.cost_total == pytest.approx(2.45e-4)
+    assert (rep.overall.slo_hit_rate, rep.overall.latency_p50_ms, rep.overall.mean_batch_size) == (1.0, 35.0, 1.0)
+    assert (run.rounds, run.cold_starts, run.end_ms) == (4, 2, 130.0)
+
+
+def test_inputs_on_another_node_pay_a_transfer() -> None:
+    # One worker slot per node and no eviction: a's idle worker holds n0's slot, so b starts on n1
+    # and fetches its input from n0: 0.5 ms + 150 KB over 10 Gb/s.
+    nodes = (NodeSpec("n0", 4, max_workers=1), NodeSpec("n1", 4, max_workers=1))
+    case = cpu_case(nodes=nodes, allow_eviction=False)
+    run = simulate(case, arrivals=[(0.0, "w")])
+    b = run.stages[1]
+    assert b.transfer_ms == pytest.approx(0.5 + 150 * 8.192 / 10_000.0)
+    assert b.end_ms == pytest.approx(15.0 + 5.0 + b.transfer_ms + 20.0)
+
+
+def test_unfinished_requests_fail_after_the_drain() -> None:
+    # Stage b needs 2 vCPUs of a 1-vCPU node: never placeable; the run still ends.
+    prof = LatencyProfile(
+        [ProfilePoint("a", "cpu", 1, 1, 0.0, 10.0), ProfilePoint("b", "cpu", 1, 2, 0.0, 20.0)],
+        {("a", "cpu"): 5.0, ("b", "cpu"): 5.0},
+    )
+    case = cpu_case(nodes=(NodeSpec("n0", 1),)).with_(
+        profile=prof, settings=ESGSettings(config_space=ConfigSpace((1,), (1, 2), (0.0,))), sim=SimSpec(drain_s=1.0)
+    )
+    run = simulate(case, arrivals=[(0.0, "w")])
+    assert [(r.request_id, r.finish_ms) for r in run.requests] == [("r1", None)]
+    assert run.report.overall.failed == 1 and run.report.overall.slo_hit_rate == 0.0
+
+
+def test_a_stage_without_profile_on_the_cluster_is_named() -> None:
+    wf = Workflow.chain("x", ["a", "zzz"], 100.0)
+    with pytest.raises(WorkflowError, match="'zzz' has no latency profile"):
+        simulate(cpu_case().with_(workflows=(wf,)), arrivals=[(0.0, "x")])
+    with pytest.raises(InvalidInputError, match="unknown workflow 'q'"):
+        simulate(cpu_case(), arrivals=[(0.0, "q")])
+
+
+# ---- real cases: determinism and invariants ------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheduler", ["esg", "fast-gshare"])
+def test_same_case_and_seed_same_report(scheduler: str) -> None:
+    case = tiny_case(scheduler).with_(duration_s=3.0)
+    a, b = run_case(case, seed=3), run_case(case, seed=3)
+    assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+    assert run_case(case, seed=4).to_dict() != a.to_dict()
+
+
+def test_esg_tiny_case_invariants() -> None:
+    run = simulate(tiny_case().with_(duration_s=4.0), seed=1)
+    done = [r for r in run.requests if r.completed]
+    assert len(run.requests) == len(tiny_case().with_(duration_s=4.0).arrivals(1))
+    assert len(done) == len(run.requests)  # light load: everything finishes
+    # every completed request ran both stages; every job ran in exactly one batch of its size
+    by_req: dict[str, set[str]] = {}
+    for s in run.stages:
+        by_req.setdefault(s.request_id, set()).add(s.stage)
+    assert all(by_req[r.request_id] == {"resnet50", "resnext101"} for r in done)
+    items = sum(len(b.items) for b in run.batches)
+    assert items == len(run.stages)
+    sizes = {b.batch_id: len(b.items) for b in run.batches}
+    assert all(sizes[s.batch_id] == s.batch_size for s in run.stages)
+    # each request finished when its last stage did
+    last = {}
+    for s in run.stages:
+        last[s.request_id] = max(last.get(s.request_id, 0.0), s.end_ms)
+    assert all(r.finish_ms == last[r.request_id] for r in done)
+    # billing invariant: the report's total is every batch and idle interval at its price
+    prices = PriceSheet.default()
+    busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in run.batches)
+    idle = sum(prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in run.idles)
+    assert run.report.overall.cost_total == pytest.approx(busy + idle)
+    assert len(run.decisions) >= run.rounds > 0
+
+
+def test_warmup_leaves_early_requests_out() -> None:
+    case = tiny_case("fast-gshare").with_(duration_s=4.0)
+    full = simulate(case)
+    warm = simulate(case.with_(warmup_s=2.0))
+    assert warm.report.overall.count == sum(1 for r in full.requests if r.arrival_ms >= 2000.0)
+    assert warm.report.overall.count < full.report.overall.count
+
+
+# ---- cases ----------------------------------------------------------------------------------------
+
+
+def test_case_round_trips_through_json() -> None:
+    from esg_prefect.simulator import standard_case
+
+    case = standard_case("triton", rate_per_s=120.0, duration_s=30.0, seed=7)
+    again = Case.from_dict(json.loads(json.dumps(case.to_dict())))
+    assert again == case
+    with pytest.raises(ConfigError, match="unknown case keys \\['colour'\\]"):
+        Case.from_dict({**case.to_dict(), "colour": "red"})
+    with pytest.raises(ConfigError, match="missing the key 'workload'"):
+        Case.from_dict({k: v for k, v in case.to_dict().items() if k != "workload"})
+    with pytest.raises(ConfigError, match="in-memory profile"):
+        cpu_case().to_dict()
+
+
+def test_case_validation_names_values() -> None:
+    with pytest.raises(ConfigError, match="unique names"):
+        cpu_case().with_(workflows=(CHAIN, CHAIN))
+    with pytest.raises(ConfigError, match=r"warmup_s 2\.0 must be below duration_s 1\.0"):
+        cpu_case().with_(warmup_s=2.0)
+    with pytest.raises(ConfigError, match="service_time"):
+        SimSpec(service_time="median")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="neither a packaged profile"):
+        cpu_case().with_(profile="no-such-profile").load_profile()
+
+
+# ---- conformance, simulator half --------------------------------------------------------------
+
+
+def test_conformance_simulator_half() -> None:
+    # The live runtime will run this very case (same arrivals from case.arrivals(seed), same
+    # scheduler) and compare_reports(simulated, live) must come back empty within Tolerance().
+    # Here: the simulator agrees with itself across service-time noise (another seed of the
+    # service times, same arrivals) within that tolerance, and flags a scheduler that differs.
+    case = tiny_case("esg").with_(duration_s=6.0, warmup_s=2.0)
+    arrivals = case.arrivals(0)
+    sim_a = simulate(case, 0, arrivals=arrivals).report
+    sim_b = simulate(case, 1, arrivals=arrivals).report
+    assert compare_reports(sim_a, sim_b, Tolerance()) == []
+    other = simulate(case.with_(scheduler="per-invocation"), 0, arrivals=arrivals).report
+    assert compare_reports(sim_a, other, Tolerance()) != []
