@@ -45,15 +45,32 @@ _shared: dict[tuple[Any, ...], Pool] = {}
 _shared_lock = threading.Lock()  # guards _shared: flow runs in many threads ask for the pool at once
 
 
+def _resolve(value: Any, block_type: str) -> Any:
+    """A saved block's name -> the block; a block -> the model object it describes."""
+    from esg_prefect.integration import blocks
+
+    if isinstance(value, str):
+        value = getattr(blocks, block_type).load(value)
+    if isinstance(value, blocks.ESGSchedulerSettings):
+        return value.to_settings()
+    if isinstance(value, blocks.ESGPriceSheet):
+        return value.to_price_sheet()
+    return value
+
+
 def shared_pool(
     scheduler: str = "esg",
-    settings: ESGSettings | None = None,
+    settings: ESGSettings | Any | None = None,
     profile: str | None = None,
     backend: BackendName = "process",
-    prices: PriceSheet | None = None,
+    prices: PriceSheet | Any | None = None,
 ) -> Pool:
-    """The process-wide pool for these settings, created on first use."""
-    settings = settings or ESGSettings()
+    """The process-wide pool for these settings, created on first use.
+
+    ``settings`` and ``prices`` may also be blocks or names of saved block documents.
+    """
+    settings = _resolve(settings, "ESGSchedulerSettings") or ESGSettings()
+    prices = _resolve(prices, "ESGPriceSheet")
     key = (scheduler, settings, profile, backend, prices)
     with _shared_lock:
         pool = _shared.get(key)
@@ -83,10 +100,12 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     Args:
         pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool.
         scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
-        settings: ESG knobs for the embedded pool.
+        settings: ESG knobs for the embedded pool: :class:`ESGSettings`, an
+            ``ESGSchedulerSettings`` block, or the name of a saved one (loaded on first use).
         profile: path of a latency profile CSV; default the profiles shipped with esg-prefect.
         backend: ``"process"`` (worker processes, the default) or ``"inline"`` (threads).
-        prices: price sheet; default :meth:`PriceSheet.default`.
+        prices: price sheet: :class:`PriceSheet`, an ``ESGPriceSheet`` block or a saved one's name;
+            default :meth:`PriceSheet.default`.
         max_workers: threads for tasks; stage calls wait in threads, so the default is large.
 
     Examples:
@@ -106,10 +125,10 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         pool: Pool | None = None,
         *,
         scheduler: str = "esg",
-        settings: ESGSettings | None = None,
+        settings: ESGSettings | Any | None = None,
         profile: str | Path | None = None,
         backend: BackendName = "process",
-        prices: PriceSheet | None = None,
+        prices: PriceSheet | Any | None = None,
         max_workers: int | None = None,
     ) -> None:
         super().__init__(max_workers=max_workers if max_workers is not None else 1024)

@@ -1,0 +1,137 @@
+"""Prefect blocks: the pool, the price sheet and the scheduler settings as saved configuration.
+
+Registered through the ``prefect.collections`` entry point, so ``prefect block
+register -m esg_prefect.integration.blocks`` (or installing the package) makes
+them appear in the UI. :class:`~esg_prefect.integration.runner.ESGTaskRunner`
+accepts each of them, or the name of a saved document, in place of the plain
+objects. ``blocks/create_defaults.py`` saves the default documents.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+from esg_prefect.model.config import ConfigSpace
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.scheduling.settings import ESGSettings
+
+# The same image ships in the package as esg_prefect/data/logo.png.
+_LOGO = "https://raw.githubusercontent.com/esg-prefect/esg-prefect/main/esg_prefect/data/logo.png"
+_DOCS = "https://github.com/esg-prefect/esg-prefect#readme"
+
+
+class ESGPool(Block):
+    """Where a flow's DNN stage calls are pooled: the embedded pool or a pool service.
+
+    Examples:
+        Load a saved pool and use it in a flow:
+        ```python
+        from esg_prefect.integration.blocks import ESGPool
+        pool_block = ESGPool.load("BLOCK_NAME")
+        ```
+    """
+
+    _block_type_name: ClassVar[str] = "ESG Pool"
+    _logo_url: ClassVar[Any] = _LOGO
+    _documentation_url: ClassVar[Any] = _DOCS
+
+    address: str | None = Field(
+        default=None, description="URL of an esg-prefect pool service; empty for the embedded in-process pool."
+    )
+    token: SecretStr | None = Field(
+        default=None, description="Bearer token of the pool service; required when it listens beyond 127.0.0.1."
+    )
+    backend: Literal["process", "inline"] = Field(
+        default="process", description="Workers of the embedded pool: worker processes, or threads (tests)."
+    )
+    scheduler: str = Field(default="esg", description="Registered scheduler name (esg-prefect schedulers lists them).")
+    profile_path: str | None = Field(
+        default=None, description="Latency profile CSV; empty for the profiles shipped with esg-prefect."
+    )
+
+
+class ESGPriceSheet(Block):
+    """Prices of a vCPU and of each GPU type, per hour or per second, for cost planning and records.
+
+    Examples:
+        Load a saved price sheet:
+        ```python
+        from esg_prefect.integration.blocks import ESGPriceSheet
+        prices = ESGPriceSheet.load("BLOCK_NAME")
+        ```
+    """
+
+    _block_type_name: ClassVar[str] = "ESG Price Sheet"
+    _logo_url: ClassVar[Any] = _LOGO
+    _documentation_url: ClassVar[Any] = _DOCS
+
+    unit: Literal["per_hour", "per_second"] = Field(default="per_hour", description="Unit of the prices below.")
+    vcpu: float = Field(default=0.04, ge=0, description="Price of one vCPU in the unit above.")
+    gpu: dict[str, float] = Field(
+        default_factory=lambda: {"T4": 0.35, "V100": 2.48, "A10": 1.00, "A100": 3.67, "H100": 6.98, "H200": 10.60},
+        description="Price of one whole GPU of each type in the unit above.",
+    )
+
+    def to_price_sheet(self) -> PriceSheet:
+        """The model's :class:`PriceSheet` (per second)."""
+        if self.unit == "per_hour":
+            return PriceSheet.from_hourly(self.vcpu, self.gpu)
+        return PriceSheet(self.vcpu, dict(self.gpu))
+
+
+def _knob(name: str) -> Any:
+    return ESGSettings.__dataclass_fields__[name].default
+
+
+class ESGSchedulerSettings(Block):
+    """Every ESG knob, with ESG-SPEC's defaults (see the README, "Where esg-prefect fills gaps in the paper").
+
+    Examples:
+        Load saved settings:
+        ```python
+        from esg_prefect.integration.blocks import ESGSchedulerSettings
+        settings = ESGSchedulerSettings.load("BLOCK_NAME")
+        ```
+    """
+
+    _block_type_name: ClassVar[str] = "ESG Scheduler Settings"
+    _logo_url: ClassVar[Any] = _LOGO
+    _documentation_url: ClassVar[Any] = _DOCS
+
+    batches: list[int] = Field(default=[1, 2, 4, 8, 16, 32], description="Candidate batch sizes.")
+    vcpus: list[int] = Field(default=[1, 2, 4], description="Candidate vCPU counts.")
+    gpu_shares: list[float] = Field(
+        default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], description="Candidate GPU shares (0 = CPU)."
+    )
+    tick_ms: float = Field(default=_knob("tick_ms"), gt=0, description="Period of the controller's timer round.")
+    max_expansions: int = Field(default=_knob("max_expansions"), ge=1, description="A* expansion budget per decision.")
+    time_budget_ms: float = Field(default=_knob("time_budget_ms"), gt=0, description="A* time budget per decision.")
+    latency_blade: bool = Field(default=True, description="Prune plans that cannot finish within the slack.")
+    cost_blade: bool = Field(default=True, description="Prune plans that cannot beat the best complete plan.")
+    heuristic: Literal["frontier", "min_cost"] = Field(default="frontier", description="A* heuristic.")
+    search_horizon: Literal["segment", "workflow"] = Field(
+        default="segment", description="Plan to the end of the SLO segment, or of the workflow."
+    )
+    percentile: Literal["p95", "mean"] = Field(default="p95", description="Profile statistic planned with.")
+    wait_for_batch: bool = Field(default=True, description="Hold a queue for a fuller batch while feasible.")
+    rate_ewma_alpha: float = Field(default=0.2, gt=0, le=1, description="Weight of the newest arrival gap.")
+    infeasible_policy: Literal["best_effort", "reject"] = Field(
+        default="best_effort", description="What to do when no plan meets the slack."
+    )
+    keep_alive_s: float = Field(default=60.0, gt=0, description="How long idle warm workers are kept.")
+    redistribute_slack: bool = Field(default=True, description="Recompute later deadlines from real finish times.")
+    cost_split: Literal["equal", "input_size"] = Field(default="equal", description="Batch cost split among jobs.")
+    idle_billing: Literal["attribute", "separate"] = Field(
+        default="attribute", description="Bill idle time to the runs served before it, or on its own line."
+    )
+    allow_eviction: bool = Field(default=True, description="Stop idle workers of other stages to make room.")
+
+    def to_settings(self) -> ESGSettings:
+        """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""
+        data = self.model_dump(exclude={"batches", "vcpus", "gpu_shares", "block_type_slug"})
+        data = {k: v for k, v in data.items() if k in ESGSettings.__dataclass_fields__}
+        space = ConfigSpace(tuple(self.batches), tuple(self.vcpus), tuple(self.gpu_shares))
+        return ESGSettings(config_space=space, **data)

@@ -1,0 +1,86 @@
+"""Blocks: Prefect's standard block suite, conversion to the model's objects, saving and loading."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.blocks.core import Block
+from prefect.testing.standard_test_suites import BlockStandardTestSuite
+
+from esg_prefect.integration.blocks import ESGPool, ESGPriceSheet, ESGSchedulerSettings
+from esg_prefect.model import PriceSheet
+from esg_prefect.scheduling import ESGSettings
+
+DATA = Path(__file__).resolve().parent.parent / "esg_prefect" / "data"
+
+
+@pytest.fixture(scope="module")
+def local_logo_url() -> Iterator[str]:
+    """The shipped logo served on 127.0.0.1: the standard suite opens the logo URL, and CI has no internet."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(DATA))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/logo.png"
+    server.shutdown()
+
+
+class _Suite(BlockStandardTestSuite):
+    @pytest.fixture(autouse=True)
+    def _serve_logo(self, block: type[Block], local_logo_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        assert block._logo_url.endswith("/esg_prefect/data/logo.png")  # the published copy of the same file
+        monkeypatch.setattr(block, "_logo_url", local_logo_url)
+
+
+class TestESGPool(_Suite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return ESGPool
+
+
+class TestESGPriceSheet(_Suite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return ESGPriceSheet
+
+
+class TestESGSchedulerSettings(_Suite):
+    @pytest.fixture
+    def block(self) -> type[Block]:
+        return ESGSchedulerSettings
+
+
+def test_defaults_match_the_model() -> None:
+    assert ESGSchedulerSettings().to_settings() == ESGSettings()
+    assert ESGPriceSheet().to_price_sheet() == PriceSheet.default()
+    per_s = ESGPriceSheet(unit="per_second", vcpu=1e-5, gpu={"T4": 1e-4}).to_price_sheet()
+    assert per_s == PriceSheet(1e-5, {"T4": 1e-4})
+
+
+def test_bad_knob_in_a_block_is_named() -> None:
+    from esg_prefect.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="batches must hold ints >= 1, got 0"):
+        ESGSchedulerSettings(batches=[0, 4]).to_settings()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_save_load_and_runner_accepts_block_names() -> None:
+    from esg_prefect import ESGTaskRunner
+
+    ESGSchedulerSettings(tick_ms=2.0, search_horizon="workflow").save("test-settings", overwrite=True)
+    ESGPriceSheet(vcpu=0.05).save("test-prices", overwrite=True)
+    runner = ESGTaskRunner(settings="test-settings", prices="test-prices", backend="inline")
+    pool = runner.pool_client()
+    try:
+        assert pool.settings.tick_ms == 2.0 and pool.settings.search_horizon == "workflow"
+        assert pool.prices.price_per_vcpu_s == pytest.approx(0.05 / 3600)
+    finally:
+        from esg_prefect.integration.runner import close_shared_pools
+
+        close_shared_pools()
