@@ -39,7 +39,8 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,50 @@ DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
 """Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
 
 
+@dataclass(frozen=True, slots=True)
+class RunRecords:
+    """What one flow run did in the pool, handed to run listeners when the run ends.
+
+    Attributes:
+        run_id: the flow run.
+        workflow: its workflow (of its first request).
+        calls: its stage calls, in completion order.
+        batches: the batches its calls ran in (with the other runs' items: costs are shares).
+        arrival_ms, finish_ms: first arrival and last stage end of its requests (wall clock).
+        slo_ms: the workflow's SLO.
+        prices: the price sheet in force.
+        cost_split: how batch costs are split among jobs.
+        new_idles: warm idle intervals of any worker closed since the previous run ended,
+            so that a listener storing them sees each exactly once.
+    """
+
+    run_id: str
+    workflow: str
+    calls: tuple[CallRecord, ...]
+    batches: tuple[BatchRecord, ...]
+    arrival_ms: float
+    finish_ms: float | None
+    slo_ms: float
+    prices: PriceSheet
+    cost_split: str
+    new_idles: tuple[IdleRecord, ...] = ()
+
+    def busy_cost(self) -> float:
+        """This run's share of its batches' cost (idle time is attributed later, by the cost store)."""
+        from esg_prefect.model.attribution import split_weights
+
+        total = 0.0
+        for b in self.batches:
+            cost = self.prices.batch_cost(b.config, b.hardware, b.duration_ms)
+            for item, w in zip(b.items, split_weights(b.items, self.cost_split), strict=True):  # type: ignore[arg-type]
+                if item.run_id == self.run_id:
+                    total += cost * w
+        return total
+
+
+RunListener = Callable[[RunRecords], None]
+
+
 def load_default_profile(names: tuple[str, ...] = DEFAULT_PROFILES) -> LatencyProfile:
     """The shipped latency profiles ``names`` (from ``esg_prefect/data/profiles``), merged; missing ones skipped."""
     from importlib import resources
@@ -242,6 +287,11 @@ class Pool:
         self._batches: list[BatchRecord] = []
         self._idles: list[IdleRecord] = []
         self._decisions: deque[DecisionStats] = deque(maxlen=100_000)
+        self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _calls
+        self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _batches
+        self._listeners: list[RunListener] = []
+        self._idle_cursor = 0  # idle records already handed to run listeners
+        self._notifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esg-run-listeners")
 
     # ---- thread-safe API -------------------------------------------------------------------
 
@@ -255,8 +305,12 @@ class Pool:
         loop.call_soon_threadsafe(self._on_submit, call, fut)
         return fut
 
+    def add_run_listener(self, listener: RunListener) -> None:
+        """Call ``listener(records)`` on a background thread each time a flow run ends (artifacts, cost store)."""
+        self._listeners.append(listener)
+
     def end_run(self, run_id: str) -> None:
-        """Tell the pool a flow run finished, so its requests are closed in the records."""
+        """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
         if self._loop is not None and not self._closed:
             self._loop.call_soon_threadsafe(self._on_end_run, run_id)
 
@@ -379,9 +433,28 @@ class Pool:
         self._request_round()
 
     def _on_end_run(self, run_id: str) -> None:
-        for _rid, req in list(self._requests.items()):
-            if req.run_id == run_id and req.open_calls == 0:
+        reqs = [req for req in self._requests.values() if req.run_id == run_id]
+        for req in reqs:
+            if req.open_calls == 0:
                 req.open_calls = -1  # closed: no more calls expected
+        if not self._listeners or not reqs:
+            return
+        workflows = self._registry.current()
+        records = RunRecords(
+            run_id,
+            reqs[0].workflow,
+            tuple(self._calls[i] for i in self._calls_of_run.pop(run_id, [])),
+            tuple(self._batches[i] for i in self._batches_of_run.pop(run_id, [])),
+            min(r.arrival_ms for r in reqs),
+            None if any(r.failed or r.open_calls > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
+            workflows[reqs[0].workflow].slo_ms,
+            self.prices,
+            self.settings.cost_split,
+            tuple(self._idles[self._idle_cursor :]),
+        )
+        self._idle_cursor = len(self._idles)
+        for listener in self._listeners:
+            self._notifier.submit(_call_listener, listener, records)
 
     def _request_round(self) -> None:
         if not self._round_pending:
@@ -516,6 +589,8 @@ class Pool:
         except WorkerDiedError as exc:
             died = exc
         end = wall_ms()
+        for run in {p.call.run_id for p in pendings}:
+            self._batches_of_run[run].append(len(self._batches))
         self._batches.append(
             BatchRecord(
                 batch_id,
@@ -617,6 +692,7 @@ class Pool:
             req.last_end_ms = max(req.last_end_ms, end)
             req.failed |= err is not None
             req.at_risk |= bool(res and res.at_risk)
+        self._calls_of_run[p.call.run_id].append(len(self._calls))
         self._calls.append(
             CallRecord(
                 p.call.call_id,
@@ -697,6 +773,14 @@ class Pool:
             if not p_fut.done():
                 p_fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
+        self._notifier.shutdown(wait=False)
+
+
+def _call_listener(listener: RunListener, records: RunRecords) -> None:
+    try:
+        listener(records)
+    except Exception:  # a listener's failure must not stop the pool or the other listeners
+        logger.exception("run listener %r failed for run %s", listener, records.run_id)
 
 
 def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:
