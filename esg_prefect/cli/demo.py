@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run many concurrent flow runs of the example pipelines through ESG, and print SLO, batches and costs."""
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
         from esg_prefect.examples import demo as d
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             ) as progress:
                 bar = progress.add_task(label, total=len(arrivals))
 
-                def done(_: object, bar: int = bar) -> None:
+                def done(_: object, bar: TaskID = bar) -> None:
                     progress.advance(bar)
 
                 if label == "esg":

@@ -92,7 +92,8 @@ def run_esg(
 
     be: Any = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(backend=be)
-    flows = {wf: f.with_options(task_runner=ESGTaskRunner(pool=pool)) for wf, f in FLOWS.items()}
+    runner: Any = ESGTaskRunner(pool=pool)
+    flows = {wf: f.with_options(task_runner=runner) for wf, f in FLOWS.items()}
     run_ids: dict[int, str] = {}
 
     def call(i: int, workflow: str) -> Any:
@@ -137,7 +138,8 @@ def run_threadpool(
     from esg_prefect.integration import stage
 
     prices = prices or PriceSheet.default()
-    flows = {wf: f.with_options(task_runner=ThreadPoolTaskRunner()) for wf, f in FLOWS.items()}
+    threads: Any = ThreadPoolTaskRunner()
+    flows = {wf: f.with_options(task_runner=threads) for wf, f in FLOWS.items()}
     warm_requests(lambda i, wf: flows[wf](request_seed=i))
     stage.local_call_log.clear()
     t0 = time.perf_counter()

@@ -11,7 +11,10 @@ Construction modes (checked in ``__init__``):
 
 * ``ESGTaskRunner()``: the process-wide embedded pool for the given settings,
   created on the first stage call and shared by all flow runs with equal settings;
-* ``ESGTaskRunner(pool=my_pool)``: a pool object you manage.
+* ``ESGTaskRunner(pool=my_pool)``: a pool object you manage;
+* ``ESGTaskRunner(address="http://127.0.0.1:4270")``: the pool service
+  (``esg-prefect pool serve``), shared by the flow runs of many processes
+  (deployment runs each get their own process).
 
 Prefect duplicates the runner once per flow run and may pickle it; the pool is
 a process-level object, so duplicates share it and pickling drops it.
@@ -33,6 +36,7 @@ from typing import Any, Literal, Self
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.integration.recording import attach_recorders, check_store_option
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.runtime.pool import Pool
@@ -64,22 +68,42 @@ def shared_pool(
     profile: str | None = None,
     backend: BackendName = "process",
     prices: PriceSheet | Any | None = None,
+    artifacts: bool = True,
+    store: str | bool | None = True,
 ) -> Pool:
     """The process-wide pool for these settings, created on first use.
 
     ``settings`` and ``prices`` may also be blocks or names of saved block documents.
+    A new pool gets the artifact publisher (``artifacts``) and the cost store
+    (``store``: True for the default one, a URL, False/None for none).
     """
     settings = _resolve(settings, "ESGSchedulerSettings") or ESGSettings()
     prices = _resolve(prices, "ESGPriceSheet")
-    key = (scheduler, settings, profile, backend, prices)
+    key = (scheduler, settings, profile, backend, prices, artifacts, store)
     with _shared_lock:
         pool = _shared.get(key)
         if pool is None:
             prof = LatencyProfile.from_csv(profile) if profile else None
             be = InlineBackend() if backend == "inline" else LocalProcessBackend()
             pool = Pool(prof, prices, scheduler, settings, be)
+            attach_recorders(pool, artifacts=artifacts, store=store)
             _shared[key] = pool
         return pool
+
+
+_clients: dict[tuple[str, str | None], Any] = {}
+
+
+def shared_client(address: str, token: str | None) -> Any:
+    """The process-wide client of the pool service at ``address``."""
+    from esg_prefect.service.client import PoolClient
+
+    with _shared_lock:
+        client = _clients.get((address, token))
+        if client is None:
+            client = PoolClient(address, token)
+            _clients[(address, token)] = client
+        return client
 
 
 def close_shared_pools() -> None:
@@ -87,8 +111,12 @@ def close_shared_pools() -> None:
     with _shared_lock:
         pools = list(_shared.values())
         _shared.clear()
+        clients = list(_clients.values())
+        _clients.clear()
     for p in pools:
         p.close()
+    for c in clients:
+        c.close()
 
 
 atexit.register(close_shared_pools)
@@ -99,6 +127,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
 
     Args:
         pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool.
+        address: URL of a pool service (``esg-prefect pool serve``) instead of an embedded pool.
+        token: bearer token of the pool service.
         scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
         settings: ESG knobs for the embedded pool: :class:`ESGSettings`, an
             ``ESGSchedulerSettings`` block, or the name of a saved one (loaded on first use).
@@ -107,6 +137,11 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         prices: price sheet: :class:`PriceSheet`, an ``ESGPriceSheet`` block or a saved one's name;
             default :meth:`PriceSheet.default`.
         max_workers: threads for tasks; stage calls wait in threads, so the default is large.
+        artifacts: publish a cost table and a summary artifact on each flow run.
+        store: record each flow run in the cost store: True for
+            ``$PREFECT_HOME/esg_prefect/costs.db`` (or ``$ESG_PREFECT_STORE_URL``),
+            a database URL, or False/None for none. Both also apply to a given
+            ``pool=``, the first time a runner hands it calls.
 
     Examples:
         Before::
@@ -124,12 +159,16 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         self,
         pool: Pool | None = None,
         *,
+        address: str | None = None,
+        token: str | None = None,
         scheduler: str = "esg",
         settings: ESGSettings | Any | None = None,
         profile: str | Path | None = None,
         backend: BackendName = "process",
         prices: PriceSheet | Any | None = None,
         max_workers: int | None = None,
+        artifacts: bool = True,
+        store: str | bool | None = True,
     ) -> None:
         super().__init__(max_workers=max_workers if max_workers is not None else 1024)
         if backend not in ("process", "inline"):
@@ -138,28 +177,40 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             raise InvalidInputError(f"pool must be an esg_prefect Pool, got {type(pool).__name__}")
         if pool is not None and (settings is not None or profile is not None or prices is not None):
             raise InvalidInputError("give either pool= or the settings of an embedded pool, not both")
-        self._pool = pool
+        if not isinstance(artifacts, bool):
+            raise InvalidInputError(f"artifacts must be True or False, got {artifacts!r}")
+        check_store_option(store)
+        if address is not None and pool is not None:
+            raise InvalidInputError("give either pool= or address= (the pool service), not both")
+        if address is not None and not address.startswith(("http://", "https://")):
+            raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        self._pool: Any = pool
+        self._address = address
+        self._token = token
         self._config: dict[str, Any] = {
             "scheduler": scheduler,
             "settings": settings,
             "profile": str(profile) if profile is not None else None,
             "backend": backend,
             "prices": prices,
+            "artifacts": artifacts,
+            "store": store,
         }
 
-    def pool_client(self) -> Pool:
-        """The pool stage calls go to (the embedded one is created on first use)."""
+    def pool_client(self) -> Any:
+        """Where stage calls go: a pool, or a client of the pool service (created on first use)."""
         if self._pool is None:
-            self._pool = shared_pool(**self._config)
+            if self._address is not None:
+                self._pool = shared_client(self._address, self._token)
+            else:
+                self._pool = shared_pool(**self._config)
+        elif isinstance(self._pool, Pool):  # a given pool: recorders attached once per pool object
+            attach_recorders(self._pool, artifacts=self._config["artifacts"], store=self._config["store"])
         return self._pool
 
     def duplicate(self) -> Self:
-        dup = (
-            type(self)(pool=self._pool, max_workers=self._max_workers)
-            if self._pool
-            else type(self)(max_workers=self._max_workers, **self._config)
-        )
-        dup._config = dict(self._config)
+        dup = type(self)(max_workers=self._max_workers, **self._config)
+        dup._pool, dup._address, dup._token = self._pool, self._address, self._token
         return dup
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
@@ -173,7 +224,11 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ESGTaskRunner):
             return False
-        return self._config == other._config and self._pool is other._pool
+        return (
+            self._config == other._config
+            and self._address == other._address
+            and (self._pool is other._pool or self._address is not None)
+        )
 
     def __hash__(self) -> int:
         return id(self)

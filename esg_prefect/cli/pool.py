@@ -1,0 +1,52 @@
+"""``esg-prefect pool serve``: the pool service, shared by flow runs of many processes."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+pool_app = typer.Typer(help="The pool service: one ESG pool for the flow runs of many processes.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``pool`` command group."""
+    app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("serve")
+def serve(
+    allow: list[str] = typer.Option(..., "--allow", help="Module prefix stage code may be imported from (repeat)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs a token."),
+    port: int = typer.Option(4270, help="Port to bind."),
+    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
+    backend: str = typer.Option("process", help="'process' (worker processes) or 'inline' (threads)."),
+    scheduler: str = typer.Option("esg", help="Scheduler name (esg-prefect schedulers)."),
+    profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
+    results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
+    max_pending: int = typer.Option(10_000, help="Calls in flight before new ones get 429."),
+) -> None:
+    """Serve one pool over HTTP until interrupted."""
+    import uvicorn
+
+    from esg_prefect.model.profile import LatencyProfile
+    from esg_prefect.runtime.pool import Pool
+    from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+    from esg_prefect.service.app import PoolService, check_bind
+    from esg_prefect.service.results import ResultCache
+
+    token = os.environ.get(token_env) or None
+    check_bind(host, token)
+    if backend not in ("process", "inline"):
+        raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
+    be = InlineBackend() if backend == "inline" else LocalProcessBackend()
+    pool = Pool(LatencyProfile.from_csv(profile) if profile else None, scheduler=scheduler, backend=be)
+    cache = ResultCache(results_db or ":memory:")
+    service = PoolService(pool, allow, token, cache, max_pending)
+    typer.echo(f"esg-prefect pool service on http://{host}:{port} (stages from {', '.join(allow)})")
+    try:
+        uvicorn.run(service.app(), host=host, port=port, log_level="warning")
+    finally:
+        service.closing = True
+        pool.close()
+        cache.close()

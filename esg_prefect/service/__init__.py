@@ -1,0 +1,1 @@
+"""The pool service: one pool shared by the flow runs of many processes, over HTTP."""

@@ -1,0 +1,163 @@
+"""The client of the pool service: the same ``submit(call) -> Future`` as an in-process pool.
+
+``ESGTaskRunner(address=...)`` hands stage calls to this client instead of an
+embedded pool. Each call is one HTTP request that returns when the call is
+done. Connection errors, timeouts, ``429`` and ``503`` are retried with the same
+call id (the service runs a call id once and keeps its outcome across its own
+restarts), honouring ``Retry-After``, until ``deadline_s`` has passed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from esg_prefect.exceptions import (
+    InvalidInputError,
+    PoolClosedError,
+    StageCallError,
+    StageFailedError,
+    StageRejectedError,
+    WorkerCrashedError,
+)
+from esg_prefect.runtime.calls import StageCall, StageResult
+from esg_prefect.service.codec import decode, encode
+
+_ERRORS: dict[str, type[StageCallError]] = {
+    "StageFailedError": StageFailedError,
+    "StageRejectedError": StageRejectedError,
+    "WorkerCrashedError": WorkerCrashedError,
+    "PoolClosedError": PoolClosedError,
+}
+
+
+def call_body(call: StageCall) -> dict[str, Any]:
+    """The JSON of a call (see :func:`esg_prefect.service.app.parse_call`)."""
+    wf = call.workflow
+    return {
+        "call_id": call.call_id,
+        "stage": call.stage,
+        "stage_path": call.stage_path,
+        "workflow": {
+            "name": wf.name,
+            "slo_ms": wf.slo_ms,
+            "edges": None if wf.edges is None else [list(e) for e in wf.edges],
+        },
+        "request_id": call.request_id,
+        "run_id": call.run_id,
+        "item": encode(call.item),
+        "upstream": list(call.upstream),
+        "arrival_ms": call.arrival_ms,
+        "input_size": call.input_size,
+        "task_run_id": call.task_run_id,
+    }
+
+
+def parse_result(body: dict[str, Any]) -> StageResult:
+    """A :class:`StageResult` from the service's answer, or the StageCallError it reports."""
+    if not body.get("ok"):
+        err = body.get("error") or {}
+        cls = _ERRORS.get(str(err.get("type")), StageCallError)
+        if cls is StageFailedError:
+            raise StageFailedError(
+                str(err.get("message")), str(err.get("error_type", "")), str(err.get("traceback", ""))
+            )
+        raise cls(str(err.get("message")))
+    r = body["result"]
+    return StageResult(
+        r["call_id"],
+        decode(r["output"]),
+        r["batch_id"],
+        r["batch_size"],
+        r["worker_id"],
+        r["hardware"],
+        r["vcpus"],
+        r["gpu_share"],
+        r["queue_wait_ms"],
+        r["predicted_ms"],
+        r["actual_ms"],
+        r["cold_start"],
+        r["at_risk"],
+        r["reason"],
+        r["co_batched_runs"],
+    )
+
+
+class PoolClient:
+    """Talks to ``esg-prefect pool serve``.
+
+    Args:
+        address: base URL, e.g. ``http://127.0.0.1:4270``.
+        token: bearer token, if the service has one.
+        deadline_s: how long one call may take, retries included.
+        threads: calls waiting at once (each holds one HTTP request open).
+    """
+
+    def __init__(self, address: str, token: str | None = None, deadline_s: float = 600.0, threads: int = 256) -> None:
+        if not address.startswith(("http://", "https://")):
+            raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        self.address = address.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        limits = httpx.Limits(max_connections=threads, max_keepalive_connections=threads)
+        self._http = httpx.Client(
+            base_url=self.address, headers=headers, limits=limits, timeout=httpx.Timeout(30.0, read=deadline_s)
+        )
+        self._deadline_s = deadline_s
+        self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="esg-pool-client")
+        self._lock = threading.Lock()  # guards closing against new submissions
+        self._closed = False
+
+    def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
+        """Send a call; the future resolves when the service answers (after retries)."""
+        with self._lock:
+            if self._closed:
+                fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
+                fut.set_exception(PoolClosedError("the pool client is closed"))
+                return fut
+            return self._executor.submit(self._call, call_body(call))
+
+    def _call(self, body: dict[str, Any]) -> StageResult:
+        give_up = time.monotonic() + self._deadline_s
+        wait = 0.2
+        while True:
+            try:
+                resp = self._http.post("/v1/calls", json=body)
+            except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code == 200:
+                    return parse_result(resp.json())
+                if resp.status_code not in (429, 503):
+                    raise StageRejectedError(f"pool service refused the call ({resp.status_code}): {resp.text[:500]}")
+                last = f"{resp.status_code}: {resp.text[:200]}"
+                wait = float(resp.headers.get("retry-after", wait))
+            if time.monotonic() + wait > give_up:
+                raise PoolClosedError(
+                    f"pool service at {self.address} gave no answer within {self._deadline_s} s ({last})"
+                )
+            time.sleep(wait)
+            wait = min(wait * 2, 5.0)
+
+    def end_run(self, run_id: str) -> None:
+        """Tell the service a flow run ended (best effort, in the background)."""
+
+        def _post() -> None:
+            # Best effort: a lost notice only delays closing the run's records.
+            with contextlib.suppress(httpx.HTTPError):
+                self._http.post(f"/v1/runs/{run_id}/end")
+
+        with self._lock:
+            if not self._closed:
+                self._executor.submit(_post)
+
+    def close(self) -> None:
+        """Stop sending; calls in flight finish."""
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=False)
+        self._http.close()

@@ -1,0 +1,41 @@
+"""A separate process running concurrent toy flows against the pool service; prints its flow run ids as JSON.
+
+Used by tests/test_service_processes.py: python -m tests.service_client_proc ADDRESS TOKEN N OFFSET START_AT
+(START_AT: a wall-clock time both processes wait for, so that their bursts overlap).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sys
+import time
+from typing import Any
+
+from prefect import flow
+
+from esg_prefect import ESGTaskRunner
+from tests.toy_stages import double, inc
+
+
+def main() -> None:
+    address, token, n, offset = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    start_at = float(sys.argv[5])
+    runner: Any = ESGTaskRunner(address=address, token=token)
+
+    @flow(task_runner=runner)
+    def toy_flow(x: int) -> dict[str, Any]:
+        from prefect.runtime import flow_run
+
+        return {"out": inc(double(x)), "run": flow_run.id}
+
+    toy_flow(offset)  # one run first: concurrent first runs race to set up the Prefect client
+    time.sleep(max(0.0, start_at - time.time()))
+    with concurrent.futures.ThreadPoolExecutor(n) as ex:
+        results = list(ex.map(toy_flow, range(offset + 1, offset + 1 + n)))
+    assert [r["out"] for r in results] == [2 * x + 1 for x in range(offset + 1, offset + 1 + n)]
+    print(json.dumps([r["run"] for r in results]))
+
+
+if __name__ == "__main__":
+    main()

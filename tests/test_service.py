@@ -1,0 +1,154 @@
+"""The pool service: wire encoding, HTTP errors, auth, idempotency across restarts, backpressure, client."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from starlette.testclient import TestClient
+
+from esg_prefect.exceptions import InvalidInputError, StageFailedError
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.calls import StageCall, WorkflowDecl
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.service.app import PoolService, check_bind
+from esg_prefect.service.client import call_body, parse_result
+from esg_prefect.service.codec import CodecError, decode, encode
+from esg_prefect.service.results import ResultCache
+from tests.toy_stages import POISON, toy_profile
+
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+TOKEN = "s3cret-token"
+
+
+def body(i: int, stage: str = "inc", call_id: str | None = None) -> dict[str, object]:
+    call = StageCall(call_id or f"c{i}", stage, f"tests.toy_stages:{stage}", TOY, f"r{i}", f"r{i}", i)
+    return call_body(call)
+
+
+@pytest.fixture
+def pool() -> Iterator[Pool]:
+    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    yield p
+    p.close()
+
+
+def client(service: PoolService, token: str | None = TOKEN) -> TestClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return TestClient(service.app(), headers=headers)
+
+
+# ---- codec -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool])
+def test_tensors_round_trip_exactly(dtype: torch.dtype) -> None:
+    t = (torch.arange(24).reshape(2, 3, 4) % 5).to(dtype)
+    got = decode(encode(t))
+    assert got.dtype == dtype and got.shape == t.shape and torch.equal(got, t)
+
+
+def test_views_nested_values_and_arrays_round_trip() -> None:
+    base = torch.rand(4, 4)
+    arr = np.arange(6, dtype=np.int32).reshape(2, 3)
+    value = {"view": base[1:3, ::2], "arr": arr, "t": (1, "a", None), "f": [math.inf]}
+    got = decode(encode(value))
+    assert torch.equal(got["view"], base[1:3, ::2]) and got["arr"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert got["t"] == (1, "a", None) and got["f"] == [math.inf]
+
+
+def test_unencodable_values_and_bad_payloads_are_named() -> None:
+    with pytest.raises(CodecError, match=r"builtins\.set"):
+        encode({1, 2})
+    with pytest.raises(CodecError, match="key 3"):
+        encode({3: "x"})
+    with pytest.raises(CodecError, match="unknown payload tag 'pickle'"):
+        decode({"__esg__": "pickle", "v": "gASV"})
+    with pytest.raises(CodecError, match="does not hold 4 float32 values"):
+        decode({"__esg__": "tensor", "dtype": "float32", "shape": [4], "data": "AAAA"})
+    with pytest.raises(CodecError, match="'complex64'"):
+        decode({"__esg__": "tensor", "dtype": "complex64", "shape": [1], "data": ""})
+
+
+# ---- HTTP ------------------------------------------------------------------------------------
+
+
+def test_call_round_trip_and_stage_error(pool: Pool) -> None:
+    http = client(PoolService(pool, ["tests"], TOKEN))
+    ok = http.post("/v1/calls", json=body(5))
+    assert ok.status_code == 200 and parse_result(ok.json()).output == 6
+    bad = http.post("/v1/calls", json=body(POISON * 2))
+    assert bad.status_code == 200
+    with pytest.raises(StageFailedError, match="poison input 26") as info:
+        parse_result(bad.json())
+    assert info.value.error_type == "ValueError"
+
+
+def test_auth(pool: Pool) -> None:
+    service = PoolService(pool, ["tests"], TOKEN)
+    assert client(service, token=None).get("/healthz").json() == {"status": "ok"}
+    assert client(service, token=None).post("/v1/calls", json=body(1)).status_code == 401
+    assert client(service, token="wrong").get("/metrics").status_code == 401
+    assert client(service).get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("mutate", "status", "needle"),
+    [
+        (lambda b: b.pop("call_id"), 400, "missing field 'call_id'"),
+        (lambda b: b.update(stage_path="os:system"), 403, "outside the allowed modules"),
+        (lambda b: b.update(item={"__esg__": "pickle"}), 400, "field 'item'"),
+        (lambda b: b.update(run_id=7), 400, "field 'run_id' has the wrong type int"),
+        (lambda b: b.update(input_size=-1), 400, "input_size must be > 0"),
+    ],
+)
+def test_bad_requests_are_named(pool: Pool, mutate: object, status: int, needle: str) -> None:
+    b = body(1)
+    mutate(b)  # type: ignore[operator]
+    resp = client(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=b)
+    assert resp.status_code == status and needle in resp.json()["error"]
+
+
+def test_oversized_and_non_json_bodies(pool: Pool) -> None:
+    http = client(PoolService(pool, ["tests"], TOKEN, max_body_bytes=100))
+    assert http.post("/v1/calls", json=body(1)).status_code == 413
+    http = client(PoolService(pool, ["tests"], TOKEN))
+    resp = http.post("/v1/calls", content=b"{not json", headers={"content-type": "application/json"})
+    assert resp.status_code == 400 and "not JSON" in resp.json()["error"]
+
+
+def test_backpressure_says_retry_later(pool: Pool) -> None:
+    resp = client(PoolService(pool, ["tests"], TOKEN, max_pending=0)).post("/v1/calls", json=body(1))
+    assert resp.status_code == 429 and resp.headers["retry-after"] == "1"
+
+
+def test_a_finished_call_is_not_run_again_even_after_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    first = Pool(toy_profile(), backend=InlineBackend())
+    try:
+        http = client(PoolService(first, ["tests"], TOKEN, ResultCache(db)))
+        out1 = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
+        again = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
+        assert out1.output == again.output == 10 and again.batch_id == out1.batch_id
+        assert len(first.snapshot().batches) == 1
+    finally:
+        first.close()
+    second = Pool(toy_profile(), backend=InlineBackend())  # the service restarted: a new pool, the same file
+    try:
+        http = client(PoolService(second, ["tests"], TOKEN, ResultCache(db)))
+        out2 = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
+        assert out2.batch_id == out1.batch_id and second.snapshot().batches == ()
+    finally:
+        second.close()
+
+
+def test_binding_beyond_loopback_needs_a_token() -> None:
+    check_bind("127.0.0.1", None)
+    with pytest.raises(InvalidInputError, match=r"'0\.0\.0\.0'"):
+        check_bind("0.0.0.0", None)
+    check_bind("0.0.0.0", TOKEN)
