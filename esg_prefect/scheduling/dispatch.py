@@ -67,6 +67,20 @@ class ClusterView:
             if not w.busy:
                 self.idle[w.worker_id] = w
         self.hardware = cluster.hardware_types()
+        # Answers to the capacity questions, valid until the next commit changes the capacity.
+        self._version = 0
+        self._memo: dict[tuple[object, ...], object] = {}
+        self._idle_by_stage: dict[str | None, list[Worker]] = {}
+        for w in self.idle.values():
+            self._idle_by_stage.setdefault(w.stage, []).append(w)
+        # What evicting every idle worker would free, per node and per device (kept up to date by commit).
+        self._idle_on_node: Counter[str] = Counter(w.node for w in self.idle.values())
+        self._idle_share: Counter[str] = Counter()
+        self._idle_clients: Counter[str] = Counter()
+        for w in self.idle.values():
+            if w.device_id is not None:
+                self._idle_share[w.device_id] += _h(w.gpu_share)
+                self._idle_clients[w.device_id] += 1
 
     # ---- questions asked while building options --------------------------
 
@@ -74,21 +88,59 @@ class ClusterView:
         """Idle workers warm for ``stage`` with exactly these resources."""
         return [
             w
-            for w in self.idle.values()
-            if w.stage == stage and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
+            for w in self._idle_by_stage.get(stage, ())
+            if w.worker_id in self.idle and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
         ]
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
-        return {
-            (w.hardware, w.vcpus, w.gpu_share)
-            for w in self.idle.values()
-            if w.stage == stage and self.free_vcpus[w.node] >= w.vcpus
-        }
+        key = ("warm", stage, self._version)
+        got = self._memo.get(key)
+        if got is None:
+            got = {
+                (w.hardware, w.vcpus, w.gpu_share)
+                for w in self._idle_by_stage.get(stage, ())
+                if w.worker_id in self.idle and self.free_vcpus[w.node] >= w.vcpus
+            }
+            self._memo[key] = got
+        return got  # type: ignore[return-value]
 
     def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
         """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
-        return self._cold_slot(vcpus, share, hardware, None) is not None
+        key = ("start", vcpus, share, hardware, self._version)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._fits_anywhere(vcpus, _h(share), hardware)
+            self._memo[key] = got
+        return bool(got)
+
+    def startable(self, candidates: tuple[tuple[str, int, float], ...]) -> frozenset[tuple[str, int, float]]:
+        """The (hardware, vcpus, share) among ``candidates`` a new worker could take now (memoised per round)."""
+        key = ("startable", candidates, self._version)
+        got = self._memo.get(key)
+        if got is None:
+            got = frozenset(c for c in candidates if self.can_start(c[1], c[2], c[0]))
+            self._memo[key] = got
+        return got  # type: ignore[return-value]
+
+    def _fits_anywhere(self, vcpus: int, need: int, hardware: str) -> bool:
+        """Whether some node (and device) could take a new worker, evicting idle ones if allowed; O(places)."""
+        evictable = self.allow_eviction
+        if hardware == CPU:
+            return any(
+                self.free_vcpus[n] >= vcpus
+                and self.free_slots[n] + (self._idle_on_node[n] if evictable else 0) >= 1
+                for n in self.node_order
+            )
+        for dev_id, d in self.devices.items():
+            if d.hardware != hardware or self.free_vcpus[d.node] < vcpus:
+                continue
+            slots = self.free_slots[d.node] + (self._idle_on_node[d.node] if evictable else 0)
+            share = self.free_share[dev_id] + (self._idle_share[dev_id] if evictable else 0)
+            clients = self.clients[dev_id] - (self._idle_clients[dev_id] if evictable else 0)
+            if slots >= 1 and share >= need and clients < d.max_clients:
+                return True
+        return False
 
     # ---- placement --------------------------------------------------------
 
@@ -112,6 +164,15 @@ class ClusterView:
 
     def commit(self, placement: Placement, vcpus: int, share: float) -> None:
         """Take the capacity of a placement so that later dispatches see it gone."""
+        self._version += 1
+        self._memo.clear()
+        gone = [*placement.evict, *([placement.worker_id] if placement.worker_id is not None else [])]
+        for wid in gone:  # no longer idle: neither evictable nor warm for another batch
+            w = self.idle[wid]
+            self._idle_on_node[w.node] -= 1
+            if w.device_id is not None:
+                self._idle_share[w.device_id] -= _h(w.gpu_share)
+                self._idle_clients[w.device_id] -= 1
         for wid in placement.evict:
             w = self.idle.pop(wid)
             self.free_slots[w.node] += 1

@@ -191,12 +191,13 @@ class ESGScheduler:
         """Resources of the space that can take a batch of ``stage`` now, and whether warm."""
         t = self.tables
         warm = view.warm_resources(stage)
+        startable = view.startable(tuple((hw, v, s) for hw in sorted(view.hardware) for v, s in t.resources(hw)))
         out: list[Resource] = []
         for hw in sorted(view.hardware & t.profile.hardware_types(stage)):
             for v, s in t.resources(hw):
                 if (hw, v, s) in warm:
                     out.append((hw, v, s, True))
-                elif view.can_start(v, s, hw):
+                elif (hw, v, s) in startable:
                     out.append((hw, v, s, False))
         return tuple(out)
 
