@@ -127,6 +127,8 @@ def assert_encodable(x: Any, path: str = "out") -> None:
         assert isinstance(x, (torch.Tensor, int, float, str, bool)), f"{path}: {type(x).__name__}"
         if isinstance(x, torch.Tensor):
             assert x.device.type == "cpu", f"{path}: outputs come back on the CPU"
+            own = x.numel() * x.element_size()
+            assert x.untyped_storage().nbytes() == own, f"{path}: a view into a larger batch tensor"
 
 
 # ---- shapes and types --------------------------------------------------------------

@@ -40,3 +40,30 @@ def test_compare_pruning_ablation_quick(tmp_path: Path) -> None:
     assert all(r["max_rel_cost_diff_vs_none"] < 1e-9 for r in rows)  # pruning never changes the plan's cost
     assert (tmp_path / "e4_pruning.png").stat().st_size > 1000
     assert "## E4" in (tmp_path / "tables.md").read_text()
+
+
+def test_compare_on_a_users_case(tmp_path: Path) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(standard_case(rate_per_s=60.0, duration_s=3.0, warmup_s=1.0).to_dict()))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--case",
+            str(path),
+            "--schedulers",
+            "esg,fast-gshare,triton",
+            "--processes",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert [r["scheduler"] for r in data["rows"]] == ["esg", "fast-gshare", "triton"]
+    assert data["headline"]["best_baseline"] in ("fast-gshare", "triton")
+    assert (out / "case.png").exists()

@@ -280,3 +280,21 @@ def test_shipped_profiles_are_reproducible_from_the_published_tables() -> None:
         assert gp.profile_csv(rows) == (gp.PROFILE_DIR / name).read_text(encoding="utf-8")
     assert gp.sources_csv(sources) == gp.SOURCES_FILE.read_text(encoding="utf-8")
     assert {r["license"] for r in csv.DictReader(io.StringIO(gp.sources_csv(sources)))} <= set(gp.PERMISSIVE)
+
+
+def test_a_users_own_trace(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text("arrival_s,workflow\n10.0,b\n10.5,a\n11.0,a\n12.0,b\n")
+    # span 2 s + one mean gap (2/3 s) holds 4 requests: 1.5/s; at 3/s time runs twice as fast
+    a = arrivals(f"csv:{path}", ["a", "b"], rate_per_s=3.0, duration_s=1.2, seed=0, start_s=0.0)
+    assert a == [(0.0, "b"), (250.0, "a"), (500.0, "a"), (1000.0, "b")]
+    path.write_text("arrival_s\n0\n1\n")
+    assert {w for _, w in arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)} == {"a"}
+    path.write_text("arrival_s,workflow\n0,zz\n1,a\n")
+    with pytest.raises(InvalidInputError, match="workflows \\['zz'\\]"):
+        arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
+    path.write_text("time\n0\n")
+    with pytest.raises(InvalidInputError, match="needs a column 'arrival_s'"):
+        arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
+    with pytest.raises(InvalidInputError, match="cannot read the trace file"):
+        arrivals(f"csv:{tmp_path / 'missing.csv'}", ["a"], 2.0, 3.0, 0)

@@ -25,6 +25,8 @@ def serve(
     profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
     max_pending: int = typer.Option(10_000, help="Calls in flight before new ones get 429."),
+    store: str = typer.Option("", help="Cost store URL (default: the SQLite store under PREFECT_HOME); 'off' to disable."),
+    artifacts: bool = typer.Option(True, help="Publish each flow run's cost artifacts to the Prefect API."),
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
@@ -41,6 +43,9 @@ def serve(
         raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
     be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(LatencyProfile.from_csv(profile) if profile else None, scheduler=scheduler, backend=be)
+    from esg_prefect.integration.recording import attach_recorders
+
+    attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
     cache = ResultCache(results_db or ":memory:")
     service = PoolService(pool, allow, token, cache, max_pending)
     typer.echo(f"esg-prefect pool service on http://{host}:{port} (stages from {', '.join(allow)})")

@@ -126,6 +126,37 @@ RUN_COLUMNS = (
 )
 
 
+def _compare_case(case_file: Path, schedulers: str, seeds: int, processes: int, out: Path) -> None:
+    """Every scheduler on the user's case: the answer to "what would ESG save on my workload?"."""
+    from esg_prefect.simulator import Case, plots
+    from esg_prefect.simulator import experiments as ex
+
+    case = Case.from_dict(json.loads(case_file.read_text(encoding="utf-8")))
+    names = tuple(s for s in schedulers.split(",") if s) or ex.DEFAULT_SCHEDULERS
+    specs = [
+        ex.RunSpec("case", case.with_(scheduler=s), seed, (("case", case.name),))
+        for s in names
+        for seed in range(seeds)
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    with _progress(console) as progress:
+        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress)
+    print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
+    result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
+    md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
+    if "esg" in names and any(n in ex.PRIOR_WORK for n in names):
+        head = ex.headline([r for r in rows if r["seed"] == 0])
+        result["headline"] = head
+        cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
+        print_table(console, "ESG vs the best prior-work baseline", [head], cols)
+        md.append(markdown_table([head], cols))
+    plots.bars(rows, "case", out / "case.png", f"case {case.name}")
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    (out / "tables.md").write_text("\n\n".join(md) + "\n", encoding="utf-8")
+    console.print(f"wrote {out / 'results.json'}, {out / 'tables.md'} and {out / 'case.png'}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` and ``compare`` commands."""
 
@@ -200,11 +231,19 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
         out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULT_OUT,
+        case_file: Annotated[
+            Path | None,
+            typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
+        ] = None,
     ) -> None:
-        """Run experiments E1-E7 and write results.json, tables.md and PNG plots to --out."""
+        """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots."""
         import esg_prefect.scheduling  # noqa: F401 - registers the baselines
         from esg_prefect.simulator import experiments as ex
         from esg_prefect.simulator import plots
+
+        if case_file is not None:
+            _compare_case(case_file, schedulers, seeds, processes, out)
+            return
 
         wanted = {"e1", "e3", "e4", "e5", "e6", "e7"} if experiment == "all" else set(experiment.lower().split(","))
         unknown = wanted - {"e1", "e2", "e3", "e4", "e5", "e6", "e7"}

@@ -183,7 +183,7 @@ PIPELINES: dict[str, PipelineSpec] = {
             ("preprocess", "scene"),
             ("scene", "caption"),
         ),
-        slo_ms=180.0,
+        slo_ms=140.0,
         make_input=image.make_input,
         joins=(("caption", _caption_join),),
     ),
@@ -196,7 +196,7 @@ PIPELINES: dict[str, PipelineSpec] = {
             StageSpec("summarize", text.load_summarize, text.run_summarize, True, "summarize"),
         ),
         edges=(("tokenize", "encode"), ("encode", "classify_text"), ("classify_text", "summarize")),
-        slo_ms=200.0,
+        slo_ms=120.0,
         make_input=text.make_input,
     ),
     "video": PipelineSpec(
@@ -207,7 +207,7 @@ PIPELINES: dict[str, PipelineSpec] = {
             StageSpec("aggregate", video.load_aggregate, video.run_aggregate, True, "aggregate"),
         ),
         edges=(("split_frames", "frame_model"), ("frame_model", "aggregate")),
-        slo_ms=150.0,
+        slo_ms=110.0,
         make_input=video.make_input,
         joins=(("aggregate", _aggregate_join),),
     ),
@@ -327,12 +327,12 @@ def run_pipeline_direct(
     return outputs[spec.workflow().exits[0]]
 
 
-def suggest_slo_ms(name: str, profile: LatencyProfile, factor: float = 3.0, vcpus: int = 1) -> float:
-    """A suggested SLO: ``factor`` times the critical path of unbatched latencies, rounded up to 10 ms.
+def critical_path_ms(name: str, profile: LatencyProfile, vcpus: int = 1) -> float:
+    """The longest path through pipeline ``name`` of unbatched mean latencies on the CPU.
 
-    Each stage costs its mean batch latency with ``vcpus`` vCPUs on the CPU at
-    batch 1, except a fan-out stage, which costs one batch of its
-    ``calls_per_request`` calls (one request's frames run together).
+    Each stage costs its mean batch latency with ``vcpus`` vCPUs at batch 1,
+    except a fan-out stage, which costs one batch of its ``calls_per_request``
+    calls (one request's frames run together).
 
     Raises:
         MissingProfileError: when the profile lacks a needed point.
@@ -345,4 +345,13 @@ def suggest_slo_ms(name: str, profile: LatencyProfile, factor: float = 3.0, vcpu
     finish: dict[str, float] = {}
     for s in wf.topological_order():
         finish[s] = cost[s] + max((finish[p] for p in wf.predecessors(s)), default=0.0)
-    return float(math.ceil(factor * max(finish.values()) / 10.0) * 10)
+    return max(finish.values())
+
+
+def suggest_slo_ms(name: str, profile: LatencyProfile, factor: float = 3.0, vcpus: int = 1) -> float:
+    """A suggested SLO: ``factor`` times :func:`critical_path_ms`, rounded up to 10 ms.
+
+    Raises:
+        MissingProfileError: when the profile lacks a needed point.
+    """
+    return float(math.ceil(factor * critical_path_ms(name, profile, vcpus) / 10.0) * 10)

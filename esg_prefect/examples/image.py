@@ -50,6 +50,7 @@ from esg_prefect.examples.models import (
     model_device,
     nms,
     to_model,
+    unbatch,
 )
 from esg_prefect.exceptions import InvalidInputError
 
@@ -124,7 +125,7 @@ def run_preprocess(model: Preprocess, inputs: list[Any]) -> list[Any]:
         groups.setdefault(tuple(_check_tensor(x, "preprocess", 3).shape), []).append(i)
     with torch.inference_mode():
         for idx in groups.values():
-            res = model(torch.stack([inputs[i] for i in idx]).to(dev)).cpu()
+            res = unbatch(model(torch.stack([inputs[i] for i in idx]).to(dev)).cpu())
             for j, i in enumerate(idx):
                 out[i] = res[j]
     return out
@@ -150,11 +151,11 @@ class TinySSD(nn.Module):
         self.c3 = nn.Sequential(ConvBNAct(32, 64, 3, 2), ConvBNAct(64, 64))
         self.c4 = nn.Sequential(ConvBNAct(64, 128, 3, 2), ConvBNAct(128, 128))
         self.c5 = ConvBNAct(128, 256, 3, 2)
-        self.heads = nn.ModuleList(nn.Conv2d(c, a * (4 + N_DET_CLASSES), 3, padding=1) for c in (64, 128, 256))
-        for head in self.heads:
-            assert isinstance(head, nn.Conv2d) and head.bias is not None
+        heads = [nn.Conv2d(c, a * (4 + N_DET_CLASSES), 3, padding=1) for c in (64, 128, 256)]
+        for head in heads:
             # A rare-object prior (as RetinaNet's), so that only a few anchors clear the score threshold.
-            head.bias.data.view(a, 4 + N_DET_CLASSES)[:, 4:] = -4.2
+            head.bias.data.view(a, 4 + N_DET_CLASSES)[:, 4:] = -4.2  # type: ignore[union-attr]
+        self.heads = nn.ModuleList(heads)
         self.register_buffer("anchors", self._anchors(), persistent=False)
 
     def _anchors(self) -> Tensor:
@@ -212,7 +213,7 @@ def run_detect(model: TinySSD, inputs: list[Any]) -> list[Any]:
     with torch.inference_mode():
         deltas, logits = model(to_model(images, model))
         dets = model.decode(deltas, logits)
-    return [{"image": img, **d} for img, d in zip(images, dets, strict=True)]
+    return [{"image": img, **d} for img, d in zip(inputs, dets, strict=True)]
 
 
 # ---- classify --------------------------------------------------------------------------
@@ -258,7 +259,7 @@ def run_classify(model: CropClassifier, inputs: list[Any]) -> list[Any]:
     """Detections -> classes and features of the best ``MAX_CROPS`` boxes; all crops of the batch run together."""
     dev = model_device(model)
     counts = [min(len(d["boxes"]), MAX_CROPS) for d in inputs]
-    boxes = [d["boxes"][:n] for d, n in zip(inputs, counts, strict=True)]
+    boxes = [d["boxes"][:n].clone() for d, n in zip(inputs, counts, strict=True)]
     out: list[Any] = []
     with torch.inference_mode():
         if sum(counts):
@@ -273,7 +274,14 @@ def run_classify(model: CropClassifier, inputs: list[Any]) -> list[Any]:
         for n, bx in zip(counts, boxes, strict=True):
             if n:
                 sl = slice(start, start + n)
-                out.append({"boxes": bx, "labels": labels[sl], "scores": scores[sl], "features": feats[sl]})
+                out.append(
+                    {
+                        "boxes": bx,
+                        "labels": labels[sl].clone(),
+                        "scores": scores[sl].clone(),
+                        "features": feats[sl].clone(),
+                    }
+                )
             else:
                 dim = model.backbone.out_features
                 out.append(
@@ -328,7 +336,7 @@ def run_scene(model: SceneEmbedder, inputs: list[Any]) -> list[Any]:
     images = torch.stack([_check_tensor(x, "scene", 3) for x in inputs])
     with torch.inference_mode():
         emb = model(to_model(images, model)).cpu()
-    return list(emb)
+    return unbatch(emb)
 
 
 # ---- caption ---------------------------------------------------------------------------

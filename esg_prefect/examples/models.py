@@ -123,6 +123,16 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def unbatch(batch: Tensor) -> list[Tensor]:
+    """Split a batch into standalone per-item tensors.
+
+    Why copies: a row of a batch is a view that keeps the whole batch's storage
+    alive, and serialising it (``torch.save``) writes the whole storage; each
+    request's output must own just its own data.
+    """
+    return [row.clone() for row in batch]
+
+
 def example_images(batch: int, size: int, seed: int) -> Tensor:
     """A seeded batch of smooth, image-like float tensors (normalised scale) for calibration."""
     gen = torch.Generator().manual_seed(seed)

@@ -47,6 +47,7 @@ from esg_prefect.examples.models import (
     detokenize,
     finish,
     model_device,
+    unbatch,
 )
 from esg_prefect.exceptions import InvalidInputError
 
@@ -215,7 +216,10 @@ def run_classify_text(model: TopicClassifier, inputs: list[Any]) -> list[Any]:
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors", category=UserWarning)
         probs = model(hidden.to(dev), pad.to(dev)).cpu()
-    return [{"label": int(p.argmax()), "probs": p, "hidden": x["hidden"]} for p, x in zip(probs, inputs, strict=True)]
+    return [
+        {"label": int(p.argmax()), "probs": p, "hidden": x["hidden"]}
+        for p, x in zip(unbatch(probs), inputs, strict=True)
+    ]
 
 
 # ---- summarize -------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from esg_prefect.examples.models import (
     finish,
     model_device,
     to_model,
+    unbatch,
 )
 from esg_prefect.exceptions import InvalidInputError
 
@@ -99,7 +100,7 @@ def run_split_frames(model: FrameSplitter, inputs: list[Any]) -> list[Any]:
             if not isinstance(clip, Tensor) or clip.dim() != 4 or clip.shape[1] != 3 or not 0 < len(clip) <= MAX_FRAMES:
                 got = tuple(clip.shape) if isinstance(clip, Tensor) else type(clip).__name__
                 raise InvalidInputError(f"split_frames: expected a Tx3xHxW clip with 1 <= T <= {MAX_FRAMES}, got {got}")
-            out.append(list(model(clip.to(dev)).cpu()))
+            out.append(unbatch(model(clip.to(dev)).cpu()))
     return out
 
 
@@ -132,7 +133,7 @@ def run_frame_model(model: FrameEmbedder, inputs: list[Any]) -> list[Any]:
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 3:
             raise InvalidInputError(f"frame_model: expected a 3xHxW frame, got {x!r:.80}")
     with torch.inference_mode():
-        return list(model(to_model(torch.stack(inputs), model)).cpu())
+        return unbatch(model(to_model(torch.stack(inputs), model)).cpu())
 
 
 # ---- aggregate -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from typing import Any, Literal, Self
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.integration.recording import attach_recorders, check_store_option
+from esg_prefect.integration.recording import attach_recorders, check_store_option, remember_run
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.runtime.pool import Pool
@@ -185,6 +185,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         if address is not None and not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
         self._pool: Any = pool
+        self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
         self._address = address
         self._token = token
         self._config: dict[str, Any] = {
@@ -206,6 +207,12 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                 self._pool = shared_pool(**self._config)
         elif isinstance(self._pool, Pool):  # a given pool: recorders attached once per pool object
             attach_recorders(self._pool, artifacts=self._config["artifacts"], store=self._config["store"])
+        if self._run_id is None:
+            from prefect.context import FlowRunContext
+
+            ctx = FlowRunContext.get()
+            if ctx is not None and ctx.flow_run is not None:
+                self._run_id = remember_run(ctx.flow_run)  # and its deployment, for the cost store
         return self._pool
 
     def duplicate(self) -> Self:
@@ -216,9 +223,12 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         from prefect.context import FlowRunContext
 
+        # Prefect enters the runner before the flow run context and exits it after: the run id
+        # comes from the first stage call, when the context was there.
         ctx = FlowRunContext.get()
-        if self._pool is not None and ctx is not None and ctx.flow_run is not None:
-            self._pool.end_run(str(ctx.flow_run.id))  # non-blocking: posts to the pool's loop
+        run_id = self._run_id or (str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None)
+        if self._pool is not None and run_id is not None:
+            self._pool.end_run(run_id)  # non-blocking: posts to the pool's loop
         super().__exit__(exc_type, exc_value, traceback)
 
     def __eq__(self, other: object) -> bool:

@@ -32,6 +32,13 @@ or live) receives. What each trace contributes, and how it is scaled:
     A homogeneous Poisson process at ``rate_per_s``, workflows by ``weights``:
     the control for the real traces.
 
+``csv:<path>``
+    Your own trace: a CSV file with a column ``arrival_s`` (seconds, any
+    origin) and optionally ``workflow``. Time-compressed to ``rate_per_s`` like
+    the LLM traces; rows name their workflow (names not in ``workflows`` are an
+    error), or, without the column, workflows are drawn by ``weights``. This is
+    how to ask what ESG would save on a workload of your own.
+
 The trace's starting point is ``start_s`` seconds into it (for the functions
 trace, rounded down to a minute); with ``start_s=None`` the seed picks it, so
 different seeds see different windows of the trace. Every random choice comes
@@ -46,6 +53,7 @@ Example:
 
 from __future__ import annotations
 
+import csv
 import math
 import random
 from collections import Counter
@@ -103,7 +111,7 @@ def trace_available(name: str) -> bool:
 def _check(
     trace: str, workflows: Sequence[str], rate_per_s: float, duration_s: float, weights: Sequence[float] | None
 ) -> list[float]:
-    if trace not in TRACES:
+    if trace not in TRACES and not trace.startswith("csv:"):
         raise InvalidInputError(f"unknown trace {trace!r}; known: {trace_names()}")
     if not workflows:
         raise InvalidInputError("arrivals need at least one workflow")
@@ -170,6 +178,17 @@ def arrivals(
         times = traces.llm_arrivals_s(trace.rsplit("_", 1)[1])
         picks = _compressed(times, rate_per_s, duration_ms, start_s, rng, jitter_s=0.0)
         out = [(t, rng.choices(range(len(wf)), w)[0]) for t, _ in picks]
+    elif trace.startswith("csv:"):
+        times, names = _user_csv(trace[4:])
+        index = {w: i for i, w in enumerate(wf)}
+        unknown = sorted({n for n in names if n is not None and n not in index})
+        if unknown:
+            raise InvalidInputError(f"{trace}: rows name workflows {unknown[:5]} not among {wf}")
+        picks = _compressed(times, rate_per_s, duration_ms, start_s, rng, jitter_s=0.0)
+        out = []
+        for t, i in picks:
+            name = names[i]
+            out.append((t, index[name] if name is not None else rng.choices(range(len(wf)), w)[0]))
     elif trace == "alibaba_genai_2026":
         reqs = traces.alibaba_genai_requests()
         kinds = [k for k, _ in Counter(r.predict_type for r in reqs).most_common()]
@@ -180,6 +199,33 @@ def arrivals(
         out = _functions(len(wf), w, rate_per_s, duration_ms, start_s, minute_s, rng)
     out.sort()
     return [(t, wf[i]) for t, i in out]
+
+
+def _user_csv(path: str) -> tuple[tuple[float, ...], tuple[str | None, ...]]:
+    """Arrival times (s from the first, sorted) and workflow names (None where not given) of a user's CSV."""
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            reader = csv.DictReader(fh)
+            if "arrival_s" not in (reader.fieldnames or ()):
+                raise InvalidInputError(f"{path}: needs a column 'arrival_s', has {reader.fieldnames}")
+            rows = []
+            for lineno, row in enumerate(reader, start=2):
+                try:
+                    t = float(row["arrival_s"])
+                except ValueError:
+                    raise InvalidInputError(
+                        f"{path} line {lineno}: arrival_s {row['arrival_s']!r} is not a number"
+                    ) from None
+                if not math.isfinite(t):
+                    raise InvalidInputError(f"{path} line {lineno}: arrival_s must be finite, got {t}")
+                rows.append((t, row.get("workflow") or None))
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read the trace file {path!r}: {exc}") from exc
+    if len(rows) < 2:
+        raise InvalidInputError(f"{path}: needs at least two arrivals, has {len(rows)}")
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0]
+    return tuple(t - t0 for t, _ in rows), tuple(n for _, n in rows)
 
 
 def _compressed(

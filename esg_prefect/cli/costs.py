@@ -1,0 +1,125 @@
+"""``esg-prefect costs``: what flow runs cost, from the cost store, per run, workflow, deployment or day."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+
+from esg_prefect.exceptions import ESGError, InvalidInputError
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
+_UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+FORMATS = ("table", "csv", "json")
+
+
+def parse_since(text: str | None, now_s: float | None = None) -> float | None:
+    """A ``--since`` value as epoch ms: an ISO date or time (naive = UTC), or an age such as ``30m``, ``12h``, ``7d``.
+
+    Raises:
+        InvalidInputError: naming the value and the accepted forms.
+
+    Examples:
+        >>> parse_since("2024-05-01")
+        1714521600000.0
+        >>> parse_since("2h", now_s=7200.0)
+        0.0
+    """
+    if text is None or text == "":
+        return None
+    m = _RELATIVE.match(text.strip())
+    if m:
+        now = time.time() if now_s is None else now_s
+        return (now - float(m.group(1)) * _UNIT_S[m.group(2)]) * 1000.0
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInputError(
+            f"--since must be an ISO date or time (2024-05-01, 2024-05-01T12:00) or an age (30m, 12h, 7d), got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp() * 1000.0
+
+
+def rows_as_csv(rows: list[dict[str, Any]]) -> str:
+    """CSV with a header line (the rows' keys)."""
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``costs`` command."""
+
+    @app.command("costs")
+    def costs(
+        by: str = typer.Option("run", "--by", help="Group by run, workflow, deployment or day (UTC)."),
+        fmt: str = typer.Option("table", "--format", help="table, csv or json."),
+        url: str | None = typer.Option(
+            None,
+            "--url",
+            help="Store URL or SQLite file; default $ESG_PREFECT_STORE_URL, else $PREFECT_HOME/esg_prefect/costs.db.",
+        ),
+        since: str | None = typer.Option(
+            None, "--since", help="Only costs from then on: an ISO date or time (UTC) or an age such as 12h, 7d."
+        ),
+        split: str | None = typer.Option(None, "--split", help="Batch cost split: equal (default) or input_size."),
+        idle_billing: str | None = typer.Option(
+            None, "--idle-billing", help="Idle time: attribute (default) to the runs served before it, or separate."
+        ),
+    ) -> None:
+        """Costs of flow runs from the cost store; the last line is idle time attributed to no run."""
+        from esg_prefect.store import CostStore, resolve_url
+        from esg_prefect.store.engine import safe_url
+
+        if fmt not in FORMATS:
+            raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}; got {fmt!r}", param_hint="--format")
+        try:
+            store = CostStore(url, create=False)
+            try:
+                rows = store.costs(by, parse_since(since), split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
+            finally:
+                store.close()
+        except ESGError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        records = [r.as_dict() for r in rows]
+        if fmt == "json":
+            total = sum(r.cost for r in rows)
+            typer.echo(json.dumps({"group_by": by, "rows": records, "total": total}, indent=2))
+        elif fmt == "csv":
+            typer.echo(rows_as_csv(records), nl=False)
+        else:
+            _print_table(by, rows, safe_url(resolve_url(url)))
+
+
+def _print_table(by: str, rows: list[Any], where: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"ESG costs by {by}")
+    table.add_column(by, no_wrap=True)
+    for name in ("runs", "stage calls", "SLO met", "SLO missed", "cost"):
+        table.add_column(name, justify="right")
+    for r in rows:
+        if r.idle:
+            table.add_row(r.key, "", "", "", "", f"{r.cost:.6g}", style="dim")
+        else:
+            table.add_row(r.key, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), f"{r.cost:.6g}")
+    table.add_section()
+    table.add_row("total", "", "", "", "", f"{sum(r.cost for r in rows):.6g}", style="bold")
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
+        console = Console(width=160)
+    console.print(table)
+    console.print(f"store: {where}", soft_wrap=True, markup=False, highlight=False)

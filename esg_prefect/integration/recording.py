@@ -1,0 +1,124 @@
+"""Wiring a pool to the artifact publisher and the cost store, once per pool.
+
+:class:`~esg_prefect.integration.runner.ESGTaskRunner` calls
+:func:`attach_recorders` for every pool it hands stage calls to (the shared
+embedded pools when they are created, and a ``pool=`` given to it on first
+use). Stores are opened here, lazily, never in the runner's ``__init__``: the
+runner must stay cheap to build and picklable. One :class:`CostStore` per URL
+serves every pool of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+from esg_prefect.exceptions import ConfigError, InvalidInputError
+from esg_prefect.integration.artifacts import api_client, attach_publisher
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.store import CostStore, attach_store
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()  # guards the four below: flow runs of many threads call in
+_attached: weakref.WeakSet[Pool] = weakref.WeakSet()
+_stores: dict[str | None, CostStore] = {}
+_deployments: dict[uuid.UUID, str] = {}  # deployment id -> name
+_run_deployments: OrderedDict[str, uuid.UUID] = OrderedDict()  # flow run id -> deployment id, until recorded
+_RUN_MEMORY = 100_000  # runs whose deployment is remembered before the oldest are forgotten
+
+
+def check_store_option(store: object) -> None:
+    """``store`` must be True (default SQLite), a URL string, or False/None (off).
+
+    Raises:
+        InvalidInputError: naming the bad value.
+    """
+    if not (store is None or isinstance(store, (bool, str))) or store == "":
+        raise InvalidInputError(f"store must be True, False, None or a database URL, got {store!r}")
+
+
+def store_for(store: str | bool | None) -> CostStore | None:
+    """The process's store for a runner's ``store`` option (None when off); opened on first use.
+
+    Raises:
+        ConfigError: an explicit URL that cannot be opened. The default store
+            (``True``) that cannot be opened is logged and left off instead, so
+            that a read-only home does not fail every flow run.
+    """
+    check_store_option(store)
+    if store is None or store is False:
+        return None
+    url = store if isinstance(store, str) else None
+    with _lock:
+        found = _stores.get(url)
+        if found is None:
+            try:
+                found = CostStore(url)
+            except (ConfigError, OSError) as exc:
+                if url is not None:
+                    raise
+                logger.warning("cost store disabled: the default store cannot be opened (%s)", exc)
+                return None
+            _stores[url] = found
+        return found
+
+
+def remember_run(flow_run: Any) -> str:
+    """Note a flow run's deployment (seen in its context, at no API cost); returns the run's id."""
+    run_id = str(flow_run.id)
+    deployment_id = getattr(flow_run, "deployment_id", None)
+    if deployment_id is not None:
+        with _lock:
+            _run_deployments[run_id] = deployment_id
+            if len(_run_deployments) > _RUN_MEMORY:
+                _run_deployments.popitem(last=False)
+    return run_id
+
+
+def deployment_name(run_id: str) -> str | None:
+    """The name of the deployment a remembered flow run came from (one API read per deployment), else None."""
+    with _lock:
+        deployment_id = _run_deployments.pop(run_id, None)
+        name = _deployments.get(deployment_id) if deployment_id is not None else None
+    if deployment_id is None or name is not None:
+        return name
+    name = api_client().read_deployment(deployment_id).name
+    with _lock:
+        _deployments[deployment_id] = name
+    return name
+
+
+def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | None = True) -> None:
+    """Attach the artifact publisher and the cost store to ``pool``, the first time it is seen.
+
+    Args:
+        pool: the pool.
+        artifacts: publish each flow run's table and markdown artifacts.
+        store: True for the default store, a URL, or False/None for none.
+    """
+    if pool in _attached:  # the common case, on every stage call: no lock
+        return
+    cost_store = store_for(store)
+    with _lock:
+        if pool in _attached:
+            return
+        _attached.add(pool)
+    # The store first: listeners run in order on one thread, and costs matter more than artifacts.
+    if cost_store is not None:
+        attach_store(pool, cost_store, deployment_of=deployment_name)
+    if artifacts:
+        attach_publisher(pool)
+
+
+def close_stores() -> None:
+    """Release the process's stores (tests; the engines close at exit anyway)."""
+    with _lock:
+        stores = list(_stores.values())
+        _stores.clear()
+    for s in stores:
+        s.close()

@@ -1,0 +1,76 @@
+"""Attaching a cost store to a pool: a run listener with a scope of its own.
+
+The pool numbers batches and workers from 1 (``b1``, ``w1``) in every process;
+each attachment draws a random scope that prefixes them in the store, so that
+pools of one process, and processes writing one store, never share an id.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from esg_prefect.store.cost_store import CostStore
+
+if TYPE_CHECKING:
+    from esg_prefect.runtime.pool import Pool, RunRecords
+
+logger = logging.getLogger(__name__)
+
+
+class StoreAttachment:
+    """A pool's run listener that writes each ended run to a store, under a scope of its own.
+
+    The scope keeps this pool's ``b1``/``w1`` apart from every other pool's, in
+    this process and in others writing the same store. It has 16 random hex
+    digits (64 bits): a store may see a pool per deployment run, millions over
+    its life, and two equal scopes would merge their batches.
+    """
+
+    def __init__(self, pool: Pool, store: CostStore, deployment_of: Callable[[str], str | None] | None = None) -> None:
+        self.pool = pool
+        self.store = store
+        self.scope = uuid.uuid4().hex[:16]
+        self.deployment_of = deployment_of
+
+    def __call__(self, records: RunRecords) -> None:
+        """Record one run (called by the pool on its listener thread)."""
+        deployment = None
+        if self.deployment_of is not None:
+            try:
+                deployment = self.deployment_of(records.run_id)
+            except Exception as exc:  # a lookup that fails must not lose the run's costs
+                logger.debug("no deployment name for run %s: %s", records.run_id, exc)
+        self.store.record(records, scope=self.scope, deployment=deployment)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Store the pool's idle intervals up to now, open ones included.
+
+        The pool hands closed idle intervals to listeners when a run ends, so
+        idle time after the last run would be missed; call this before closing a
+        pool whose idle time should be billed. A later, longer copy of an open
+        interval replaces the stored one.
+        """
+        snap = self.pool.snapshot(timeout_s)
+        self.store.record_idles(snap.idles, self.pool.prices, scope=self.scope)
+
+
+def attach_store(
+    pool: Pool, store: CostStore, *, deployment_of: Callable[[str], str | None] | None = None
+) -> StoreAttachment:
+    """Record every flow run that ends in ``pool`` into ``store``.
+
+    Args:
+        pool: the pool.
+        store: the store.
+        deployment_of: ``run_id -> deployment name or None``, called on the listener
+            thread (the Prefect integration passes an API lookup).
+
+    Returns:
+        The listener, whose :meth:`StoreAttachment.flush` stores trailing idle time.
+    """
+    attachment = StoreAttachment(pool, store, deployment_of)
+    pool.add_run_listener(attachment)
+    return attachment

@@ -1,0 +1,355 @@
+"""The cost store: what each flow run did in the pool, kept in SQL, and its cost on demand.
+
+A pool hands each finished flow run's records to its run listeners
+(:meth:`~esg_prefect.runtime.pool.Pool.add_run_listener`); :func:`attach_store`
+makes the store one of them. Every write is an upsert by id, so a batch shared
+by several runs (it arrives with each of them), a listener called twice, or an
+idle interval stored while open and again once closed, is stored once.
+
+Costs are not stored but computed when asked for, with
+:func:`~esg_prefect.model.attribution.attribute_costs` over the stored
+batches and idle intervals, one price sheet at a time (a worker belongs to one
+pool, a pool has one sheet, so attribution never mixes sheets). The cost split
+and idle billing are the store's settings or the caller's.
+
+Example:
+    >>> from esg_prefect.store import CostStore, attach_store   # doctest: +SKIP
+    >>> store = CostStore("sqlite:////tmp/costs.db")              # doctest: +SKIP
+    >>> attach_store(pool, store)                                 # doctest: +SKIP
+    >>> for row in store.costs("workflow"): print(row.key, row.cost)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlmodel import Session, col
+
+from esg_prefect.exceptions import ConfigError, InvalidInputError
+from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, attribute_costs
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.store import rows as R
+from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
+from esg_prefect.store.migrations import Migration, current_version, migrate
+from esg_prefect.store.report import CostRow, RunInfo, check_group_by, group_costs
+from esg_prefect.store.tables import (
+    BatchItemRow,
+    BatchRow,
+    IdleRow,
+    PriceSheetRow,
+    RunRow,
+    StageCallRow,
+    StoreModel,
+)
+
+if TYPE_CHECKING:
+    from esg_prefect.model.attribution import IdleRecord
+    from esg_prefect.runtime.pool import RunRecords
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 500  # ids per IN (...) list: well under SQLite's and PostgreSQL's parameter limits
+
+
+def _check_split(cost_split: str, idle_billing: str) -> None:
+    if cost_split not in ("equal", "input_size"):
+        raise ConfigError(f"cost_split must be 'equal' or 'input_size', got {cost_split!r}")
+    if idle_billing not in ("attribute", "separate"):
+        raise ConfigError(f"idle_billing must be 'attribute' or 'separate', got {idle_billing!r}")
+
+
+def since_ms(since: datetime | float | None) -> float | None:
+    """A window start as epoch ms: a datetime (naive means UTC) or a number of epoch ms.
+
+    Raises:
+        InvalidInputError: for anything else.
+    """
+    if since is None:
+        return None
+    if isinstance(since, datetime):
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+        return since.timestamp() * 1000.0
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        return float(since)
+    raise InvalidInputError(f"since must be a datetime or epoch ms, got {since!r}")
+
+
+class CostStore:
+    """Flow runs, stage calls, batches, idle time and prices in SQLite or PostgreSQL.
+
+    Args:
+        url: SQLAlchemy URL or SQLite file path; default ``$ESG_PREFECT_STORE_URL``,
+            else ``$PREFECT_HOME/esg_prefect/costs.db``.
+        cost_split: default split of a batch's cost among its jobs (``equal`` or ``input_size``).
+        idle_billing: default billing of warm idle time (``attribute`` or ``separate``).
+        create: create the SQLite file if missing (the CLI reads without creating).
+        migrations: schema steps (tests pass their own; default the released ones).
+
+    Raises:
+        ConfigError: a bad URL or setting, a missing driver, or a schema newer than this code.
+
+    Examples:
+        >>> store = CostStore("sqlite://")        # in memory
+        >>> store.schema_version
+        1
+        >>> store.costs("run")[-1].key
+        '(unattributed idle)'
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        cost_split: CostSplit = "equal",
+        idle_billing: IdleBilling = "attribute",
+        create: bool = True,
+        migrations: Sequence[Migration] | None = None,
+    ) -> None:
+        _check_split(cost_split, idle_billing)
+        self.url = resolve_url(url)
+        self.cost_split: CostSplit = cost_split
+        self.idle_billing: IdleBilling = idle_billing
+        self.engine: Engine = create_engine(self.url, create=create)
+        self._write_lock = threading.Lock()  # guards writes: pools of one process share a store
+        try:
+            migrate(self.engine, migrations)
+        except Exception:
+            self.engine.dispose()
+            raise
+
+    def __repr__(self) -> str:
+        return f"CostStore({safe_url(self.url)!r})"
+
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version of the database."""
+        return current_version(self.engine)
+
+    # ---- writing -------------------------------------------------------------------------------
+
+    def record(self, records: RunRecords, *, scope: str = "", deployment: str | None = None) -> None:
+        """Store one finished flow run: run, calls, batches with their items, new idle intervals, prices.
+
+        Suitable as a pool run listener (thread-safe). Idempotent: the same records
+        stored twice leave the same rows.
+
+        Args:
+            records: what the pool handed its run listeners.
+            scope: prefix of the pool's batch and worker ids (see :func:`attach_store`).
+            deployment: the run's deployment name, if known (a known one is never erased by None).
+        """
+        batches, items = R.batch_rows(records, scope)
+        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
+            _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
+            _upsert(conn, BatchRow, batches, ("batch_id",))
+            _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
+            _upsert(conn, StageCallRow, R.call_rows(records, scope), ("call_id",))
+            _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+
+    def record_idles(self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "") -> None:
+        """Store idle intervals (e.g. a pool's still-open ones before it closes); idempotent like :meth:`record`."""
+        rows = R.idle_rows(idles, prices, scope)
+        if not rows:
+            return
+        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _upsert(conn, PriceSheetRow, [R.sheet_row(prices)], ("sheet_id",), update=False)
+            _upsert(conn, IdleRow, rows, ("idle_id",))
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def cost_report(
+        self,
+        since: datetime | float | None = None,
+        *,
+        split: CostSplit | None = None,
+        idle_billing: IdleBilling | None = None,
+    ) -> CostReport:
+        """Attribute the cost of the batches and idle intervals that started at or after ``since``.
+
+        ``since`` is a window on time, not on runs: costs incurred before it are
+        left out, even for runs that go on after it; idle time whose preceding
+        batch started before it goes on the idle line.
+        """
+        split = split or self.cost_split
+        billing = idle_billing or self.idle_billing
+        _check_split(split, billing)
+        start = since_ms(since)
+        with Session(self.engine) as s:
+            sheets = {
+                r.sheet_id: R.sheet_from_row(r.price_per_vcpu_s, r.price_per_gpu_s_json)
+                for r in s.execute(select(PriceSheetRow)).scalars()
+            }
+            # Ordered, so that sums run in the same order whatever the database's physical order.
+            bq = select(BatchRow).order_by(col(BatchRow.start_ms), col(BatchRow.batch_id))
+            iq = select(IdleRow).order_by(col(IdleRow.start_ms), col(IdleRow.idle_id))
+            if start is not None:
+                bq = bq.where(col(BatchRow.start_ms) >= start)
+                iq = iq.where(col(IdleRow.start_ms) >= start)
+            batch_rows: list[BatchRow] = list(s.execute(bq).scalars())
+            idle_rows: list[IdleRow] = list(s.execute(iq).scalars())
+            items = _items_of(s, [b.batch_id for b in batch_rows])
+        by_sheet: defaultdict[str, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        for b in batch_rows:
+            by_sheet[b.sheet_id][0].append(R.batch_record(b, items.get(b.batch_id, [])))
+        for i in idle_rows:
+            by_sheet[i.sheet_id][1].append(R.idle_record(i))
+        total = CostReport({}, {}, 0.0, 0.0, 0.0)
+        for sid, (bs, ids) in sorted(by_sheet.items()):
+            total = _add(total, attribute_costs(bs, ids, sheets[sid], split, billing))
+        return total
+
+    def costs(
+        self,
+        group_by: str = "run",
+        since: datetime | float | None = None,
+        *,
+        split: CostSplit | None = None,
+        idle_billing: IdleBilling | None = None,
+    ) -> list[CostRow]:
+        """Costs per run, workflow, deployment or day, then the idle line.
+
+        Args:
+            group_by: ``run``, ``workflow``, ``deployment`` or ``day`` (UTC day of arrival).
+            since: only costs incurred from then on (a datetime, naive = UTC, or epoch ms);
+                runs that arrived from then on are listed even at cost 0.
+            split: cost split (default the store's).
+            idle_billing: idle billing (default the store's).
+
+        Returns:
+            One :class:`CostRow` per group; the rows' costs add up to every stored
+            worker second in the window times its price.
+
+        Raises:
+            InvalidInputError: a bad ``group_by`` or ``since``.
+            ConfigError: a bad split or idle billing.
+        """
+        check_group_by(group_by)
+        report = self.cost_report(since, split=split, idle_billing=idle_billing)
+        start = since_ms(since)
+        with Session(self.engine) as s:
+            rq = select(RunRow)
+            cq = select(col(StageCallRow.run_id), func.count()).group_by(col(StageCallRow.run_id))
+            if start is not None:
+                rq = rq.where(col(RunRow.arrival_ms) >= start)
+                cq = cq.where(col(StageCallRow.start_ms) >= start)
+            found: dict[str, RunRow] = {r.run_id: r for r in s.execute(rq).scalars()}
+            missing = sorted(set(report.per_run) - set(found))
+            for chunk in _chunks(missing):
+                found.update(
+                    {r.run_id: r for r in s.execute(select(RunRow).where(col(RunRow.run_id).in_(chunk))).scalars()}
+                )
+            calls: dict[str, int] = {rid: n for rid, n in s.execute(cq).all()}
+            pending = sorted(set(report.per_run) - set(found))
+            batch_of_pending = _first_batches(s, pending)
+        runs = {
+            rid: RunInfo(r.run_id, r.workflow, r.deployment, r.day, r.arrival_ms, r.slo_met, calls.get(rid, 0))
+            for rid, r in found.items()
+        }
+        for rid in pending:  # billed in batches shared with stored runs, not ended (or not stored) yet
+            workflow, first_ms = batch_of_pending.get(rid, (None, 0.0))
+            runs[rid] = RunInfo(
+                rid, workflow or "(unknown)", None, R.utc_day(first_ms), first_ms, None, calls.get(rid, 0)
+            )
+        return group_costs(report, runs, group_by)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self.engine.dispose()
+
+    def __enter__(self) -> CostStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _upsert(
+    conn: Connection,
+    model: type[StoreModel],
+    rows: Sequence[dict[str, Any]],
+    keys: tuple[str, ...],
+    *,
+    update: bool = True,
+    keep_if_null: tuple[str, ...] = (),
+) -> None:
+    """Insert ``rows``, or update the stored row with the same ``keys`` (do nothing if not ``update``)."""
+    if not rows:
+        return
+    table = model.__table__  # type: ignore[attr-defined]
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        stmt: Any = sqlite.insert(table)
+    elif dialect == "postgresql":
+        stmt = postgresql.insert(table)
+    else:  # resolve_url admits no other dialect
+        raise ConfigError(f"the cost store supports sqlite and postgresql, not {dialect!r}")
+    if update:
+        cols = [c for c in rows[0] if c not in keys]
+        new = {c: func.coalesce(stmt.excluded[c], table.c[c]) if c in keep_if_null else stmt.excluded[c] for c in cols}
+        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=new)
+    else:
+        stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
+    conn.execute(stmt, list(rows))
+
+
+def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(ids), _CHUNK):
+        yield ids[i : i + _CHUNK]
+
+
+def _items_of(s: Session, batch_ids: Sequence[str]) -> dict[str, list[BatchItemRow]]:
+    out: defaultdict[str, list[BatchItemRow]] = defaultdict(list)
+    for chunk in _chunks(batch_ids):
+        q = (
+            select(BatchItemRow)
+            .where(col(BatchItemRow.batch_id).in_(chunk))
+            .order_by(col(BatchItemRow.batch_id), col(BatchItemRow.position))
+        )
+        for item in s.execute(q).scalars():
+            out[item.batch_id].append(item)
+    return out
+
+
+def _first_batches(s: Session, run_ids: Sequence[str]) -> dict[str, tuple[str | None, float]]:
+    """Workflow and start of the first stored batch of each run: all we know of runs not stored yet."""
+    out: dict[str, tuple[str | None, float]] = {}
+    for chunk in _chunks(run_ids):
+        q = (
+            select(col(BatchItemRow.run_id), col(BatchRow.workflow), col(BatchRow.start_ms))
+            .join(BatchRow, col(BatchRow.batch_id) == col(BatchItemRow.batch_id))
+            .where(col(BatchItemRow.run_id).in_(chunk))
+            .order_by(col(BatchRow.start_ms))
+        )
+        for rid, workflow, start in s.execute(q).all():
+            out.setdefault(rid, (workflow, start))
+    return out
+
+
+def _add(a: CostReport, b: CostReport) -> CostReport:
+    """Two attributions of disjoint records (different price sheets) as one."""
+    per_request = dict(a.per_request)
+    for k, v in b.per_request.items():
+        per_request[k] = per_request.get(k, 0.0) + v
+    per_run = dict(a.per_run)
+    for k, v in b.per_run.items():
+        per_run[k] = per_run.get(k, 0.0) + v
+    return CostReport(
+        per_request,
+        per_run,
+        a.busy_total + b.busy_total,
+        a.idle_total + b.idle_total,
+        a.idle_unattributed + b.idle_unattributed,
+    )

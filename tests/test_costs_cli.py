@@ -1,0 +1,135 @@
+"""``esg-prefect costs`` on a store holding the worked example: table, CSV and JSON, options, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from esg_prefect.cli import app
+from esg_prefect.cli.costs import parse_since
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.store import IDLE_KEY, CostStore
+from tests.cost_records import (
+    EXPECTED_IDLE_LINE,
+    EXPECTED_PER_RUN,
+    EXPECTED_TOTAL,
+    RUN_A,
+    RUN_B,
+    RUN_C,
+    T0,
+    all_records,
+)
+
+runner = CliRunner()
+HEADER = ["group_by", "key", "runs", "stage_calls", "slo_met", "slo_missed", "cost", "idle"]
+
+
+@pytest.fixture
+def store_path(tmp_path: Path) -> str:
+    path = tmp_path / "costs.db"
+    with CostStore(str(path)) as store:
+        for rec in all_records():
+            store.record(rec, deployment="nightly" if rec.run_id != RUN_B else None)
+    return str(path)
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["costs", *args])
+    return result.exit_code, result.output
+
+
+def test_csv_by_run(store_path: str) -> None:
+    code, out = invoke("--url", store_path, "--format", "csv")
+    assert code == 0, out
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rows[0] == HEADER
+    assert [[*r[:6], r[7]] for r in rows[1:]] == [
+        ["run", RUN_A, "1", "2", "1", "0", "False"],
+        ["run", RUN_B, "1", "1", "0", "1", "False"],
+        ["run", RUN_C, "1", "2", "0", "1", "False"],
+        ["run", IDLE_KEY, "0", "0", "0", "0", "True"],
+    ]
+    costs = [float(r[6]) for r in rows[1:]]
+    expected = [EXPECTED_PER_RUN[RUN_A], EXPECTED_PER_RUN[RUN_B], EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE]
+    assert costs == pytest.approx(expected, rel=1e-12)
+
+
+def test_json_by_workflow(store_path: str) -> None:
+    code, out = invoke("--url", store_path, "--by", "workflow", "--format", "json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["group_by"] == "workflow"
+    assert [(r["key"], r["runs"], r["slo_met"], r["slo_missed"], r["idle"]) for r in doc["rows"]] == [
+        ("img", 2, 1, 1, False),
+        ("txt", 1, 0, 1, False),
+        (IDLE_KEY, 0, 0, 0, True),
+    ]
+    img = EXPECTED_PER_RUN[RUN_A] + EXPECTED_PER_RUN[RUN_B]
+    assert [r["cost"] for r in doc["rows"]] == pytest.approx([img, EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE])
+    assert doc["total"] == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
+    assert set(doc["rows"][0]) == set(HEADER)
+
+
+def test_table_by_deployment_is_the_default_format(store_path: str) -> None:
+    code, out = invoke("--url", store_path, "--by", "deployment")
+    assert code == 0, out
+    assert "ESG costs by deployment" in out
+    lines = [line.replace("┃", "│") for line in out.splitlines() if "│" in line or "┃" in line]
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
+    assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "cost"]
+    assert cells[1:] == [
+        ["(no deployment)", "1", "1", "0", "1", "1.75"],
+        ["nightly", "2", "4", "1", "1", "2.2"],
+        [IDLE_KEY, "", "", "", "", "0.5"],
+        ["total", "", "", "", "", "4.45"],
+    ]
+    assert f"store: sqlite:///{store_path}" in out
+
+
+def test_by_day_since_and_split(store_path: str) -> None:
+    code, out = invoke("--url", store_path, "--by", "day", "--format", "json", "--since", "2024-05-02")
+    assert code == 0, out
+    rows = json.loads(out)["rows"]
+    assert [(r["key"], r["runs"]) for r in rows] == [("2024-05-02", 1), (IDLE_KEY, 0)]
+    assert [r["cost"] for r in rows] == pytest.approx([EXPECTED_PER_RUN[RUN_C], 0.5], rel=1e-12)
+    code, out = invoke("--url", store_path, "--format", "json", "--split", "input_size", "--idle-billing", "separate")
+    assert code == 0, out
+    costs = {r["key"]: r["cost"] for r in json.loads(out)["rows"]}
+    assert costs == pytest.approx({RUN_A: 0.25 + 0.2, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 3.2}, rel=1e-12)
+
+
+def test_store_url_from_the_environment(store_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ESG_PREFECT_STORE_URL", f"sqlite:///{store_path}")
+    code, out = invoke("--format", "csv", "--by", "workflow")
+    assert code == 0, out
+    assert [line.split(",")[1] for line in out.splitlines()[1:]] == ["img", "txt", IDLE_KEY]
+
+
+def test_errors_name_the_bad_value(store_path: str, tmp_path: Path) -> None:
+    code, out = invoke("--url", store_path, "--by", "stage")
+    assert code == 1 and "group_by must be one of run, workflow, deployment, day; got 'stage'" in out
+    code, out = invoke("--url", store_path, "--format", "xml")
+    assert code == 2 and "xml" in out
+    code, out = invoke("--url", store_path, "--since", "last tuesday")
+    assert code == 1 and "'last tuesday'" in out
+    code, out = invoke("--url", store_path, "--split", "by_weight")
+    assert code == 1 and "'by_weight'" in out
+    missing = tmp_path / "nothing.db"
+    code, out = invoke("--url", str(missing))
+    assert code == 1 and f"no cost store at {missing}" in out
+    assert not missing.exists()  # reading never creates a store
+
+
+def test_parse_since() -> None:
+    assert parse_since(None) is None
+    assert parse_since("2024-05-01") == T0
+    assert parse_since("2024-05-01T02:00:00+02:00") == T0
+    assert parse_since("90m", now_s=T0 / 1000 + 5400) == T0
+    assert parse_since("1w", now_s=T0 / 1000 + 604800) == T0
+    with pytest.raises(InvalidInputError, match="'5 days'"):
+        parse_since("5 days")

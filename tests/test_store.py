@@ -1,0 +1,476 @@
+"""The cost store: records from a real pool, the billing invariant, idempotent upserts, migrations, group-bys.
+
+Every store test runs on SQLite in tmp_path and, where PostgreSQL's server
+binaries are installed, on a throwaway PostgreSQL cluster started by this
+module (``initdb`` in a temp folder, ``pg_ctl start`` on a free port bound to
+127.0.0.1, stopped at the end). CI installs them with
+``scripts/install_postgres.sh``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import math
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, inspect, select, text
+
+from esg_prefect.exceptions import ConfigError, InvalidInputError
+from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.runtime.pool import Pool, RunRecords
+from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.store import (
+    IDLE_KEY,
+    NO_DEPLOYMENT,
+    CostStore,
+    Migration,
+    attach_store,
+    default_store_path,
+    resolve_url,
+)
+from esg_prefect.store.migrations import MIGRATIONS, add_column
+from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PriceSheetRow, RunRow, StageCallRow
+from tests.cost_records import (
+    DAY,
+    EXPECTED_IDLE_LINE,
+    EXPECTED_PER_RUN,
+    EXPECTED_TOTAL,
+    RUN_A,
+    RUN_B,
+    RUN_C,
+    T0,
+    all_records,
+    records_a,
+    records_b,
+)
+from tests.toy_stages import toy_profile
+
+# ---- a PostgreSQL server of our own, when its binaries are installed --------------------------
+
+PG_SKIP = (
+    "PostgreSQL server binaries (initdb, pg_ctl) not found: CI installs them with "
+    "scripts/install_postgres.sh (apt-get install -y postgresql)"
+)
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True):
+        if (Path(cand) / "pg_ctl").exists() and (Path(cand) / "initdb").exists():
+            return Path(cand)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL cluster in a temp folder on 127.0.0.1; yields the server URL without a database."""
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip(PG_SKIP)
+    pytest.importorskip("psycopg", reason="the psycopg driver is missing: pip install 'psycopg[binary]>=3.1'")
+    # initdb refuses to run as root: then run the server as the 'postgres' user the package created.
+    user = "postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        import pwd
+
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip(f"running as root and there is no {user!r} user to run PostgreSQL as; {PG_SKIP}")
+    data = Path(tempfile.mkdtemp(prefix="esg-pg-"))
+    if user is not None:
+        shutil.chown(data, user)
+    port = _free_port()
+    log = data / "server.log"
+
+    def run(*args: str) -> None:
+        proc = subprocess.run(args, user=user, capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+
+    try:
+        run(str(bindir / "initdb"), "-D", str(data / "db"), "-U", "esg", "--auth=trust", "-E", "UTF8", "--no-sync")
+        opts = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-l", str(log), "-w", "-t", "30", "start")
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        shutil.rmtree(data, ignore_errors=True)
+        pytest.fail(f"could not start PostgreSQL from {bindir}: {exc}")
+    try:
+        import psycopg
+
+        with psycopg.connect(f"postgresql://esg@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE costs")
+        yield f"postgresql+psycopg://esg@127.0.0.1:{port}/costs"
+    finally:
+        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of an empty store database: a SQLite file, or the PostgreSQL database emptied."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'costs.db'}"
+    import psycopg
+
+    url: str = request.getfixturevalue("pg_server")
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        conn.execute("DROP SCHEMA public CASCADE")  # faster than a database per test
+        conn.execute("CREATE SCHEMA public")
+    return url
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[CostStore]:
+    s = CostStore(store_url)
+    yield s
+    s.close()
+
+
+def count(store: CostStore, model: type) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(model)).scalar_one())
+
+
+def costs_by_key(store: CostStore, group_by: str = "run", **kw: object) -> dict[str, float]:
+    return {r.key: r.cost for r in store.costs(group_by, **kw)}  # type: ignore[arg-type]
+
+
+def record_all(store: CostStore, scope: str = "") -> None:
+    for rec in all_records():
+        store.record(rec, scope=scope, deployment={RUN_A: "nightly", RUN_C: "nightly"}.get(rec.run_id))
+
+
+# ---- the worked example ------------------------------------------------------------------------
+
+
+def test_worked_example_per_run_and_the_idle_line(store: CostStore) -> None:
+    record_all(store)
+    rows = store.costs("run")
+    assert [r.key for r in rows] == [RUN_A, RUN_B, RUN_C, IDLE_KEY]  # arrival order, idle line last
+    for r in rows[:-1]:
+        assert r.cost == pytest.approx(EXPECTED_PER_RUN[r.key], rel=1e-12)
+    assert rows[-1].cost == pytest.approx(EXPECTED_IDLE_LINE, rel=1e-12) and rows[-1].idle
+    assert sum(r.cost for r in rows) == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
+    a, b, c = rows[:3]
+    assert (a.runs, a.stage_calls, a.slo_met, a.slo_missed) == (1, 2, 1, 0)
+    assert (b.runs, b.stage_calls, b.slo_met, b.slo_missed) == (1, 1, 0, 1)
+    assert (c.runs, c.stage_calls, c.slo_met, c.slo_missed) == (1, 2, 0, 1)  # never finished: a miss
+
+
+def test_group_by_workflow_deployment_day(store: CostStore) -> None:
+    record_all(store)
+    img, txt = EXPECTED_PER_RUN[RUN_A] + EXPECTED_PER_RUN[RUN_B], EXPECTED_PER_RUN[RUN_C]
+    wf = store.costs("workflow")
+    assert [(r.key, r.runs, r.slo_met, r.slo_missed) for r in wf] == [
+        ("img", 2, 1, 1),
+        ("txt", 1, 0, 1),
+        (IDLE_KEY, 0, 0, 0),
+    ]
+    assert [r.cost for r in wf] == pytest.approx([img, txt, EXPECTED_IDLE_LINE], rel=1e-12)
+    dep = costs_by_key(store, "deployment")
+    assert list(dep) == [NO_DEPLOYMENT, "nightly", IDLE_KEY]
+    assert dep[NO_DEPLOYMENT] == pytest.approx(EXPECTED_PER_RUN[RUN_B], rel=1e-12)
+    assert dep["nightly"] == pytest.approx(EXPECTED_PER_RUN[RUN_A] + EXPECTED_PER_RUN[RUN_C], rel=1e-12)
+    day = costs_by_key(store, "day")
+    assert list(day) == ["2024-05-01", "2024-05-02", IDLE_KEY]
+    assert [day["2024-05-01"], day["2024-05-02"]] == pytest.approx([img, txt], rel=1e-12)
+
+
+def test_split_and_idle_billing_settings_are_honoured(store: CostStore) -> None:
+    record_all(store)
+    # input sizes 1 (A) and 3 (B) in b1: b1's 1.0 and w1's idle 2.5 split 1:3
+    by_size = costs_by_key(store, split="input_size")
+    assert by_size[RUN_A] == pytest.approx(0.25 + 0.2 + 0.625 + 0.2, rel=1e-12)
+    assert by_size[RUN_B] == pytest.approx(0.75 + 1.875, rel=1e-12)
+    separate = costs_by_key(store, idle_billing="separate")
+    assert [separate[RUN_A], separate[RUN_B], separate[RUN_C]] == pytest.approx([0.7, 0.5, 0.05], rel=1e-12)
+    assert separate[IDLE_KEY] == pytest.approx(2.5 + 0.2 + 0.5, rel=1e-12)
+    assert sum(separate.values()) == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
+    with pytest.raises(ConfigError, match="'by_weight'"):
+        store.costs("run", split="by_weight")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="'stage'"):
+        store.costs("stage")
+
+
+def test_since_is_a_window_on_time(store: CostStore) -> None:
+    record_all(store)
+    second_day = datetime(2024, 5, 2, tzinfo=UTC)
+    assert costs_by_key(store, since=second_day) == pytest.approx({RUN_C: 0.05, IDLE_KEY: 0.5}, rel=1e-12)
+    assert costs_by_key(store, since=T0 + DAY) == costs_by_key(store, since=second_day)
+    assert costs_by_key(store, since=datetime(2024, 5, 2)) == costs_by_key(store, since=second_day)  # naive = UTC
+    # from T0+600: b2 started before (left out); w1's idle started at 500 (left out); w2's idle (700) and
+    # its batch b2 (500) -> no batch in the window before it: the idle line
+    win = costs_by_key(store, since=T0 + 600)
+    assert win == pytest.approx({RUN_C: 0.05, IDLE_KEY: 0.2 + 0.5}, rel=1e-12)
+    with pytest.raises(InvalidInputError, match="'yesterday'"):
+        store.costs("run", since="yesterday")  # type: ignore[arg-type]
+
+
+# ---- idempotency -------------------------------------------------------------------------------
+
+
+def test_upserts_are_idempotent(store: CostStore) -> None:
+    record_all(store)
+    before = {
+        m.__name__: count(store, m) for m in (RunRow, StageCallRow, BatchRow, BatchItemRow, IdleRow, PriceSheetRow)
+    }
+    assert before == {
+        "RunRow": 3,
+        "StageCallRow": 5,
+        "BatchRow": 3,
+        "BatchItemRow": 4,
+        "IdleRow": 3,
+        "PriceSheetRow": 1,
+    }
+    costs = store.costs("run")
+    record_all(store)  # a listener called twice
+    store.record(records_b())  # b1 arrives again, with B
+    after = {
+        m.__name__: count(store, m) for m in (RunRow, StageCallRow, BatchRow, BatchItemRow, IdleRow, PriceSheetRow)
+    }
+    assert after == before
+    assert store.costs("run") == costs
+
+
+def test_a_known_deployment_is_not_erased(store: CostStore) -> None:
+    def deployment_of_a() -> str | None:
+        with store.engine.connect() as conn:
+            return conn.execute(select(RunRow.deployment).where(RunRow.run_id == RUN_A)).scalar_one()  # type: ignore[arg-type]
+
+    store.record(records_a(), deployment="nightly")
+    store.record(records_a(), deployment=None)
+    assert deployment_of_a() == "nightly"
+    store.record(records_a(), deployment="weekly")
+    assert deployment_of_a() == "weekly"
+    # B shares b1 with A but has not ended: billed, grouped without a deployment until it is recorded
+    assert list(costs_by_key(store, "deployment")) == [NO_DEPLOYMENT, "weekly", IDLE_KEY]
+
+
+def test_scopes_keep_pools_apart(store: CostStore) -> None:
+    """Two pools both number their first batch b1: scoped ids never collide."""
+    record_all(store, scope="p1")
+    record_all(store, scope="p2")  # same local ids, other pool; same runs re-recorded
+    assert count(store, BatchRow) == 6 and count(store, IdleRow) == 6
+    with store.engine.connect() as conn:
+        ids = sorted(conn.execute(select(BatchRow.batch_id)).scalars())  # type: ignore[call-overload]
+    assert ids == ["p1:b1", "p1:b2", "p1:b3", "p2:b1", "p2:b2", "p2:b3"]
+    assert costs_by_key(store)[RUN_A] == pytest.approx(2 * EXPECTED_PER_RUN[RUN_A], rel=1e-12)
+
+
+def test_open_idle_interval_is_replaced_by_its_longer_copy(store: CostStore) -> None:
+    from esg_prefect.model.attribution import IdleRecord
+
+    record_all(store)
+    store.record_idles([IdleRecord("w9", 1, 0.0, "cpu", T0, T0 + 1000)], PriceSheet(0.5, {"T4": 4.0}))
+    store.record_idles([IdleRecord("w9", 1, 0.0, "cpu", T0, T0 + 3000)], PriceSheet(0.5, {"T4": 4.0}))
+    assert count(store, IdleRow) == 4
+    assert costs_by_key(store)[IDLE_KEY] == pytest.approx(EXPECTED_IDLE_LINE + 1.5, rel=1e-12)
+
+
+def test_price_sheets_are_kept_per_batch(store: CostStore) -> None:
+    """A pool with other prices: its batches are billed with its sheet, not the first one stored."""
+    store.record(records_a())
+    dear = records_a()
+    dear = RunRecords(
+        "other-run", dear.workflow, (), dear.batches, dear.arrival_ms, dear.finish_ms, dear.slo_ms,
+        PriceSheet(1.0, {"T4": 8.0}), "equal", (),
+    )  # fmt: skip
+    store.record(dear, scope="dear")
+    assert count(store, PriceSheetRow) == 2
+    got = costs_by_key(store, idle_billing="separate")
+    assert got[RUN_A] == pytest.approx(0.7 + 1.4, rel=1e-12)  # its share of b1, b2 at both prices
+    assert got["other-run"] == pytest.approx(0.0)  # it has no items in those batches
+
+
+def test_concurrent_writers(store: CostStore) -> None:
+    """Pools of one process share a store: writes from several threads all land."""
+    recs = all_records()
+
+    def write(i: int) -> None:
+        for rec in recs:
+            store.record(rec, scope=f"t{i}")
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        list(ex.map(write, range(4)))
+    assert count(store, BatchRow) == 12
+    assert sum(costs_by_key(store).values()) == pytest.approx(4 * EXPECTED_TOTAL, rel=1e-12)
+
+
+# ---- migrations --------------------------------------------------------------------------------
+
+
+V2 = Migration(2, "runs.note", add_column("runs", "note", "VARCHAR(200)", "'none'"))
+
+
+def test_schema_version_and_migration_keep_data(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        assert s.schema_version == 1
+        record_all(s)
+        costs = s.costs("run")
+    # an esg-prefect that knows version 2 opens the version-1 database
+    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:
+        assert s.schema_version == 2
+        assert s.costs("run") == costs  # every row kept
+        with s.engine.connect() as conn:
+            cols = {c["name"] for c in inspect(conn).get_columns("runs")}
+            notes = conn.execute(text("SELECT run_id, note FROM runs ORDER BY arrival_ms")).all()
+            versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
+        assert "note" in cols
+        assert [tuple(n) for n in notes] == [(RUN_A, "none"), (RUN_B, "none"), (RUN_C, "none")]
+        assert [tuple(v) for v in versions] == [(1, MIGRATIONS[0].description), (2, "runs.note")]
+    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:  # applied once: a second ADD COLUMN would fail
+        assert s.schema_version == 2
+    with pytest.raises(ConfigError, match="schema version 2, newer than this esg-prefect knows \\(1\\)"):
+        CostStore(store_url)
+
+
+def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        record_all(s)
+
+    def broken(conn: object) -> None:
+        add_column("runs", "half", "VARCHAR(20)", "'x'")(conn)  # type: ignore[arg-type]
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        CostStore(store_url, migrations=(*MIGRATIONS, Migration(2, "broken", broken)))
+    with CostStore(store_url) as s:  # the half-done ADD COLUMN was rolled back with the version row
+        assert s.schema_version == 1
+        with s.engine.connect() as conn:
+            assert "half" not in {c["name"] for c in inspect(conn).get_columns("runs")}
+    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:
+        assert s.schema_version == 2
+        assert costs_by_key(s)[RUN_A] == pytest.approx(EXPECTED_PER_RUN[RUN_A], rel=1e-12)
+
+
+def test_migrations_must_be_numbered_in_order(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    with pytest.raises(ConfigError, match=r"got \[1, 3\]"):
+        CostStore(url, migrations=(*MIGRATIONS, Migration(3, "gap", add_column("runs", "x", "INTEGER", "0"))))
+
+
+def test_tables_without_a_version_are_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "foreign.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
+    with pytest.raises(ConfigError, match=r"tables \['runs'\] but no schema_version rows"):
+        CostStore(f"sqlite:///{path}")
+
+
+# ---- where the store lives ---------------------------------------------------------------------
+
+
+def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("ESG_PREFECT_STORE_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "ph"))
+    assert default_store_path() == tmp_path / "ph" / "esg_prefect" / "costs.db"
+    assert resolve_url(None) == f"sqlite:///{tmp_path / 'ph' / 'esg_prefect' / 'costs.db'}"
+    monkeypatch.delenv("PREFECT_HOME")
+    assert default_store_path() == Path("~/.prefect/esg_prefect/costs.db").expanduser()
+    monkeypatch.setenv("ESG_PREFECT_STORE_URL", "postgres://u:pw@h/db")
+    assert resolve_url(None) == "postgresql+psycopg://u:pw@h/db"
+    assert resolve_url("postgresql+asyncpg://u@h/db") == "postgresql+psycopg://u@h/db"  # Prefect-style URL
+    assert resolve_url(str(tmp_path / "x.db")) == f"sqlite:///{tmp_path / 'x.db'}"
+    with pytest.raises(ConfigError, match="'mysql'"):
+        resolve_url("mysql://h/db")
+    with pytest.raises(ConfigError, match="no cost store at"):
+        CostStore(str(tmp_path / "missing.db"), create=False)
+    with CostStore(str(tmp_path / "sub" / "dir" / "c.db")) as s:  # folders made on first use
+        assert s.schema_version == 1 and "sub/dir/c.db" in repr(s)
+    from esg_prefect.store.engine import safe_url
+
+    assert safe_url("postgresql+psycopg://u:secret@h/db") == "postgresql+psycopg://u:***@h/db"
+
+
+# ---- real runs from a pool --------------------------------------------------------------------
+
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+
+
+def _call(stage: str, run: str, item: int) -> StageCall:
+    return StageCall(f"{run}-{stage}", stage, f"tests.toy_stages:{stage}", TOY, run, run, item)
+
+
+def _run_flows(pool: Pool, runs: list[str]) -> None:
+    """Each run: double then inc, like a flow; then end the run."""
+    firsts = {r: pool.submit(_call("double", r, i)) for i, r in enumerate(runs)}
+    seconds = {r: pool.submit(_call("inc", r, f.result(30).output)) for r, f in firsts.items()}
+    for r, f in seconds.items():
+        assert isinstance(f.result(30), StageResult)
+        pool.end_run(r)
+
+
+def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
+    """Per-run costs plus the idle line equal every worker second the pool billed, times its price."""
+    prices = PriceSheet(1e-5, {})
+    pool = Pool(toy_profile(), prices, backend=InlineBackend(vcpus=2), settings=ESGSettings(keep_alive_s=60.0))
+    ended: list[RunRecords] = []
+    all_ended = threading.Event()
+    n_runs = 12
+    try:
+        attachment = attach_store(pool, store)
+
+        def seen(rec: RunRecords) -> None:  # called after the store's listener, on the same thread
+            ended.append(rec)
+            if len(ended) == n_runs:
+                all_ended.set()
+
+        pool.add_run_listener(seen)
+        runs = [f"run-{i}" for i in range(n_runs)]
+        for wave in (runs[:6], runs[6:]):  # two waves: warm workers idle in between, then are reused
+            _run_flows(pool, wave)
+        assert all_ended.wait(30)
+        attachment.flush()  # the idle time after the last run ended, open intervals included
+        flushed = count(store, IdleRow)
+        snap = pool.snapshot()
+        store.record_idles(snap.idles, prices, scope=attachment.scope)  # again, with the snapshot compared below
+    finally:
+        pool.close()
+    assert count(store, IdleRow) == flushed == len(snap.idles)  # longer copies replaced the open intervals
+    assert snap.batches and any(len(b.items) > 1 for b in snap.batches)
+    worker_time_cost = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches) + sum(
+        prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000.0 for i in snap.idles
+    )
+    for billing in ("attribute", "separate"):
+        rows = store.costs("run", idle_billing=billing)  # type: ignore[arg-type]
+        assert math.isclose(sum(r.cost for r in rows), worker_time_cost, rel_tol=1e-9), billing
+        expected = attribute_costs(snap.batches, snap.idles, prices, "equal", billing)  # type: ignore[arg-type]
+        got = {r.key: r.cost for r in rows if not r.idle}
+        assert got == pytest.approx(expected.per_run, rel=1e-9)
+        assert rows[-1].cost == pytest.approx(expected.idle_unattributed, rel=1e-9, abs=1e-18)
+    # what was stored is what the pool did
+    assert count(store, BatchRow) == len(snap.batches)
+    assert count(store, BatchItemRow) == sum(len(b.items) for b in snap.batches) == 2 * n_runs
+    assert count(store, StageCallRow) == 2 * n_runs and count(store, RunRow) == n_runs
+    busy = {r.key: r.cost for r in store.costs("run", idle_billing="separate") if not r.idle}
+    for rec in ended:
+        assert busy[rec.run_id] == pytest.approx(rec.busy_cost(), rel=1e-9)
+    with store.engine.connect() as conn:
+        ok = conn.execute(select(StageCallRow.ok, StageCallRow.batch_id, StageCallRow.worker_id)).all()  # type: ignore[call-overload]
+    assert all(o for o, _, _ in ok) and all(b.startswith(f"{attachment.scope}:b") for _, b, _ in ok)
+    assert all(w.startswith(f"{attachment.scope}:w") for _, _, w in ok)
+    assert all(r.slo_met + r.slo_missed == 1 for r in store.costs("run") if not r.idle)
+    assert snap.idles  # the invariant covered idle time too
