@@ -25,7 +25,7 @@ def serve(
     profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
     max_pending: int = typer.Option(10_000, help="Calls in flight before new ones get 429."),
-    store: str = typer.Option("", help="Cost store URL (default: the SQLite store under PREFECT_HOME); 'off' to disable."),
+    store: str = typer.Option("", help="Cost store URL (default: SQLite under PREFECT_HOME); off to disable."),
     artifacts: bool = typer.Option(True, help="Publish each flow run's cost artifacts to the Prefect API."),
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
