@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from esg_prefect.examples import catalog
 from esg_prefect.examples import demo as d
 from esg_prefect.examples.driver import RequestOutcome, percentile
+from esg_prefect.examples.pipelines import SLO_MS
 from esg_prefect.model.pricing import PriceSheet
 
 WORKFLOWS = ("image", "text", "video")
@@ -38,7 +39,7 @@ WORKFLOWS = ("image", "text", "video")
 
 def summarize(label: str, c: int, outcomes: Sequence[RequestOutcome], wall_s: float, cost: float) -> dict[str, float]:
     lat = [o.latency_ms for o in outcomes if o.ok]
-    slo = {n: catalog.get_pipeline(n).slo_ms for n in WORKFLOWS}
+    slo = SLO_MS
     hit = sum(1 for o in outcomes if o.ok and o.latency_ms <= slo[o.workflow]) / max(1, len(outcomes))
     row = {
         "throughput": len([o for o in outcomes if o.ok]) / wall_s,

@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         from esg_prefect.examples import demo as d
         from esg_prefect.examples.catalog import PIPELINES
         from esg_prefect.examples.driver import percentile
+        from esg_prefect.examples.pipelines import SLO_MS
 
         if backend not in ("process", "inline"):
             raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
@@ -69,13 +70,13 @@ def register(app: typer.Typer) -> None:
             "cost/request $",
         ):
             table.add_column(col, justify="right" if col not in ("workflow", "runner") else "left")
-        for wf, spec in PIPELINES.items():
+        for wf in PIPELINES:
             for run in runs:
                 outs = [o for o in run.outcomes if o.workflow == wf]
                 if not outs:
                     continue
                 lat = [o.latency_ms for o in outs if o.ok]
-                hit = sum(1 for o in outs if o.ok and o.latency_ms <= spec.slo_ms) / len(outs)
+                hit = sum(1 for o in outs if o.ok and o.latency_ms <= SLO_MS[wf]) / len(outs)
                 mean_batch = "-"
                 if run.report is not None:
                     mean_batch = (
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
                     wf,
                     run.runner,
                     str(len(outs)),
-                    f"{spec.slo_ms:g}",
+                    f"{SLO_MS[wf]:g}",
                     f"{hit:.0%}",
                     f"{percentile(lat, 50):.0f}",
                     f"{percentile(lat, 95):.0f}",
