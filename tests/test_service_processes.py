@@ -68,7 +68,7 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
         start_at = str(time.time() + 40.0)  # both bursts start together, after both processes are up
         clients = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.service_client_proc", address, TOKEN, "16", str(100 * k), start_at],
+                [sys.executable, "-m", "tests.service_client_proc", address, TOKEN, "10", str(100 * k), start_at],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE,
             )
             for k in (1, 2)
