@@ -18,7 +18,7 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import POISON, double, first, flaky, inc, second, third, toy_profile
+from tests.toy_stages import POISON, double, first, flaky, inc, second, slow, third, toy_profile
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -59,9 +59,27 @@ def test_concurrent_flow_runs_share_batches(pool: Pool) -> None:
     with concurrent.futures.ThreadPoolExecutor(12) as ex:
         out = list(ex.map(toy_flow, xs))
     assert out == [2 * x + 1 for x in xs]
-    snap = pool.snapshot()
-    runs_per_batch = [len({i.run_id for i in b.items}) for b in snap.batches]
-    assert max(runs_per_batch) > 1, runs_per_batch  # calls of different flow runs in one batch
+
+
+def test_calls_of_concurrent_flow_runs_are_batched_together() -> None:
+    # One vCPU and a 200 ms stage: while a batch runs, the other flow runs' calls queue and
+    # leave together in the next batch, whatever the machine's load.
+    one_cpu = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=1))
+    try:
+
+        @flow(task_runner=ESGTaskRunner(pool=one_cpu))
+        def burst_flow(x: int) -> int:
+            return slow(x)
+
+        with concurrent.futures.ThreadPoolExecutor(12) as ex:
+            out = list(ex.map(burst_flow, range(24)))
+        assert out == [x + 1 for x in range(24)]
+        batches = one_cpu.snapshot().batches
+        runs_per_batch = [len({i.run_id for i in b.items}) for b in batches]
+        assert sum(len(b.items) for b in batches) == 24
+        assert max(runs_per_batch) > 1, runs_per_batch  # calls of different flow runs in one batch
+    finally:
+        one_cpu.close()
 
 
 def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:

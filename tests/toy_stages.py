@@ -69,7 +69,17 @@ def toy_profile() -> LatencyProfile:
     return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
 
 
-STAGES = ("double", "inc", "first", "second", "third", "flaky")
+STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow")
+
+
+burst = Pipeline("burst", slo_ms=5_000)
+
+
+@burst.stage(load=load_inc, name="slow")
+def slow(model: dict[str, Any], items: list[int]) -> list[int]:
+    """A stage that keeps its worker busy, so that calls arriving meanwhile queue and batch."""
+    time.sleep(0.2)
+    return [x + 1 for x in items]
 
 
 flaky_seen: set[int] = set()  # items that already failed once (inline backend: same process)

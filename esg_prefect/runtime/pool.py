@@ -118,8 +118,10 @@ class _Rate:
 
     def arrive(self, now_ms: float) -> None:
         if self.last_ms is not None:
-            gap = max(now_ms - self.last_ms, 0.1)
-            self.per_s = self.alpha * (1000.0 / gap) + (1 - self.alpha) * self.per_s
+            inst = 1000.0 / max(now_ms - self.last_ms, 0.1)
+            # The first gap seeds the average: blending it with an initial 0 would under-estimate
+            # the rate for many arrivals and make waiting for a fuller batch look hopeless.
+            self.per_s = inst if self.per_s == 0.0 else self.alpha * inst + (1 - self.alpha) * self.per_s
         self.last_ms = now_ms
 
     def at(self, now_ms: float) -> float:

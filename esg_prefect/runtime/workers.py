@@ -300,6 +300,9 @@ class _InlineWorker:
         self.model = None
 
 
+_inline_load_lock = threading.Lock()  # serialises inline model loads (see InlineBackend.start)
+
+
 class InlineBackend:
     """Workers as threads of this process: fast to start, no fault isolation.
 
@@ -322,7 +325,10 @@ class InlineBackend:
             t0 = time.perf_counter()
             stage = resolve_stage(spec.stage_path)
             try:
-                model = stage.load("cpu")
+                # One load at a time: loaders commonly seed torch's global RNG, which threads share,
+                # so two concurrent loads would interleave their draws and get different weights.
+                with _inline_load_lock:
+                    model = stage.load("cpu")
             except Exception as exc:  # surfaced to the calls as a load failure
                 raise WorkerLoadError(f"stage {spec.stage_path!r} failed to load: {exc!r}") from exc
             return _InlineWorker(spec, stage, model, (time.perf_counter() - t0) * 1000.0)
