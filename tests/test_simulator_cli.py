@@ -67,3 +67,24 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     assert [r["scheduler"] for r in data["rows"]] == ["esg", "fast-gshare", "triton"]
     assert data["headline"]["best_baseline"] in ("fast-gshare", "triton")
     assert (out / "case.png").exists()
+    # A second run of the same comparison reuses the rows it already has.
+    lines = (out / "rows.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    again = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "--case",
+            str(path),
+            "--schedulers",
+            "esg,fast-gshare,triton",
+            "--processes",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
+    assert again.exit_code == 0, again.output
+    assert (out / "rows.jsonl").read_text().splitlines() == lines
+    rerun = json.loads((out / "results.json").read_text())
+    assert [r["p99_ms"] for r in rerun["rows"]] == [r["p99_ms"] for r in data["rows"]]

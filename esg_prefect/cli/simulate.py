@@ -67,21 +67,48 @@ def _work(spec: Any) -> dict[str, Any]:
     return run_spec(spec, WallClock())
 
 
-def run_parallel(specs: Sequence[Any], processes: int, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Run experiment specs in ``processes`` worker processes; rows in the order of ``specs``."""
-    rows: list[dict[str, Any] | None] = [None] * len(specs)
-    task = progress.add_task("simulating", total=len(specs)) if progress is not None else None
+def spec_key(spec: Any) -> str:
+    """A stable name of an experiment run, to resume an interrupted comparison."""
+    return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}"
+
+
+def run_parallel(
+    specs: Sequence[Any], processes: int, progress: Progress | None = None, sink: Path | None = None
+) -> list[dict[str, Any]]:
+    """Run experiment specs in ``processes`` worker processes; rows in the order of ``specs``.
+
+    With ``sink``, each row is appended to that JSON-lines file as soon as it is
+    done, and rows already in it (same :func:`spec_key`) are reused instead of
+    run again: an interrupted comparison resumes where it stopped.
+    """
+    done: dict[str, dict[str, Any]] = {}
+    if sink is not None and sink.exists():
+        for line in sink.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done[row["key"]] = row
+    keys = [spec_key(s) for s in specs]
+    rows: list[dict[str, Any] | None] = [done.get(k) for k in keys]
+    todo = [(i, s) for i, s in enumerate(specs) if rows[i] is None]
+    task = progress.add_task("simulating", total=len(specs), completed=len(specs) - len(todo)) if progress else None
+
+    def record(i: int, row: dict[str, Any]) -> None:
+        row["key"] = keys[i]
+        rows[i] = row
+        if sink is not None:
+            with open(sink, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, default=str) + "\n")
+        if progress is not None and task is not None:
+            progress.advance(task)
+            progress.console.log(f"done {keys[i]} ({row.get('wall_s') or 0:.0f} s)")
+
     if processes <= 1:
-        for i, spec in enumerate(specs):
-            rows[i] = _work(spec)
-            if progress is not None and task is not None:
-                progress.advance(task)
-    else:
+        for i, spec in todo:
+            record(i, _work(spec))
+    elif todo:
         with get_context("fork").Pool(processes) as pool:
-            for i, row in pool.imap_unordered(_indexed, list(enumerate(specs))):
-                rows[i] = row
-                if progress is not None and task is not None:
-                    progress.advance(task)
+            for i, row in pool.imap_unordered(_indexed, todo):
+                record(i, row)
     return [r for r in rows if r is not None]
 
 
@@ -141,7 +168,7 @@ def _compare_case(case_file: Path, schedulers: str, seeds: int, processes: int, 
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
     with _progress(console) as progress:
-        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress)
+        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl")
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
     result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
     md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
@@ -236,7 +263,11 @@ def register(app: typer.Typer) -> None:
             typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
         ] = None,
     ) -> None:
-        """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots."""
+        """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots.
+
+        Each finished simulation is appended to rows.jsonl in --out; running the
+        same command again reuses those rows (delete the file to start afresh).
+        """
         import esg_prefect.scheduling  # noqa: F401 - registers the baselines
         from esg_prefect.simulator import experiments as ex
         from esg_prefect.simulator import plots
@@ -294,7 +325,7 @@ def register(app: typer.Typer) -> None:
                 )
             if "e7" in wanted:
                 specs += ex.stall_specs(quick=quick)
-            rows = run_parallel(specs, procs, progress) if specs else []
+            rows = run_parallel(specs, procs, progress, out / "rows.jsonl") if specs else []
 
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
