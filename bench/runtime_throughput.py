@@ -14,9 +14,19 @@ the offered rate is high enough to keep that many busy):
 Reported per runner and concurrency: throughput (requests/s of wall time), p50/p95 latency
 from arrival to the flow's return, SLO hit rate against each pipeline's SLO, and cost per
 request (ESG: worker busy + idle time at the default vCPU price; thread pool and ideal: the
-calls' own time x torch threads at the same price).
+calls' own time x torch threads at the same price). These bursts saturate the machine, so
+their latencies are backlog. The SLO phase that follows replays the trace at 80% of the
+thread pool's measured throughput (a load it sustains on average) with the top concurrency
+cap, and its SLO hit rates are the ones in the RESULT line. Then: the CPU seconds each part
+used (this process: Prefect's flow and task engines, the pool's controller and the thread
+pool's model calls; the Prefect API server; esg-prefect's worker processes).
 
-Run:  python bench/runtime_throughput.py [--requests 120]
+Prefect runs its ephemeral API on an in-memory database here (see
+``esg_prefect.examples.demo.quiet_prefect``) and flow-run heartbeats are off
+(``latency_settings``): with Prefect's defaults both runners measure SQLite's
+lock back-off and a heartbeat join instead of themselves.
+
+Run:  python bench/runtime_throughput.py [--requests 120] [--concurrency 1 8 64]
 Ends with: RESULT speedup_vs_threadpool_64=<x> overhead_vs_ideal_64=<y> slo_hit_esg_64=<a> slo_hit_threadpool_64=<b>
 (speedup = esg throughput / threadpool throughput; overhead = ideal throughput / esg throughput).
 """
@@ -24,17 +34,51 @@ Ends with: RESULT speedup_vs_threadpool_64=<x> overhead_vs_ideal_64=<y> slo_hit_
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
 from collections.abc import Sequence
 
-from esg_prefect.examples import catalog
 from esg_prefect.examples import demo as d
-from esg_prefect.examples.driver import RequestOutcome, percentile
-from esg_prefect.examples.pipelines import SLO_MS
-from esg_prefect.model.pricing import PriceSheet
+
+d.quiet_prefect()  # before prefect is imported: its ephemeral API on an in-memory database (see the function)
+
+from esg_prefect.examples import catalog  # noqa: E402
+from esg_prefect.examples.driver import RequestOutcome, percentile  # noqa: E402
+from esg_prefect.examples.pipelines import SLO_MS  # noqa: E402
+from esg_prefect.model.pricing import PriceSheet  # noqa: E402
 
 WORKFLOWS = ("image", "text", "video")
+
+
+def process_cpu_s() -> dict[str, float]:
+    """CPU seconds used so far by this process, the Prefect API server and esg-prefect's workers (Linux /proc)."""
+    out = {"flows (this process)": 0.0, "Prefect API server": 0.0, "esg workers": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                stat = fh.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        if int(pid) == me:
+            out["flows (this process)"] += cpu
+        elif "uvicorn" in cmd and "prefect" in cmd:
+            out["Prefect API server"] += cpu
+        elif "multiprocessing" in cmd and (f"{me}" in cmd or "forkserver" in cmd or "spawn_main" in cmd):
+            out["esg workers"] += cpu
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
 
 
 def summarize(label: str, c: int, outcomes: Sequence[RequestOutcome], wall_s: float, cost: float) -> dict[str, float]:
@@ -83,28 +127,54 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=120, help="requests at concurrency 64 (fewer below)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     args = parser.parse_args()
-    d.quiet_prefect()
     d.warm_prefect()
     prices = PriceSheet.default()
-    print(f"{'runner':<11} {'conc':>4} {'req/s':>10} {'p50 ms':>9} {'p95 ms':>9} {'SLO hit':>8} {'cost/request $':>14}")
+    header = (
+        f"{'runner':<11} {'conc':>4} {'req/s':>10} {'p50 ms':>9} {'p95 ms':>9} {'SLO hit':>8} {'cost/request $':>14}"
+    )
+    print(header, flush=True)
     results: dict[tuple[str, int], dict[str, float]] = {}
-    for c in (1, 8, 64):
-        n = {1: max(12, args.requests // 8), 8: max(30, args.requests // 2), 64: args.requests}[c]
-        rate = {1: 4.0, 8: 20.0, 64: 60.0}[c]  # offered load well above what c flows in flight can serve
+    cpu: dict[tuple[str, int], dict[str, float]] = {}
+    for c in args.concurrency:
+        n = {1: max(12, args.requests // 8), 8: max(30, args.requests // 2)}.get(c, args.requests)
+        rate = {1: 4.0, 8: 20.0}.get(c, 60.0)  # offered load well above what c flows in flight can serve
         arrivals = d.demo_arrivals(n, rate, args.seed, "azure_functions_2019")
-        esg = d.run_esg(arrivals, max_concurrency=c)
+        seen: dict[str, float] = {}
+        before = process_cpu_s()
+        esg = d.run_esg(arrivals, max_concurrency=c, before_close=lambda _pool, seen=seen: seen.update(process_cpu_s()))
+        cpu[("esg", c)] = cpu_delta(before, seen)
         results[("esg", c)] = summarize("esg", c, esg.outcomes, esg.wall_s, esg.cost_total)
+        before = process_cpu_s()
         tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=c)
+        cpu[("threadpool", c)] = cpu_delta(before, process_cpu_s())
         results[("threadpool", c)] = summarize("threadpool", c, tp.outcomes, tp.wall_s, tp.cost_total)
-        if c == 64:
+        if c == max(args.concurrency):
             outs, wall, cost = ideal(arrivals, prices)
             results[("ideal", c)] = summarize("ideal", c, outs, wall, cost)
-    e, t, i = results[("esg", 64)], results[("threadpool", 64)], results[("ideal", 64)]
+    # SLO phase: the same trace at a rate the thread pool sustains on average (80% of its measured
+    # saturation throughput at the top concurrency), so that SLO hit rates compare service, not backlog.
+    top = max(args.concurrency)
+    load_rate = 0.8 * results[("threadpool", top)]["throughput"]
+    n = max(30, args.requests // 2)
+    print(f"\nSLO phase: {n} requests at {load_rate:.2f}/s (80% of the thread pool's throughput), concurrency {top}")
+    print(header, flush=True)
+    arrivals = d.demo_arrivals(n, load_rate, args.seed + 1, "azure_functions_2019")
+    esg = d.run_esg(arrivals, max_concurrency=top)
+    slo_rows = {"esg": summarize("esg@load", top, esg.outcomes, esg.wall_s, esg.cost_total)}
+    tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=top)
+    slo_rows["threadpool"] = summarize("tp@load", top, tp.outcomes, tp.wall_s, tp.cost_total)
+    print("\nwhere the CPU went (seconds, including each runner's warm-up requests):", flush=True)
+    for (runner, c), parts in cpu.items():
+        total = sum(parts.values())
+        print(f"{runner:<11} {c:>4} total {total:6.1f}  " + "  ".join(f"{k} {v:5.1f}" for k, v in parts.items()))
+    e, t, i = results[("esg", top)], results[("threadpool", top)], results[("ideal", top)]
     print(
-        f"RESULT speedup_vs_threadpool_64={e['throughput'] / t['throughput']:.2f} "
-        f"overhead_vs_ideal_64={i['throughput'] / e['throughput']:.2f} "
-        f"slo_hit_esg_64={e['slo_hit']:.3f} slo_hit_threadpool_64={t['slo_hit']:.3f}"
+        f"RESULT speedup_vs_threadpool_{top}={e['throughput'] / t['throughput']:.2f} "
+        f"overhead_vs_ideal_{top}={i['throughput'] / e['throughput']:.2f} "
+        f"slo_hit_esg_{top}={slo_rows['esg']['slo_hit']:.3f} "
+        f"slo_hit_threadpool_{top}={slo_rows['threadpool']['slo_hit']:.3f}"
     )
 
 

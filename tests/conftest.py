@@ -10,9 +10,7 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Cost records of test runs go to a throw-away store, never to the user's ~/.prefect one.
-os.environ.setdefault(
-    "ESG_PREFECT_STORE_URL", f"sqlite:///{tempfile.mkdtemp(prefix='esg-test-store-')}/costs.db"
-)
+os.environ.setdefault("ESG_PREFECT_STORE_URL", f"sqlite:///{tempfile.mkdtemp(prefix='esg-test-store-')}/costs.db")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 

@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from esg_prefect.exceptions import PoolClosedError, StageFailedError, StageRejectedError, WorkerCrashedError
+from esg_prefect.exceptions import (
+    InvalidInputError,
+    PoolClosedError,
+    StageFailedError,
+    StageRejectedError,
+    WorkerCrashedError,
+)
 from esg_prefect.model import PriceSheet, attribute_costs
 from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
@@ -109,9 +115,7 @@ def test_costs_attributed_to_runs_add_up_to_worker_time(inline_pool: Pool) -> No
     snap = inline_pool.snapshot()
     report = attribute_costs(snap.batches, snap.idles, PRICES)
     busy = sum(PRICES.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)
-    idle = sum(
-        PRICES.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in snap.idles
-    )
+    idle = sum(PRICES.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in snap.idles)
     assert set(report.per_run) == {"run0", "run1", "run2"}
     assert math.isclose(sum(report.per_run.values()) + report.idle_unattributed, busy + idle, rel_tol=1e-9)
 
@@ -181,3 +185,27 @@ def test_kill_9_mid_batch_loses_nothing(process_pool: Pool) -> None:
     assert [r.output for r in results if isinstance(r, StageResult)] == [2 * i for i in range(100, 160)]
     ok_ids = [c.call_id for c in process_pool.snapshot().calls if c.ok and c.call_id.startswith("k")]
     assert len(ok_ids) == len(set(ok_ids)) == 60  # none lost, none delivered twice
+
+
+def test_process_backend_start_method_is_checked() -> None:
+    with pytest.raises(InvalidInputError, match="'fork'"):
+        LocalProcessBackend(start_method="fork", spares=0)
+
+
+@pytest.mark.service
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_process_backend_start_methods_run_calls(method: str) -> None:
+    backend = LocalProcessBackend(vcpus=1, spares=0, preload=(), start_method=method)
+    assert backend.start_method == method
+    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=backend)
+    try:
+        assert [f.result(120).output for f in [pool.submit(call(i, call_id=f"{method}-{i}")) for i in (3, 4)]] == [4, 5]
+    finally:
+        pool.close()
+
+
+def test_process_backend_defaults_to_the_fork_server_where_there_is_one() -> None:
+    import multiprocessing as mp
+
+    expected = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    assert LocalProcessBackend(spares=0).start_method == expected

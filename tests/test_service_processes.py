@@ -32,8 +32,21 @@ def free_port() -> int:
 def start_service(port: int, results_db: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN}
     cmd = [
-        sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "tests", "--port", str(port),
-        "--backend", "inline", "--profile", str(ROOT / "tests" / "toy_profile.csv"), "--results-db", str(results_db),
+        sys.executable,
+        "-m",
+        "esg_prefect.cli",
+        "pool",
+        "serve",
+        "--allow",
+        "tests",
+        "--port",
+        str(port),
+        "--backend",
+        "inline",
+        "--profile",
+        str(ROOT / "tests" / "toy_profile.csv"),
+        "--results-db",
+        str(results_db),
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     for _ in range(300):
@@ -69,7 +82,9 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
         clients = [
             subprocess.Popen(
                 [sys.executable, "-m", "tests.service_client_proc", address, TOKEN, "10", str(100 * k), start_at],
-                cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
             )
             for k in (1, 2)
         ]

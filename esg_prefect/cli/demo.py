@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from esg_prefect.examples import demo as d
+
+        d.quiet_prefect()  # before prefect is imported: it reads its settings once
+
         from esg_prefect.examples.catalog import PIPELINES
         from esg_prefect.examples.driver import percentile
         from esg_prefect.examples.pipelines import SLO_MS
@@ -31,7 +34,6 @@ def register(app: typer.Typer) -> None:
         if backend not in ("process", "inline"):
             raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
         console = Console()
-        d.quiet_prefect()
         arrivals = d.demo_arrivals(requests, rate, seed, trace)
         console.print(
             f"[bold]esg-prefect demo[/]: {len(arrivals)} requests of image/text/video pipelines from the "

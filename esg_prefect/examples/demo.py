@@ -18,9 +18,10 @@ torch uses, the per-invocation model of serverless platforms.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,32 @@ def demo_arrivals(requests: int, rate_per_s: float, seed: int, trace: str) -> li
     return out[:requests]
 
 
+EPHEMERAL_DB = "sqlite+aiosqlite:///:memory:"
+
+
 def quiet_prefect() -> None:
-    """Keep run logs in the API (the UI shows them) but off this console."""
+    """Keep run logs in the API (the UI shows them) but off this console; a fast throw-away API.
+
+    Call it before anything imports prefect: Prefect reads its settings once.
+
+    When no Prefect server is configured (``PREFECT_API_URL`` unset), Prefect
+    starts an ephemeral API whose default database is a SQLite file. Under
+    tens of concurrent flow runs, that file's writers collide
+    (``SQLITE_BUSY_SNAPSHOT``), the API answers 503 and Prefect's client backs
+    off 2, 4, 8 s: on the 2-core development machine, 60 trivial 8-task flow
+    runs at 2/s took a p95 of 34 s that way, against 1.6 s with an in-memory
+    database, which serialises the API's transactions through one connection.
+    So the demo and the benchmarks run their ephemeral API on an in-memory
+    database (unless ``PREFECT_API_DATABASE_CONNECTION_URL`` is set): its runs
+    are gone when it exits. To keep and browse them, start a server
+    (``prefect server start``, Postgres for real loads) and set ``PREFECT_API_URL``.
+    """
+    if not os.environ.get("PREFECT_API_URL"):
+        os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", EPHEMERAL_DB)
+        # An in-memory database is migrated at every start (about 20 s here), past Prefect's 20 s default.
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+        # Its services log errors when the database vanishes at shutdown; nothing is lost that would be kept.
+        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_TO_CONSOLE", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -59,6 +84,23 @@ def quiet_prefect() -> None:
 
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def latency_settings() -> Iterator[None]:
+    """Prefect settings for flow runs with latency SLOs, for the flow runs started inside.
+
+    Prefect 3.8's synchronous flow engine sends heartbeats from a thread that
+    sleeps in 1 s steps and joins it when the run ends: every flow run pays
+    0.5 s on average at exit (measured here: a 5-task flow took 1.2 s with
+    heartbeats, 0.6 s without). Heartbeats let a server notice crashed
+    *deployment* runs; flow runs started in-process, as here, need none.
+    Async flows do not wait for the thread.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def warm_prefect() -> None:
@@ -83,14 +125,23 @@ def run_esg(
     on_done: Callable[[RequestOutcome], None] | None = None,
     backend: str = "process",
     max_concurrency: int = 64,
+    before_close: Callable[[Any], None] | None = None,
 ) -> DemoRun:
-    """The workload under :class:`ESGTaskRunner` with a fresh embedded pool."""
+    """The workload under :class:`ESGTaskRunner` with a fresh embedded pool.
+
+    ``before_close(pool)`` runs after the workload, while the pool and its workers
+    are still up (benchmarks read the workers' CPU time there).
+    """
     from esg_prefect.examples.pipelines import FLOWS
     from esg_prefect.integration.runner import ESGTaskRunner
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 
-    be: Any = InlineBackend() if backend == "inline" else LocalProcessBackend()
+    be: Any = (
+        InlineBackend()
+        if backend == "inline"
+        else LocalProcessBackend(preload=("torch", "prefect", "esg_prefect.examples.pipelines"))
+    )
     pool = Pool(backend=be)
     runner: Any = ESGTaskRunner(pool=pool)
     flows = {wf: f.with_options(task_runner=runner) for wf, f in FLOWS.items()}
@@ -102,12 +153,15 @@ def run_esg(
         return state.result()
 
     try:
-        warm_requests(call)
-        t0 = time.perf_counter()
-        outcomes = run_workload(arrivals, call, max_concurrency, on_done)
-        wall = time.perf_counter() - t0
+        with latency_settings():
+            warm_requests(call)
+            t0 = time.perf_counter()
+            outcomes = run_workload(arrivals, call, max_concurrency, on_done)
+            wall = time.perf_counter() - t0
         report = pool.report()
         snap = pool.snapshot()
+        if before_close is not None:
+            before_close(pool)
     finally:
         pool.close()
     from esg_prefect.model.attribution import attribute_costs
@@ -140,11 +194,12 @@ def run_threadpool(
     prices = prices or PriceSheet.default()
     threads: Any = ThreadPoolTaskRunner()
     flows = {wf: f.with_options(task_runner=threads) for wf, f in FLOWS.items()}
-    warm_requests(lambda i, wf: flows[wf](request_seed=i))
-    stage.local_call_log.clear()
-    t0 = time.perf_counter()
-    outcomes = run_workload(arrivals, lambda i, wf: flows[wf](request_seed=i), max_concurrency, on_done)
-    wall = time.perf_counter() - t0
+    with latency_settings():
+        warm_requests(lambda i, wf: flows[wf](request_seed=i))
+        stage.local_call_log.clear()
+        t0 = time.perf_counter()
+        outcomes = run_workload(arrivals, lambda i, wf: flows[wf](request_seed=i), max_concurrency, on_done)
+        wall = time.perf_counter() - t0
     threads = torch.get_num_threads()
     busy_ms = sum(ms for _, ms in stage.local_call_log)
     cost = busy_ms / 1000.0 * threads * prices.price_per_vcpu_s

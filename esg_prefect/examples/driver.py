@@ -10,6 +10,7 @@ benchmark drive the example pipelines with it under different task runners.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -69,7 +70,9 @@ def run_workload(
             delay = arrival - now_ms()
             if delay > 0:
                 time.sleep(delay / 1000.0)
-            futures.append(ex.submit(one, i, arrival, workflow))
+            # Each request runs in a copy of the caller's context, so that Prefect settings
+            # contexts (``temporary_settings``) around this call apply to its flow runs.
+            futures.append(ex.submit(contextvars.copy_context().run, one, i, arrival, workflow))
         return [f.result() for f in futures]
 
 

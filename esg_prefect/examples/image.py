@@ -61,7 +61,7 @@ CROP_SIZE = 112
 N_DET_CLASSES = 20
 N_CLASSES = 1000
 EMBED_DIM = 256
-CAPTION_TOKENS = 12
+CAPTION_TOKENS = 24
 _MEAN = (0.485, 0.456, 0.406)
 _STD = (0.229, 0.224, 0.225)
 
@@ -356,7 +356,7 @@ class Captioner(nn.Module):
         self.obj_proj = nn.Linear(256, d_model)
         self.box_proj = nn.Linear(4, d_model)
         self.label_embed = nn.Embedding(N_CLASSES, d_model)
-        self.decoder = GreedyDecoder(len(VOCAB), d_model, n_heads=4, n_layers=2, d_ff=1024, max_len=32)
+        self.decoder = GreedyDecoder(len(VOCAB), d_model, n_heads=4, n_layers=4, d_ff=1024, max_len=32)
         self.decoder.ban(CONTROL_IDS)
 
     def memory(self, inputs: list[dict[str, Any]], dev: torch.device) -> tuple[Tensor, Tensor]:

@@ -16,9 +16,10 @@ so no thread pool outlives its setting. In a worker, for each pipeline:
    (:func:`repetitions`), each on the next ``batch`` jobs of the stage's job pool,
    so text lengths and box counts vary between repetitions as they do in service.
 
-The ``cold_start_ms`` column adds the start of a fresh worker process (interpreter
-plus ``import torch`` and the examples, the median of three launches) to the
-in-process build and first call: the cost of starting a worker for the stage.
+The ``cold_start_ms`` column adds the start of a worker process as the pool starts
+one (a fork of the pool's pre-imported fork server; a fresh interpreter importing
+torch and the examples where there is no fork server; the median of three
+launches) to the in-process build and first call: the cost of a cold start.
 
 The CSV has the columns of :meth:`esg_prefect.model.LatencyProfile.from_csv`
 (hardware ``cpu``, ``gpu_share`` 0, ``vcpus`` = threads) and is checked by loading
@@ -236,13 +237,43 @@ def _env(threads: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
+def _started(conn: Any) -> None:
+    conn.send("up")
+
+
 def worker_start_ms(threads: int, launches: int = 3) -> float:
-    """Median wall time of a fresh interpreter that imports torch and the examples."""
+    """Median wall time to start a worker the way the pool does, before its model loads.
+
+    Where multiprocessing has a fork server (Linux, macOS), the pool forks workers
+    from a server that has imported torch, prefect and the stage modules already
+    (:class:`~esg_prefect.runtime.workers.LocalProcessBackend`): timed here the
+    same way, once that server runs. Elsewhere, a fresh interpreter importing them.
+    """
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        times = []
+        for _ in range(launches):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", _STARTUP_PROBE], check=True, env=_env(threads))
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return statistics.median(times)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        ["torch", "prefect", "esg_prefect.examples.pipelines", "esg_prefect.runtime.worker_main"]
+    )
     times = []
-    for _ in range(launches):
+    for i in range(launches + 1):  # the first launch starts the fork server itself: not timed
+        parent, child = ctx.Pipe()
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", _STARTUP_PROBE], check=True, env=_env(threads))
-        times.append((time.perf_counter() - t0) * 1000.0)
+        proc = ctx.Process(target=_started, args=(child,))
+        proc.start()
+        parent.recv()
+        if i:
+            times.append((time.perf_counter() - t0) * 1000.0)
+        proc.join()
+        parent.close()
+        child.close()
     return statistics.median(times)
 
 
@@ -417,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(rows, start_ms, args.out)
     profile = LatencyProfile.from_csv(args.out)  # the check that the file is a valid profile
     print(summary(rows))
-    print(f"worker start (interpreter + imports), ms: {', '.join(f'{t} thr {ms:.0f}' for t, ms in start_ms.items())}")
+    print(f"worker start (as the pool starts one), ms: {', '.join(f'{t} thr {ms:.0f}' for t, ms in start_ms.items())}")
     print(f"repetitions per point: {min(r.reps for r in measured)}..{max(r.reps for r in measured)}")
     noisy = [r for r in measured if not r.quiet]
     print(

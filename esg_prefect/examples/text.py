@@ -53,7 +53,7 @@ from esg_prefect.exceptions import InvalidInputError
 
 MAX_LEN = 128
 D_MODEL = 256
-SUMMARY_TOKENS = 16
+SUMMARY_TOKENS = 48
 _SPLIT = re.compile(r"\w+|[^\w\s]")
 
 
@@ -226,12 +226,12 @@ def run_classify_text(model: TopicClassifier, inputs: list[Any]) -> list[Any]:
 
 
 class Summarizer(nn.Module):
-    """A 2-layer transformer decoder attending to the encoder states."""
+    """A 6-layer transformer decoder attending to the encoder states (distilBART-like depth, narrower)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.memory_norm = nn.LayerNorm(D_MODEL)
-        self.decoder = GreedyDecoder(len(VOCAB), D_MODEL, n_heads=4, n_layers=2, d_ff=1024, max_len=32)
+        self.decoder = GreedyDecoder(len(VOCAB), D_MODEL, n_heads=4, n_layers=6, d_ff=1024, max_len=64)
         self.decoder.ban(CONTROL_IDS)
 
 

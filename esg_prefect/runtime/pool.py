@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import threading
@@ -350,6 +351,12 @@ class Pool:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout_s)
+            # Run listeners (cost store, artifacts) finish the runs they were handed before close
+            # returns: at interpreter exit their API clients could no longer start.
+            drained = self._notifier.submit(lambda: None)
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                drained.result(timeout_s)
+            self._notifier.shutdown(wait=False)
 
     def __enter__(self) -> Pool:
         return self
@@ -775,7 +782,6 @@ class Pool:
             if not p_fut.done():
                 p_fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
-        self._notifier.shutdown(wait=False)
 
 
 def _call_listener(listener: RunListener, records: RunRecords) -> None:

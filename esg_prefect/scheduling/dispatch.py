@@ -128,8 +128,7 @@ class ClusterView:
         evictable = self.allow_eviction
         if hardware == CPU:
             return any(
-                self.free_vcpus[n] >= vcpus
-                and self.free_slots[n] + (self._idle_on_node[n] if evictable else 0) >= 1
+                self.free_vcpus[n] >= vcpus and self.free_slots[n] + (self._idle_on_node[n] if evictable else 0) >= 1
                 for n in self.node_order
             )
         for dev_id, d in self.devices.items():

@@ -1,0 +1,164 @@
+"""Serve the example deployments without a work pool, with the pool service started alongside.
+
+The no-work-pool alternative to ``prefect deploy`` + ``prefect worker start``:
+one process registers the deployments of ``deployments/prefect.yaml`` (same
+names, entrypoints, parameters, schedules and tags) with ``prefect.serve`` and
+runs each of their flow runs in a subprocess, as a process worker would. It
+first starts the pool service (``esg-prefect pool serve``) as a subprocess of
+its own, and stops it (and the service's worker processes) when serving ends::
+
+    prefect server start                    # another terminal; and PREFECT_API_URL set, see README.md
+    python deployments/serve.py             # Ctrl-C stops serving, then the pool service
+
+Options: ``--port`` of the pool service (4270), ``--backend`` of its workers
+(``process`` or ``inline``), ``--pool-url`` to use a pool service that is
+already running instead of starting one, ``--limit`` on concurrent flow runs,
+``--only NAME`` (repeatable) to serve some deployments only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml  # type: ignore[import-untyped]
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_FILE = ROOT / "deployments" / "prefect.yaml"
+ALLOW = "esg_prefect.examples"
+"""The module prefix the pool service may import stage code from: the example pipelines."""
+
+
+def deployment_specs(path: Path = SPEC_FILE) -> list[dict[str, Any]]:
+    """The ``deployments:`` entries of a ``prefect.yaml`` (YAML anchors resolved)."""
+    with path.open() as f:
+        doc = yaml.safe_load(f)
+    specs = doc.get("deployments") if isinstance(doc, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise ValueError(f"{path} has no deployments")
+    return specs
+
+
+def schedule_of(item: dict[str, Any]) -> Any:
+    """A ``prefect.schedules`` schedule from one ``schedules:`` item (cron, interval or rrule)."""
+    from prefect.schedules import Cron, Interval, RRule
+
+    common = {"timezone": item.get("timezone"), "parameters": item.get("parameters") or None}
+    if "cron" in item:
+        return Cron(item["cron"], **common)
+    if "interval" in item:
+        return Interval(datetime.timedelta(seconds=float(item["interval"])), **common)
+    if "rrule" in item:
+        return RRule(item["rrule"], **common)
+    raise ValueError(f"a schedule needs cron, interval or rrule, got {sorted(item)}")
+
+
+def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ()) -> list[Any]:
+    """``RunnerDeployment`` objects for ``prefect.serve``, one per spec (or per name in ``only``).
+
+    Raises:
+        ValueError: a name in ``only`` that no spec has.
+    """
+    from prefect.flows import load_flow_from_entrypoint
+
+    unknown = set(only) - {s["name"] for s in specs}
+    if unknown:
+        raise ValueError(f"no deployment named {sorted(unknown)} in {SPEC_FILE.name}")
+    out = []
+    for spec in specs:
+        if only and spec["name"] not in only:
+            continue
+        path, _, attr = spec["entrypoint"].partition(":")
+        flow = load_flow_from_entrypoint(f"{ROOT / path}:{attr}")
+        out.append(
+            flow.to_deployment(
+                name=spec["name"],
+                description=spec.get("description"),
+                tags=spec.get("tags"),
+                parameters=spec.get("parameters") or {},
+                schedules=[schedule_of(s) for s in spec.get("schedules") or []],
+            )
+        )
+    return out
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0) -> None:
+    """Wait for ``GET url/healthz``; fails early if ``proc`` (the service) exits."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the pool service exited with code {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the pool service at {url} did not answer within {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """Interrupt a process started in a session of its own; kill what is left of its group after ``timeout_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout_s)
+    with contextlib.suppress(ProcessLookupError):  # its worker processes, should any outlive it
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def pool_service(port: int, backend: str) -> Iterator[str]:
+    """Run ``esg-prefect pool serve`` for the example stages on 127.0.0.1:``port``; yields its URL."""
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", ALLOW]
+    cmd += ["--port", str(port), "--backend", backend]
+    # A session of its own: Ctrl-C reaches this script only, which stops serving first, then the service.
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    try:
+        wait_healthy(url, proc)
+        print(f"pool service on {url} (pid {proc.pid})", flush=True)
+        yield url
+    finally:
+        stop(proc)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=4270, help="port of the pool service to start")
+    parser.add_argument("--backend", choices=("process", "inline"), default="process", help="pool service workers")
+    parser.add_argument("--pool-url", default=None, help="use this running pool service instead of starting one")
+    parser.add_argument("--limit", type=int, default=None, help="most flow runs at once")
+    parser.add_argument("--only", action="append", default=[], help="serve only this deployment (repeat)")
+    args = parser.parse_args(argv)
+
+    from prefect import serve
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
+    url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
+    # Set before the flows are loaded; the flow runs' processes inherit it, and deployments/flows.py
+    # reads it when Prefect loads the flow there.
+    os.environ["ESG_PREFECT_POOL_URL"] = url
+    deployments = build_deployments(deployment_specs(), args.only)
+    with contextlib.ExitStack() as stack:
+        if args.pool_url:
+            wait_healthy(url)
+        else:
+            stack.enter_context(pool_service(args.port, args.backend))
+        serve(*deployments, limit=args.limit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""deployments/: the example deployments, run by a process work-pool worker and by the serve script.
+
+End to end against a real local server (``prefect server start`` in a subprocess,
+one for the module):
+
+* the walkthrough of deployments/README.md: the pool service, ``prefect
+  work-pool create``, ``prefect deploy --all`` of deployments/prefect.yaml,
+  ``prefect worker start``; one run of the text deployment completes, its costs
+  are in the cost store and its cost artifacts on the run;
+* deployments/serve.py: it starts the pool service, serves the text deployment,
+  runs it, and on SIGINT stops serving and the service;
+* and, without a server, that serve.py builds the deployments prefect.yaml describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from esg_prefect.store import CostStore
+from tests.prefect_server import ROOT, PrefectServer, free_port, prefect_server, spawn, stop, tail, wait_http
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+SPEC = ROOT / "deployments" / "prefect.yaml"
+WORK_POOL = "esg-process"
+TEXT = "text-every-5-minutes"
+TEXT_STAGES = ["tokenize", "encode", "classify_text", "summarize"]
+FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as s:
+        yield s
+
+
+def load_serve_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("esg_deployments_serve", ROOT / "deployments" / "serve.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def yaml_deployments() -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for d in yaml.safe_load(SPEC.read_text())["deployments"]}
+
+
+def run_cli(args: list[str], env: dict[str, str], log: Path, timeout_s: float = 120.0) -> str:
+    """Run ``prefect ARGS`` from the repository root; returns its output, fails with it on a non-zero exit."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    out = done.stdout + done.stderr
+    with log.open("a") as f:
+        f.write(f"$ prefect {' '.join(args)}\n{out}\n")
+    assert done.returncode == 0, f"prefect {' '.join(args)} failed ({done.returncode}):\n{out[-3000:]}"
+    return out
+
+
+def wait_final(api: httpx.Client, run_id: str, timeout_s: float) -> dict[str, Any]:
+    give_up = time.monotonic() + timeout_s
+    while True:
+        run: dict[str, Any] = api.get(f"/flow_runs/{run_id}").json()
+        if run["state_type"] in FINAL or time.monotonic() > give_up:
+            return run
+        time.sleep(0.5)
+
+
+def wait_deployment(api: httpx.Client, flow_name: str, name: str, timeout_s: float) -> dict[str, Any]:
+    give_up = time.monotonic() + timeout_s
+    while True:
+        resp = api.get(f"/deployments/name/{flow_name}/{name}")
+        if resp.status_code == 200:
+            found: dict[str, Any] = resp.json()
+            return found
+        assert time.monotonic() < give_up, f"deployment {flow_name}/{name} did not appear within {timeout_s:.0f} s"
+        time.sleep(0.5)
+
+
+def delete_deployments(server: PrefectServer) -> None:
+    """A clean slate: the two end-to-end tests make deployments of the same names."""
+    with server.api() as api:
+        for d in api.post("/deployments/filter", json={}).json():
+            api.delete(f"/deployments/{d['id']}").raise_for_status()
+
+
+def wait_costs(store_url: str, run_id: str, timeout_s: float) -> Any:
+    """The cost row of a run, once the pool service has recorded it (after the run ends)."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        with contextlib.closing(CostStore(store_url)) as store:
+            rows = {r.key: r for r in store.costs("run")}
+        if run_id in rows or time.monotonic() > give_up:
+            return rows.get(run_id)
+        time.sleep(0.5)
+
+
+def check_costs_and_artifacts(api: httpx.Client, store_url: str, run_id: str, logs: str) -> float:
+    """The run's cost row (4 stage calls, a positive cost) and its two artifacts; returns its cost."""
+    row = wait_costs(store_url, run_id, timeout_s=30)
+    assert row is not None, f"no cost record of run {run_id}\n{logs}"
+    assert row.runs == 1 and row.stage_calls == len(TEXT_STAGES)
+    assert row.cost > 0
+    arts = api.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
+    assert {f"esg-cost-{run_id[:8]}", f"esg-summary-{run_id[:8]}"} <= {a["key"] for a in arts}
+    data = next(a for a in arts if a["type"] == "table")["data"]
+    rows = json.loads(data) if isinstance(data, str) else data  # posted as a JSON string
+    assert [r["stage"] for r in rows] == [*TEXT_STAGES, "total"]
+    return float(row.cost)
+
+
+def test_serve_script_builds_the_deployments_of_prefect_yaml() -> None:
+    serve = load_serve_script()
+    specs = yaml_deployments()
+    built = {d.name: d for d in serve.build_deployments(serve.deployment_specs())}
+    assert set(built) == set(specs)
+    for name, d in built.items():
+        spec = specs[name]
+        assert d.entrypoint.endswith(spec["entrypoint"])  # the pooled flow of deployments/flows.py
+        assert d.parameters == spec["parameters"]
+        assert d.tags == spec["tags"]
+        assert len(d.schedules) == len(spec["schedules"])
+        for got, want in zip(d.schedules, spec["schedules"], strict=True):
+            if "cron" in want:
+                assert got.schedule.cron == want["cron"]
+            else:
+                assert got.schedule.interval.total_seconds() == want["interval"]
+            assert (got.parameters or {}) == want.get("parameters", {})
+    with pytest.raises(ValueError, match="no deployment named"):
+        serve.build_deployments(serve.deployment_specs(), only=["nope"])
+
+
+def test_text_deployment_runs_through_a_process_worker(server: PrefectServer, tmp_path: Path) -> None:
+    started = time.monotonic()
+    store_url = f"sqlite:///{tmp_path}/costs.db"
+    log = tmp_path / "cli.log"
+    pool_port = free_port()
+    env = server.env | {
+        "ESG_PREFECT_POOL_URL": f"http://127.0.0.1:{pool_port}",
+        "ESG_PREFECT_STORE_URL": store_url,
+        "PREFECT_WORKER_QUERY_SECONDS": "1",  # poll for runs every second, not every 10
+    }
+    delete_deployments(server)
+    with contextlib.ExitStack() as procs:
+        # The pool service: inline workers (threads) keep the test light; the README's uses processes.
+        service_log = tmp_path / "pool-service.log"
+        service = spawn(
+            [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "esg_prefect.examples",
+             "--port", str(pool_port), "--backend", "inline", "--store", store_url],
+            env, service_log,
+        )  # fmt: skip
+        procs.callback(stop, service)
+        wait_http(f"http://127.0.0.1:{pool_port}/healthz", service, service_log, 60, "pool service")
+
+        run_cli(["work-pool", "create", WORK_POOL, "--type", "process"], env, log)
+        worker_log = tmp_path / "worker.log"
+        worker = spawn(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--limit", "2"], env, worker_log
+        )
+        procs.callback(stop, worker)
+        out = run_cli(["deploy", "--all", "--prefect-file", str(SPEC.relative_to(ROOT))], env, log)
+
+        specs = yaml_deployments()
+        with server.api() as api:
+            by_name = {d["name"]: d for d in api.post("/deployments/filter", json={}).json()}
+            assert set(by_name) == set(specs), out
+            for name, d in by_name.items():
+                assert d["work_pool_name"] == WORK_POOL
+                assert d["entrypoint"] == specs[name]["entrypoint"]
+                assert d["parameters"] == specs[name]["parameters"]
+                assert len(d["schedules"]) == len(specs[name]["schedules"])
+                assert all(s["active"] for s in d["schedules"])
+
+            run = api.post(f"/deployments/{by_name[TEXT]['id']}/create_flow_run", json={}).json()
+            run_id = run["id"]
+            assert run["parameters"] == {"request_seed": 11}
+            final = wait_final(api, run_id, timeout_s=120)
+            logs = f"worker:\n{tail(worker_log)}\nservice:\n{tail(service_log)}"
+            assert final["state_type"] == "COMPLETED", f"flow run ended {final['state_type']}\n{logs}"
+            cost = check_costs_and_artifacts(api, store_url, run_id, logs)
+        with contextlib.closing(CostStore(store_url)) as store:
+            by_deployment = {r.key: r.cost for r in store.costs("deployment")}
+    print(f"work-pool run {run_id} completed, cost {cost:.6g}; costs by deployment: {by_deployment}")
+    print(f"took {time.monotonic() - started:.1f} s")
+
+
+def test_serve_script_serves_with_the_pool_service_alongside(server: PrefectServer, tmp_path: Path) -> None:
+    started = time.monotonic()
+    store_url = f"sqlite:///{tmp_path}/costs.db"
+    pool_port = free_port()
+    env = server.env | {"ESG_PREFECT_STORE_URL": store_url}  # the service it starts records there
+    log = tmp_path / "serve.log"
+    delete_deployments(server)
+    cmd = [sys.executable, "deployments/serve.py", "--port", str(pool_port), "--backend", "inline", "--only", TEXT]
+    serving = spawn(cmd, env, log)
+    try:
+        with server.api() as api:
+            deployment = wait_deployment(api, "text-pipeline", TEXT, timeout_s=90)
+            assert deployment["work_pool_name"] is None  # served: no work pool
+            assert len(deployment["schedules"]) == len(yaml_deployments()[TEXT]["schedules"])
+            wait_http(f"http://127.0.0.1:{pool_port}/healthz", serving, log, 30, "the serve script's pool service")
+            run_id = api.post(f"/deployments/{deployment['id']}/create_flow_run", json={}).json()["id"]
+            final = wait_final(api, run_id, timeout_s=120)
+            assert final["state_type"] == "COMPLETED", f"flow run ended {final['state_type']}\n{tail(log)}"
+            cost = check_costs_and_artifacts(api, store_url, run_id, tail(log))
+        found = re.search(r"pool service on \S+ \(pid (\d+)\)", log.read_text())
+        assert found, tail(log)
+        service_pid = int(found.group(1))
+    finally:
+        stop(serving, timeout_s=60)  # SIGINT, as Ctrl-C: serving stops, then the pool service
+    assert serving.returncode == 0, tail(log)
+    assert not Path(f"/proc/{service_pid}").exists(), "the pool service outlived the serve script"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{pool_port}/healthz", timeout=2)
+    print(f"served run {run_id} completed, cost {cost:.6g}; took {time.monotonic() - started:.1f} s")
