@@ -209,3 +209,39 @@ def test_process_backend_defaults_to_the_fork_server_where_there_is_one() -> Non
 
     expected = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     assert LocalProcessBackend(spares=0).start_method == expected
+
+
+def _chain_request(pool: Pool, r: int, pause_s: float) -> None:
+    """double -> (caller pauses) -> inc, as a flow run between two task runs would."""
+    a = StageCall(f"d{r}", "double", "tests.toy_stages:double", TOY, f"q{r}", f"q{r}", r, task_run_id=f"t-d{r}")
+    assert pool.submit(a).result(30).output == 2 * r
+    time.sleep(pause_s)
+    b = StageCall(f"i{r}", "inc", "tests.toy_stages:inc", TOY, f"q{r}", f"q{r}", 2 * r, upstream=(f"t-d{r}",))
+    assert pool.submit(b).result(30).output == 2 * r + 1
+
+
+def test_time_between_stages_is_measured_and_reserved() -> None:
+    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=InlineBackend(vcpus=2))
+    try:
+        for r in range(4):
+            _chain_request(pool, r, 0.15)
+        wf = pool._registry.current()["toy"]
+        hop = pool._hops["toy"].ms
+        assert hop is not None and 150 <= hop < 400, hop  # the caller's pause, plus a little pool time
+        # double has one stage after it, plus the end of the run; inc only the end of the run.
+        assert pool._reserve_ms(wf, "double") == pytest.approx(2 * hop)
+        assert pool._reserve_ms(wf, "inc") == pytest.approx(hop)
+    finally:
+        pool.close()
+
+
+def test_reserving_can_be_turned_off() -> None:
+    settings = ESGSettings(wait_for_batch=False, reserve_overhead=False)
+    pool = Pool(toy_profile(), PRICES, settings=settings, backend=InlineBackend(vcpus=2))
+    try:
+        for r in range(2):
+            _chain_request(pool, r, 0.05)
+        assert "toy" not in pool._hops
+        assert pool._reserve_ms(pool._registry.current()["toy"], "double") == 0.0
+    finally:
+        pool.close()

@@ -128,6 +128,9 @@ class ESGSchedulerSettings(Block):
         default="attribute", description="Bill idle time to the runs served before it, or on its own line."
     )
     allow_eviction: bool = Field(default=True, description="Stop idle workers of other stages to make room.")
+    reserve_overhead: bool = Field(
+        default=True, description="Plan jobs to leave the caller's measured time between stages free."
+    )
 
     def to_settings(self) -> ESGSettings:
         """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""

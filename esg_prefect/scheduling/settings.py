@@ -58,6 +58,11 @@ class ESGSettings:
             show it on a separate idle line.
         allow_eviction: stop idle workers of other stages to make room for a
             cold start when no free capacity is left.
+        reserve_overhead: the runtime measures the caller's time between pooled
+            stages of a request (under Prefect: ending one task run, starting the
+            next) and plans each job to finish early enough to leave that much per
+            remaining stage, plus one for the end of the flow run (not in the paper,
+            whose stages are invoked by the platform itself).
     """
 
     config_space: ConfigSpace = field(default_factory=ConfigSpace)
@@ -77,6 +82,7 @@ class ESGSettings:
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
     allow_eviction: bool = True
+    reserve_overhead: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.config_space, ConfigSpace):
@@ -93,7 +99,8 @@ class ESGSettings:
             v = getattr(self, name)
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
-        for name in ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction"):
+        bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
+        for name in (*bools, "reserve_overhead"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
