@@ -49,6 +49,7 @@ from esg_prefect.examples.pipelines import SLO_MS  # noqa: E402
 from esg_prefect.model.pricing import PriceSheet  # noqa: E402
 
 WORKFLOWS = ("image", "text", "video")
+HEADER = f"{'runner':<11} {'conc':>4} {'req/s':>10} {'p50 ms':>9} {'p95 ms':>9} {'SLO hit':>8} {'cost/request $':>14}"
 
 
 def process_cpu_s() -> dict[str, float]:
@@ -123,18 +124,34 @@ def ideal(arrivals: Sequence[tuple[float, str]], prices: PriceSheet) -> tuple[li
     return outcomes, wall, cost
 
 
+def slo_phase(rate: float, n: int, top: int, seed: int, prices: PriceSheet) -> dict[str, dict[str, float]]:
+    """Both runners on ``n`` trace arrivals at ``rate`` with at most ``top`` flow runs in flight."""
+    print(f"\nSLO phase: {n} requests at {rate:.2f}/s, concurrency {top}")
+    print(HEADER, flush=True)
+    arrivals = d.demo_arrivals(n, rate, seed + 1, "azure_functions_2019")
+    esg = d.run_esg(arrivals, max_concurrency=top)
+    rows = {"esg": summarize("esg@load", top, esg.outcomes, esg.wall_s, esg.cost_total)}
+    tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=top)
+    rows["threadpool"] = summarize("tp@load", top, tp.outcomes, tp.wall_s, tp.cost_total)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=120, help="requests at concurrency 64 (fewer below)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument(
+        "--slo-only", type=float, default=0.0, metavar="RATE", help="run only the SLO phase, at this rate (req/s)"
+    )
     args = parser.parse_args()
+    if args.slo_only:
+        d.warm_prefect()
+        slo_phase(args.slo_only, max(30, args.requests // 2), max(args.concurrency), args.seed, PriceSheet.default())
+        return
     d.warm_prefect()
     prices = PriceSheet.default()
-    header = (
-        f"{'runner':<11} {'conc':>4} {'req/s':>10} {'p50 ms':>9} {'p95 ms':>9} {'SLO hit':>8} {'cost/request $':>14}"
-    )
-    print(header, flush=True)
+    print(HEADER, flush=True)
     results: dict[tuple[str, int], dict[str, float]] = {}
     cpu: dict[tuple[str, int], dict[str, float]] = {}
     for c in args.concurrency:
@@ -156,15 +173,9 @@ def main() -> None:
     # SLO phase: the same trace at a rate the thread pool sustains on average (80% of its measured
     # saturation throughput at the top concurrency), so that SLO hit rates compare service, not backlog.
     top = max(args.concurrency)
-    load_rate = 0.8 * results[("threadpool", top)]["throughput"]
-    n = max(30, args.requests // 2)
-    print(f"\nSLO phase: {n} requests at {load_rate:.2f}/s (80% of the thread pool's throughput), concurrency {top}")
-    print(header, flush=True)
-    arrivals = d.demo_arrivals(n, load_rate, args.seed + 1, "azure_functions_2019")
-    esg = d.run_esg(arrivals, max_concurrency=top)
-    slo_rows = {"esg": summarize("esg@load", top, esg.outcomes, esg.wall_s, esg.cost_total)}
-    tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=top)
-    slo_rows["threadpool"] = summarize("tp@load", top, tp.outcomes, tp.wall_s, tp.cost_total)
+    slo_rows = slo_phase(
+        0.8 * results[("threadpool", top)]["throughput"], max(30, args.requests // 2), top, args.seed, prices
+    )
     print("\nwhere the CPU went (seconds, including each runner's warm-up requests):", flush=True)
     for (runner, c), parts in cpu.items():
         total = sum(parts.values())

@@ -245,3 +245,19 @@ def test_reserving_can_be_turned_off() -> None:
         assert pool._reserve_ms(pool._registry.current()["toy"], "double") == 0.0
     finally:
         pool.close()
+
+
+def test_pool_lowers_the_switch_interval_once_started_and_checks_it() -> None:
+    import sys
+
+    with pytest.raises(InvalidInputError, match="switch_interval_s"):
+        Pool(toy_profile(), PRICES, backend=InlineBackend(), switch_interval_s=0.0)
+    before = sys.getswitchinterval()
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(), switch_interval_s=0.002)
+    try:
+        assert sys.getswitchinterval() == before  # nothing changes until the pool starts
+        assert pool.submit(call(1)).result(30).output == 2
+        assert sys.getswitchinterval() == pytest.approx(min(before, 0.002))
+    finally:
+        pool.close()
+        sys.setswitchinterval(before)

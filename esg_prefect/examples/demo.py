@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -192,6 +193,9 @@ def run_threadpool(
     from esg_prefect.integration import stage
 
     prices = prices or PriceSheet.default()
+    # The same interpreter switch interval an ESG pool sets (see Pool's switch_interval_s), so that
+    # the comparison does not depend on which runner ran first in this process.
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     threads: Any = ThreadPoolTaskRunner()
     flows = {wf: f.with_options(task_runner=threads) for wf, f in FLOWS.items()}
     with latency_settings():

@@ -39,6 +39,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import sys
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esg_prefect.exceptions import (
+    InvalidInputError,
     PoolClosedError,
     StageFailedError,
     StageRejectedError,
@@ -270,6 +272,14 @@ class Pool:
         scheduler: registered scheduler name (``esg-prefect schedulers`` lists them).
         settings: ESG knobs.
         backend: where workers run; defaults to local processes.
+        switch_interval_s: when the pool starts, lower the interpreter's thread
+            switch interval (``sys.setswitchinterval``, 5 ms by default) to this;
+            None leaves it alone. The pool's controller and dispatch threads wake
+            up on every completion and wait for the GIL behind the flow runs'
+            threads: with tens of Prefect flow runs in one process, a 5 ms slice
+            per runnable thread made each hop of a request 0.1-0.2 s longer here.
+            At 1 ms, 60 mixed requests at 1.25/s went from 80% to 100% within
+            their SLOs (the thread pool runner, measured at the same setting: 90%).
 
     Examples:
         >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
@@ -283,7 +293,11 @@ class Pool:
         scheduler: str = "esg",
         settings: ESGSettings | None = None,
         backend: WorkerBackend | None = None,
+        switch_interval_s: float | None = 0.001,
     ) -> None:
+        if switch_interval_s is not None and not (0 < switch_interval_s <= 1):
+            raise InvalidInputError(f"switch_interval_s must be in (0, 1] seconds or None, got {switch_interval_s!r}")
+        self.switch_interval_s = switch_interval_s
         self.profile = profile if profile is not None else load_default_profile()
         self.prices = prices or PriceSheet.default()
         self.settings = settings or ESGSettings()
@@ -400,6 +414,8 @@ class Pool:
                     loop.call_soon(started.set)
                     loop.run_forever()
 
+                if self.switch_interval_s is not None and sys.getswitchinterval() > self.switch_interval_s:
+                    sys.setswitchinterval(self.switch_interval_s)
                 self._thread = threading.Thread(target=_run, name="esg-pool-controller", daemon=True)
                 self._thread.start()
                 started.wait()

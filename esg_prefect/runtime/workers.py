@@ -30,7 +30,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
-from esg_prefect.runtime.worker_main import worker_main
+from esg_prefect.runtime.worker_main import recv, send, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +120,11 @@ class _LocalWorker:
 
     def _roundtrip(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
         try:
-            self.conn.send(msg)
+            send(self.conn, msg)
             while not self.conn.poll(0.05):
                 if not self.proc.is_alive():
                     raise WorkerDiedError(f"worker {self.spec.worker_id} exited with code {self.proc.exitcode}")
-            reply: tuple[Any, ...] = self.conn.recv()
+            reply: tuple[Any, ...] = recv(self.conn)
             return reply
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
             raise WorkerDiedError(f"worker {self.spec.worker_id} died: {exc!r}") from exc
@@ -148,7 +148,7 @@ class _LocalWorker:
     def stop_now(self) -> None:
         """Ask the worker to exit, kill it if it does not within 2 s (blocking)."""
         with contextlib.suppress(BrokenPipeError, OSError):
-            self.conn.send(("stop",))
+            send(self.conn, ("stop",))
         self.proc.join(timeout=2)
         if self.proc.is_alive():
             self.proc.kill()
@@ -235,7 +235,7 @@ class LocalProcessBackend:
         if not parent.poll(120):
             proc.kill()
             raise WorkerLoadError("a new worker process did not start within 120 s")
-        parent.recv()  # ("spare",)
+        recv(parent)  # ("spare",)
         return proc, parent
 
     def _refill(self) -> None:

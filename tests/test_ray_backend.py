@@ -1,0 +1,215 @@
+"""The Ray backend on a local Ray instance: actors serve pooled calls, report their resources, and a killed
+actor loses no call; node discovery is checked against a fake ``ray.nodes()``."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime import ray_backend
+from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.ray_backend import RayBackend
+from esg_prefect.runtime.workers import WorkerLoadError, WorkerSpec
+from esg_prefect.scheduling import ESGSettings
+from tests.toy_stages import POISON, toy_profile
+
+ray = pytest.importorskip("ray")
+
+# One Ray instance per test process: keep this module's tests on one xdist worker (with --dist loadgroup).
+pytestmark = [pytest.mark.service, pytest.mark.xdist_group("ray")]
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+BURST = WorkflowDecl("burst", 5_000, ())
+PRICES = PriceSheet(1e-5, {})
+
+
+def call(i: int, stage: str, wf: WorkflowDecl = TOY, prefix: str = "") -> StageCall:
+    run = f"{prefix}run{i}"
+    return StageCall(f"{prefix}{stage}-{i}", stage, f"tests.toy_stages:{stage}", wf, run, run, i)
+
+
+def settle(futs: list[concurrent.futures.Future[StageResult]], timeout: float = 90) -> list[object]:
+    out: list[object] = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout))
+        except Exception as exc:  # collected for assertions
+            out.append(exc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """A local Ray instance with 2 CPUs whose workers can import ``tests.toy_stages``."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        namespace="esg-prefect-tests",
+        object_store_memory=100 * 1024 * 1024,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_pool(local_ray: None) -> Iterator[Pool]:
+    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=RayBackend())
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+# ---- without a cluster -------------------------------------------------------------------------
+
+
+def _fake_ray(nodes: list[dict[str, Any]]) -> Any:
+    return SimpleNamespace(is_initialized=lambda: True, nodes=lambda: nodes, remote=lambda cls: cls)
+
+
+def _node(node_id: str, host: str, alive: bool = True, **resources: float) -> dict[str, Any]:
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerHostname": host, "Resources": resources, "Labels": {}}
+
+
+def test_ray_nodes_become_nodes_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    head = _node("a" * 56, "head", CPU=0.0)  # a head started with --num-cpus=0 takes no workers
+    gpu = _node("b" * 56, "gpu-box", CPU=16.0, GPU=2.0, **{"accelerator_type:A100-80G": 1.0})
+    twin = _node("c" * 56, "gpu-box", CPU=8.0, GPU=1.0)  # a second raylet on the same host
+    twin["Labels"] = {"ray.io/accelerator-type": "T4"}
+    nodes = [head, gpu, twin]
+    monkeypatch.setattr(ray_backend, "import_ray", lambda: _fake_ray(nodes))
+    be = RayBackend(max_workers_per_node=4)
+    assert [(n.name, n.vcpus, n.max_workers) for n in be.nodes()] == [
+        ("gpu-box", 16, 4),
+        ("gpu-box-cccccccc", 8, 4),
+    ]
+    assert [(d.device_id, d.node, d.hardware) for d in be.devices()] == [
+        ("gpu-box/gpu0", "gpu-box", "A100"),
+        ("gpu-box/gpu1", "gpu-box", "A100"),
+        ("gpu-box-cccccccc/gpu0", "gpu-box-cccccccc", "T4"),
+    ]
+    # A node that leaves keeps its name and stays listed for a grace period (the pool may be starting a
+    # worker there); a start on it fails clearly instead of waiting for Ray.
+    twin["Alive"] = False
+    be.refresh()
+    assert "gpu-box-cccccccc" in [n.name for n in be.nodes()]
+    spec = WorkerSpec("w1", "tests.toy_stages:double", "gpu-box-cccccccc", None, "cpu", 1, 0.0)
+    with pytest.raises(WorkerLoadError, match="has left the cluster"):
+        asyncio.run(be.start(spec))
+    with pytest.raises(WorkerLoadError, match=r"no Ray node called 'elsewhere'"):
+        asyncio.run(be.start(WorkerSpec("w2", spec.stage_path, "elsewhere", None, "cpu", 1, 0.0)))
+
+
+def test_ray_backend_arguments_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ray_backend, "import_ray", lambda: _fake_ray([_node("a" * 56, "h", CPU=2.0)]))
+    with pytest.raises(InvalidInputError, match="'always'"):
+        RayBackend(cpu_reservation="always")
+    with pytest.raises(InvalidInputError, match=r"max_workers_per_node.*0"):
+        RayBackend(max_workers_per_node=0)
+    monkeypatch.setattr(ray_backend, "import_ray", lambda: _fake_ray([_node("a" * 56, "h", CPU=0.0)]))
+    with pytest.raises(WorkerLoadError, match="no live node with a CPU"):
+        RayBackend()
+
+
+def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'esg-prefect\[ray\]'"):
+        RayBackend()
+
+
+# ---- on a local Ray instance ----------------------------------------------------------------------
+
+
+def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: None) -> None:
+    be = RayBackend(cpu_reservation="lifetime")
+    (node,) = be.nodes()
+    assert node.vcpus == 2 and be.devices() == ()
+
+    async def scenario() -> None:
+        spec = WorkerSpec("w1", "tests.toy_stages:inc", node.name, None, "cpu", 1, 0.0)
+        worker = await be.start(spec)
+        assert "Ray actor" in worker.enforcement and "num_cpus=1 (held for its life)" in worker.enforcement
+        assert "num_gpus=0" in worker.enforcement and "1 torch thread(s)" in worker.enforcement
+        assert worker.load_ms > 0
+        ok = await worker.execute([1, 2, 3])
+        assert ok.ok and ok.outputs == [2, 3, 4]
+        bad = await worker.execute([POISON * 2])  # the batch function raises: reported, the actor lives on
+        assert not bad.ok and bad.error_type == "ValueError" and "poison" in bad.error_message
+        assert (await worker.execute([5])).outputs == [6]
+        await worker.stop()
+        assert be.actors() == {}
+
+        for path, why in [
+            ("tests.toy_stages:nope", "has no attribute 'nope'"),
+            ("no_such_module_xyz:stage", "cannot import module 'no_such_module_xyz'"),
+        ]:
+            with pytest.raises(WorkerLoadError, match=why) as err:
+                await be.start(WorkerSpec("w2", path, node.name, None, "cpu", 1, 0.0))
+            assert path in str(err.value) and node.name in str(err.value)
+            assert be.actors() == {}  # the failed actor was killed, its CPU given back
+
+    asyncio.run(scenario())
+    asyncio.run(be.close())
+
+
+def test_pool_on_ray_batches_calls_of_many_runs(ray_pool: Pool) -> None:
+    doubled = settle([ray_pool.submit(call(i, "double")) for i in range(30)])
+    assert [r.output for r in doubled if isinstance(r, StageResult)] == [2 * i for i in range(30)]
+    incs = settle([ray_pool.submit(call(i, "inc")) for i in range(30)])
+    assert [r.output for r in incs if isinstance(r, StageResult)] == [i + 1 for i in range(30)]
+    snap = ray_pool.snapshot()
+    assert sum(len(b.items) for b in snap.batches) == 60  # every call ran exactly once
+    assert max(len(b.items) for b in snap.batches) > 1  # and they were batched
+    assert snap.workers and all(w["enforcement"].startswith("Ray actor on node") for w in snap.workers)
+
+
+def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+    backend: RayBackend = ray_pool.backend  # type: ignore[assignment]
+    assert ray_pool.submit(call(0, "slow", BURST, "warm")).result(90).output == 1  # a warm 'slow' worker
+    futs = [ray_pool.submit(call(i, "slow", BURST, "k")) for i in range(1, 9)]  # a batch of 0.2 s
+    killed: list[str] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(not f.done() for f in futs):
+            actors = backend.actors()
+            running = [w["worker_id"] for w in ray_pool.snapshot().workers if w["stage"] == "slow" and w["busy"]]
+            if running and running[0] in actors:
+                time.sleep(0.05)  # into the batch's 0.2 s
+                ray.kill(actors[running[0]])
+                killed.append(running[0])
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=killer)
+    with caplog.at_level(logging.WARNING, logger="esg_prefect.runtime.pool"):
+        t.start()
+        results = settle(futs)
+        t.join()
+    assert killed, "the actor was not killed while calls were pending"
+    assert [r.output for r in results if isinstance(r, StageResult)] == [i + 1 for i in range(1, 9)], results
+    assert any(r.worker_id != killed[0] for r in results if isinstance(r, StageResult))  # a replacement served
+    ok_ids = [c.call_id for c in ray_pool.snapshot().calls if c.ok and c.call_id.startswith("kslow")]
+    assert len(ok_ids) == len(set(ok_ids)) == 8  # none lost, none delivered twice
+    assert any("lost" in rec.getMessage() and "died" in rec.getMessage() for rec in caplog.records)
