@@ -192,7 +192,7 @@ def test_cost_artifact_is_visible_on_the_flow_run_page(tmp_path: Path, chromium:
             page.save(flow_run_png)
 
             page.open(f"{server.url}/artifacts/artifact/{table['id']}")
-            table_text = page.wait_for_text([key, "queue_wait_ms", "tokenize", "summarize", "total"])
+            table_text = page.wait_for_text([key, "queue_wait_ms", "encode", "summarize", "total"])
             artifact_png = tmp_path / "cost-artifact.png"
             page.save(artifact_png)
     assert "Artifacts" in text

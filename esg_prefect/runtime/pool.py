@@ -138,21 +138,34 @@ class _Rate:
 
 @dataclass(slots=True)
 class _HopOverhead:
-    """EWMA of the time between a stage call's result and its downstream call's arrival, per workflow.
+    """Smoothed time between a stage call's result and its downstream call's arrival, per workflow.
 
     Between two pooled stages of one request the caller's own machinery runs: under
     Prefect, the upstream task run finishes and the downstream one is created and
     started (about 0.1-0.3 s on the 2-core development machine under load). That time
     is spent against the request's SLO but outside the pool, where the profile cannot
-    see it. The pool measures it and reserves it (see :meth:`Pool._reserve_ms`).
+    see it. The pool measures it and reserves it (see :meth:`Pool._reserve_ms`): the
+    smoothed mean plus twice the smoothed mean deviation, the estimator TCP uses for
+    its retransmission timer (RFC 6298, with a smaller multiplier), because a hop that
+    takes longer than planned is a missed SLO.
     """
 
     alpha: float
-    ms: float | None = None
+    mean_ms: float | None = None
+    dev_ms: float = 0.0
 
     def observe(self, gap_ms: float) -> None:
         gap_ms = max(0.0, gap_ms)
-        self.ms = gap_ms if self.ms is None else self.alpha * gap_ms + (1 - self.alpha) * self.ms
+        if self.mean_ms is None:
+            self.mean_ms, self.dev_ms = gap_ms, gap_ms / 2
+            return
+        self.dev_ms = (1 - self.alpha) * self.dev_ms + self.alpha * abs(gap_ms - self.mean_ms)
+        self.mean_ms = (1 - self.alpha) * self.mean_ms + self.alpha * gap_ms
+
+    @property
+    def ms(self) -> float | None:
+        """Time to reserve per hop, or None before the first observation."""
+        return None if self.mean_ms is None else self.mean_ms + 2.0 * self.dev_ms
 
 
 @dataclass(slots=True)
