@@ -104,8 +104,10 @@ class StageActor:
 
         t0 = time.perf_counter()
         try:
-            device, facts = _apply_resources(self.vcpus, self.gpu_share)
+            # The stage first: a bad path fails before torch is imported. Resolving a stage initialises
+            # no CUDA, so the share still applies before the model allocates anything.
             self.spec = resolve_stage(self.stage_path)
+            device, facts = _apply_resources(self.vcpus, self.gpu_share)
             self.model = self.spec.load(device)
         except Exception as exc:  # reported to the pool, which fails the calls with this message
             return ("load_error", type(exc).__qualname__, str(exc), traceback.format_exc())
