@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ruff check esg_prefect tests bench flows
 mypy
-python -m pytest -q -n 2 "$@"
+python -m pytest -q -n 2 --dist loadgroup "$@"

@@ -20,7 +20,14 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback needs a token."),
     port: int = typer.Option(4270, help="Port to bind."),
     token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
-    backend: str = typer.Option("process", help="'process' (worker processes) or 'inline' (threads)."),
+    backend: str = typer.Option(
+        "process", help="'process' (worker processes), 'inline' (threads) or 'ray' (Ray actors; the ray extra)."
+    ),
+    ray_address: str = typer.Option(
+        "auto",
+        "--ray-address",
+        help="Ray cluster for --backend ray: 'auto' (this machine's `ray start`), 'ray://host:10001', or 'local'.",
+    ),
     scheduler: str = typer.Option("esg", help="Scheduler name (esg-prefect schedulers)."),
     profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
@@ -33,15 +40,24 @@ def serve(
 
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
-    from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+    from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
     from esg_prefect.service.app import PoolService, check_bind
     from esg_prefect.service.results import ResultCache
 
     token = os.environ.get(token_env) or None
     check_bind(host, token)
-    if backend not in ("process", "inline"):
-        raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
-    be = InlineBackend() if backend == "inline" else LocalProcessBackend()
+    if backend not in ("process", "inline", "ray"):
+        raise typer.BadParameter(f"backend must be 'process', 'inline' or 'ray', got {backend!r}")
+    be: WorkerBackend
+    if backend == "ray":
+        from esg_prefect.runtime.ray_backend import RayBackend
+
+        try:
+            be = RayBackend(address=None if ray_address == "local" else ray_address)
+        except ImportError as exc:  # the optional extra is missing: say how to install it
+            raise typer.BadParameter(str(exc)) from exc
+    else:
+        be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(LatencyProfile.from_csv(profile) if profile else None, scheduler=scheduler, backend=be)
     from esg_prefect.integration.recording import attach_recorders
 
