@@ -53,7 +53,7 @@ def schedule_of(item: dict[str, Any]) -> Any:
     """A ``prefect.schedules`` schedule from one ``schedules:`` item (cron, interval or rrule)."""
     from prefect.schedules import Cron, Interval, RRule
 
-    common = {"timezone": item.get("timezone"), "parameters": item.get("parameters") or None}
+    common: dict[str, Any] = {"timezone": item.get("timezone"), "parameters": item.get("parameters") or None}
     if "cron" in item:
         return Cron(item["cron"], **common)
     if "interval" in item:
@@ -79,7 +79,7 @@ def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ())
         if only and spec["name"] not in only:
             continue
         path, _, attr = spec["entrypoint"].partition(":")
-        flow = load_flow_from_entrypoint(f"{ROOT / path}:{attr}")
+        flow: Any = load_flow_from_entrypoint(f"{ROOT / path}:{attr}")
         out.append(
             flow.to_deployment(
                 name=spec["name"],

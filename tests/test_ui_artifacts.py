@@ -48,7 +48,7 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
     "--hide-scrollbars",
-    "--window-size=1440,1100",
+    "--window-size=1920,1100",
     "--remote-debugging-address=127.0.0.1",
     "--remote-debugging-port=0",
 )
@@ -110,6 +110,18 @@ class Page:
 
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)
+
+    def click_tab(self, label: str, timeout_s: float = 30.0) -> None:
+        """Click the page's tab labelled ``label`` once it is there."""
+        script = (
+            "(() => { const t = [...document.querySelectorAll('[role=tab], .p-tab, button, a')]"
+            f".find(e => e.textContent.trim() === {json.dumps(label)});"
+            " if (t) { t.click(); return true; } return false; })()"
+        )
+        give_up = time.monotonic() + timeout_s
+        while not self.evaluate(script):
+            assert time.monotonic() < give_up, f"no tab {label!r} on the page"
+            time.sleep(0.5)
 
     def wait_for_text(self, needles: Sequence[str], timeout_s: float = 60.0) -> str:
         """The page's rendered text once it contains every needle; fails with the text seen last."""
@@ -186,7 +198,9 @@ def test_cost_artifact_is_visible_on_the_flow_run_page(tmp_path: Path, chromium:
         assert table["key"] == key
 
         with headless_chromium(chromium, tmp_path) as page:
-            page.open(f"{server.url}/runs/flow-run/{run_id}?tab=Artifacts")
+            page.open(f"{server.url}/runs/flow-run/{run_id}")
+            page.wait_for_text(["text-pipeline", "Artifacts"])
+            page.click_tab("Artifacts")
             text = page.wait_for_text([key, f"esg-summary-{run_id[:8]}", "stage calls of flow run"])
             flow_run_png = tmp_path / "flow-run-artifacts.png"
             page.save(flow_run_png)
