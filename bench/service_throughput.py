@@ -171,12 +171,9 @@ def main() -> None:
 
     from esg_prefect.workload import arrivals as trace_arrivals
 
-    times = [a for a, _ in trace_arrivals("azure_functions_2019", ["image"], args.rate, 1e9, args.seed)]
-    times = times[: args.requests] if len(times) >= args.requests else times
-    if len(times) < args.requests:
-        duration = args.requests / args.rate * 1.5 + 5
-        times = [a for a, _ in trace_arrivals("azure_functions_2019", ["image"], args.rate, duration, args.seed)]
-        times = times[: args.requests]
+    duration = args.requests / args.rate * 1.5 + 5
+    times = [a for a, _ in trace_arrivals("azure_functions_2019", ["image"], args.rate, duration, args.seed)]
+    times = times[: args.requests]
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         api_port, pool_port = free_port(), free_port()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,6 +52,21 @@ def test_tensors_round_trip_exactly(dtype: torch.dtype) -> None:
     t = (torch.arange(24).reshape(2, 3, 4) % 5).to(dtype)
     got = decode(encode(t))
     assert got.dtype == dtype and got.shape == t.shape and torch.equal(got, t)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(1, 4).expand(3, 4)[:, :1],  # size-1 last dim with stride 0: contiguous() keeps it
+        lambda: torch.tensor(2.5).expand(5),
+        lambda: torch.arange(3.0)[:, None].expand(3, 2),
+        lambda: torch.empty(0, 7),
+    ],
+)
+def test_broadcast_views_round_trip(make: Any) -> None:
+    t = make()
+    got = decode(encode(t))
+    assert got.shape == t.shape and torch.equal(got, t.contiguous())
 
 
 def test_views_nested_values_and_arrays_round_trip() -> None:

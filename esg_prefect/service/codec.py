@@ -89,11 +89,14 @@ def _b64(data: bytes) -> str:
 def _tensor(t: Any) -> dict[str, Any]:
     import torch
 
-    t = t.detach().cpu().contiguous()
+    t = t.detach().cpu()
     dtype = str(t.dtype).removeprefix("torch.")
     if dtype not in _DTYPES:
         raise CodecError(f"tensor dtype {dtype!r} has no wire encoding; supported: {_DTYPES}")
-    raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+    # A fresh 1-d copy: ``contiguous()`` keeps a 0 stride on size-1 dimensions (broadcast views),
+    # which ``view(uint8)`` refuses.
+    flat = t.reshape(-1).clone()
+    raw = flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)
     return {_TAG: "tensor", "dtype": dtype, "shape": list(t.shape), "data": _b64(raw.numpy().tobytes())}
 
 
