@@ -101,6 +101,9 @@ def client(args: argparse.Namespace) -> None:
         time.sleep(max(0.0, args.start_at - time.time()))
         t0 = time.time()
         outcomes = run_workload([(a, "image") for a in arrivals], call, max_concurrency=64)
+    from esg_prefect.integration.runner import close_shared_pools
+
+    close_shared_pools()  # the in-process pool publishes its last runs' artifacts before exit
     print(
         json.dumps(
             {

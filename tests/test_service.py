@@ -59,6 +59,7 @@ def test_tensors_round_trip_exactly(dtype: torch.dtype) -> None:
     [
         lambda: torch.zeros(1, 4).expand(3, 4)[:, :1],  # size-1 last dim with stride 0: contiguous() keeps it
         lambda: torch.tensor(2.5).expand(5),
+        lambda: torch.tensor(2.5).expand(1),  # one element, stride 0: clone() keeps that stride
         lambda: torch.arange(3.0)[:, None].expand(3, 2),
         lambda: torch.empty(0, 7),
     ],

@@ -93,9 +93,9 @@ def _tensor(t: Any) -> dict[str, Any]:
     dtype = str(t.dtype).removeprefix("torch.")
     if dtype not in _DTYPES:
         raise CodecError(f"tensor dtype {dtype!r} has no wire encoding; supported: {_DTYPES}")
-    # A fresh 1-d copy: ``contiguous()`` keeps a 0 stride on size-1 dimensions (broadcast views),
-    # which ``view(uint8)`` refuses.
-    flat = t.reshape(-1).clone()
+    # A fresh 1-d buffer: ``contiguous()`` and ``clone()`` keep a 0 stride on size-1 dimensions
+    # (broadcast views such as ``x.expand(1)``), which ``view(uint8)`` refuses.
+    flat = torch.empty(t.numel(), dtype=t.dtype).copy_(t.reshape(-1))
     raw = flat.view(torch.uint8) if t.dtype != torch.bool else flat.to(torch.uint8)
     return {_TAG: "tensor", "dtype": dtype, "shape": list(t.shape), "data": _b64(raw.numpy().tobytes())}
 
