@@ -222,6 +222,7 @@ def test_text_deployment_runs_through_a_process_worker(server: PrefectServer, tm
             cost = check_costs_and_artifacts(api, store_url, run_id, logs)
         with contextlib.closing(CostStore(store_url)) as store:
             by_deployment = {r.key: r.cost for r in store.costs("deployment")}
+    assert by_deployment.get(TEXT, 0.0) > 0, by_deployment  # the service learns the deployment from the call
     print(f"work-pool run {run_id} completed, cost {cost:.6g}; costs by deployment: {by_deployment}")
     print(f"took {time.monotonic() - started:.1f} s")
 

@@ -169,3 +169,29 @@ def test_binding_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(InvalidInputError, match=r"'0\.0\.0\.0'"):
         check_bind("0.0.0.0", None)
     check_bind("0.0.0.0", TOKEN)
+
+
+def test_deployment_id_travels_with_the_call_and_is_checked() -> None:
+    from esg_prefect.service.app import BadRequest, parse_call
+    from esg_prefect.service.client import call_body
+
+    dep = "6f1b2c3d-0000-4000-8000-00000000abcd"
+    call = StageCall("c1", "inc", "tests.toy_stages:inc", WorkflowDecl("toy", 800), "r", "r", 1, deployment_id=dep)
+    assert parse_call(call_body(call), ["tests"]).deployment_id == dep
+    body = {**call_body(call), "deployment_id": "not-a-uuid"}
+    with pytest.raises(BadRequest, match=r"deployment_id.*not-a-uuid"):
+        parse_call(body, ["tests"])
+    assert parse_call({**call_body(call), "deployment_id": ""}, ["tests"]).deployment_id == ""
+
+
+def test_the_service_notes_each_calls_deployment_for_the_cost_store() -> None:
+    import uuid
+
+    from esg_prefect.integration import recording
+
+    dep = str(uuid.uuid4())
+    recording.remember_deployment(
+        StageCall("c2", "inc", "tests.toy_stages:inc", WorkflowDecl("toy", 800), "r9", "run-9", 1, deployment_id=dep)
+    )
+    with recording._lock:
+        assert recording._run_deployments.pop("run-9") == uuid.UUID(dep)

@@ -59,11 +59,11 @@ def serve(
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(LatencyProfile.from_csv(profile) if profile else None, scheduler=scheduler, backend=be)
-    from esg_prefect.integration.recording import attach_recorders
+    from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
     cache = ResultCache(results_db or ":memory:")
-    service = PoolService(pool, allow, token, cache, max_pending)
+    service = PoolService(pool, allow, token, cache, max_pending, on_call=remember_deployment)
     typer.echo(f"esg-prefect pool service on http://{host}:{port} (stages from {', '.join(allow)})")
     try:
         uvicorn.run(service.app(), host=host, port=port, log_level="warning")

@@ -80,6 +80,17 @@ def remember_run(flow_run: Any) -> str:
     return run_id
 
 
+def remember_deployment(call: Any) -> None:
+    """Note the deployment a stage call's flow run came from (the pool service's ``on_call``)."""
+    if not call.deployment_id:
+        return
+    with _lock:
+        if call.run_id not in _run_deployments:
+            _run_deployments[call.run_id] = uuid.UUID(call.deployment_id)
+            if len(_run_deployments) > _RUN_MEMORY:
+                _run_deployments.popitem(last=False)
+
+
 def deployment_name(run_id: str) -> str | None:
     """The name of the deployment a remembered flow run came from (one API read per deployment), else None."""
     with _lock:

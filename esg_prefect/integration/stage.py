@@ -219,6 +219,7 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         arrival_ms=arrival_ms,
         input_size=opts.input_size or 1.0,
         task_run_id=task_run_id,
+        deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
     )
     result = pool.submit(call).result()
     get_run_logger().info("%s: %s", spec.name, result.describe())

@@ -54,6 +54,8 @@ class StageCall:
         arrival_ms: when the request arrived (wall clock, ms); the SLO starts there.
         input_size: size of the input for size-aware models and cost splits.
         task_run_id: the Prefect task run, if any (upstream lists name these).
+        deployment_id: the Prefect deployment the flow run came from, if any: the
+            pool service learns it only this way (costs per deployment).
     """
 
     call_id: str
@@ -67,6 +69,7 @@ class StageCall:
     arrival_ms: float = 0.0
     input_size: float = 1.0
     task_run_id: str = ""
+    deployment_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ import asyncio
 import hmac
 import logging
 import math
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -52,6 +53,15 @@ class BadRequest(InvalidInputError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _deployment_id(value: Any) -> str:
+    if value in ("", None):
+        return ""
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise BadRequest(400, f"field 'deployment_id' must be a UUID, got {value!r}") from None
 
 
 def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
@@ -104,6 +114,7 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
             arrival,
             size,
             str(body.get("task_run_id", "")),
+            _deployment_id(body.get("deployment_id", "")),
         )
     except CodecError as exc:
         raise BadRequest(400, f"field 'item': {exc}") from None
@@ -160,6 +171,8 @@ class PoolService:
         results: where finished outcomes are kept (in memory by default).
         max_pending: most calls in flight before new ones get 429.
         max_body_bytes: largest request body accepted.
+        on_call: called with each accepted call before it is submitted (the CLI
+            notes the call's deployment there, for the cost store).
     """
 
     def __init__(
@@ -170,6 +183,7 @@ class PoolService:
         results: ResultCache | None = None,
         max_pending: int = 10_000,
         max_body_bytes: int = MAX_BODY_BYTES,
+        on_call: Callable[[StageCall], None] | None = None,
     ) -> None:
         if not allow:
             raise InvalidInputError("allow must name at least one module prefix stage code may come from")
@@ -179,6 +193,7 @@ class PoolService:
         self.results = results or ResultCache()
         self.max_pending = max_pending
         self.max_body_bytes = max_body_bytes
+        self.on_call = on_call
         self._inflight: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self.closing = False
 
@@ -271,6 +286,8 @@ class PoolService:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         except ValueError as exc:
             return JSONResponse({"error": f"body is not JSON: {exc}"}, status_code=400)
+        if self.on_call is not None:
+            self.on_call(call)
         stored = await asyncio.to_thread(self.results.get, call.call_id)
         if stored is not None:
             return JSONResponse(stored)

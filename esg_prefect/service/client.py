@@ -55,6 +55,7 @@ def call_body(call: StageCall) -> dict[str, Any]:
         "arrival_ms": call.arrival_ms,
         "input_size": call.input_size,
         "task_run_id": call.task_run_id,
+        "deployment_id": call.deployment_id,
     }
 
 
