@@ -48,20 +48,9 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(standard_case(rate_per_s=60.0, duration_s=3.0, warmup_s=1.0).to_dict()))
     out = tmp_path / "out"
-    result = CliRunner().invoke(
-        app,
-        [
-            "compare",
-            "--case",
-            str(path),
-            "--schedulers",
-            "esg,fast-gshare,triton",
-            "--processes",
-            "1",
-            "--out",
-            str(out),
-        ],
-    )
+    args = ["compare", "--case", str(path), "--schedulers", "esg,fast-gshare,triton", "--processes", "1"]
+    args += ["--out", str(out)]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
     assert [r["scheduler"] for r in data["rows"]] == ["esg", "fast-gshare", "triton"]
@@ -70,20 +59,7 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     # A second run of the same comparison reuses the rows it already has.
     lines = (out / "rows.jsonl").read_text().splitlines()
     assert len(lines) == 3
-    again = CliRunner().invoke(
-        app,
-        [
-            "compare",
-            "--case",
-            str(path),
-            "--schedulers",
-            "esg,fast-gshare,triton",
-            "--processes",
-            "1",
-            "--out",
-            str(out),
-        ],
-    )
+    again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert (out / "rows.jsonl").read_text().splitlines() == lines
     rerun = json.loads((out / "results.json").read_text())
