@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import os
 import signal
@@ -23,7 +22,7 @@ from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import CRASH, POISON, toy_profile
+from tests.toy_stages import CRASH, POISON, settle, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 PRICES = PriceSheet(1e-5, {})
@@ -39,16 +38,6 @@ def call(i: int, stage: str = "inc", run: str | None = None, call_id: str | None
         run_id=run or f"run{i}",
         item=i,
     )
-
-
-def settle(futs: list[concurrent.futures.Future[StageResult]], timeout: float = 60) -> list[object]:
-    out: list[object] = []
-    for f in futs:
-        try:
-            out.append(f.result(timeout))
-        except Exception as exc:  # collected for assertions
-            out.append(exc)
-    return out
 
 
 @pytest.fixture

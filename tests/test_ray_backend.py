@@ -4,7 +4,6 @@ actor loses no call; node discovery is checked against a fake ``ray.nodes()``.""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import sys
@@ -25,7 +24,7 @@ from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.ray_backend import RayBackend
 from esg_prefect.runtime.workers import WorkerLoadError, WorkerSpec
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import POISON, toy_profile
+from tests.toy_stages import POISON, settle, toy_profile
 
 ray = pytest.importorskip("ray")
 
@@ -41,16 +40,6 @@ PRICES = PriceSheet(1e-5, {})
 def call(i: int, stage: str, wf: WorkflowDecl = TOY, prefix: str = "") -> StageCall:
     run = f"{prefix}run{i}"
     return StageCall(f"{prefix}{stage}-{i}", stage, f"tests.toy_stages:{stage}", wf, run, run, i)
-
-
-def settle(futs: list[concurrent.futures.Future[StageResult]], timeout: float = 90) -> list[object]:
-    out: list[object] = []
-    for f in futs:
-        try:
-            out.append(f.result(timeout))
-        except Exception as exc:  # collected for assertions
-            out.append(exc)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -170,10 +159,10 @@ def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: None) -> Non
 
 
 def test_pool_on_ray_batches_calls_of_many_runs(ray_pool: Pool) -> None:
-    doubled = settle([ray_pool.submit(call(i, "double")) for i in range(30)])
+    doubled = settle([ray_pool.submit(call(i, "double")) for i in range(30)], timeout=90)
     assert [r.output for r in doubled if isinstance(r, StageResult)] == [2 * i for i in range(30)]
     items = [i for i in range(31) if i != POISON * 2]
-    incs = settle([ray_pool.submit(call(i, "inc")) for i in items])
+    incs = settle([ray_pool.submit(call(i, "inc")) for i in items], timeout=90)
     assert [r.output for r in incs if isinstance(r, StageResult)] == [i + 1 for i in items]
     snap = ray_pool.snapshot()
     assert sum(len(b.items) for b in snap.batches) == 60  # every call ran exactly once
@@ -202,7 +191,7 @@ def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.Log
     t = threading.Thread(target=killer)
     with caplog.at_level(logging.WARNING, logger="esg_prefect.runtime.pool"):
         t.start()
-        results = settle(futs)
+        results = settle(futs, timeout=90)
         t.join()
     assert killed, "the actor was not killed while calls were pending"
     assert [r.output for r in results if isinstance(r, StageResult)] == [i + 1 for i in range(1, 9)], results

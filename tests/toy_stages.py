@@ -93,3 +93,14 @@ def flaky(model: dict[str, Any], items: list[int]) -> list[int]:
         flaky_seen.update(fresh)
         raise RuntimeError(f"transient failure on {fresh}")
     return [x + 100 for x in items]
+
+
+def settle(futs: list[Any], timeout: float = 60) -> list[object]:
+    """Each future's result, or the exception it raised (for assertions on mixed outcomes)."""
+    out: list[object] = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout))
+        except Exception as exc:  # collected for assertions
+            out.append(exc)
+    return out
