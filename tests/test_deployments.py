@@ -113,6 +113,22 @@ def wait_deployment(api: httpx.Client, flow_name: str, name: str, timeout_s: flo
         time.sleep(0.5)
 
 
+def create_run(api: httpx.Client, flow_name: str, name: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Start a run of a deployment, retrying while the server is busy (503) or the deployment is being
+    registered again (404: serving upserts it); the last answer is in the failure message."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        deployment = wait_deployment(api, flow_name, name, timeout_s=max(1.0, give_up - time.monotonic()))
+        with contextlib.suppress(httpx.TimeoutException):
+            resp = api.post(f"/deployments/{deployment['id']}/create_flow_run", json={})
+            if resp.status_code in (200, 201):
+                run: dict[str, Any] = resp.json()
+                return run
+            assert resp.status_code in (404, 409, 503), f"create_flow_run answered {resp.status_code}: {resp.text}"
+            assert time.monotonic() < give_up, f"create_flow_run kept answering {resp.status_code}: {resp.text}"
+        time.sleep(0.5)
+
+
 def delete_deployments(server: PrefectServer) -> None:
     """A clean slate: the two end-to-end tests make deployments of the same names."""
     with server.api() as api:
@@ -213,7 +229,7 @@ def test_text_deployment_runs_through_a_process_worker(server: PrefectServer, tm
                 assert len(d["schedules"]) == len(specs[name]["schedules"])
                 assert all(s["active"] for s in d["schedules"])
 
-            run = api.post(f"/deployments/{by_name[TEXT]['id']}/create_flow_run", json={}).json()
+            run = create_run(api, "text-pipeline", TEXT)
             run_id = run["id"]
             assert run["parameters"] == {"request_seed": 11}
             final = wait_final(api, run_id, timeout_s=120)
@@ -242,7 +258,7 @@ def test_serve_script_serves_with_the_pool_service_alongside(server: PrefectServ
             assert deployment["work_pool_name"] is None  # served: no work pool
             assert len(deployment["schedules"]) == len(yaml_deployments()[TEXT]["schedules"])
             wait_http(f"http://127.0.0.1:{pool_port}/healthz", serving, log, 30, "the serve script's pool service")
-            run_id = api.post(f"/deployments/{deployment['id']}/create_flow_run", json={}).json()["id"]
+            run_id = create_run(api, "text-pipeline", TEXT)["id"]
             final = wait_final(api, run_id, timeout_s=120)
             assert final["state_type"] == "COMPLETED", f"flow run ended {final['state_type']}\n{tail(log)}"
             cost = check_costs_and_artifacts(api, store_url, run_id, tail(log))
