@@ -82,6 +82,32 @@ def slow(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + 1 for x in items]
 
 
+drift = Pipeline("drift", slo_ms=5_000)
+LAG = {"factor": 1.0}  # how much slower than its profile the "lagging" stage runs (inline backend: same process)
+
+
+def lagging_ms(batch: int) -> float:
+    """The "lagging" stage's profiled batch time: 40 ms + 5 ms per item."""
+    return 40.0 + 5.0 * batch
+
+
+@drift.stage(load=load_inc, name="lagging")
+def lagging(model: dict[str, Any], items: list[int]) -> list[int]:
+    """Runs LAG["factor"] times its profiled time: a test sets the factor to inject a slowdown."""
+    time.sleep(LAG["factor"] * lagging_ms(len(items)) / 1000.0)
+    return [x + 1 for x in items]
+
+
+def lagging_profile() -> LatencyProfile:
+    """The "lagging" stage's profile, mean = p95 = :func:`lagging_ms`, on 1 and 2 vCPUs."""
+    points = [
+        ProfilePoint("lagging", "cpu", b, v, 0.0, lagging_ms(b), lagging_ms(b))
+        for v in (1, 2)
+        for b in (1, 2, 4, 8, 16, 32)
+    ]
+    return LatencyProfile(points, {("lagging", "cpu"): 20.0})
+
+
 flaky_seen: set[int] = set()  # items that already failed once (inline backend: same process)
 
 

@@ -131,6 +131,9 @@ class ESGSchedulerSettings(Block):
     reserve_overhead: bool = Field(
         default=True, description="Plan jobs to leave the caller's measured time between stages free."
     )
+    correction_alpha: float = Field(
+        default=0.25, ge=0, le=1, description="Weight of the newest batch in the online profile correction; 0: off."
+    )
 
     def to_settings(self) -> ESGSettings:
         """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""

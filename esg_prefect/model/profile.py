@@ -238,6 +238,37 @@ class LatencyProfile:
         high_v = _inverse_lerp(s0, corners[(v1, s0)], s1, corners[(v1, s1)], config.gpu_share)
         return _inverse_lerp(v0, low_v, v1, high_v, config.vcpus)
 
+    def scaled(self, factors: Mapping[tuple[str, str], float]) -> LatencyProfile:
+        """A copy whose batch latencies of each ``(stage, hardware)`` are multiplied by its factor.
+
+        This is how an online correction (:mod:`esg_prefect.model.correction`)
+        reaches the scheduler: one factor per (stage, hardware) scales the whole
+        measured table, so the profile's shape over batch sizes and resources is
+        kept and only its level moves. Cold starts are left alone (model loading
+        is not what drifts with load). Pairs absent from ``factors`` keep factor 1.
+
+        Raises:
+            ProfileError: for a factor that is not a finite number > 0.
+        """
+        for key, f in factors.items():
+            if not (math.isfinite(f) and f > 0):
+                raise ProfileError(f"latency factor for {key} must be a finite number > 0, got {f!r}")
+        points = [
+            p
+            if factors.get((p.stage, p.hardware), 1.0) == 1.0
+            else ProfilePoint(
+                p.stage,
+                p.hardware,
+                p.batch,
+                p.vcpus,
+                p.gpu_share,
+                p.mean_ms * factors[(p.stage, p.hardware)],
+                None if p.p95_ms is None else p.p95_ms * factors[(p.stage, p.hardware)],
+            )
+            for p in self._points
+        ]
+        return LatencyProfile(points, self._cold)
+
     # ---- CSV -------------------------------------------------------------
 
     @classmethod

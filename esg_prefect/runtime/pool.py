@@ -39,6 +39,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import sys
 import threading
 import time
@@ -57,6 +58,7 @@ from esg_prefect.exceptions import (
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
 from esg_prefect.model.config import Config
+from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
@@ -80,6 +82,7 @@ from esg_prefect.scheduling.tables import CandidateTables
 logger = logging.getLogger(__name__)
 
 _DONE_MEMORY = 50_000
+_REPLAN_EVERY_MS = 1000.0  # at most one re-plan from a corrected profile per second
 
 
 def wall_ms() -> float:
@@ -208,6 +211,7 @@ class PoolSnapshot:
     requests: dict[str, dict[str, Any]]
     queue_depths: dict[str, int]
     workers: tuple[dict[str, Any], ...]
+    corrections: tuple[dict[str, Any], ...] = ()
 
 
 DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
@@ -311,12 +315,17 @@ class Pool:
         if switch_interval_s is not None and not (0 < switch_interval_s <= 1):
             raise InvalidInputError(f"switch_interval_s must be in (0, 1] seconds or None, got {switch_interval_s!r}")
         self.switch_interval_s = switch_interval_s
-        self.profile = profile if profile is not None else load_default_profile()
+        self.base_profile = profile if profile is not None else load_default_profile()
+        self.profile = self.base_profile  # the base profile rescaled by the online correction
         self.prices = prices or PriceSheet.default()
         self.settings = settings or ESGSettings()
         self.scheduler_name = scheduler
         self.scheduler = create_scheduler(scheduler, self.profile, self.prices, self.settings, clock=perf_ms)
         self.tables = CandidateTables(self.profile, self.prices, self.settings)
+        alpha = self.settings.correction_alpha
+        self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None
+        self._applied: dict[tuple[str, str], float] = {}  # factors self.profile was scaled with
+        self._replanned_ms = -math.inf
         self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
         self._start_lock = threading.Lock()  # guards starting the loop thread once
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -738,9 +747,11 @@ class Pool:
     ) -> None:
         """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
         running[:] = idx
+        began = wall_ms()
         outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
         running.clear()
         if outcome.ok:
+            self._correct(pendings[idx[0]].call.stage, handle.spec, len(idx), wall_ms() - began)
             for i, out in zip(idx, outcome.outputs, strict=True):
                 results[i] = (out, None)
             return
@@ -758,6 +769,38 @@ class Pool:
         mid = len(idx) // 2
         await self._run_items(handle, pendings, idx[:mid], results, running)
         await self._run_items(handle, pendings, idx[mid:], results, running)
+
+    def _correct(self, stage: str, spec: WorkerSpec, batch: int, actual_ms: float) -> None:
+        """Fold a batch's time as the pool saw it into the online correction; re-plan on drift.
+
+        The time is taken around the worker call (inputs sent, batch run, outputs
+        back), not the worker's own compute time: that is what the plan's batch
+        latency has to cover. Re-planning (a rescaled profile, a new scheduler and
+        tables) happens when a factor moved by more than 10 % from the one in use,
+        at most once a second; the scheduler keeps no state between rounds that
+        this would lose (arrival rates live in the pool).
+        """
+        if self.correction is None:
+            return
+        predicted = self.base_profile.try_latency_ms(
+            stage, Config(batch, spec.vcpus, spec.gpu_share), spec.hardware, "mean"
+        )
+        if predicted is None:
+            return
+        self.correction.observe(stage, spec.hardware, predicted, actual_ms)
+        now = wall_ms()
+        if now - self._replanned_ms >= _REPLAN_EVERY_MS and self.correction.drifted(self._applied):
+            self._replanned_ms = now
+            self._applied = self.correction.factors()
+            self.profile = self.base_profile.scaled(self._applied)
+            self.scheduler = create_scheduler(
+                self.scheduler_name, self.profile, self.prices, self.settings, clock=perf_ms
+            )
+            self.tables = CandidateTables(self.profile, self.prices, self.settings)
+            logger.info(
+                "profile corrected from measured batches: %s",
+                ", ".join(f"{st}@{hw} x{f:.2f}" for (st, hw), f in sorted(self._applied.items())),
+            )
 
     def _finish(
         self, p: _Pending, res: StageResult | None, err: BaseException | None, start: float, end: float
@@ -837,6 +880,22 @@ class Pool:
             requests,
             {str(k): len(v) for k, v in self._queues.items()},
             workers,
+            self._corrections(),
+        )
+
+    def _corrections(self) -> tuple[dict[str, Any], ...]:
+        """The online correction's learned factors, and the ones the scheduler plans with now."""
+        if self.correction is None:
+            return ()
+        return tuple(
+            {
+                "stage": stage,
+                "hardware": hw,
+                "factor": round(f, 4),
+                "applied": round(self._applied.get((stage, hw), 1.0), 4),
+                "batches": self.correction.observations(stage, hw),
+            }
+            for (stage, hw), f in sorted(self.correction.factors().items())
         )
 
     async def _shutdown(self) -> None:

@@ -63,6 +63,10 @@ class ESGSettings:
             next) and plans each job to finish early enough to leave that much per
             remaining stage, plus one for the end of the flow run (not in the paper,
             whose stages are invoked by the platform itself).
+        correction_alpha: the runtime compares each batch's measured time with
+            the profile's prediction and rescales the stage's profile
+            (:mod:`esg_prefect.model.correction`); this is the weight of the
+            newest batch in that estimate, 0 turns the correction off.
     """
 
     config_space: ConfigSpace = field(default_factory=ConfigSpace)
@@ -83,6 +87,7 @@ class ESGSettings:
     idle_billing: Literal["attribute", "separate"] = "attribute"
     allow_eviction: bool = True
     reserve_overhead: bool = True
+    correction_alpha: float = 0.25
 
     def __post_init__(self) -> None:
         if not isinstance(self.config_space, ConfigSpace):
@@ -95,6 +100,9 @@ class ESGSettings:
             raise ConfigError(f"max_expansions must be an int >= 1, got {self.max_expansions!r}")
         if not (0.0 < self.rate_ewma_alpha <= 1.0):
             raise ConfigError(f"rate_ewma_alpha must be in (0, 1], got {self.rate_ewma_alpha!r}")
+        ca = self.correction_alpha
+        if isinstance(ca, bool) or not isinstance(ca, (int, float)) or not (0.0 <= ca <= 1.0):
+            raise ConfigError(f"correction_alpha must be in [0, 1] (0: off), got {ca!r}")
         for name, allowed in _CHOICES.items():
             v = getattr(self, name)
             if v not in allowed:

@@ -230,6 +230,7 @@ class PoolService:
                 "queue_depths": snap.queue_depths,
                 "calls_in_flight": len(self._inflight),
                 "workers": list(snap.workers),
+                "profile_corrections": list(snap.corrections),
                 "recent_batches": len(sizes),
                 "mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
                 "decision_ms_p50": times[len(times) // 2] if times else None,
