@@ -1,0 +1,195 @@
+"""``esg-prefect profile``: measure the stages' latency profile on this machine (and more, on request)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
+def _floats(text: str, what: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``profile`` command."""
+
+    @app.command("profile")
+    def profile(
+        target: list[str] = typer.Option(
+            ["examples"],
+            "--target",
+            "-t",
+            help="What to profile: 'examples', 'examples:<pipeline>', 'module:attr' (a ProfileTarget or a list), "
+            "or 'module:stage@module:samples'. Repeatable.",
+        ),
+        vcpus: str = typer.Option("1,2", help="Thread counts (vCPUs), comma-separated."),
+        batches: str = typer.Option("1,2,4,8,16,32", help="Batch sizes, comma-separated."),
+        gpu_shares: str = typer.Option("0.25,0.5,1", help="GPU shares where a GPU is present (skipped on CPU)."),
+        quick: bool = typer.Option(False, "--quick", help="One repetition per point, batches 1,2 (smoke test)."),
+        out_dir: Path = typer.Option(Path("profiles"), help="Where the CSV files go."),
+        name: str = typer.Option("profile", help="Common name of the files written."),
+        figures_dir: Path | None = typer.Option(None, help="Where the PNG figures go (default: --out-dir)."),
+        breakdown: bool = typer.Option(False, "--breakdown", help="Also measure the Stash stall breakdown."),
+        breakdown_batch: int = typer.Option(4, help="Batch size of the stall breakdown."),
+        co_runners: int = typer.Option(1, help="Co-located tenants in the interference run."),
+        trace: str = typer.Option("azure_llm_conv", help="Arrival trace of the queueing run."),
+        utilisation: float = typer.Option(0.7, help="Offered load of the queueing run, of batch capacity."),
+        validate: bool = typer.Option(False, "--validate", help="Validate the profile against fresh measurements."),
+        profile_csv: Path | None = typer.Option(
+            None, "--profile", help="Use this profile CSV instead of measuring (with --validate or --breakdown)."
+        ),
+        validation_batches: str = typer.Option("1,3,6,8,12,24", help="Batch sizes of the validation."),
+        store: str | None = typer.Option(None, help="Profile store URL (default: the cost store's database)."),
+        no_store: bool = typer.Option(False, "--no-store", help="Do not save the run in the profile store."),
+        wait_quiet_s: float = typer.Option(120.0, help="Wait up to this long for other processes to quiet down."),
+        as_flow: bool = typer.Option(
+            False, "--flow", help="Run as the Prefect flow 'esg-profile' (progress in the UI)."
+        ),
+    ) -> None:
+        """Measure every stage's latency over batch sizes x vCPUs (x GPU shares), with p50/p95, memory, cold start.
+
+        Writes a latency-profile CSV that the scheduler loads
+        (Pool(profile=LatencyProfile.from_csv(...))), the per-call samples for the
+        input-size model, and saves the run in the profile store. --breakdown adds
+        the Stash stall breakdown (compute, host-to-device copy, interference,
+        transfer, queueing, cold start) and the co-run table; --validate compares
+        the profile's predictions with fresh measurements.
+        """
+        if as_flow:
+            from esg_prefect.profiler.flow import profile_flow
+
+            out = profile_flow(
+                targets=list(target),
+                vcpus=list(_ints(vcpus, "--vcpus")),
+                batches=list(_ints(batches, "--batches")) if not quick else None,
+                gpu_shares=list(_floats(gpu_shares, "--gpu-shares")),
+                quick=quick,
+                breakdown=breakdown,
+                validate=validate,
+                out_dir=str(out_dir),
+                name=name,
+                store_url=store,
+                wait_quiet_s=wait_quiet_s,
+            )
+            typer.echo(out)
+            return
+        _run_cli(
+            target=tuple(target),
+            vcpus=_ints(vcpus, "--vcpus"),
+            batches=None if quick else _ints(batches, "--batches"),
+            gpu_shares=_floats(gpu_shares, "--gpu-shares"),
+            quick=quick,
+            out_dir=out_dir,
+            name=name,
+            figures_dir=figures_dir,
+            breakdown=breakdown,
+            breakdown_batch=breakdown_batch,
+            co_runners=co_runners,
+            trace=trace,
+            utilisation=utilisation,
+            validate=validate,
+            profile_csv=profile_csv,
+            validation_batches=_ints(validation_batches, "--validation-batches"),
+            store=False if no_store else store,
+            wait_quiet_s=wait_quiet_s,
+        )
+
+
+def _run_cli(
+    *,
+    target: tuple[str, ...],
+    vcpus: tuple[int, ...],
+    batches: tuple[int, ...] | None,
+    gpu_shares: tuple[float, ...],
+    quick: bool,
+    out_dir: Path,
+    name: str,
+    figures_dir: Path | None,
+    breakdown: bool,
+    breakdown_batch: int,
+    co_runners: int,
+    trace: str,
+    utilisation: float,
+    validate: bool,
+    profile_csv: Path | None,
+    validation_batches: tuple[int, ...],
+    store: str | bool | None,
+    wait_quiet_s: float,
+) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from esg_prefect.profiler.measure import MeasureSettings
+    from esg_prefect.profiler.run import ProfileRequest
+    from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, run_session
+
+    settings = MeasureSettings.quick() if quick else MeasureSettings().with_batches(batches or (1, 2, 4, 8, 16, 32))
+    request = None
+    if profile_csv is None:
+        request = ProfileRequest(
+            specs=target,
+            vcpus=vcpus,
+            gpu_shares=gpu_shares,
+            settings=settings,
+            wait_quiet_s=0.0 if quick else wait_quiet_s,
+            worker_start_launches=1 if quick else 3,
+        )
+    elif not (validate or breakdown):
+        raise typer.BadParameter("--profile is for --validate or --breakdown; without them there is nothing to do")
+    opts = SessionOptions(
+        request=request,
+        existing=profile_csv,
+        out_dir=out_dir,
+        name=name,
+        figures_dir=figures_dir,
+        breakdown=BreakdownOptions(
+            batch=breakdown_batch,
+            co_runners=co_runners,
+            trace=trace,
+            utilisation=utilisation,
+            slot_s=0.3 if quick else 2.0,
+            requests=8 if quick else 48,
+        )
+        if breakdown
+        else None,
+        validate=validate,
+        validation_batches=(1, 3) if quick else validation_batches,
+        validation_settings=settings if profile_csv is not None else None,
+        store_url=store,
+    )
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[label]}"),
+        console=console,
+        transient=False,
+    ) as bar:
+        task_id = bar.add_task("profiling", total=None, label="")
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task_id, completed=done, total=total, label=label)
+
+        def say(text: str) -> None:
+            bar.update(task_id, label=text[:70])
+
+        res = run_session(opts, progress, say)
+    typer.echo(res.text())
+    if res.validation is not None and not res.validation.passed():
+        console.print(f"[yellow]some stages are above the {res.validation.target:.0%} median error target")

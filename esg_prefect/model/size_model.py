@@ -1,0 +1,286 @@
+"""Input-size-aware latency model (Cypress): a batch's latency from the sizes of its items.
+
+Cypress (SoCC '22) observes that a stage's execution time depends on its
+input's size (text length, image pixels, number of crops), so a scheduler that
+counts items mispredicts batches of long or short inputs. This model fits,
+per (stage, hardware, vcpus, gpu_share), by ordinary least squares on the
+profiler's per-call samples::
+
+    latency_ms ~ a + b * batch + c * total_size
+
+where ``total_size`` is the sum of the batch's item sizes (the unit is the
+stage's: words, tokens, crops). When the size carries no information of its
+own (every item the same size, so ``total_size`` is a multiple of ``batch``)
+the fit drops it and is the count model ``a + b * batch``; when only one batch
+size was measured it drops ``b``. Predictions are clamped at
+:data:`MIN_LATENCY_MS`, since a noisy fit can dip below zero outside the data.
+
+Pure arithmetic: no numpy, torch or clock (the domain layer's rule).
+
+Example:
+    >>> samples = [SizeSample("enc", "cpu", b, 1, 0.0, z, 1.0 + 0.5 * b + 0.1 * z)
+    ...            for b, z in [(1, 10), (1, 30), (2, 20), (2, 60), (4, 50), (4, 120)]]
+    >>> m = SizeModel.fit(samples)
+    >>> round(m.latency_ms("enc", [10.0, 20.0], vcpus=1), 3)
+    5.0
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from esg_prefect.exceptions import MissingProfileError, ProfileError
+
+MIN_LATENCY_MS = 0.01
+_RANK_TOL = 1e-9
+
+
+class SampleLike(Protocol):
+    """What the fit reads from a sample (the profiler's ``Sample`` has these attributes)."""
+
+    @property
+    def stage(self) -> str: ...
+    @property
+    def hardware(self) -> str: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def vcpus(self) -> int: ...
+    @property
+    def gpu_share(self) -> float: ...
+    @property
+    def total_size(self) -> float: ...
+    @property
+    def latency_ms(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SizeSample:
+    """One timed call: configuration, the batch's total input size, latency."""
+
+    stage: str
+    hardware: str
+    batch: int
+    vcpus: int
+    gpu_share: float
+    total_size: float
+    latency_ms: float
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ProfileError(f"batch must be >= 1, got {self.batch}")
+        if not (math.isfinite(self.total_size) and self.total_size >= 0):
+            raise ProfileError(f"total_size must be a finite number >= 0, got {self.total_size!r}")
+        if not (math.isfinite(self.latency_ms) and self.latency_ms > 0):
+            raise ProfileError(f"latency_ms must be a finite number > 0, got {self.latency_ms!r}")
+
+
+Key = tuple[str, str, int, float]
+"""(stage, hardware, vcpus, gpu_share)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeFit:
+    """The fitted line of one (stage, hardware, vcpus, gpu_share).
+
+    Args:
+        intercept_ms: ``a``, the fixed cost of a call.
+        per_item_ms: ``b``, the cost of one more item at no extra size.
+        per_size_ms: ``c``, the cost of one more unit of input size (0 when the size was dropped).
+        samples: calls fitted.
+        r2: coefficient of determination on those calls.
+        uses_size: whether the size term was kept.
+    """
+
+    stage: str
+    hardware: str
+    vcpus: int
+    gpu_share: float
+    intercept_ms: float
+    per_item_ms: float
+    per_size_ms: float
+    samples: int
+    r2: float
+    uses_size: bool
+
+    def predict(self, batch: int, total_size: float) -> float:
+        """Predicted latency of a batch of ``batch`` items of ``total_size`` in all."""
+        value = self.intercept_ms + self.per_item_ms * batch + self.per_size_ms * total_size
+        return max(value, MIN_LATENCY_MS)
+
+
+def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares by the normal equations with column scaling; None when the columns are dependent."""
+    n = len(rows[0])
+    scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(n)]
+    xs = [[r[j] / scale[j] for j in range(n)] for r in rows]
+    a = [
+        [sum(x[i] * x[j] for x in xs) for j in range(n)] + [sum(x[i] * t for x, t in zip(xs, y, strict=True))]
+        for i in range(n)
+    ]
+    norm = max(abs(a[i][i]) for i in range(n)) or 1.0
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) <= _RANK_TOL * norm:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c], strict=True)]
+    return [a[i][n] / a[i][i] / scale[i] for i in range(n)]
+
+
+def _dependent(sizes: list[float], batches: list[float]) -> bool:
+    """Whether ``total_size`` is (nearly) proportional to ``batch``: every item the same size."""
+    per_item = [z / b for z, b in zip(sizes, batches, strict=True)]
+    mean = statistics.fmean(per_item)
+    return mean == 0 or (max(per_item) - min(per_item)) <= 1e-6 * abs(mean)
+
+
+def fit_one(samples: Sequence[SampleLike]) -> SizeFit:
+    """Fit one (stage, hardware, vcpus, gpu_share) group (see the module docstring).
+
+    Raises:
+        ProfileError: on an empty group, mixed groups, or fewer than 2 samples.
+    """
+    if len(samples) < 2:
+        raise ProfileError(f"a size fit needs at least 2 samples, got {len(samples)}")
+    keys = {(s.stage, s.hardware, s.vcpus, float(s.gpu_share)) for s in samples}
+    if len(keys) != 1:
+        raise ProfileError(f"fit_one needs samples of one (stage, hardware, vcpus, gpu_share), got {sorted(keys)}")
+    stage, hw, v, share = keys.pop()
+    y = [float(s.latency_ms) for s in samples]
+    b = [float(s.batch) for s in samples]
+    z = [float(s.total_size) for s in samples]
+    use_b = len(set(b)) > 1
+    use_z = not _dependent(z, b) and len(set(z)) > 1
+    coef: list[float] | None = None
+    while coef is None:
+        cols = [[1.0] + ([bi] if use_b else []) + ([zi] if use_z else []) for bi, zi in zip(b, z, strict=True)]
+        coef = _solve(cols, y) if len(y) >= len(cols[0]) else None
+        if coef is None:
+            if use_z:
+                use_z = False
+            elif use_b:
+                use_b = False
+            else:
+                coef = [statistics.fmean(y)]
+    it = iter(coef)
+    a = next(it)
+    cb = next(it) if use_b else 0.0
+    cz = next(it) if use_z else 0.0
+    pred = [a + cb * bi + cz * zi for bi, zi in zip(b, z, strict=True)]
+    mean = statistics.fmean(y)
+    ss_tot = sum((t - mean) ** 2 for t in y)
+    ss_res = sum((t - p) ** 2 for t, p in zip(y, pred, strict=True))
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+    return SizeFit(stage, hw, v, share, a, cb, cz, len(y), r2, use_z)
+
+
+class SizeModel:
+    """Fitted size-aware latencies, by (stage, hardware, vcpus, gpu_share).
+
+    Use :meth:`fit` on the profiler's samples
+    (:func:`esg_prefect.profiler.results.read_samples_csv`).
+    """
+
+    def __init__(self, fits: Iterable[SizeFit]) -> None:
+        self._fits: dict[Key, SizeFit] = {}
+        for f in fits:
+            key = (f.stage, f.hardware, f.vcpus, float(f.gpu_share))
+            if key in self._fits:
+                raise ProfileError(f"two size fits for {key}")
+            self._fits[key] = f
+
+    @classmethod
+    def fit(cls, samples: Iterable[SampleLike], min_samples: int = 3) -> SizeModel:
+        """Fit every (stage, hardware, vcpus, gpu_share) group with at least ``min_samples`` calls."""
+        groups: dict[Key, list[SampleLike]] = {}
+        for s in samples:
+            groups.setdefault((s.stage, s.hardware, s.vcpus, float(s.gpu_share)), []).append(s)
+        return cls(fit_one(g) for g in groups.values() if len(g) >= max(min_samples, 2))
+
+    @property
+    def fits(self) -> tuple[SizeFit, ...]:
+        """Every fit."""
+        return tuple(self._fits.values())
+
+    def get(self, stage: str, hardware: str = "cpu", vcpus: int = 1, gpu_share: float = 0.0) -> SizeFit:
+        """The fit of one group.
+
+        Raises:
+            MissingProfileError: naming the group when it was not fitted.
+        """
+        fit = self._fits.get((stage, hardware, vcpus, float(gpu_share)))
+        if fit is None:
+            raise MissingProfileError(
+                f"no size fit for stage {stage!r} on {hardware!r} with vcpus={vcpus} gpu_share={gpu_share}"
+            )
+        return fit
+
+    def size_sensitive(self, stage: str) -> bool:
+        """Whether any fit of ``stage`` kept the size term."""
+        return any(f.uses_size for (s, *_), f in self._fits.items() if s == stage)
+
+    def latency_ms(
+        self, stage: str, item_sizes: Sequence[float], *, vcpus: int, gpu_share: float = 0.0, hardware: str = "cpu"
+    ) -> float:
+        """Predicted latency of one batch made of items of ``item_sizes``.
+
+        Raises:
+            ProfileError: on an empty batch.
+            MissingProfileError: when the group was not fitted.
+        """
+        if not item_sizes:
+            raise ProfileError("a batch has at least one item")
+        return self.get(stage, hardware, vcpus, gpu_share).predict(len(item_sizes), float(sum(item_sizes)))
+
+
+@dataclass(frozen=True, slots=True)
+class HoldoutError:
+    """Median absolute percentage error on held-out calls: size model versus count model (mean per batch size)."""
+
+    stage: str
+    calls: int
+    size_mape: float
+    count_mape: float
+    uses_size: bool
+
+
+def holdout_errors(samples: Iterable[SampleLike], min_samples: int = 6) -> list[HoldoutError]:
+    """Fit on every other call of each group, test on the rest, per stage.
+
+    The count model predicts the mean latency of the training calls of the same
+    batch size (what a profile table gives); the size model is :func:`fit_one`.
+    Why held out: on the calls it was fitted to, a model with more terms always
+    looks better.
+    """
+    groups: dict[Key, list[SampleLike]] = {}
+    for s in samples:
+        groups.setdefault((s.stage, s.hardware, s.vcpus, float(s.gpu_share)), []).append(s)
+    per_stage: dict[str, tuple[list[float], list[float], bool]] = {}
+    for key, g in groups.items():
+        if len(g) < min_samples:
+            continue
+        train, test = g[0::2], g[1::2]
+        fit = fit_one(train)
+        by_batch: dict[int, list[float]] = {}
+        for s in train:
+            by_batch.setdefault(s.batch, []).append(s.latency_ms)
+        sz, ct, used = per_stage.setdefault(key[0], ([], [], False))
+        for s in test:
+            if s.batch not in by_batch:
+                continue
+            sz.append(abs(fit.predict(s.batch, s.total_size) - s.latency_ms) / s.latency_ms)
+            ct.append(abs(statistics.fmean(by_batch[s.batch]) - s.latency_ms) / s.latency_ms)
+        per_stage[key[0]] = (sz, ct, used or fit.uses_size)
+    return [
+        HoldoutError(st, len(sz), statistics.median(sz), statistics.median(ct), used)
+        for st, (sz, ct, used) in per_stage.items()
+        if sz
+    ]

@@ -1,0 +1,109 @@
+"""The profiler as a Prefect flow: the same session as ``esg-prefect profile``, with progress in the UI.
+
+Progress is a Prefect progress artifact (key ``esg-profile-progress``) updated
+after each measured point, plus a run-log line per configuration step; at the
+end a markdown artifact (key ``esg-profile-report``) holds the profile summary,
+the stall breakdown and the validation table. Each phase is a task, so the UI
+shows where the time went.
+
+Example:
+    >>> from esg_prefect.profiler.flow import profile_flow   # doctest: +SKIP
+    >>> profile_flow(targets=["examples:text"], vcpus=[1], batches=[1, 2, 4], quick=True)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+from uuid import UUID
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+from esg_prefect.profiler.measure import MeasureSettings
+from esg_prefect.profiler.run import ProfileRequest
+from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, SessionResult, run_session
+from esg_prefect.profiler.validate import VALIDATION_BATCHES
+
+
+def settings_for(batches: list[int] | None, quick: bool) -> MeasureSettings:
+    """Measurement settings from the flow's (or the CLI's) parameters."""
+    if quick:
+        return MeasureSettings.quick(batches or (1, 2))
+    return MeasureSettings() if batches is None else MeasureSettings().with_batches(batches)
+
+
+def report_markdown(res: SessionResult) -> str:
+    """The session's account as markdown (fenced text tables)."""
+    return "# esg-prefect profile\n\n```\n" + res.text() + "\n```\n"
+
+
+@task(name="profile-session")
+def _session(opts: SessionOptions) -> SessionResult:
+    logger = get_run_logger()
+    artifact = cast(UUID, create_progress_artifact(0.0, key="esg-profile-progress", description="points measured"))
+    last = [-1]
+
+    def progress(done: int, total: int, label: str) -> None:
+        pct = 100.0 * done / max(total, 1)
+        if int(pct) != last[0]:  # one API call per percent, not per point
+            update_progress_artifact(artifact, pct)
+            last[0] = int(pct)
+        logger.debug("%d/%d %s", done, total, label)
+
+    res = run_session(opts, progress, say=logger.info)
+    update_progress_artifact(artifact, 100.0)
+    return res
+
+
+@flow(name="esg-profile", log_prints=True)
+def profile_flow(
+    targets: list[str] | None = None,
+    vcpus: list[int] | None = None,
+    batches: list[int] | None = None,
+    gpu_shares: list[float] | None = None,
+    quick: bool = False,
+    breakdown: bool = False,
+    validate: bool = False,
+    out_dir: str = "profiles",
+    name: str = "profile",
+    store_url: str | None = None,
+    wait_quiet_s: float = 60.0,
+) -> dict[str, Any]:
+    """Profile stages on this machine (``esg-prefect profile --flow`` runs this).
+
+    Args:
+        targets: target specs (default: the example stages).
+        vcpus: thread counts (default 1 and 2).
+        batches: batch sizes (default 1..32).
+        gpu_shares: GPU shares where a GPU is present.
+        quick: one repetition per point (smoke test).
+        breakdown: also run the Stash stall breakdown.
+        validate: also validate the profile against fresh measurements.
+        out_dir, name: where the files go (see :mod:`esg_prefect.profiler.session`).
+        store_url: profile store URL (default store when None).
+        wait_quiet_s: wait this long at most for the machine to quiet down per configuration.
+
+    Returns:
+        The files written (by kind) and the stored run id.
+    """
+    request = ProfileRequest(
+        specs=tuple(targets or ("examples",)),
+        vcpus=tuple(vcpus or (1, 2)),
+        gpu_shares=tuple(gpu_shares) if gpu_shares is not None else (0.25, 0.5, 1.0),
+        settings=settings_for(batches, quick),
+        wait_quiet_s=0.0 if quick else wait_quiet_s,
+        worker_start_launches=1 if quick else 3,
+    )
+    opts = SessionOptions(
+        request=request,
+        out_dir=Path(out_dir),
+        name=name,
+        breakdown=BreakdownOptions(slot_s=0.3 if quick else 2.0, requests=8 if quick else 48) if breakdown else None,
+        validate=validate,
+        validation_batches=(1, 3) if quick else VALIDATION_BATCHES,
+        store_url=store_url,
+    )
+    res = _session(opts)
+    create_markdown_artifact(report_markdown(res), key="esg-profile-report", description="profile summary")
+    return {"files": {k: str(v) for k, v in res.files.items()}, "run_id": res.run_id}

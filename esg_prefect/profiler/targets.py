@@ -1,0 +1,279 @@
+"""What the profiler measures: stages, how to build their models, and real inputs for them.
+
+A :class:`ProfileTarget` is a stage as the profiler sees it: a loader (the cold
+start), a batch function, a generator of realistic inputs and, for stages whose
+cost depends on their input (Cypress), a size function. Targets are named by
+*spec strings*, so that a fresh worker process can rebuild them:
+
+``examples``
+    every stage of the three example pipelines (:mod:`esg_prefect.examples.catalog`);
+``examples:<pipeline>``
+    the stages of one example pipeline. Each stage is fed the real outputs of
+    its upstream stages (the pipeline runs once, stage by stage), so text
+    lengths, box counts and crop counts vary as they do in service;
+``module:attr``
+    a :class:`ProfileTarget`, a sequence of them, or a zero-argument callable
+    returning them;
+``module:stage@module:samples``
+    a registered stage (a :class:`~esg_prefect.runtime.stages.StageSpec`, or the
+    Prefect task made by ``Pipeline.stage``) and ``samples(rng, n) -> items``.
+
+:func:`prepare` builds the models in the calling process and times each cold
+start (build plus the first call on one real input), as a worker pays it.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from esg_prefect.exceptions import InvalidInputError, UnknownStageError
+
+LoadFn = Callable[[str], Any]
+RunFn = Callable[[Any, list[Any]], Sequence[Any]]
+SamplesFn = Callable[[random.Random, int], list[Any]]
+SizeFn = Callable[[Any], float]
+
+
+def input_size(item: Any) -> float:
+    """A generic size of one stage input, the variable of the Cypress size model.
+
+    Texts count words; 1-d tensors (token ids) count elements; a dict with
+    ``hidden`` (encoder states) counts their rows; a dict with ``boxes``
+    (detections) counts the boxes; ``objects`` (the caption's detections) is
+    sized like its value; other tensors count elements; lists sum their items.
+    Why these units: they are what the example stages' cost grows with (tokens
+    through an encoder, crops through a classifier); a user's stage can give
+    its own ``size_of``.
+    """
+    if isinstance(item, str):
+        return float(len(item.split()))
+    if isinstance(item, dict):
+        if "hidden" in item:
+            return input_size(item["hidden"]) if _ndim(item["hidden"]) == 1 else float(len(item["hidden"]))
+        if "boxes" in item:
+            return float(len(item["boxes"]))
+        if "objects" in item:
+            return input_size(item["objects"])
+        return float(sum(input_size(v) for v in item.values()))
+    if isinstance(item, (list, tuple)):
+        return float(sum(input_size(v) for v in item))
+    numel = getattr(item, "numel", None)
+    if callable(numel):
+        return float(numel())
+    if isinstance(item, (int, float)):
+        return 1.0
+    return 1.0
+
+
+def _ndim(x: Any) -> int:
+    return int(getattr(x, "ndim", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileTarget:
+    """One stage to profile.
+
+    Args:
+        name: the stage's name in the latency profile.
+        load: ``load(device) -> model``; the cold start.
+        run: ``run(model, items) -> outputs``, the batch function.
+        samples: ``samples(rng, n) -> items``: ``n`` realistic inputs.
+        pipeline: the pipeline it belongs to (groups the report and plots).
+        size_of: ``size_of(item) -> float`` for the size model; :func:`input_size` by default.
+
+    Example:
+        >>> t = ProfileTarget("double", lambda d: 2, lambda m, xs: [m * x for x in xs],
+        ...                   lambda rng, n: [rng.random() for _ in range(n)])
+        >>> t.run(2, [1, 2])
+        [2, 4]
+    """
+
+    name: str
+    load: LoadFn
+    run: RunFn
+    samples: SamplesFn
+    pipeline: str = ""
+    size_of: SizeFn | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidInputError(f"a profile target needs a non-empty name, got {self.name!r}")
+        for what in ("load", "run", "samples"):
+            if not callable(getattr(self, what)):
+                raise InvalidInputError(f"profile target {self.name!r}: {what} must be callable")
+
+    def size(self, item: Any) -> float:
+        """The input size of one item."""
+        return float((self.size_of or input_size)(item))
+
+
+@dataclass(slots=True)
+class PreparedStage:
+    """A target with its model built in this process, real inputs, and its measured cold start."""
+
+    target: ProfileTarget
+    model: Any
+    jobs: list[Any]
+    load_ms: float
+    cold_start_ms: float
+    cursor: int = field(default=0)
+
+    @property
+    def name(self) -> str:
+        """The stage's profile name."""
+        return self.target.name
+
+    def next_batch(self, batch: int) -> list[Any]:
+        """The next ``batch`` jobs, round robin, so successive calls see different inputs."""
+        items = [self.jobs[(self.cursor + k) % len(self.jobs)] for k in range(batch)]
+        self.cursor = (self.cursor + batch) % len(self.jobs)
+        return items
+
+
+def _timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float]:
+    gc.collect()
+    t0 = time.perf_counter()
+    model = target.load(device)
+    t1 = time.perf_counter()
+    target.run(model, [first])
+    _sync(device)
+    t2 = time.perf_counter()
+    return model, (t1 - t0) * 1000.0, (t2 - t0) * 1000.0
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def example_targets(pipelines: Sequence[str] | None = None) -> list[ProfileTarget]:
+    """Targets for the example stages; their ``samples`` is unused (see :func:`prepare`)."""
+    from esg_prefect.examples.catalog import PIPELINES, get_pipeline
+
+    names = list(pipelines) if pipelines else list(PIPELINES)
+    out = []
+    for name in names:
+        spec = get_pipeline(name)
+        for st in spec.stages:
+            out.append(ProfileTarget(st.profile_name, st.load, st.run, _no_samples, pipeline=name))
+    return out
+
+
+def _no_samples(rng: random.Random, n: int) -> list[Any]:
+    raise InvalidInputError("example stages get their inputs from the pipeline's upstream stages")
+
+
+def _prepare_examples(pipeline: str, device: str, pool: int, seed: int) -> list[PreparedStage]:
+    from esg_prefect.examples.catalog import StageSpec, get_pipeline, trace_pipeline
+
+    spec = get_pipeline(pipeline)
+    rng = random.Random(f"{seed}-{pipeline}")
+    requests = [spec.make_input(rng) for _ in range(pool)]
+    timed: dict[str, tuple[Any, float, float]] = {}
+
+    def loader(stage: StageSpec, jobs: list[Any]) -> Any:
+        t = ProfileTarget(stage.profile_name, stage.load, stage.run, _no_samples)
+        timed[stage.name] = _timed_cold(t, device, jobs[0])
+        return timed[stage.name][0]
+
+    jobs, _ = trace_pipeline(pipeline, requests, batch_size=8, loader=loader, device=device)
+    out = []
+    for st in spec.stages:
+        model, load_ms, cold_ms = timed[st.name]
+        target = ProfileTarget(st.profile_name, st.load, st.run, _no_samples, pipeline=pipeline)
+        out.append(PreparedStage(target, model, jobs[st.name], load_ms, cold_ms))
+    return out
+
+
+def _import(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise UnknownStageError(f"a target must look like 'module:attribute', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownStageError(f"cannot import module {module_name!r} of target {path!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UnknownStageError(f"module {module_name!r} has no attribute {attr!r} (target {path!r})") from None
+    return obj
+
+
+def resolve_targets(spec: str) -> list[ProfileTarget]:
+    """The targets a spec string names (not for ``examples`` specs, which :func:`prepare` handles).
+
+    Raises:
+        UnknownStageError: naming the spec when it cannot be imported or is not a target.
+    """
+    if "@" in spec:
+        stage_path, samples_path = spec.split("@", 1)
+        from esg_prefect.runtime.stages import resolve_stage
+
+        stage = resolve_stage(stage_path)
+        samples = _import(samples_path)
+        if not callable(samples):
+            raise UnknownStageError(f"samples {samples_path!r} of target {spec!r} is not callable")
+        return [ProfileTarget(stage.profile_name, stage.load, stage.run, samples)]
+    obj = _import(spec)
+    if isinstance(obj, ProfileTarget):
+        return [obj]
+    if callable(obj) and not isinstance(obj, (list, tuple)):
+        obj = obj()
+    if isinstance(obj, (list, tuple)) and obj and all(isinstance(t, ProfileTarget) for t in obj):
+        return list(obj)
+    raise UnknownStageError(
+        f"{spec!r} is not a ProfileTarget, a list of them, or a callable returning them; "
+        "for a registered stage use 'module:stage@module:samples'"
+    )
+
+
+def pipelines_of(spec: str) -> list[str]:
+    """The example pipelines an ``examples`` spec names; empty for other specs."""
+    from esg_prefect.examples.catalog import PIPELINES, get_pipeline
+
+    if spec == "examples":
+        return list(PIPELINES)
+    if spec.startswith("examples:"):
+        name = spec.split(":", 1)[1]
+        get_pipeline(name)  # names the known pipelines when unknown
+        return [name]
+    return []
+
+
+def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: int = 0) -> list[PreparedStage]:
+    """Build every target's model in this process, make ``pool`` real inputs each, time the cold starts.
+
+    Raises:
+        InvalidInputError: on a ``pool`` below 1.
+        UnknownStageError: on a spec that names no target.
+    """
+    if pool < 1:
+        raise InvalidInputError(f"pool must be >= 1, got {pool}")
+    out: list[PreparedStage] = []
+    for spec in specs:
+        examples = pipelines_of(spec)
+        if examples:
+            for name in examples:
+                out += _prepare_examples(name, device, pool, seed)
+            continue
+        for target in resolve_targets(spec):
+            jobs = list(target.samples(random.Random(f"{seed}-{target.name}"), pool))
+            if not jobs:
+                raise InvalidInputError(f"target {target.name!r}: samples returned no inputs")
+            model, load_ms, cold_ms = _timed_cold(target, device, jobs[0])
+            out.append(PreparedStage(target, model, jobs, load_ms, cold_ms))
+    names = [p.name for p in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InvalidInputError(f"stage names must be unique across the targets profiled together, repeated: {dup}")
+    return out

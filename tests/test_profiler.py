@@ -1,0 +1,294 @@
+"""The profiler: profile CSV and store, Stash breakdown, co-run table, validation, CLI and flow.
+
+The stages here are tiny toys (worker processes import them from this module as
+``tests.test_profiler:toy_targets``): ``sleepy`` sleeps 2 ms per item, so its
+latency grows with the batch whatever the machine's load (the one ordering the
+tests may assert); ``sized`` costs with the total length of its inputs. One
+module-scoped session measures them once (1 repetition, batches 1, 2, 4) with the
+breakdown and the validation; the tests read its results. No timing is asserted
+beyond what the sleeps guarantee.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from esg_prefect.exceptions import MissingProfileError, ProfileError, UnknownStageError
+from esg_prefect.model import Config, LatencyProfile
+from esg_prefect.profiler import (
+    COMPONENTS,
+    BreakdownOptions,
+    CoRunRow,
+    InterferenceTable,
+    MeasureSettings,
+    ProfileRequest,
+    ProfileTarget,
+    SessionOptions,
+    SessionResult,
+    ValidationReport,
+    ValidationRow,
+    input_size,
+    read_profile_csv,
+    read_samples_csv,
+    run_session,
+)
+from esg_prefect.profiler.breakdown import read_breakdown_csv
+from esg_prefect.profiler.results import EXTRA_FIELDS, PROFILE_FIELDS
+from esg_prefect.profiler.targets import resolve_targets
+from esg_prefect.store.profile_store import PROFILE_MIGRATIONS, ProfileStore, migrate_profiles
+from esg_prefect.store.migrations import Migration
+
+TOYS = "tests.test_profiler:toy_targets"
+SLEEP_PER_ITEM_S = 0.002
+
+pytestmark = pytest.mark.xdist_group("profiler")
+
+
+# ---- toy stages (imported by the worker processes) ---------------------------------------------
+
+
+def load_sleepy(device: str) -> dict[str, Any]:
+    return {"device": device}
+
+
+def run_sleepy(model: dict[str, Any], items: list[float]) -> list[float]:
+    time.sleep(SLEEP_PER_ITEM_S * len(items))
+    return [x + 1 for x in items]
+
+
+def samples_sleepy(rng: random.Random, n: int) -> list[float]:
+    return [rng.random() for _ in range(n)]
+
+
+def load_sized(device: str) -> int:
+    return 3
+
+
+def run_sized(model: int, items: list[str]) -> list[int]:
+    acc = 0
+    for text in items:
+        for _ in range(200 * len(text.split())):
+            acc += model
+    return [len(t) for t in items]
+
+
+def samples_sized(rng: random.Random, n: int) -> list[str]:
+    return [" ".join("w" for _ in range(rng.randint(2, 40))) for _ in range(n)]
+
+
+def toy_targets() -> list[ProfileTarget]:
+    return [
+        ProfileTarget("sleepy", load_sleepy, run_sleepy, samples_sleepy, pipeline="toy"),
+        ProfileTarget("sized", load_sized, run_sized, samples_sized, pipeline="toy"),
+    ]
+
+
+# ---- one measured session ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[SessionResult, Path, str]:
+    out = tmp_path_factory.mktemp("profile")
+    url = f"sqlite:///{out / 'profiles.db'}"
+    settings = MeasureSettings((1, 2, 4), pool=6, warmup=1, min_reps=1, max_reps=1, max_attempts=1)
+    opts = SessionOptions(
+        request=ProfileRequest((TOYS,), vcpus=(1,), settings=settings, wait_quiet_s=0.0, worker_start_launches=1),
+        out_dir=out,
+        name="toy",
+        breakdown=BreakdownOptions(batch=2, slot_s=0.2, requests=8),
+        validate=True,
+        validation_batches=(1, 3),
+        store_url=url,
+    )
+    seen: list[tuple[int, int]] = []
+    res = run_session(opts, lambda done, total, label: seen.append((done, total)))
+    assert seen and seen[-1][0] == seen[-1][1] == 2 * 3  # 2 stages x 3 batch sizes x 1 configuration
+    return res, out, url
+
+
+def test_profile_csv_loads_as_a_latency_profile(session: tuple[SessionResult, Path, str]) -> None:
+    res, out, _ = session
+    path = out / "toy.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        header = next(csv.reader(fh))
+    assert tuple(header) == (*PROFILE_FIELDS, *EXTRA_FIELDS)
+    profile = LatencyProfile.from_csv(path)
+    assert profile.stages() == {"sleepy", "sized"}
+    assert {c.batch for c in profile.measured_configs("sleepy", "cpu")} == {1, 2, 4}
+    # the sleeps make the order certain: 2 ms per item at least
+    lat = [profile.latency_ms("sleepy", Config(b, 1), "cpu", "mean") for b in (1, 2, 4)]
+    assert lat[0] < lat[2] and lat[0] >= 1000 * SLEEP_PER_ITEM_S and lat[2] >= 4000 * SLEEP_PER_ITEM_S
+    points = read_profile_csv(path)
+    assert len(points) == 6
+    for p in points:
+        assert p.p50_ms <= p.p95_ms or math.isclose(p.p50_ms, p.p95_ms)
+        assert p.peak_mem_mb > 10  # a Python process with numpy holds tens of MiB
+        assert p.cold_start_ms >= p.load_ms >= 0  # cold start = load + first call
+        assert p.worker_start_ms > 0
+        assert profile.cold_start_ms(p.stage, "cpu") == pytest.approx(p.total_cold_start_ms, abs=0.1)
+        assert p.reps == 1 and p.pipeline == "toy"
+    # scheduler-facing profile equals the file's
+    assert res.profile is not None and res.profile.stages() == profile.stages()
+
+
+def test_samples_record_input_sizes(session: tuple[SessionResult, Path, str]) -> None:
+    _, out, _ = session
+    samples = read_samples_csv(out / "toy_samples.csv")
+    assert {(s.stage, s.batch) for s in samples} == {(st, b) for st in ("sleepy", "sized") for b in (1, 2, 4)}
+    sized = [s for s in samples if s.stage == "sized"]
+    assert all(2 * s.batch <= s.total_size <= 40 * s.batch for s in sized)  # words per text: 2..40
+
+
+def test_breakdown_rows_for_every_stage(session: tuple[SessionResult, Path, str]) -> None:
+    res, out, _ = session
+    assert res.breakdown is not None
+    rows = {r.stage: r for r in res.breakdown.rows}
+    assert set(rows) == {"sleepy", "sized"}
+    for r in rows.values():
+        assert r.batch == 2 and r.h2d_ms is None and r.component_ms("h2d") == 0.0  # CPU: not applicable
+        assert r.compute_ms > 0 and r.transfer_ms > 0 and r.transfer_bytes > 0
+        assert r.queueing_ms >= 0 and r.queue_p95_ms >= 0 and r.queue_trace == "azure_llm_conv"
+        assert r.slowdown > 0 and r.interference_ms >= 0 and r.co_runners == 1
+        assert r.cold_start_ms > 0
+        assert r.warm_total_ms == pytest.approx(sum(r.component_ms(c) for c in COMPONENTS[:-1]))
+    assert rows["sleepy"].compute_ms >= 2000 * SLEEP_PER_ITEM_S
+    assert read_breakdown_csv(out / "toy_stalls.csv") == [
+        pytest.approx(r) if False else r for r in read_breakdown_csv(out / "toy_stalls.csv")
+    ]
+    back = {r.stage: r for r in read_breakdown_csv(out / "toy_stalls.csv")}
+    assert back["sleepy"].h2d_ms is None
+    assert back["sleepy"].compute_ms == pytest.approx(rows["sleepy"].compute_ms, rel=1e-3)
+    assert (out / "profiler_toy_toy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_corun_table_round_trips(session: tuple[SessionResult, Path, str]) -> None:
+    res, out, _ = session
+    table = InterferenceTable.from_csv(out / "toy_corun.csv")
+    assert table.stages() == {"sleepy", "sized"}
+    assert res.breakdown is not None
+    for r in res.breakdown.corun.rows:
+        assert table.slowdown(r.stage, "cpu", 1) == pytest.approx(r.slowdown, rel=1e-3)
+        assert table.slowdown(r.stage, "cpu", 0) == 1.0
+
+
+def test_validation_numbers(session: tuple[SessionResult, Path, str]) -> None:
+    res, out, _ = session
+    v = res.validation
+    assert v is not None
+    assert {(r.stage, r.batch, r.interpolated) for r in v.rows} == {
+        (s, b, b == 3) for s in ("sleepy", "sized") for b in (1, 3)
+    }
+    for r in v.rows:
+        assert r.measured_ms > 0 and r.predicted_ms > 0 and math.isfinite(r.ape)
+    per = v.per_stage()
+    assert set(per) == {"sleepy", "sized"} and all(e >= 0 for e in per.values())
+    assert "sleepy" in v.table()
+    with open(out / "toy_validation.csv", newline="", encoding="utf-8") as fh:
+        assert len(list(csv.DictReader(fh))) == 4
+    assert (out / "profiler_toy_validation.png").exists()
+
+
+def test_run_is_in_the_store(session: tuple[SessionResult, Path, str]) -> None:
+    res, out, url = session
+    with ProfileStore(url) as store:
+        runs = store.runs()
+        assert [r.run_id for r in runs] == [res.run_id]
+        stored = store.load_profile()
+        from_csv = LatencyProfile.from_csv(out / "toy.csv")
+        assert stored.stages() == from_csv.stages()
+        cfg = Config(2, 1)
+        assert stored.latency_ms("sleepy", cfg, "cpu") == pytest.approx(from_csv.latency_ms("sleepy", cfg, "cpu"), 1e-3)
+        stalls = store.stalls(res.run_id or "")
+        assert {(s.stage, s.component) for s in stalls} == {(st, c) for st in ("sleepy", "sized") for c in COMPONENTS}
+        assert next(s for s in stalls if s.component == "h2d").ms is None
+
+
+# ---- pure parts ------------------------------------------------------------------------------------
+
+
+def test_interference_table_interpolates_and_names_missing_stages() -> None:
+    t = InterferenceTable(
+        [CoRunRow("a", "cpu", 4, 1, 0.0, 1, 10.0, 12.0), CoRunRow("a", "cpu", 4, 1, 0.0, 3, 10.0, 20.0)]
+    )
+    assert t.slowdown("a", "cpu", 1) == pytest.approx(1.2)
+    assert t.slowdown("a", "cpu", 2) == pytest.approx(1.6)  # between 1.2 and 2.0
+    assert t.slowdown("a", "cpu", 5) == pytest.approx(2.8)  # the last two points' line
+    with pytest.raises(ProfileError, match="no co-run measured for stage 'b'"):
+        t.slowdown("b", "cpu", 1)
+    with pytest.raises(ProfileError, match="co_runners must be >= 0, got -1"):
+        t.slowdown("a", "cpu", -1)
+    with pytest.raises(ProfileError, match="alone_ms must be a finite number > 0"):
+        CoRunRow("a", "cpu", 4, 1, 0.0, 1, 0.0, 1.0)
+
+
+def test_validation_report_medians() -> None:
+    rows = tuple(
+        ValidationRow("s", "cpu", b, 1, 0.0, b == 3, pred, 10.0, True)
+        for b, pred in ((1, 11.0), (3, 13.0), (8, 10.5))
+    )
+    rep = ValidationReport(rows, {})
+    assert rep.median_ape("s") == pytest.approx(0.10)
+    assert rep.median_ape("s", interpolated=True) == pytest.approx(0.30)
+    assert rep.passed()
+    assert not ValidationReport(rows, {}, target=0.05).passed()
+    with pytest.raises(Exception, match="no validation rows for stage 'x'"):
+        rep.median_ape("x")
+
+
+def test_input_size_units() -> None:
+    import torch
+
+    assert input_size("three short words") == 3
+    assert input_size(torch.zeros(17, dtype=torch.int64)) == 17
+    assert input_size({"hidden": torch.zeros(9, 256)}) == 9
+    assert input_size({"boxes": torch.zeros(5, 4), "image": torch.zeros(3, 8, 8)}) == 5
+    assert input_size(["a b", "c"]) == 3
+
+
+def test_bad_targets_are_named() -> None:
+    with pytest.raises(UnknownStageError, match="'nope'"):
+        resolve_targets("tests.test_profiler:nope")
+    with pytest.raises(UnknownStageError, match="is not a ProfileTarget"):
+        resolve_targets("tests.test_profiler:SLEEP_PER_ITEM_S")
+    assert [t.name for t in resolve_targets(TOYS)] == ["sleepy", "sized"]
+
+
+def test_profile_store_versions(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    with ProfileStore(url) as store:
+        assert migrate_profiles(store.engine) == ()  # already at the newest version
+        with pytest.raises(MissingProfileError, match="holds no profile run"):
+            store.load_profile()
+    v2 = Migration(2, "noop", lambda conn: None)
+    with ProfileStore(url) as store:
+        assert migrate_profiles(store.engine, (*PROFILE_MIGRATIONS, v2)) == (2,)
+    from esg_prefect.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="schema version 2, newer than this esg-prefect knows \\(1\\)"):
+        ProfileStore(url)
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+
+@pytest.mark.service
+def test_cli_quick_profile(tmp_path: Path) -> None:
+    from esg_prefect.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["profile", "--quick", "-t", TOYS, "--vcpus", "1", "--no-store", "--out-dir", str(tmp_path), "--name", "q"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "sleepy" in result.output and "wrote profile" in result.output
+    assert LatencyProfile.from_csv(tmp_path / "q.csv").stages() == {"sleepy", "sized"}
+    bad = CliRunner().invoke(app, ["profile", "--vcpus", "0"])
+    assert bad.exit_code != 0 and "--vcpus must be integers >= 1" in bad.output
