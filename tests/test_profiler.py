@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from esg_prefect.exceptions import MissingProfileError, ProfileError, UnknownStageError
+from esg_prefect.exceptions import InvalidInputError, MissingProfileError, ProfileError, UnknownStageError
 from esg_prefect.model import Config, LatencyProfile
 from esg_prefect.profiler import (
     COMPONENTS,
@@ -43,8 +43,8 @@ from esg_prefect.profiler import (
 from esg_prefect.profiler.breakdown import read_breakdown_csv
 from esg_prefect.profiler.results import EXTRA_FIELDS, PROFILE_FIELDS
 from esg_prefect.profiler.targets import resolve_targets
-from esg_prefect.store.profile_store import PROFILE_MIGRATIONS, ProfileStore, migrate_profiles
 from esg_prefect.store.migrations import Migration
+from esg_prefect.store.profile_store import PROFILE_MIGRATIONS, ProfileStore, migrate_profiles
 
 TOYS = "tests.test_profiler:toy_targets"
 SLEEP_PER_ITEM_S = 0.002
@@ -160,9 +160,6 @@ def test_breakdown_rows_for_every_stage(session: tuple[SessionResult, Path, str]
         assert r.cold_start_ms > 0
         assert r.warm_total_ms == pytest.approx(sum(r.component_ms(c) for c in COMPONENTS[:-1]))
     assert rows["sleepy"].compute_ms >= 2000 * SLEEP_PER_ITEM_S
-    assert read_breakdown_csv(out / "toy_stalls.csv") == [
-        pytest.approx(r) if False else r for r in read_breakdown_csv(out / "toy_stalls.csv")
-    ]
     back = {r.stage: r for r in read_breakdown_csv(out / "toy_stalls.csv")}
     assert back["sleepy"].h2d_ms is None
     assert back["sleepy"].compute_ms == pytest.approx(rows["sleepy"].compute_ms, rel=1e-3)
@@ -231,15 +228,14 @@ def test_interference_table_interpolates_and_names_missing_stages() -> None:
 
 def test_validation_report_medians() -> None:
     rows = tuple(
-        ValidationRow("s", "cpu", b, 1, 0.0, b == 3, pred, 10.0, True)
-        for b, pred in ((1, 11.0), (3, 13.0), (8, 10.5))
+        ValidationRow("s", "cpu", b, 1, 0.0, b == 3, pred, 10.0, True) for b, pred in ((1, 11.0), (3, 13.0), (8, 10.5))
     )
     rep = ValidationReport(rows, {})
     assert rep.median_ape("s") == pytest.approx(0.10)
     assert rep.median_ape("s", interpolated=True) == pytest.approx(0.30)
     assert rep.passed()
     assert not ValidationReport(rows, {}, target=0.05).passed()
-    with pytest.raises(Exception, match="no validation rows for stage 'x'"):
+    with pytest.raises(InvalidInputError, match="no validation rows for stage 'x'"):
         rep.median_ape("x")
 
 

@@ -56,8 +56,12 @@ def register(app: typer.Typer) -> None:
         store: str | None = typer.Option(None, help="Profile store URL (default: the cost store's database)."),
         no_store: bool = typer.Option(False, "--no-store", help="Do not save the run in the profile store."),
         wait_quiet_s: float = typer.Option(120.0, help="Wait up to this long for other processes to quiet down."),
+        max_attempts: int = typer.Option(4, help="Times a point disturbed by other processes is timed, at most."),
         as_flow: bool = typer.Option(
             False, "--flow", help="Run as the Prefect flow 'esg-profile' (progress in the UI)."
+        ),
+        fit_sizes: Path | None = typer.Option(
+            None, "--fit-sizes", help="Only fit the input-size model on this samples CSV and print it."
         ),
     ) -> None:
         """Measure every stage's latency over batch sizes x vCPUs (x GPU shares), with p50/p95, memory, cold start.
@@ -69,6 +73,12 @@ def register(app: typer.Typer) -> None:
         transfer, queueing, cold start) and the co-run table; --validate compares
         the profile's predictions with fresh measurements.
         """
+        if fit_sizes is not None:
+            from esg_prefect.profiler.results import read_samples_csv
+            from esg_prefect.profiler.sizes import size_report
+
+            typer.echo(size_report(read_samples_csv(fit_sizes)))
+            return
         if as_flow:
             from esg_prefect.profiler.flow import profile_flow
 
@@ -106,6 +116,7 @@ def register(app: typer.Typer) -> None:
             validation_batches=_ints(validation_batches, "--validation-batches"),
             store=False if no_store else store,
             wait_quiet_s=wait_quiet_s,
+            max_attempts=max_attempts,
         )
 
 
@@ -129,7 +140,10 @@ def _run_cli(
     validation_batches: tuple[int, ...],
     store: str | bool | None,
     wait_quiet_s: float,
+    max_attempts: int = 4,
 ) -> None:
+    from dataclasses import replace
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -137,7 +151,13 @@ def _run_cli(
     from esg_prefect.profiler.run import ProfileRequest
     from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, run_session
 
-    settings = MeasureSettings.quick() if quick else MeasureSettings().with_batches(batches or (1, 2, 4, 8, 16, 32))
+    if max_attempts < 1:
+        raise typer.BadParameter(f"--max-attempts must be >= 1, got {max_attempts}")
+    settings = (
+        MeasureSettings.quick()
+        if quick
+        else replace(MeasureSettings(max_attempts=max_attempts), batches=batches or (1, 2, 4, 8, 16, 32))
+    )
     request = None
     if profile_csv is None:
         request = ProfileRequest(

@@ -240,6 +240,39 @@ class SizeModel:
             raise ProfileError("a batch has at least one item")
         return self.get(stage, hardware, vcpus, gpu_share).predict(len(item_sizes), float(sum(item_sizes)))
 
+    def size_factor(
+        self,
+        stage: str,
+        item_sizes: Sequence[float],
+        typical_item_size: float,
+        *,
+        vcpus: int,
+        gpu_share: float = 0.0,
+        hardware: str = "cpu",
+    ) -> float:
+        """How much longer (> 1) or shorter (< 1) a batch of ``item_sizes`` runs than one of typical items.
+
+        The bridge to the profile table (the way to wire this model into a
+        scheduler): ``profile.latency_ms(stage, config, hw) * size_factor(...)``
+        keeps the profile's percentile and its interpolation over vcpus and GPU
+        shares, and rescales by the fitted size effect. ``typical_item_size`` is
+        the mean item size the profile was measured with (the profiler's
+        ``mean_input_size`` column). 1.0 when the stage's fit dropped the size term.
+
+        Raises:
+            ProfileError: on an empty batch or a typical size <= 0.
+            MissingProfileError: when the group was not fitted.
+        """
+        if not item_sizes:
+            raise ProfileError("a batch has at least one item")
+        if not typical_item_size > 0:
+            raise ProfileError(f"typical_item_size must be > 0, got {typical_item_size!r}")
+        fit = self.get(stage, hardware, vcpus, gpu_share)
+        if not fit.uses_size:
+            return 1.0
+        n = len(item_sizes)
+        return fit.predict(n, float(sum(item_sizes))) / fit.predict(n, n * typical_item_size)
+
 
 @dataclass(frozen=True, slots=True)
 class HoldoutError:

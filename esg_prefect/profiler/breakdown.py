@@ -102,6 +102,7 @@ def stall_breakdown(
     requests: int = 48,
     slot_s: float = 2.0,
     settings: MeasureSettings | None = None,
+    worker_start_launches: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> Breakdown:
     """Measure the Stash breakdown of every stage of ``specs`` at one configuration (module docstring)."""
@@ -131,7 +132,7 @@ def stall_breakdown(
             seed=s.seed,
             progress=progress,
         )
-    start_ms = worker_start_ms(vcpus)
+    start_ms = worker_start_ms(vcpus, worker_start_launches)
     slow = {r.stage: r.slowdown for r in corun.rows if r.co_runners == co_runners}
     rows = []
     for d in result["rows"]:

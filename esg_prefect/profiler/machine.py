@@ -9,6 +9,7 @@ written for :mod:`esg_prefect.examples.measure`, which now uses them from here.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 import resource
@@ -105,8 +106,12 @@ def _started(conn: Connection) -> None:
     conn.send("up")
 
 
+@functools.cache
 def worker_start_ms(threads: int, launches: int = 3) -> float:
     """Median wall time to start a worker the way the pool does, before its model loads.
+
+    Cached per process (per arguments): a worker's start does not change within a
+    session, and timing it again costs a fork server's start (seconds).
 
     Where multiprocessing has a fork server (Linux, macOS), the pool forks workers
     from a server that has imported torch, prefect and the stage modules already

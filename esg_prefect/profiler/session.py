@@ -32,6 +32,7 @@ from esg_prefect.profiler.interference import InterferenceTable
 from esg_prefect.profiler.measure import MeasureSettings
 from esg_prefect.profiler.report import breakdown_table, plot_breakdown, plot_validation, profile_summary
 from esg_prefect.profiler.run import ProfileRequest, ProfileRun, ProgressFn, run_profile
+from esg_prefect.profiler.sizes import size_report
 from esg_prefect.profiler.stalls import DEFAULT_TRACE
 from esg_prefect.profiler.validate import VALIDATION_BATCHES, ValidationReport, validate
 
@@ -104,6 +105,8 @@ class SessionResult:
             others = ", ".join(f"{k} {'?' if v is None else f'{v:.2f}'}" for k, v in self.run.other_cpu.items())
             parts.append(f"other processes' CPU during profiling (cores): {others}")
             parts += [f"skipped: {s}" for s in self.run.skipped]
+            if self.run.samples:
+                parts.append(size_report(self.run.samples))
         if self.breakdown is not None:
             parts.append(breakdown_table(self.breakdown.rows))
             oc = self.breakdown.other_cpu
@@ -160,6 +163,7 @@ def run_session(
             requests=b.requests,
             slot_s=b.slot_s,
             settings=settings,
+            worker_start_launches=opts.request.worker_start_launches if opts.request else 3,
             progress=say,
         )
         write_breakdown_csv(res.breakdown.rows, out_dir / f"{opts.name}_stalls.csv")

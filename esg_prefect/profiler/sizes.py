@@ -1,0 +1,41 @@
+"""The Cypress size model fitted on a profile run's samples, and how much it explains.
+
+For each stage the profiler records every timed call's total input size
+(:class:`~esg_prefect.profiler.results.Sample`); this module fits
+:class:`~esg_prefect.model.size_model.SizeModel` on them and reports, per
+stage, whether the size term was kept, the fit of the largest batch, and the
+held-out error of the size model against the count model (the profile table's
+mean per batch size) on alternate calls. A stage whose size model does not
+beat the count model is not worth predicting by size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from esg_prefect.model.size_model import SizeModel, holdout_errors
+from esg_prefect.profiler.results import Sample
+
+
+def size_report(samples: Sequence[Sample]) -> str:
+    """A text table per stage: size term kept, coefficients at the first configuration, held-out errors."""
+    model = SizeModel.fit(samples)
+    errs = {e.stage: e for e in holdout_errors(samples)}
+    head = (
+        f"{'stage':<14}{'size?':>6}{'a ms':>9}{'b ms/item':>11}{'c ms/unit':>11}{'R2':>7}"
+        f"{'held-out MdAPE: size':>22}{'count':>8}{'calls':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    seen: set[str] = set()
+    for f in model.fits:
+        if f.stage in seen:
+            continue
+        seen.add(f.stage)
+        e = errs.get(f.stage)
+        tail = f"{e.size_mape:22.1%}{e.count_mape:8.1%}{e.calls:7d}" if e else f"{'-':>22}{'-':>8}{'-':>7}"
+        lines.append(
+            f"{f.stage:<14}{'yes' if model.size_sensitive(f.stage) else 'no':>6}{f.intercept_ms:9.2f}"
+            f"{f.per_item_ms:11.3f}{f.per_size_ms:11.4f}{f.r2:7.2f}{tail}"
+        )
+    lines.append("(coefficients of the first configuration of each stage; errors over all configurations)")
+    return "\n".join(lines)
