@@ -173,3 +173,27 @@ def test_each_scheduler_serves_a_light_load(name: str) -> None:
     assert rep.overall.count > 50
     assert rep.overall.failed == 0
     assert rep.overall.batches > 0 and rep.overall.cost_total > 0
+
+
+def test_per_invocation_merge_is_fifo_and_drops_blocked_stages() -> None:
+    """The lazy merge of per-queue FIFO orders is the global FIFO order, minus blocked stages."""
+    import random
+
+    from esg_prefect.scheduling.baselines.common import fifo
+    from esg_prefect.scheduling.baselines.simple import _merge_unblocked
+
+    rng = random.Random(3)
+    keys = [QueueKey("w", s) for s in ("a", "b", "c")]
+    queues = [
+        [Job(f"{k.stage}{i}", f"r{i}", f"r{i}", k, 0.0, float(rng.randint(0, 20)), 50.0, 50.0) for i in range(15)]
+        for k in keys
+    ]
+    everything = fifo(j for q in queues for j in q)
+    assert list(_merge_unblocked([fifo(q) for q in queues], set())) == everything
+    blocked: set[str] = set()
+    seen = []
+    for job in _merge_unblocked([fifo(q) for q in queues], blocked):
+        seen.append(job)
+        if len(seen) == 10:
+            blocked.add("b")  # from now on no job of stage b comes out
+    assert seen == everything[:10] + [j for j in everything[10:] if j.queue.stage != "b"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from esg_prefect.model import ClusterSnapshot, Device, Node, Worker
+from esg_prefect.scheduling.base import Placement
 from esg_prefect.scheduling.dispatch import ClusterView
 
 
@@ -114,3 +115,53 @@ def test_cpu_placement_best_fit_on_vcpus() -> None:
     p = view.place("m", 2, 0.0, "cpu", [])
     assert p is not None and (p.node, p.device_id) == ("n1", None)  # 0 vCPUs left on n1 vs 6 on n0
     assert view.free_slots["n0"] == float("inf")
+
+
+def _fits_by_search(view: ClusterView, vcpus: int, share: float, hardware: str) -> bool:
+    """The capacity question answered the slow way: is there a place where ``_room`` finds room?"""
+    need = round(share * 100)
+    if hardware == "cpu":
+        return any(view._room(n, None, vcpus, 0) is not None for n in view.node_order)
+    return any(
+        view._room(d.node, dev, vcpus, need) is not None for dev, d in view.devices.items() if d.hardware == hardware
+    )
+
+
+def test_can_start_agrees_with_placement_search_for_every_share() -> None:
+    ws = [
+        gpu_worker("a", "n0", "n0/g0", 0.6, "m", busy=True),
+        gpu_worker("b", "n1", "n1/g0", 0.3, "x", idle=5.0),
+        gpu_worker("c", "n1", "n1/g1", 0.9, "y", busy=True),
+    ]
+    for evict in (True, False):
+        view = ClusterView(ClusterSnapshot(NODES, DEVS, ws), allow_eviction=evict)
+        for share in (0.1, 0.3, 0.4, 0.5, 0.7, 1.0):
+            assert view.can_start(1, share, "T4") == _fits_by_search(view, 1, share, "T4"), (evict, share)
+        assert view.max_room(1, "T4") == (100 if evict else 70)
+        assert view.max_room(9, "T4") == -1  # no node has 9 vCPUs
+
+
+def test_view_copies_are_independent_and_share_answers_until_a_commit() -> None:
+    snap = ClusterSnapshot(NODES, DEVS, [gpu_worker("a", "n0", "n0/g0", 0.5, "m")])
+    base = ClusterView(snap)
+    first = base.copy()
+    assert first.warm_resources("m") == {("T4", 1, 0.5)}
+    p = first.place("m", 1, 0.5, "T4", [])
+    assert p is not None and p.worker_id == "a"
+    first.commit(p, 1, 0.5)
+    assert first.warm_resources("m") == set() and "a" not in first.idle
+    second = base.copy()  # the commit to the first copy shows in neither the base nor a later copy
+    assert "a" in second.idle and second.warm_resources("m") == {("T4", 1, 0.5)}
+    assert second.free_vcpus == {"n0": 8, "n1": 8}
+
+
+def test_view_cache_rebuilds_only_for_a_new_snapshot() -> None:
+    from esg_prefect.scheduling.dispatch import ViewCache
+
+    snap = ClusterSnapshot(NODES, DEVS, [gpu_worker("a", "n0", "n0/g0", 0.5, "m")])
+    cache = ViewCache()
+    v1 = cache.view(snap)
+    v1.commit(Placement("n0", "n0/g0", "a", 2), 1, 0.5)
+    assert "a" in cache.view(snap).idle  # a fresh copy, not the committed one
+    other = ClusterSnapshot(NODES, DEVS, [])
+    assert cache.view(other).idle == {}

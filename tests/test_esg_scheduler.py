@@ -294,3 +294,45 @@ def test_decision_cost_equals_brute_force_and_unpruned(seed: int) -> None:
         assert math.isclose(cost, expected, rel_tol=1e-9), (seed, cost, expected)
         results.append(cost)
     assert results[0] == results[1] or math.isclose(results[0], results[1], rel_tol=1e-9)
+
+
+def test_first_options_equal_the_pruned_merge_of_every_option() -> None:
+    """first_options builds only the surviving wait options; the result is pareto_prune of all of them."""
+    from esg_prefect.scheduling.frontier import Option, pareto_prune
+    from esg_prefect.scheduling.tables import CandidateTables, Choice
+
+    prof = LatencyProfile(
+        [
+            ProfilePoint("m", hw, b, v, s, (8.0 + 3.0 * b) / max(s, 0.25) * (1.5 if hw == "V100" else 1.0) / v)
+            for hw in ("T4", "V100")
+            for b in (1, 2, 4, 8)
+            for v in (1, 2)
+            for s in (0.25, 0.5, 1.0)
+        ],
+        {("m", "T4"): 30.0, ("m", "V100"): 30.0},
+    )
+    prices = PriceSheet(1e-4, {"T4": 1e-3, "V100": 3e-3})
+    settings = ESGSettings(config_space=ConfigSpace((1, 2, 4, 8), (1, 2), (0.25, 0.5, 1.0)))
+    tables = CandidateTables(prof, prices, settings)
+    resources = tuple(
+        (hw, v, s, warm) for hw in ("T4", "V100") for v in (1, 2) for s in (0.25, 0.5, 1.0) for warm in (s != 0.5,)
+    )
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 8)
+        rate = rng.choice([0.0, rng.uniform(1.0, 500.0)])
+        got = tables.first_options("m", n, resources, rate)
+        sizes = sorted({b for b in (1, 2, 4, 8) if b <= n} | {n})
+        naive = [o for r in resources for b in sizes if (o := tables.single_option("m", r, b))]
+        naive = list(pareto_prune(naive))
+        if rate > 0 and n < 8:
+            for b in (2, 4, 8):
+                if b <= n:
+                    continue
+                wait_ms = (b - n) / rate * 1000.0
+                group = pareto_prune([o for r in resources if (o := tables.single_option("m", r, b))])
+                for o in group:
+                    assert isinstance(o.payload, Choice)
+                    naive.append(Option(o.latency_us + to_us(wait_ms), o.cost, replace(o.payload, wait_ms=wait_ms)))
+        assert got == pareto_prune(naive)
+        assert tables.first_options("m", n, resources, rate) is got or rate == 0.0 or n >= 8  # cached

@@ -169,3 +169,34 @@ def test_bad_input_is_named() -> None:
         astar_plan([[Option(1, 1.0)]], 10, heuristic="greedy")
     with pytest.raises(InvalidInputError, match="frontiers cover 3 stages"):
         astar_plan([[Option(1, 1.0)], [Option(1, 1.0)]], 10, frontiers=SuffixFrontiers([[Option(1, 1.0)]] * 3))
+
+
+def test_one_stage_closed_form_equals_the_general_search() -> None:
+    """Regression guard for the one-stage fast path: same plan, cost, latency and statistics."""
+    rng = random.Random(11)
+    for _ in range(3000):
+        n = rng.randint(1, 12)
+        costs = [rng.choice([0.0, rng.random(), float(rng.randint(1, 3))]) for _ in range(n)]
+        opts = [Option(rng.randint(1, 50), c, i) for i, c in enumerate(costs)]
+        stage = list(pareto_prune(opts)) if rng.random() < 0.5 else sorted(opts, key=lambda o: o.latency_us)
+        slack = rng.randint(0, 60)
+        for heuristic in ("frontier", "min_cost"):
+            fast = astar_plan([stage], slack, heuristic=heuristic)
+            full = astar_plan([stage], slack, heuristic=heuristic, fast_path=False)
+            assert (fast.plan, fast.cost, fast.latency_us, fast.stats) == (
+                full.plan,
+                full.cost,
+                full.latency_us,
+                full.stats,
+            )
+
+
+def test_one_stage_statistics_worked_example() -> None:
+    # Latencies 5, 10, 20 with costs 3, 2, 1; slack 12: the 10-us option is the cheapest within it.
+    stage = [Option(5, 3.0, "a"), Option(10, 2.0, "b"), Option(20, 1.0, "c")]
+    r = astar_plan([stage], 12)
+    assert [o.payload for o in r.plan or ()] == ["b"]
+    # One expansion; all three generated; "c" cut by the latency blade, "a" and "b" by the cost blade.
+    assert (r.stats.expansions, r.stats.generated, r.stats.cut_latency, r.stats.cut_cost) == (1, 3, 1, 2)
+    none = astar_plan([stage], 4)
+    assert none.plan is None and (none.stats.expansions, none.stats.cut_latency, none.stats.cut_cost) == (1, 3, 0)

@@ -11,6 +11,7 @@ import pytest
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
 from esg_prefect.exceptions import ConfigError, InvalidInputError, WorkflowError
+from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.config import Config, ConfigSpace
 from esg_prefect.model.conformance import Tolerance, compare_reports
 from esg_prefect.model.pricing import PriceSheet
@@ -96,6 +97,21 @@ def test_cluster_applies_placements_and_bills_idle_time() -> None:
     assert [(i.start_ms, i.end_ms) for i in c.idles] == [(110.0, 300.0), (310.0, 1310.0)]
     # the capacity is back: a whole GPU fits again
     c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 1.0), "T4", 1400.0)
+
+
+def test_cluster_snapshot_equals_a_checked_one() -> None:
+    # The simulated cluster builds its snapshots without ClusterSnapshot's O(workers) check
+    # (it checks each placement as it applies it); a checked snapshot of the same state is equal.
+    c = cluster()
+    w = c.acquire(Placement("n0", "n0/gpu0", None, 4), "m", Config(1, 1, 0.5), "T4", 0.0)
+    c.acquire(Placement("n1", None, None, 4), "m", Config(1, 2, 0.0), "cpu", 0.0)
+    from esg_prefect.model.attribution import BatchItem, BatchRecord
+
+    c.finish(w, BatchRecord("b1", "w1", (BatchItem("r", "r"),), Config(1, 1, 0.5), "T4", 0.0, 10.0), 10.0)
+    snap = c.snapshot()
+    checked = ClusterSnapshot(snap.nodes, snap.devices, snap.workers)
+    assert snap == checked and snap.hardware_types() == checked.hardware_types() == {"cpu", "T4"}
+    assert [(x.worker_id, x.busy) for x in snap.workers] == [("w1", False), ("w2", True)]
 
 
 def test_cluster_eviction_needs_an_idle_victim() -> None:

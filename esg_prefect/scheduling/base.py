@@ -40,8 +40,9 @@ class QueueState:
         r = self.arrival_rate_per_s
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise InvalidInputError(f"queue {self.key}: arrival_rate_per_s must be >= 0, got {r!r}")
+        key = self.key
         for j in self.jobs:
-            if j.queue != self.key:
+            if j.queue is not key and j.queue != key:  # identity first: the usual case, and cheap
                 raise InvalidInputError(f"queue {self.key} holds job {j.job_id} of queue {j.queue}")
 
 

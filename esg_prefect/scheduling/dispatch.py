@@ -27,11 +27,15 @@ updates as it dispatches, so two batches never get the same capacity.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
 from esg_prefect.model.config import CPU
 from esg_prefect.scheduling.base import Placement
+
+T = TypeVar("T")
+_MISSING = object()
 
 
 def _h(share: float) -> int:
@@ -57,30 +61,61 @@ class ClusterView:
         self.free_share = {d.device_id: 100 for d in cluster.devices}
         self.clients = {d.device_id: 0 for d in cluster.devices}
         self.idle: dict[str, Worker] = {}
+        self._idle_by_stage: dict[str | None, list[Worker]] = {}
+        # What evicting every idle worker would free, per node and per device (kept up to date by commit).
+        self._idle_on_node: Counter[str] = Counter()
+        self._idle_share: Counter[str] = Counter()
+        self._idle_clients: Counter[str] = Counter()
+        # One pass over the workers, with the dicts bound to locals: a cluster holds hundreds of them.
+        free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
+        idle, by_stage = self.idle, self._idle_by_stage
+        idle_on_node, idle_share, idle_clients = self._idle_on_node, self._idle_share, self._idle_clients
         for w in cluster.workers:
-            self.free_slots[w.node] -= 1
+            node, dev = w.node, w.device_id
+            free_slots[node] -= 1
             if w.busy:
-                self.free_vcpus[w.node] -= w.vcpus
-            if w.device_id is not None:
-                self.free_share[w.device_id] -= _h(w.gpu_share)
-                self.clients[w.device_id] += 1
-            if not w.busy:
-                self.idle[w.worker_id] = w
+                free_vcpus[node] -= w.vcpus
+            else:
+                idle[w.worker_id] = w
+                by_stage.setdefault(w.stage, []).append(w)
+                idle_on_node[node] += 1
+            if dev is not None:
+                need = round(w.gpu_share * 100)
+                free_share[dev] -= need
+                clients[dev] += 1
+                if not w.busy:
+                    idle_share[dev] += need
+                    idle_clients[dev] += 1
         self.hardware = cluster.hardware_types()
         # Answers to the capacity questions, valid until the next commit changes the capacity.
         self._version = 0
         self._memo: dict[tuple[object, ...], object] = {}
-        self._idle_by_stage: dict[str | None, list[Worker]] = {}
-        for w in self.idle.values():
-            self._idle_by_stage.setdefault(w.stage, []).append(w)
-        # What evicting every idle worker would free, per node and per device (kept up to date by commit).
-        self._idle_on_node: Counter[str] = Counter(w.node for w in self.idle.values())
-        self._idle_share: Counter[str] = Counter()
-        self._idle_clients: Counter[str] = Counter()
-        for w in self.idle.values():
-            if w.device_id is not None:
-                self._idle_share[w.device_id] += _h(w.gpu_share)
-                self._idle_clients[w.device_id] += 1
+
+    def copy(self) -> ClusterView:
+        """An independent working copy (commits to one do not show in the other).
+
+        The copy shares this view's answers to the capacity questions until its
+        first commit (they are answers about the same state), so a view kept
+        pristine across rounds of an unchanged cluster answers each question
+        once (:class:`ViewCache`).
+        """
+        new = object.__new__(ClusterView)
+        new.allow_eviction = self.allow_eviction
+        new.node_order = self.node_order
+        new.free_vcpus = dict(self.free_vcpus)
+        new.free_slots = dict(self.free_slots)
+        new.devices = self.devices
+        new.free_share = dict(self.free_share)
+        new.clients = dict(self.clients)
+        new.idle = dict(self.idle)
+        new.hardware = self.hardware
+        new._version = self._version
+        new._memo = self._memo  # replaced, not cleared, at the first commit
+        new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
+        new._idle_on_node = Counter(self._idle_on_node)
+        new._idle_share = Counter(self._idle_share)
+        new._idle_clients = Counter(self._idle_clients)
+        return new
 
     # ---- questions asked while building options --------------------------
 
@@ -94,7 +129,7 @@ class ClusterView:
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
-        key = ("warm", stage, self._version)
+        key = ("warm", stage)
         got = self._memo.get(key)
         if got is None:
             got = {
@@ -107,39 +142,60 @@ class ClusterView:
 
     def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
         """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
-        key = ("start", vcpus, share, hardware, self._version)
-        got = self._memo.get(key)
-        if got is None:
-            got = self._fits_anywhere(vcpus, _h(share), hardware)
-            self._memo[key] = got
-        return bool(got)
+        return _h(share) <= self.max_room(vcpus, hardware)
 
     def startable(self, candidates: tuple[tuple[str, int, float], ...]) -> frozenset[tuple[str, int, float]]:
         """The (hardware, vcpus, share) among ``candidates`` a new worker could take now (memoised per round)."""
-        key = ("startable", candidates, self._version)
+        key = ("startable", id(candidates))
         got = self._memo.get(key)
-        if got is None:
-            got = frozenset(c for c in candidates if self.can_start(c[1], c[2], c[0]))
+        if got is None or got[0] is not candidates:  # type: ignore[index]
+            room = self.max_room
+            got = (candidates, frozenset(c for c in candidates if _h(c[2]) <= room(c[1], c[0])))
             self._memo[key] = got
+        return got[1]  # type: ignore[index, no-any-return]
+
+    def remember(self, key: tuple[object, ...], build: Callable[[], T]) -> T:
+        """``build()``, memoised until the next commit changes the capacity (callers' own questions)."""
+        got = self._memo.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._memo[key] = build()
         return got  # type: ignore[return-value]
 
-    def _fits_anywhere(self, vcpus: int, need: int, hardware: str) -> bool:
-        """Whether some node (and device) could take a new worker, evicting idle ones if allowed; O(places)."""
+    def max_room(self, vcpus: int, hardware: str) -> int:
+        """The largest share (hundredths) a new worker with ``vcpus`` could take on ``hardware``; -1 if none.
+
+        A new worker fits where the node has the compute and a worker slot and
+        the device a share and an MPS client slot, counting what evicting idle
+        workers would free when eviction is allowed. Whether some place fits
+        does not depend on the share asked for except through the free share,
+        so one pass over the places answers every share at once (memoised
+        until the next commit). On the CPU the answer is 0 (fits) or -1.
+        """
+        key = ("room", vcpus, hardware)
+        got = self._memo.get(key)
+        if got is not None:
+            return got  # type: ignore[return-value]
         evictable = self.allow_eviction
+        best = -1
         if hardware == CPU:
-            return any(
-                self.free_vcpus[n] >= vcpus and self.free_slots[n] + (self._idle_on_node[n] if evictable else 0) >= 1
-                for n in self.node_order
-            )
-        for dev_id, d in self.devices.items():
-            if d.hardware != hardware or self.free_vcpus[d.node] < vcpus:
-                continue
-            slots = self.free_slots[d.node] + (self._idle_on_node[d.node] if evictable else 0)
-            share = self.free_share[dev_id] + (self._idle_share[dev_id] if evictable else 0)
-            clients = self.clients[dev_id] - (self._idle_clients[dev_id] if evictable else 0)
-            if slots >= 1 and share >= need and clients < d.max_clients:
-                return True
-        return False
+            for n in self.node_order:
+                if (
+                    self.free_vcpus[n] >= vcpus
+                    and self.free_slots[n] + (self._idle_on_node[n] if evictable else 0) >= 1
+                ):
+                    best = 0
+                    break
+        else:
+            for dev_id, d in self.devices.items():
+                if d.hardware != hardware or self.free_vcpus[d.node] < vcpus:
+                    continue
+                slots = self.free_slots[d.node] + (self._idle_on_node[d.node] if evictable else 0)
+                share = self.free_share[dev_id] + (self._idle_share[dev_id] if evictable else 0)
+                clients = self.clients[dev_id] - (self._idle_clients[dev_id] if evictable else 0)
+                if slots >= 1 and clients < d.max_clients and share > best:
+                    best = share
+        self._memo[key] = best
+        return best
 
     # ---- placement --------------------------------------------------------
 
@@ -164,7 +220,7 @@ class ClusterView:
     def commit(self, placement: Placement, vcpus: int, share: float) -> None:
         """Take the capacity of a placement so that later dispatches see it gone."""
         self._version += 1
-        self._memo.clear()
+        self._memo = {}  # a new dict: copies of a pristine view may share the old one
         gone = [*placement.evict, *([placement.worker_id] if placement.worker_id is not None else [])]
         for wid in gone:  # no longer idle: neither evictable nor warm for another batch
             w = self.idle[wid]
@@ -245,3 +301,27 @@ class ClusterView:
             if fits(len(chosen), share, clients):
                 return tuple(chosen)
         return None
+
+
+class ViewCache:
+    """The round's :class:`ClusterView`, rebuilt only when the snapshot is a new object.
+
+    A simulator hands the scheduler the same snapshot object while its cluster
+    has not changed, and many rounds in a row see the same cluster (rounds for
+    arrivals that dispatch nothing). Each round then starts from a copy of one
+    pristine view, and the capacity answers computed on it carry over.
+    """
+
+    __slots__ = ("_base", "_snapshot", "allow_eviction")
+
+    def __init__(self, allow_eviction: bool = True) -> None:
+        self.allow_eviction = allow_eviction
+        self._snapshot: ClusterSnapshot | None = None
+        self._base: ClusterView | None = None
+
+    def view(self, cluster: ClusterSnapshot) -> ClusterView:
+        """A fresh working view of ``cluster``."""
+        if self._base is None or cluster is not self._snapshot:
+            self._base = ClusterView(cluster, self.allow_eviction)
+            self._snapshot = cluster
+        return self._base.copy()

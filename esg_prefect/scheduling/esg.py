@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
-from esg_prefect.model.jobs import Job
+from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
@@ -54,7 +54,7 @@ from esg_prefect.scheduling.base import (
     SchedulingResult,
     Snapshot,
 )
-from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource, to_us
@@ -103,18 +103,26 @@ class ESGScheduler:
         self.settings = settings or ESGSettings()
         self.tables = CandidateTables(profile, prices, self.settings)
         self.clock = clock
+        # Per (stage, hardware present): its (hardware, vcpus) kinds, and the space as
+        # (hw, vcpus, share, share in hundredths, kind).
+        self._stage_candidates: dict[
+            tuple[str, frozenset[str]],
+            tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
+        ] = {}
+        self._views = ViewCache(self.settings.allow_eviction)
+        self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
 
     # ---- the round ---------------------------------------------------------
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Decide this round's dispatches; see the module docstring."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         rejects: list[Reject] = []
         stats: list[DecisionStats] = []
         queues = [q for q in snapshot.queues if q.jobs]
-        pending = {q.key: sorted(q.jobs, key=self._edf_key) for q in queues}
+        pending = {q.key: self._edf(q) for q in queues}
         queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
         for q in queues:
             wf = snapshot.workflows[q.key.workflow]
@@ -167,6 +175,14 @@ class ESGScheduler:
                 )
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats))
 
+    def _edf(self, q: QueueState) -> list[Job]:
+        """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""
+        got = self._sorted.get(q.key)
+        if got is None or got[0] is not q.jobs:
+            got = (q.jobs, sorted(q.jobs, key=self._edf_key))
+            self._sorted[q.key] = got
+        return list(got[1])
+
     def _edf_key(self, job: Job) -> tuple[float, float, str]:
         return (self._deadline(job), job.ready_ms, job.job_id)
 
@@ -189,16 +205,26 @@ class ESGScheduler:
 
     def placeable_resources(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
         """Resources of the space that can take a batch of ``stage`` now, and whether warm."""
-        t = self.tables
+        return view.remember(("esg-placeable", stage), lambda: self._placeable(stage, view))
+
+    def _placeable(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
+        hardware = view.hardware
+        got = self._stage_candidates.get((stage, hardware))
+        if got is None:
+            usable = hardware & self.tables.profile.hardware_types(stage)
+            space = [(hw, v, s) for hw in sorted(usable) for v, s in self.tables.resources(hw)]
+            kinds = tuple(dict.fromkeys((hw, v) for hw, v, _ in space))
+            got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
+            self._stage_candidates[(stage, hardware)] = got
+        kinds, flat = got
+        rooms = [view.max_room(v, hw) for hw, v in kinds]  # one capacity question per (hardware, vcpus)
         warm = view.warm_resources(stage)
-        startable = view.startable(tuple((hw, v, s) for hw in sorted(view.hardware) for v, s in t.resources(hw)))
         out: list[Resource] = []
-        for hw in sorted(view.hardware & t.profile.hardware_types(stage)):
-            for v, s in t.resources(hw):
-                if (hw, v, s) in warm:
-                    out.append((hw, v, s, True))
-                elif (hw, v, s) in startable:
-                    out.append((hw, v, s, False))
+        for hw, v, s, need, kind in flat:  # the space's order: hardware, then share, then vcpus
+            if warm and (hw, v, s) in warm:
+                out.append((hw, v, s, True))
+            elif need <= rooms[kind]:
+                out.append((hw, v, s, False))
         return tuple(out)
 
     def decide_queue(

@@ -118,6 +118,7 @@ def astar_plan(
     max_expansions: int = 10_000,
     time_budget_ms: float | None = None,
     clock: Clock | None = None,
+    fast_path: bool = True,
 ) -> SearchResult:
     """Cheapest one-option-per-stage plan within ``slack_us``.
 
@@ -133,6 +134,9 @@ def astar_plan(
         max_expansions: expansion budget.
         time_budget_ms: time budget, enforced only with ``clock``.
         clock: monotonic clock in ms, for the time budget and ``elapsed_ms``.
+        fast_path: answer a one-stage search with both blades in closed form
+            (the same plan and statistics, see :func:`_one_stage`); False runs
+            the general search (tests compare the two).
 
     Returns:
         The plan (None if infeasible or the budget ran out before any plan
@@ -150,6 +154,8 @@ def astar_plan(
         raise InvalidInputError(f"heuristic must be 'frontier' or 'min_cost', got {heuristic!r}")
     t0 = clock() if clock is not None else 0.0
     k_count = len(stages)
+    if fast_path and k_count == 1 and latency_blade and cost_blade and max_expansions >= 1:
+        return _one_stage(stages[0], slack_us, clock, t0)
     min_lat_after = _min_latency_after(stages)
     min_cost_after = [0.0] * (k_count + 1)
     for k in range(k_count - 1, -1, -1):
@@ -230,3 +236,34 @@ def astar_plan(
     if plan is None:
         return SearchResult(None, math.inf, 0, stats)
     return SearchResult(plan, sum(o.cost for o in plan), sum(o.latency_us for o in plan), stats)
+
+
+def _one_stage(opts: Sequence[Option], slack_us: int, clock: Clock | None, t0: float) -> SearchResult:
+    """:func:`astar_plan` on one stage with both blades: the same plan and statistics, without the heap.
+
+    With one stage the greedy seed is already the optimum (the cheapest option
+    within the slack, the first of equal ones), so the search A* would run is
+    known in closed form: the root is expanded once (unless the seed costs
+    nothing: then the root's f = 0 already matches it and nothing is
+    expanded); the options up to the first one over the slack are generated
+    and each falls to the cost blade (none is cheaper than the seed); the
+    first option over the slack and every one after it fall to the latency
+    blade. Chains are split into one-stage segments by the dominator split, so
+    this is the common case; tests check it against the general search.
+    """
+    best: Option | None = None
+    for o in opts:  # greedy_plan's choice: least (cost, latency) within the slack, first of equals
+        if o.latency_us <= slack_us and (best is None or (o.cost, o.latency_us) < (best.cost, best.latency_us)):
+            best = o
+    n = len(opts)
+    if best is not None and best.cost <= 0.0:
+        stats = SearchStats(elapsed_ms=(clock() - t0) if clock is not None else None)
+    else:
+        m = 0  # leading options within the slack (the latency blade stops at the first one over it)
+        while m < n and opts[m].latency_us <= slack_us:
+            m += 1
+        cut_cost = m if best is not None else 0
+        stats = SearchStats(1, n, n - m, cut_cost, False, (clock() - t0) if clock is not None else None)
+    if best is None:
+        return SearchResult(None, math.inf, 0, stats)
+    return SearchResult((best,), best.cost, best.latency_us, stats)

@@ -10,8 +10,9 @@ compute the deadlines jobs carry, so that all agree.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.config import CPU, Config
@@ -78,6 +79,7 @@ class CandidateTables:
         self._single: dict[tuple[str, str, int, float, int, bool], Option | None] = {}
         self._now: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
         self._at_batch: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
+        self._first: dict[tuple[str, int, tuple[Resource, ...], float], tuple[Option, ...]] = {}
 
     # ---- latencies -------------------------------------------------------
 
@@ -211,7 +213,28 @@ class CandidateTables:
         now = self._cached(self._now, (stage, n, resources), lambda: self._build_now(stage, n, resources))
         if not (self.settings.wait_for_batch and rate_per_s > 0 and n < space.max_batch):
             return now
-        merged = list(now)
+        # A queue that keeps waiting is decided again every round with the same length, rate
+        # and resources (only other queues changed): the merged list is then the same.
+        key = (stage, n, resources, rate_per_s)
+        got = self._first.get(key)
+        if got is None:
+            if len(self._first) >= _CACHE_LIMIT:
+                self._first.clear()  # bounded memory; entries are cheap to rebuild
+            got = self._first[key] = self._with_waits(stage, n, resources, rate_per_s, now)
+        return got
+
+    def _with_waits(
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
+    ) -> tuple[Option, ...]:
+        space = self.settings.config_space
+        # The same result as pareto_prune(now + every wait option), built without making an
+        # Option for the wait options that the pruning drops: candidates are plain tuples
+        # (latency, cost, position in that merged list, ...) sorted as pareto_prune sorts them,
+        # and only the survivors become Options.
+        cands: list[tuple[int, float, int, Option, float]] = [
+            (o.latency_us, o.cost, i, o, 0.0) for i, o in enumerate(now)
+        ]
+        idx = len(cands)
         for b in space.batches:
             if b <= n:
                 continue
@@ -220,12 +243,24 @@ class CandidateTables:
             group = self._cached(
                 self._at_batch,
                 (stage, b, resources),
-                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),  # type: ignore[misc]
+                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),
             )
             for o in group:
-                assert isinstance(o.payload, Choice)
-                merged.append(Option(o.latency_us + wait_us, o.cost, replace(o.payload, wait_ms=wait_ms)))
-        return pareto_prune(merged)
+                cands.append((o.latency_us + wait_us, o.cost, idx, o, wait_ms))
+                idx += 1
+        cands.sort()  # positions are unique: tuples never compare past them
+        out: list[Option] = []
+        best = math.inf
+        for lat, cost, _, o, wait_ms in cands:
+            if cost < best:  # strictly cheaper than every faster-or-equal option (pareto_prune's rule)
+                if wait_ms == 0.0:
+                    out.append(o)
+                else:
+                    c = o.payload
+                    assert isinstance(c, Choice)
+                    out.append(Option(lat, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold)))
+                best = cost
+        return tuple(out)
 
     def _build_now(self, stage: str, n: int, resources: tuple[Resource, ...]) -> tuple[Option, ...]:
         sizes = sorted({b for b in self.settings.config_space.batches if b <= n} | {n})

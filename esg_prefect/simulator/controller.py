@@ -302,8 +302,10 @@ class Controller:
             if not q.jobs:
                 continue
             rate = q.rate.rate_per_s(now)
-            if q.state is None or q.state.arrival_rate_per_s != rate:
+            if q.state is None:
                 q.state = QueueState(q.key, tuple(q.jobs.values()), rate)
+            elif q.state.arrival_rate_per_s != rate:  # same jobs: the same tuple (schedulers key caches on it)
+                q.state = QueueState(q.key, q.state.jobs, rate)
             states.append(q.state)
         snapshot = Snapshot(tuple(states), self.cluster.snapshot(), self.workflows)
         self.rounds += 1

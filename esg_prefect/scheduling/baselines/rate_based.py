@@ -37,10 +37,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, QueueState, SchedulingResult, Snapshot
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, fifo, stage_budget_ms
 from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.search import Clock
+from esg_prefect.scheduling.settings import ESGSettings
 
 
 def _instances(snapshot: Snapshot) -> Counter[tuple[str, str, int, float]]:
@@ -137,9 +141,22 @@ class FaSTGShareScheduler(BaselineBase):
 
     name = "fast-gshare"
 
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(profile, prices, settings, clock)
+        self._ones: dict[tuple[str, frozenset[str]], list[tuple[float, float, Resource, int]]] = {}  # batch-1 options
+
     def choose(self, stage: str, budget_ms: float, view: ClusterView) -> tuple[Resource, float]:
         """The (resources, latency) of least cost for one request within ``budget_ms``; else the fastest."""
-        ones = [o for o in self.options(stage, view) if o[3] == 1]
+        key = (stage, view.hardware)
+        ones = self._ones.get(key)
+        if ones is None:
+            ones = self._ones[key] = [o for o in self.options(stage, view) if o[3] == 1]
         if not ones:
             raise LookupError(f"no profiled configuration for stage {stage!r}")
         for _cost, lat, res, _b in ones:  # cheapest first

@@ -28,13 +28,41 @@
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterator
+
+from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, QueueState, SchedulingResult, Snapshot
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, cheapest_gpu_first, fifo
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
+
+
+def _merge_unblocked(queues: list[list[Job]], blocked: set[str]) -> Iterator[Job]:
+    """Jobs of all ``queues`` (each in FIFO order) oldest first, skipping stages in ``blocked``.
+
+    ``blocked`` may grow while the merge runs: a queue whose stage is blocked
+    is dropped from the merge at once, so a round under a long backlog looks
+    at the jobs it dispatches, not at the whole backlog.
+    """
+    heap = [(q[0].ready_ms, q[0].job_id, i, 0) for i, q in enumerate(queues)]
+    heapq.heapify(heap)
+    while heap:
+        _, _, i, k = heap[0]
+        q = queues[i]
+        job = q[k]
+        if job.queue.stage in blocked:
+            heapq.heappop(heap)
+            continue
+        yield job
+        if k + 1 < len(q):
+            nxt = q[k + 1]
+            heapq.heapreplace(heap, (nxt.ready_ms, nxt.job_id, i, k + 1))
+        else:
+            heapq.heappop(heap)
 
 
 class PerInvocationScheduler(BaselineBase):
@@ -42,20 +70,41 @@ class PerInvocationScheduler(BaselineBase):
 
     name = "per-invocation"
 
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(profile, prices, settings, clock)
+        self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, FIFO order)
+        self._types: dict[tuple[str, frozenset[str]], list[str]] = {}  # GPU types by price, per stage
+
+    def _fifo(self, q: QueueState) -> list[Job]:
+        got = self._sorted.get(q.key)
+        if got is None or got[0] is not q.jobs:
+            got = self._sorted[q.key] = (q.jobs, fifo(q.jobs))
+        return got[1]
+
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send every waiting job alone to a free whole GPU, oldest first."""
         view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
         states = {q.key: q for q in snapshot.queues}
-        jobs = fifo(j for q in snapshot.queues for j in q.jobs)
+        # All jobs oldest first: a lazy merge of each queue's FIFO order (kept while the queue
+        # holds the same jobs), so that a round under a long backlog looks only at the jobs it
+        # dispatches, not at the whole backlog.
+        jobs = _merge_unblocked([self._fifo(q) for q in snapshot.queues if q.jobs], blocked := set())
         dispatches: list[Dispatch] = []
         stats: list[DecisionStats] = []
-        blocked: set[str] = set()
         v = min(self.settings.config_space.vcpus)
         for job in jobs:
             stage = job.queue.stage
-            if stage in blocked:
-                continue
-            types = cheapest_gpu_first(self.prices, view.hardware & self.profile.hardware_types(stage))
+            types = self._types.get((stage, view.hardware))
+            if types is None:
+                types = self._types[(stage, view.hardware)] = cheapest_gpu_first(
+                    self.prices, view.hardware & self.profile.hardware_types(stage)
+                )
             res_list: list[Resource] = [(hw, v, 0.0 if hw == "cpu" else 1.0) for hw in types]
             choice = None
             for allow_cold in (False, True):  # a warm worker on any type first
