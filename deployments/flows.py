@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from esg_prefect import ESGTaskRunner
 from esg_prefect.examples import pipelines
@@ -42,24 +42,30 @@ DEFAULT_POOL_URL = "http://127.0.0.1:4270"
 POOL_URL = os.environ.get("ESG_PREFECT_POOL_URL") or DEFAULT_POOL_URL
 """The pool service these flows send their stage calls to."""
 
+PROCESS_LOG = "deployment run in process %d"
+"""Logged at the start of every run: which process ran it (each deployment run has its own)."""
+
 _RUNNER: Any = ESGTaskRunner(address=POOL_URL, token=os.environ.get("ESG_PREFECT_TOKEN") or None)
 
 
 @flow(name=pipelines.image_flow.name, task_runner=_RUNNER)
 def image(request_seed: int) -> dict[str, Any]:
     """Detect, classify and caption one image (a scene branch joins at the caption); pooled by the service."""
+    get_run_logger().info(PROCESS_LOG, os.getpid())
     return pipelines.image_flow.fn(request_seed)
 
 
 @flow(name=pipelines.text_flow.name, task_runner=_RUNNER)
 def text(request_seed: int) -> dict[str, Any]:
     """Encode a text, classify its topic and summarise it; pooled by the service."""
+    get_run_logger().info(PROCESS_LOG, os.getpid())
     return pipelines.text_flow.fn(request_seed)
 
 
 @flow(name=pipelines.video_flow.name, task_runner=_RUNNER)
 def video(request_seed: int) -> dict[str, Any]:
     """Split a clip into frames, run the frame model per frame, aggregate; pooled by the service."""
+    get_run_logger().info(PROCESS_LOG, os.getpid())
     return pipelines.video_flow.fn(request_seed)
 
 

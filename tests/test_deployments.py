@@ -129,6 +129,20 @@ def create_run(api: httpx.Client, flow_name: str, name: str, timeout_s: float = 
         time.sleep(0.5)
 
 
+def run_pids(api: httpx.Client, run_ids: list[str]) -> dict[str, int]:
+    """The process id each deployment run logged (deployments/flows.py logs it first thing)."""
+    body = {"logs": {"flow_run_id": {"any_": run_ids}}, "limit": 200}
+    pids: dict[str, int] = {}
+    give_up = time.monotonic() + 30  # logs reach the API in batches, shortly after the run
+    while len(pids) < len(run_ids) and time.monotonic() < give_up:
+        for entry in api.post("/logs/filter", json=body).json():
+            found = re.fullmatch(r"deployment run in process (\d+)", entry["message"])
+            if found:
+                pids[entry["flow_run_id"]] = int(found.group(1))
+        time.sleep(0.5)
+    return pids
+
+
 def delete_deployments(server: PrefectServer) -> None:
     """A clean slate: the two end-to-end tests make deployments of the same names."""
     with server.api() as api:
@@ -272,3 +286,52 @@ def test_serve_script_serves_with_the_pool_service_alongside(server: PrefectServ
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{pool_port}/healthz", timeout=2)
     print(f"served run {run_id} completed, cost {cost:.6g}; took {time.monotonic() - started:.1f} s")
+
+
+def test_two_served_deployments_batch_calls_of_runs_in_separate_processes(
+    server: PrefectServer, tmp_path: Path
+) -> None:
+    """Concurrent runs of two served deployments, each run in a process of its own: the pool service's
+    batches mix calls of different runs (so of different processes)."""
+    started = time.monotonic()
+    pool_port = free_port()
+    log = tmp_path / "serve.log"
+    delete_deployments(server)
+    served = {"text-pipeline": TEXT, "image-pipeline": "image-every-2-minutes"}
+    cmd = [sys.executable, "deployments/serve.py", "--port", str(pool_port), "--backend", "inline", "--limit", "8"]
+    for name in served.values():
+        cmd += ["--only", name]
+    env = server.env | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"}  # pick new runs up within a second
+    serving = spawn(cmd, env, log)
+    runs_per_deployment = 4
+    try:
+        with server.api() as api:
+            wait_http(f"http://127.0.0.1:{pool_port}/healthz", serving, log, 90, "the serve script's pool service")
+            run_ids: dict[str, str] = {}  # run id -> flow name
+            for _ in range(runs_per_deployment):
+                for flow_name, name in served.items():
+                    run_ids[create_run(api, flow_name, name)["id"]] = flow_name
+            finals = {rid: wait_final(api, rid, timeout_s=300) for rid in run_ids}
+            states = {rid: f["state_type"] for rid, f in finals.items()}
+            assert set(states.values()) == {"COMPLETED"}, f"{states}\n{tail(log)}"
+            pids = run_pids(api, list(run_ids))
+            batches = httpx.get(f"http://127.0.0.1:{pool_port}/v1/batches?limit=1000", timeout=30).json()["batches"]
+    finally:
+        stop(serving, timeout_s=60)
+    # Served runs are separate processes: each run logged a process id of its own, not the serve script's.
+    assert set(pids) == set(run_ids) and len(set(pids.values())) == len(run_ids), pids
+    assert serving.pid not in pids.values()
+    ours = [b for b in batches if set(b["runs"]) <= set(run_ids)]
+    assert len(ours) == len(batches) and ours, batches
+    runs_seen = {r for b in ours for r in b["runs"]}
+    assert runs_seen == set(run_ids)  # every run's calls went through the service
+    mixed = [b for b in ours if len(b["runs"]) >= 2]
+    assert mixed, f"no batch mixed calls of two runs: {[(b['size'], len(b['runs'])) for b in ours]}"
+    for b in mixed:  # a batch holds one stage's calls: those runs are of the same deployment
+        assert len({run_ids[r] for r in b["runs"]}) == 1
+    items = sum(b["size"] for b in ours)
+    mixed_items = sum(b["size"] for b in mixed)
+    print(
+        f"{len(run_ids)} runs of {len(served)} deployments: {len(ours)} batches, {len(mixed)} mixing runs "
+        f"({mixed_items}/{items} calls in mixed batches); took {time.monotonic() - started:.1f} s"
+    )
