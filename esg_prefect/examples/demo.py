@@ -41,6 +41,7 @@ class DemoRun:
     cost_total: float
     report: Report | None = None
     per_run_cost: tuple[tuple[str, str, float], ...] = ()  # (flow run id, workflow, cost)
+    cost_busy: float = 0.0  # the busy part of cost_total: batches only, no warm idle time
 
 
 def demo_arrivals(requests: int, rate_per_s: float, seed: int, trace: str) -> list[tuple[float, str]]:
@@ -176,7 +177,9 @@ def run_esg(
         )
     )
     total = sum(c for _, _, c in per_run) + costs.idle_unattributed
-    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run)
+    busy = attribute_costs(snap.batches, (), pool.prices, pool.settings.cost_split, "separate").per_run
+    busy_total = sum(c for rid, c in busy.items() if rid in measured)
+    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total)
 
 
 def run_threadpool(
@@ -207,4 +210,4 @@ def run_threadpool(
     threads = torch.get_num_threads()
     busy_ms = sum(ms for _, ms in stage.local_call_log)
     cost = busy_ms / 1000.0 * threads * prices.price_per_vcpu_s
-    return DemoRun("threadpool", tuple(outcomes), wall, cost)
+    return DemoRun("threadpool", tuple(outcomes), wall, cost, cost_busy=cost)
