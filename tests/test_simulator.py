@@ -319,3 +319,27 @@ def test_conformance_simulator_half() -> None:
     assert compare_reports(sim_a, sim_b, Tolerance()) == []
     other = simulate(case.with_(scheduler="per-invocation"), 0, arrivals=arrivals).report
     assert compare_reports(sim_a, other, Tolerance()) != []
+
+
+def test_batching_headroom_hand_worked() -> None:
+    from esg_prefect.simulator.experiments import batching_headroom, workflow_headroom
+
+    # Whole T4: 10 ms at batch 1, 12 ms at batch 4; half a T4: 10 ms at batch 1 (the batch fits), 24 ms at 4.
+    prof = LatencyProfile(
+        [
+            ProfilePoint("m", "T4", 1, 1, 1.0, 10.0),
+            ProfilePoint("m", "T4", 4, 1, 1.0, 12.0),
+            ProfilePoint("m", "T4", 1, 1, 0.5, 10.0),
+            ProfilePoint("m", "T4", 4, 1, 0.5, 24.0),
+        ]
+    )
+    prices = PriceSheet(0.0, {"T4": 1.0})
+    rows = batching_headroom(prof, prices, ConfigSpace((1, 4), (1,), (0.5, 1.0)), "mean", stages=("m",))
+    # batch 1: cheapest on half a GPU, 0.5 * 10 ms = 5e-3 $; batch 4: 12 ms on the whole GPU / 4 = 3e-3 $.
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["batch1_share"], r["best_batch"], r["best_share"]) == (0.5, 4, 1.0)
+    assert r["batch1_cost"] == pytest.approx(5e-3) and r["best_cost"] == pytest.approx(3e-3)
+    assert r["headroom"] == pytest.approx(5 / 3)
+    head = workflow_headroom([Workflow.chain("w", ["m"], 100.0)], rows)
+    assert head["w"] == pytest.approx(5 / 3) and head["all"] == pytest.approx(5 / 3)

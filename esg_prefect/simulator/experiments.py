@@ -22,13 +22,14 @@ E7     stall breakdown per stage, ESG vs a baseline            :func:`stall_rows
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from esg_prefect.model.config import ConfigSpace
+from esg_prefect.model.config import Config, ConfigSpace
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
@@ -355,6 +356,90 @@ def dag_growth(
             }
             rows.append(_summary(label, res))
     return rows
+
+
+# ---- the room batching leaves (why the cost ratio is what it is) -----------------------------------
+
+
+def batching_headroom(
+    profile: str | LatencyProfile = STANDARD_PROFILE,
+    prices: PriceSheet | None = None,
+    space: ConfigSpace | None = None,
+    percentile: str = "p95",
+    stages: Sequence[str] = MODELS,
+) -> list[Row]:
+    """Per (stage, GPU type): the least cost per request at batch 1 and at any batch, over every share.
+
+    A scheduler that runs each request alone on the cheapest share (the
+    FaST-GShare-like baseline) pays at least the batch-1 figure; one that
+    batches (ESG) at least the any-batch figure, whatever its slack allows.
+    Their ratio bounds from above what batching can save on that stage with
+    this profile and these prices, before any SLO is applied: under the
+    profile's GPU-share model (:mod:`esg_prefect.workload.gpu_profiles`) a
+    share sized to a small batch runs it at nearly the GPU's best throughput
+    per share, so the bound is small where small batches already fill a
+    sizeable share of the GPU.
+    """
+    prof = resolve_profile(profile)
+    sheet = prices or PriceSheet.default()
+    cs = space or ConfigSpace(vcpus=(1,))
+    rows: list[Row] = []
+    for stage in stages:
+        for hw in sorted(h for h in prof.hardware_types(stage) if h != "cpu"):
+            best: dict[int, tuple[float, float]] = {}
+            for b in cs.batches:
+                for v in cs.vcpus:
+                    for share in cs.gpu_shares:
+                        if share <= 0:
+                            continue
+                        cfg = Config(b, v, share)
+                        lat = prof.try_latency_ms(stage, cfg, hw, percentile)  # type: ignore[arg-type]
+                        if lat is None:
+                            continue
+                        cost = sheet.cost_per_request(cfg, hw, lat)
+                        if b not in best or cost < best[b][0]:
+                            best[b] = (cost, share)
+            if 1 not in best:
+                continue
+            top = min(best, key=lambda b: best[b][0])
+            rows.append(
+                {
+                    "stage": stage,
+                    "hardware": hw,
+                    "batch1_cost": best[1][0],
+                    "batch1_share": best[1][1],
+                    "best_cost": best[top][0],
+                    "best_batch": top,
+                    "best_share": best[top][1],
+                    "headroom": best[1][0] / best[top][0],
+                }
+            )
+    return rows
+
+
+def workflow_headroom(workflows: Sequence[Workflow], rows: Sequence[Row]) -> dict[str, float]:
+    """Per workflow (and ``"all"``, an equal mix): batch-1 floor cost over any-batch floor cost.
+
+    Each stage at its cheapest GPU type and share (rows of
+    :func:`batching_headroom`), summed over the workflow's stages: the most
+    any batching scheduler can save over a right-sized batch-1 one on these
+    workflows, with unlimited slack and load.
+    """
+    b1: dict[str, float] = {}
+    best: dict[str, float] = {}
+    for r in rows:
+        b1[r["stage"]] = min(b1.get(r["stage"], math.inf), r["batch1_cost"])
+        best[r["stage"]] = min(best.get(r["stage"], math.inf), r["best_cost"])
+    out: dict[str, float] = {}
+    num = den = 0.0
+    for wf in workflows:
+        a = sum(b1[s] for s in wf.stages)
+        b = sum(best[s] for s in wf.stages)
+        out[wf.name] = a / b
+        num += a
+        den += b
+    out["all"] = num / den
+    return out
 
 
 # ---- headline numbers -----------------------------------------------------------------------------
