@@ -324,13 +324,13 @@ def test_conformance_simulator_half() -> None:
 def test_batching_headroom_hand_worked() -> None:
     from esg_prefect.simulator.experiments import batching_headroom, workflow_headroom
 
-    # Whole T4: 10 ms at batch 1, 12 ms at batch 4; half a T4: 10 ms at batch 1 (the batch fits), 24 ms at 4.
+    # Whole T4: 10 ms at batch 1, 12 ms at batch 4; half a T4: 10 ms at batch 1 (the batch fits), 30 ms at 4.
     prof = LatencyProfile(
         [
             ProfilePoint("m", "T4", 1, 1, 1.0, 10.0),
             ProfilePoint("m", "T4", 4, 1, 1.0, 12.0),
             ProfilePoint("m", "T4", 1, 1, 0.5, 10.0),
-            ProfilePoint("m", "T4", 4, 1, 0.5, 24.0),
+            ProfilePoint("m", "T4", 4, 1, 0.5, 30.0),
         ]
     )
     prices = PriceSheet(0.0, {"T4": 1.0})
