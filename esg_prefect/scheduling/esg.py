@@ -110,6 +110,9 @@ class ESGScheduler:
             tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
         ] = {}
         self._views = ViewCache(self.settings.allow_eviction)
+        self._placeable_memo: dict[
+            tuple[str, frozenset[str], tuple[int, ...], frozenset[tuple[str, int, float]]], tuple[Resource, ...]
+        ] = {}
         self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
 
     # ---- the round ---------------------------------------------------------
@@ -217,15 +220,23 @@ class ESGScheduler:
             got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
             self._stage_candidates[(stage, hardware)] = got
         kinds, flat = got
-        rooms = [view.max_room(v, hw) for hw, v in kinds]  # one capacity question per (hardware, vcpus)
+        rooms = tuple([view.max_room(v, hw) for hw, v in kinds])  # one capacity question per (hardware, vcpus)
         warm = view.warm_resources(stage)
+        # The answer depends on nothing else, and the same few answers recur round after round.
+        key = (stage, hardware, rooms, frozenset(warm))
+        cached = self._placeable_memo.get(key)
+        if cached is not None:
+            return cached
+        if len(self._placeable_memo) >= 4096:
+            self._placeable_memo.clear()  # bounded memory; entries are cheap to rebuild
         out: list[Resource] = []
         for hw, v, s, need, kind in flat:  # the space's order: hardware, then share, then vcpus
             if warm and (hw, v, s) in warm:
                 out.append((hw, v, s, True))
             elif need <= rooms[kind]:
                 out.append((hw, v, s, False))
-        return tuple(out)
+        result = self._placeable_memo[key] = tuple(out)
+        return result
 
     def decide_queue(
         self, queue: QueueState, jobs: list[Job], workflow: Workflow, view: ClusterView, now_ms: float

@@ -34,6 +34,9 @@ Resource = tuple[str, int, float, bool]
 
 _CACHE_LIMIT = 4096
 
+_WaitParts = tuple[list[tuple[int, float, int, Option, float]], list[tuple[int, list[tuple[int, float, int, Option]]]]]
+"""Static parts of a first-stage merge: the dispatch-now candidates; per larger batch, (jobs short, candidates)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
@@ -80,6 +83,7 @@ class CandidateTables:
         self._now: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
         self._at_batch: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
         self._first: dict[tuple[str, int, tuple[Resource, ...], float], tuple[Option, ...]] = {}
+        self._wait_parts: dict[tuple[str, int, tuple[Resource, ...]], _WaitParts] = {}
 
     # ---- latencies -------------------------------------------------------
 
@@ -226,28 +230,22 @@ class CandidateTables:
     def _with_waits(
         self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
     ) -> tuple[Option, ...]:
-        space = self.settings.config_space
         # The same result as pareto_prune(now + every wait option), built without making an
         # Option for the wait options that the pruning drops: candidates are plain tuples
-        # (latency, cost, position in that merged list, ...) sorted as pareto_prune sorts them,
-        # and only the survivors become Options.
-        cands: list[tuple[int, float, int, Option, float]] = [
-            (o.latency_us, o.cost, i, o, 0.0) for i, o in enumerate(now)
-        ]
-        idx = len(cands)
-        for b in space.batches:
-            if b <= n:
-                continue
-            wait_ms = (b - n) / rate_per_s * 1000.0
+        # (latency, cost, position in that merged list, option, wait) sorted as pareto_prune
+        # sorts them, and only the survivors become Options. Everything but the waits is
+        # static given (stage, n, resources), so it is cached.
+        parts = self._wait_parts.get((stage, n, resources))
+        if parts is None:
+            if len(self._wait_parts) >= _CACHE_LIMIT:
+                self._wait_parts.clear()  # bounded memory; entries are cheap to rebuild
+            parts = self._wait_parts[(stage, n, resources)] = self._wait_groups(stage, n, resources, now)
+        head, groups = parts
+        cands = list(head)
+        for more, group in groups:
+            wait_ms = more / rate_per_s * 1000.0
             wait_us = to_us(wait_ms)
-            group = self._cached(
-                self._at_batch,
-                (stage, b, resources),
-                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),
-            )
-            for o in group:
-                cands.append((o.latency_us + wait_us, o.cost, idx, o, wait_ms))
-                idx += 1
+            cands += [(lat + wait_us, cost, idx, o, wait_ms) for lat, cost, idx, o in group]
         cands.sort()  # positions are unique: tuples never compare past them
         out: list[Option] = []
         best = math.inf
@@ -261,6 +259,23 @@ class CandidateTables:
                     out.append(Option(lat, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold)))
                 best = cost
         return tuple(out)
+
+    def _wait_groups(self, stage: str, n: int, resources: tuple[Resource, ...], now: tuple[Option, ...]) -> _WaitParts:
+        """The dispatch-now candidates, and per larger batch size (jobs to wait for, its candidates)."""
+        head = [(o.latency_us, o.cost, i, o, 0.0) for i, o in enumerate(now)]
+        idx = len(head)
+        groups = []
+        for b in self.settings.config_space.batches:
+            if b <= n:
+                continue
+            group = self._cached(
+                self._at_batch,
+                (stage, b, resources),
+                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),
+            )
+            groups.append((b - n, [(o.latency_us, o.cost, idx + j, o) for j, o in enumerate(group)]))
+            idx += len(group)
+        return head, groups
 
     def _build_now(self, stage: str, n: int, resources: tuple[Resource, ...]) -> tuple[Option, ...]:
         sizes = sorted({b for b in self.settings.config_space.batches if b <= n} | {n})
