@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Protocol, runtime_checkable
 
 from esg_prefect.exceptions import InvalidInputError
@@ -19,6 +21,8 @@ from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.workflow import Workflow
+
+_QUEUE_OF = attrgetter("queue")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +45,12 @@ class QueueState:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or r < 0:
             raise InvalidInputError(f"queue {self.key}: arrival_rate_per_s must be >= 0, got {r!r}")
         key = self.key
+        # A C-level identity pass first: the runtime and the simulator give every job of a queue the
+        # queue's own key object, and queues may hold thousands of jobs.
+        if all(map(is_, map(_QUEUE_OF, self.jobs), repeat(key))):
+            return
         for j in self.jobs:
-            if j.queue is not key and j.queue != key:  # identity first: the usual case, and cheap
+            if j.queue != key:
                 raise InvalidInputError(f"queue {self.key} holds job {j.job_id} of queue {j.queue}")
 
 

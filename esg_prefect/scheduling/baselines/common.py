@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from operator import attrgetter
 
 from esg_prefect.model.config import CPU, Config
 from esg_prefect.model.jobs import Job
@@ -69,14 +70,18 @@ def stage_budget_ms(workflow: Workflow) -> float:
     return workflow.slo_ms / _depths(workflow)[1]
 
 
+_EDF_KEY = attrgetter("deadline_ms", "ready_ms", "job_id")  # C-level keys: queues can hold thousands of jobs
+_FIFO_KEY = attrgetter("ready_ms", "job_id")
+
+
 def edf(jobs: Iterable[Job]) -> list[Job]:
     """Jobs by deadline, then ready time, then id."""
-    return sorted(jobs, key=lambda j: (j.deadline_ms, j.ready_ms, j.job_id))
+    return sorted(jobs, key=_EDF_KEY)
 
 
 def fifo(jobs: Iterable[Job]) -> list[Job]:
     """Jobs by ready time, then id."""
-    return sorted(jobs, key=lambda j: (j.ready_ms, j.job_id))
+    return sorted(jobs, key=_FIFO_KEY)
 
 
 class BaselineBase:
