@@ -31,7 +31,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import Dispatch, Placement, QueueState
-from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables
@@ -110,6 +110,7 @@ class BaselineBase:
         self.prices = prices
         self.clock = clock
         self._starting: dict[str, float] = {}  # stage -> when its latest cold start will be done
+        self._views = ViewCache(self.settings.allow_eviction)  # each round's working copy of the cluster
         self._options: dict[
             tuple[str, frozenset[str], tuple[float, ...] | None], tuple[tuple[float, float, Resource, int], ...]
         ] = {}

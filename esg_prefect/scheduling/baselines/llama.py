@@ -22,11 +22,15 @@ EDF, and its own placement (ESG_Dispatch's placement is used).
 
 from __future__ import annotations
 
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.slo import critical_path
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, edf
 from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.search import Clock
+from esg_prefect.scheduling.settings import ESGSettings
 
 
 class LlamaScheduler(BaselineBase):
@@ -34,16 +38,39 @@ class LlamaScheduler(BaselineBase):
 
     name = "llama"
 
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(profile, prices, settings, clock)
+        self._shares: dict[tuple[Workflow, str, frozenset[str]], float] = {}
+        self._whole: dict[tuple[str, frozenset[str]], list[Resource]] = {}
+
     def stage_share(self, workflow: Workflow, stage: str, hardware: frozenset[str]) -> float:
         """Fraction of the remaining slack that ``stage`` gets: its fastest latency over the path ahead's."""
-        mins = {s: self.tables.min_latency_ms(s, hardware) for s in workflow.stages}
-        path = critical_path(workflow, workflow.topological_order(), mins, start=stage)
-        total = sum(mins[s] for s in path)
-        return mins[stage] / total if total > 0 else 1.0
+        key = (workflow, stage, hardware)
+        got = self._shares.get(key)
+        if got is None:  # static given the profile: cached (a topological sort per queue per round otherwise)
+            mins = {s: self.tables.min_latency_ms(s, hardware) for s in workflow.stages}
+            path = critical_path(workflow, workflow.topological_order(), mins, start=stage)
+            total = sum(mins[s] for s in path)
+            got = self._shares[key] = mins[stage] / total if total > 0 else 1.0
+        return got
+
+    def whole_device_resources(self, stage: str, view: ClusterView) -> list[Resource]:
+        """The space's resources for ``stage`` that take a device whole (share 1) or the CPU (cached)."""
+        key = (stage, view.hardware)
+        got = self._whole.get(key)
+        if got is None:
+            got = self._whole[key] = [r for r in self.resources(stage, view) if r[2] in (0.0, 1.0)]
+        return got
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Serve queues by urgency; per batch, the cheapest whole-device configuration meeting the target."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         hardware = frozenset(view.hardware)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
@@ -54,7 +81,7 @@ class LlamaScheduler(BaselineBase):
             wf = snapshot.workflows[q.key.workflow]
             share = self.stage_share(wf, stage, hardware)
             jobs = pending[q.key]
-            resources = [r for r in self.resources(stage, view) if r[2] in (0.0, 1.0)]
+            resources = self.whole_device_resources(stage, view)
             while jobs:
                 target = (jobs[0].e2e_deadline_ms - now_ms) * share
                 options = self._candidates(stage, len(jobs), resources, view, now_ms)

@@ -81,7 +81,7 @@ class INFlessScheduler(BaselineBase):
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Dispatch full or timed-out batches of each function's configuration; scale by rate."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         counts = _instances(snapshot)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
@@ -167,7 +167,7 @@ class FaSTGShareScheduler(BaselineBase):
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send each job alone to an instance of its function's configuration; scale by rate."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         counts = _instances(snapshot)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []

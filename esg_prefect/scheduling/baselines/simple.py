@@ -89,7 +89,7 @@ class PerInvocationScheduler(BaselineBase):
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send every waiting job alone to a free whole GPU, oldest first."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         states = {q.key: q for q in snapshot.queues}
         # All jobs oldest first: a lazy merge of each queue's FIFO order (kept while the queue
         # holds the same jobs), so that a round under a long backlog looks only at the jobs it
@@ -183,7 +183,7 @@ class TritonScheduler(BaselineBase):
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Dispatch full or timed-out batches to idle instances; start one instance when none is idle."""
-        view = ClusterView(snapshot.cluster, self.settings.allow_eviction)
+        view = self._views.view(snapshot.cluster)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
