@@ -36,8 +36,8 @@ import argparse
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
 from esg_prefect.cli.simulate import WallClock
 from esg_prefect.simulator import simulate, standard_case
-from esg_prefect.simulator.experiments import PRIOR_WORK, headline
-from esg_prefect.simulator.standard import STANDARD_DURATION_S, STANDARD_RATE_PER_S
+from esg_prefect.simulator.experiments import PRIOR_WORK, batching_headroom, headline, workflow_headroom
+from esg_prefect.simulator.standard import STANDARD_DURATION_S, STANDARD_RATE_PER_S, standard_workflows
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
     esg_decisions = ""
     header = (
         f"{'scheduler':<15} {'SLO hit':>8} {'p99 ms':>8} {'batch $/req':>12} {'total $/req':>12} "
-        f"{'mean batch':>10} {'workers':>8} {'wall s':>7} {'req/s':>7} {'in decide':>9}"
+        f"{'mean batch':>10} {'workers':>8} {'at-risk':>7} {'wall s':>7} {'req/s':>7} {'in decide':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -87,18 +87,26 @@ def main() -> None:
         )
         print(
             f"{name:<15} {o.slo_hit_rate:8.3f} {o.latency_p99_ms or 0:8.1f} {o.batch_cost_per_request:12.3e} "
-            f"{o.cost_per_request:12.3e} {o.mean_batch_size:10.2f} {run.cold_starts:8d} {wall:7.1f} "
+            f"{o.cost_per_request:12.3e} {o.mean_batch_size:10.2f} {run.cold_starts:8d} {run.at_risk_cold_starts:7d} "
+            f"{wall:7.1f} "
             f"{n / wall:7.0f} {decide / wall:9.0%}",
             flush=True,
         )
     head = headline(rows)
     speed = total_requests / total_wall
+    room = workflow_headroom(standard_workflows(), batching_headroom())
+    print("(workers: workers started; at-risk: of them, started for best-effort dispatches of infeasible plans)")
     print()
     if esg_decisions:
         print(esg_decisions)
     print(
         f"best baseline: {head['best_baseline']} (SLO {head['baseline_slo']:.3f} vs ESG {head['esg_slo']:.3f}); "
         f"cost ratio with keep-alive idle billed too: {head['cost_ratio_with_idle']:.2f}"
+    )
+    print(
+        "batching headroom (least batch-1 cost / least cost at any batch, cheapest GPU and share per stage): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in room.items())
+        + "; no scheduler can beat a right-sized batch-1 share by more than that on this profile"
     )
     print(
         f"simulator: {total_requests} requests in {total_wall:.1f} s; {total_decide / total_wall:.0%} of it inside "

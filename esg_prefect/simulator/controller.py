@@ -189,6 +189,7 @@ class Controller:
         self.arrivals_left = 0  # set by the runner: arrivals scheduled and not yet handled
         self._open = 0  # requests neither finished nor failed
         self._in_flight = 0  # batches running
+        self.at_risk_cold_starts = 0  # new workers started for best-effort (at-risk) dispatches
 
     # ---- events ------------------------------------------------------------------------
 
@@ -342,6 +343,8 @@ class Controller:
         q.state = None
         self._waiting -= len(jobs)
         w = self.cluster.acquire(d.placement, d.queue.stage, d.config, d.hardware, now)
+        if d.placement.cold and d.at_risk:
+            self.at_risk_cold_starts += 1
         remote = 0
         for job in jobs:
             req = self._job_index[job.job_id]

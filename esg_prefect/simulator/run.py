@@ -45,6 +45,9 @@ class SimRun:
         end_ms: simulated time of the last event.
         cold_starts: workers started.
         decide_ms: wall time of each ``decide`` call (only with a clock).
+        at_risk_cold_starts: workers started for dispatches the scheduler marked
+            at risk (no plan met the slack): how much of the cold-start churn
+            comes from best-effort dispatches.
     """
 
     report: Report
@@ -58,6 +61,7 @@ class SimRun:
     end_ms: float
     cold_starts: int
     decide_ms: tuple[float, ...] = ()
+    at_risk_cold_starts: int = 0
 
 
 def simulate(
@@ -137,6 +141,7 @@ def simulate(
         loop.now_ms,
         cluster.cold_starts,
         tuple(ctl.decide_ms),
+        ctl.at_risk_cold_starts,
     )
 
 
