@@ -180,7 +180,7 @@ def test_per_invocation_merge_is_fifo_and_drops_blocked_stages() -> None:
     import random
 
     from esg_prefect.scheduling.baselines.common import fifo
-    from esg_prefect.scheduling.baselines.simple import _merge_unblocked
+    from esg_prefect.scheduling.baselines.simple import _merge_unblocked, fifo_iter
 
     rng = random.Random(3)
     keys = [QueueKey("w", s) for s in ("a", "b", "c")]
@@ -189,11 +189,27 @@ def test_per_invocation_merge_is_fifo_and_drops_blocked_stages() -> None:
         for k in keys
     ]
     everything = fifo(j for q in queues for j in q)
-    assert list(_merge_unblocked([fifo(q) for q in queues], set())) == everything
+    assert list(_merge_unblocked([fifo_iter(tuple(q)) for q in queues], set())) == everything
     blocked: set[str] = set()
     seen = []
-    for job in _merge_unblocked([fifo(q) for q in queues], blocked):
+    for job in _merge_unblocked([fifo_iter(tuple(q)) for q in queues], blocked):
         seen.append(job)
         if len(seen) == 10:
             blocked.add("b")  # from now on no job of stage b comes out
     assert seen == everything[:10] + [j for j in everything[10:] if j.queue.stage != "b"]
+
+
+def test_fifo_iter_equals_fifo_in_ready_order_or_not() -> None:
+    import random
+
+    from esg_prefect.scheduling.baselines.common import fifo
+    from esg_prefect.scheduling.baselines.simple import fifo_iter
+
+    rng = random.Random(8)
+    for _ in range(200):
+        jobs = [
+            Job(f"j{rng.randint(0, 999)}-{i}", "r", "r", Q, 0.0, float(rng.randint(0, 6)), 9.0, 9.0) for i in range(12)
+        ]
+        in_ready_order = sorted(jobs, key=lambda j: j.ready_ms)  # ties in arbitrary id order, as queues hold them
+        for given in (jobs, in_ready_order):
+            assert list(fifo_iter(tuple(given))) == fifo(given)

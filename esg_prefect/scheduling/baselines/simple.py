@@ -30,39 +30,73 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from itertools import islice
+from operator import attrgetter, le
 
-from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.model.jobs import Job
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, QueueState, SchedulingResult, Snapshot
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, cheapest_gpu_first, fifo
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 
 
-def _merge_unblocked(queues: list[list[Job]], blocked: set[str]) -> Iterator[Job]:
+def fifo_iter(jobs: tuple[Job, ...]) -> Iterator[Job]:
+    """``jobs`` in FIFO order (:func:`~esg_prefect.scheduling.baselines.common.fifo`), produced lazily.
+
+    Queues usually hold their jobs in the order they became ready (the runtime
+    and the simulator append them so): then only runs of equal ready times
+    need sorting (by id), and a consumer that stops early pays for what it
+    took. Otherwise the whole tuple is sorted first. The check is one C-level
+    pass.
+    """
+    readys = list(map(_READY, jobs))
+    if not all(map(le, readys, islice(readys, 1, None))):
+        yield from fifo(jobs)
+        return
+    n = len(jobs)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and readys[j] == readys[i]:
+            j += 1
+        if j == i + 1:
+            yield jobs[i]
+        else:
+            yield from sorted(jobs[i:j], key=_ID)
+        i = j
+
+
+def _merge_unblocked(queues: list[Iterator[Job]], blocked: set[str]) -> Iterator[Job]:
     """Jobs of all ``queues`` (each in FIFO order) oldest first, skipping stages in ``blocked``.
 
     ``blocked`` may grow while the merge runs: a queue whose stage is blocked
     is dropped from the merge at once, so a round under a long backlog looks
     at the jobs it dispatches, not at the whole backlog.
     """
-    heap = [(q[0].ready_ms, q[0].job_id, i, 0) for i, q in enumerate(queues)]
+    heap = []
+    for i, q in enumerate(queues):
+        first = next(q, None)
+        if first is not None:
+            heap.append((first.ready_ms, first.job_id, i, first))
     heapq.heapify(heap)
     while heap:
-        _, _, i, k = heap[0]
-        q = queues[i]
-        job = q[k]
+        _, _, i, job = heap[0]
         if job.queue.stage in blocked:
             heapq.heappop(heap)
             continue
         yield job
-        if k + 1 < len(q):
-            nxt = q[k + 1]
-            heapq.heapreplace(heap, (nxt.ready_ms, nxt.job_id, i, k + 1))
+        nxt = next(queues[i], None)
+        if nxt is not None:
+            heapq.heapreplace(heap, (nxt.ready_ms, nxt.job_id, i, nxt))
         else:
             heapq.heappop(heap)
+
+
+_READY = attrgetter("ready_ms")
+_ID = attrgetter("job_id")
 
 
 class PerInvocationScheduler(BaselineBase):
@@ -78,23 +112,15 @@ class PerInvocationScheduler(BaselineBase):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(profile, prices, settings, clock)
-        self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, FIFO order)
         self._types: dict[tuple[str, frozenset[str]], list[str]] = {}  # GPU types by price, per stage
-
-    def _fifo(self, q: QueueState) -> list[Job]:
-        got = self._sorted.get(q.key)
-        if got is None or got[0] is not q.jobs:
-            got = self._sorted[q.key] = (q.jobs, fifo(q.jobs))
-        return got[1]
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send every waiting job alone to a free whole GPU, oldest first."""
         view = self._views.view(snapshot.cluster)
         states = {q.key: q for q in snapshot.queues}
-        # All jobs oldest first: a lazy merge of each queue's FIFO order (kept while the queue
-        # holds the same jobs), so that a round under a long backlog looks only at the jobs it
-        # dispatches, not at the whole backlog.
-        jobs = _merge_unblocked([self._fifo(q) for q in snapshot.queues if q.jobs], blocked := set())
+        # All jobs oldest first: a lazy merge of each queue's FIFO order, so that a round under a
+        # long backlog looks only at the jobs it dispatches, not at the whole backlog.
+        jobs = _merge_unblocked([fifo_iter(q.jobs) for q in snapshot.queues if q.jobs], blocked := set())
         dispatches: list[Dispatch] = []
         stats: list[DecisionStats] = []
         v = min(self.settings.config_space.vcpus)
