@@ -145,3 +145,21 @@ def test_without_the_esg_runner_stages_run_locally() -> None:
         return inc(double(x))
 
     assert plain(4) == 9
+
+
+def test_a_requests_slo_starts_when_its_flow_run_was_expected_not_when_it_began_running() -> None:
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    from esg_prefect.integration.stage import request_arrival_ms
+
+    t = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
+    ms = t.timestamp() * 1000.0
+    called = SimpleNamespace(created=t, expected_start_time=t, start_time=t + timedelta(seconds=0.4))
+    assert request_arrival_ms(called) == ms  # creating and starting the run is spent against the SLO
+    scheduled = SimpleNamespace(created=t - timedelta(minutes=5), expected_start_time=t, start_time=t)
+    assert request_arrival_ms(scheduled) == ms  # a scheduled run's request arrives at its slot
+    early = SimpleNamespace(created=t, expected_start_time=t + timedelta(minutes=1), start_time=t)
+    assert request_arrival_ms(early) == ms  # started ahead of its slot: not later than it started
+    bare = SimpleNamespace(created=None, expected_start_time=None, start_time=t)
+    assert request_arrival_ms(bare) == ms
