@@ -69,12 +69,16 @@ class ClusterView:
         # One pass over the workers, with the dicts bound to locals: a cluster holds hundreds of them.
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
         idle, by_stage = self.idle, self._idle_by_stage
+        # Busy workers per stage, as the snapshot had them (read-only: a batch placed this round is not added).
+        self.busy_by_stage: dict[str | None, list[Worker]] = {}
+        busy_by_stage = self.busy_by_stage
         idle_on_node, idle_share, idle_clients = self._idle_on_node, self._idle_share, self._idle_clients
         for w in cluster.workers:
             node, dev = w.node, w.device_id
             free_slots[node] -= 1
             if w.busy:
                 free_vcpus[node] -= w.vcpus
+                busy_by_stage.setdefault(w.stage, []).append(w)
             else:
                 idle[w.worker_id] = w
                 by_stage.setdefault(w.stage, []).append(w)
@@ -112,6 +116,7 @@ class ClusterView:
         new._version = self._version
         new._memo = self._memo  # replaced, not cleared, at the first commit
         new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
+        new.busy_by_stage = self.busy_by_stage  # never changed after construction
         new._idle_on_node = Counter(self._idle_on_node)
         new._idle_share = Counter(self._idle_share)
         new._idle_clients = Counter(self._idle_clients)
