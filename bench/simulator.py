@@ -25,6 +25,15 @@ Definitions of the RESULT line:
       this bench (scheduler decisions included; the share of time spent inside
       the schedulers' decide is printed above).
 
+Also printed: per scheduler the workers started and how many of them were
+started for at-risk (best-effort) dispatches; and the batching headroom of the
+standard workflows (least batch-1 cost over least cost at any batch, each
+stage on its cheapest GPU and share): the most any scheduler could save over a
+right-sized batch-1 share (the FaST-GShare-like baseline) on this profile,
+1.34 over the three workflows, which is why the cost ratio against that
+baseline stays near 1 (docs/results.md, "Why ESG saves little over
+FaST-GShare here").
+
 Run:  python bench/simulator.py [--duration S] [--rate R]
 Ends with: RESULT slo_gain_vs_best_baseline=<x> cost_ratio_best_baseline_over_esg=<y> sim_requests_per_s=<z>
 """
