@@ -141,20 +141,26 @@ def test_warm_worker_beats_cold_start() -> None:
     assert res.dispatches[0].at_risk and res.dispatches[0].predicted_ms == 118.0
 
 
-def test_best_effort_waits_for_a_busy_warm_worker_that_beats_a_cold_start() -> None:
+def test_best_effort_waits_for_a_busy_warm_worker_rather_than_evict() -> None:
     # Regression (cold-start storm under overload): no plan meets the 60 ms slack. A worker warm
     # for m is busy; even if it runs the largest batch (18 ms) it then runs ours (18 ms) by 36 ms,
-    # sooner than a cold start (100 + 18 = 118 ms): the jobs stay queued for it, at risk.
+    # sooner than a cold start (100 + 18 = 118 ms). The node's two worker slots are taken (the busy
+    # worker and an idle one of another stage): a cold start would evict, so the jobs wait for it.
     s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=100.0)
     busy = Worker("w0", "node0", None, "cpu", 1, 0.0, "m", busy=True)
-    cluster = ClusterSnapshot([Node("node0", 4)], [], [busy])
-    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], cluster), 0.0)
+    other = Worker("w1", "node0", None, "cpu", 1, 0.0, "x", busy=False, idle_since_ms=0.0)
+    full = ClusterSnapshot([Node("node0", 4, max_workers=2)], [], [busy, other])
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], full), 0.0)
     assert res.dispatches == () and len(res.holds) == 1 and "busy warm worker" in res.holds[0].reason
     assert [st.feasible for st in res.stats] == [False]
-    # A cold start that is quicker than the busy worker's bound still goes (cold start 10 ms: 28 < 36).
+    # With a free slot the new worker starts without evicting anyone: best effort as before.
+    roomy = ClusterSnapshot([Node("node0", 4, max_workers=3)], [], [busy, other])
+    res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], roomy), 0.0)
+    assert [(d.placement.cold, d.placement.evict, d.at_risk) for d in res.dispatches] == [(True, (), True)]
+    # And a cold start quicker than the busy worker's bound goes even when it evicts (10 + 18 < 36).
     quick = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=10.0)
-    res = quick.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 20.0))], cluster), 0.0)
-    assert [(d.placement.cold, d.at_risk, d.predicted_ms) for d in res.dispatches] == [(True, True, 28.0)]
+    res = quick.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 20.0))], full), 0.0)
+    assert [(d.placement.evict, d.at_risk, d.predicted_ms) for d in res.dispatches] == [(("w1",), True, 28.0)]
 
 
 def test_no_capacity_holds_the_queue() -> None:

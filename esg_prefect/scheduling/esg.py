@@ -22,15 +22,17 @@ dispatches the whole queue (up to the largest batch) on the fastest placeable
 resources and marks it at risk; the ``reject`` policy rejects the jobs that
 even the fastest option cannot serve in time.
 
-"Fastest" counts a worker warm for the stage that is busy now: when the
-fastest placeable option is a cold start, and such a worker would finish its
-current batch (at most the largest batch of the space) and then this one
-sooner, the jobs stay queued for it (a hold, at risk) instead of starting a
-new worker. Without this, an overloaded cluster fell into a cold-start storm:
-each infeasible queue started a worker, evicting idle ones of other stages,
-whose next jobs then found no warm worker either (at 450 requests/s on the
-standard case, 8,108 of 8,221 workers were started that way and 2.5 % of the
-requests met their SLO; with it, 100 %; docs/results.md).
+On a full cluster "fastest" counts a worker warm for the stage that is busy
+now: when the fastest placeable option is a cold start that would stop idle
+workers to make room, and such a worker would finish its current batch (at
+most the largest batch of the space) and then this one sooner, the jobs stay
+queued for it (a hold, at risk) instead. Without this, an overloaded cluster
+fell into a cold-start storm: each infeasible queue started a worker, evicting
+idle ones of other stages, whose next jobs then found no warm worker either
+(at 450 requests/s on the standard case, 8,108 of 8,221 workers were started
+that way and 2.5 % of the requests met their SLO; with it, 99.9 %;
+docs/results.md). Where a new worker fits without evicting, it still starts:
+holding then would keep queues on whatever warm workers the warm-up left.
 
 Example:
     >>> from esg_prefect.model import (Config, ConfigSpace, LatencyProfile, ProfilePoint, PriceSheet,
@@ -309,10 +311,18 @@ class ESGScheduler:
         whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
         best = min(whole, key=lambda o: (o.latency_us, o.cost)) if whole else first[0]
         assert isinstance(best.payload, Choice)
-        if best.payload.cold and self._warm_soon_us(stage, view, top) < best.latency_us:
-            # A worker warm for the stage, busy now, finishes its batch and this one sooner than a cold start.
+        c = best.payload
+        if c.cold and self._evicts(c, view, jobs[:top]) and self._warm_soon_us(stage, view, top) < best.latency_us:
+            # The cluster is full (the start would stop idle workers) and a worker warm for the stage,
+            # busy now, finishes its batch and this one sooner than a cold start: wait for it.
             return QueueDecision("busy", None, (), True, stats)
         return QueueDecision("dispatch" if best.payload.wait_ms == 0 else "wait", best.payload, (), True, stats)
+
+    @staticmethod
+    def _evicts(c: Choice, view: ClusterView, jobs: list[Job]) -> bool:
+        """Whether starting a worker for ``c`` would stop idle workers (ESG_Dispatch's own placement)."""
+        p = view.place(c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in jobs))
+        return p is not None and bool(p.evict)
 
     def _warm_soon_us(self, stage: str, view: ClusterView, batch: int) -> float:
         """Upper bound on when a busy worker warm for ``stage`` could have run ``batch`` jobs; inf if none.
