@@ -125,8 +125,12 @@ def run_shape(wf: Workflow, entry: str, decisions: int, seed: int, plain: bool) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--decisions", type=int, default=400)
-    parser.add_argument("--plain-max-stages", type=int, default=5, help="plain A* only up to this chain length")
+    parser.add_argument(
+        "--plain-max-stages", type=int, default=5, help="plain A* only up to this chain length (at least 4)"
+    )
     args = parser.parse_args()
+    if args.plain_max_stages < 4:
+        parser.error("--plain-max-stages must be at least 4: the RESULT line compares expansions at 4 stages")
     shapes: list[tuple[str, Workflow, str]] = []
     for k in range(1, 9):
         names = [f"s{i}" for i in range(k)]
