@@ -161,6 +161,10 @@ def test_best_effort_waits_for_a_busy_warm_worker_rather_than_evict() -> None:
     quick = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=10.0)
     res = quick.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 20.0))], full), 0.0)
     assert [(d.placement.evict, d.at_risk, d.predicted_ms) for d in res.dispatches] == [(("w1",), True, 28.0)]
+    # The knob off (the paper's behaviour): the cold start goes, evicting the idle worker.
+    paper = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=100.0, wait_for_busy_warm=False)
+    res = paper.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], full), 0.0)
+    assert [(d.placement.evict, d.at_risk, d.predicted_ms) for d in res.dispatches] == [(("w1",), True, 118.0)]
 
 
 def test_no_capacity_holds_the_queue() -> None:

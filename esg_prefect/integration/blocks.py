@@ -134,6 +134,9 @@ class ESGSchedulerSettings(Block):
     correction_alpha: float = Field(
         default=0.25, ge=0, le=1, description="Weight of the newest batch in the online profile correction; 0: off."
     )
+    wait_for_busy_warm: bool = Field(
+        default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
+    )
 
     def to_settings(self) -> ESGSettings:
         """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""

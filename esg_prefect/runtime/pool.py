@@ -78,6 +78,7 @@ from esg_prefect.runtime.workers import (
 from esg_prefect.runtime.workflows import WorkflowRegistry
 from esg_prefect.scheduling import DecisionStats, Dispatch, ESGSettings, QueueState, Snapshot, create_scheduler
 from esg_prefect.scheduling.tables import CandidateTables
+from esg_prefect.workload.rate import ArrivalRateEWMA
 
 logger = logging.getLogger(__name__)
 
@@ -114,29 +115,6 @@ class _WorkerState:
     busy: bool = True
     idle_since_ms: float | None = None
     started_ms: float = 0.0
-
-
-@dataclass(slots=True)
-class _Rate:
-    """EWMA arrival rate of one queue; it decays while nothing arrives."""
-
-    alpha: float
-    last_ms: float | None = None
-    per_s: float = 0.0
-
-    def arrive(self, now_ms: float) -> None:
-        if self.last_ms is not None:
-            inst = 1000.0 / max(now_ms - self.last_ms, 0.1)
-            # The first gap seeds the average: blending it with an initial 0 would under-estimate
-            # the rate for many arrivals and make waiting for a fuller batch look hopeless.
-            self.per_s = inst if self.per_s == 0.0 else self.alpha * inst + (1 - self.alpha) * self.per_s
-        self.last_ms = now_ms
-
-    def at(self, now_ms: float) -> float:
-        if self.last_ms is None:
-            return 0.0
-        since = now_ms - self.last_ms
-        return min(self.per_s, 1000.0 / since) if since > 0 else self.per_s
 
 
 @dataclass(slots=True)
@@ -333,7 +311,7 @@ class Pool:
         self._closed = False
         # Everything below is owned by the controller loop: touched only from its thread.
         self._queues: dict[QueueKey, list[_Pending]] = {}
-        self._rates: dict[QueueKey, _Rate] = {}
+        self._rates: dict[QueueKey, ArrivalRateEWMA] = {}  # the simulator's estimator too
         self._workers: dict[str, _WorkerState] = {}
         self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
         self._done: OrderedDict[str, concurrent.futures.Future[StageResult]] = OrderedDict()
@@ -501,7 +479,9 @@ class Pool:
         )
         self._inflight[call.call_id] = fut
         self._queues.setdefault(key, []).append(_Pending(call, fut, job))
-        self._rates.setdefault(key, _Rate(self.settings.rate_ewma_alpha)).arrive(now)
+        rate = self._rates.setdefault(key, ArrivalRateEWMA(self.settings.rate_ewma_alpha))
+        with contextlib.suppress(InvalidInputError):  # the wall clock stepped back: skip this one
+            rate.observe(now)
         self._request_round()
 
     def _observe_hop(self, workflow: str, call: StageCall, now: float) -> None:
@@ -557,7 +537,7 @@ class Pool:
         now = wall_ms()
         self._expire_idle(now)
         queues = tuple(
-            QueueState(key, tuple(p.job for p in pend), self._rates[key].at(now))
+            QueueState(key, tuple(p.job for p in pend), self._rates[key].rate_per_s(now))
             for key, pend in self._queues.items()
             if pend
         )

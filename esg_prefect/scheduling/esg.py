@@ -33,6 +33,7 @@ idle ones of other stages, whose next jobs then found no warm worker either
 that way and 2.5 % of the requests met their SLO; with it, 99.9 %;
 docs/results.md). Where a new worker fits without evicting, it still starts:
 holding then would keep queues on whatever warm workers the warm-up left.
+The knob ``wait_for_busy_warm`` turns this off (the paper's behaviour).
 
 Example:
     >>> from esg_prefect.model import (Config, ConfigSpace, LatencyProfile, ProfilePoint, PriceSheet,
@@ -312,7 +313,12 @@ class ESGScheduler:
         best = min(whole, key=lambda o: (o.latency_us, o.cost)) if whole else first[0]
         assert isinstance(best.payload, Choice)
         c = best.payload
-        if c.cold and self._evicts(c, view, jobs[:top]) and self._warm_soon_us(stage, view, top) < best.latency_us:
+        if (
+            self.settings.wait_for_busy_warm
+            and c.cold
+            and self._evicts(c, view, jobs[:top])
+            and self._warm_soon_us(stage, view, top) < best.latency_us
+        ):
             # The cluster is full (the start would stop idle workers) and a worker warm for the stage,
             # busy now, finishes its batch and this one sooner than a cold start: wait for it.
             return QueueDecision("busy", None, (), True, stats)

@@ -67,6 +67,11 @@ class ESGSettings:
             the profile's prediction and rescales the stage's profile
             (:mod:`esg_prefect.model.correction`); this is the weight of the
             newest batch in that estimate, 0 turns the correction off.
+        wait_for_busy_warm: when no plan meets a queue's slack and the fastest
+            option is a cold start that would stop idle workers, keep the jobs
+            for a busy worker warm for the stage if it would finish them sooner
+            (not in the paper; without it an overloaded cluster falls into a
+            cold-start storm, see :mod:`esg_prefect.scheduling.esg`).
     """
 
     config_space: ConfigSpace = field(default_factory=ConfigSpace)
@@ -88,6 +93,7 @@ class ESGSettings:
     allow_eviction: bool = True
     reserve_overhead: bool = True
     correction_alpha: float = 0.25
+    wait_for_busy_warm: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.config_space, ConfigSpace):
@@ -108,7 +114,7 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        for name in (*bools, "reserve_overhead"):
+        for name in (*bools, "reserve_overhead", "wait_for_busy_warm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
