@@ -41,6 +41,7 @@ from esg_prefect.profiler import (
     run_session,
 )
 from esg_prefect.profiler.breakdown import read_breakdown_csv
+from esg_prefect.profiler.machine import reset_peak_rss
 from esg_prefect.profiler.results import EXTRA_FIELDS, PROFILE_FIELDS
 from esg_prefect.profiler.targets import resolve_targets
 from esg_prefect.store.migrations import Migration
@@ -48,6 +49,7 @@ from esg_prefect.store.profile_store import PROFILE_MIGRATIONS, ProfileStore, mi
 
 TOYS = "tests.test_profiler:toy_targets"
 SLEEP_PER_ITEM_S = 0.002
+BLOB_BYTES = 4 << 20
 
 pytestmark = pytest.mark.xdist_group("profiler")
 
@@ -60,8 +62,9 @@ def load_sleepy(device: str) -> dict[str, Any]:
 
 
 def run_sleepy(model: dict[str, Any], items: list[float]) -> list[float]:
+    blobs = [b"x" * BLOB_BYTES for _ in items]  # resident while the call runs: the peak grows with the batch
     time.sleep(SLEEP_PER_ITEM_S * len(items))
-    return [x + 1 for x in items]
+    return [x + 1 + 0 * len(blobs) for x in items]
 
 
 def samples_sleepy(rng: random.Random, n: int) -> list[float]:
@@ -130,11 +133,14 @@ def test_profile_csv_loads_as_a_latency_profile(session: tuple[SessionResult, Pa
     assert len(points) == 6
     for p in points:
         assert p.p50_ms <= p.p95_ms or math.isclose(p.p50_ms, p.p95_ms)
-        assert p.peak_mem_mb > 10  # a Python process with numpy holds tens of MiB
+        assert p.peak_mem_mb >= p.model_mem_mb >= 0
         assert p.cold_start_ms >= p.load_ms >= 0  # cold start = load + first call
         assert p.worker_start_ms > 0
         assert profile.cold_start_ms(p.stage, "cpu") == pytest.approx(p.total_cold_start_ms, abs=0.1)
         assert p.reps == 1 and p.pipeline == "toy"
+    if reset_peak_rss():  # Linux: the peak is per point, so it follows the batch's allocations
+        mem = {p.batch: p.peak_mem_mb for p in points if p.stage == "sleepy"}
+        assert mem[4] >= 3 * BLOB_BYTES / (1 << 20) and mem[4] > mem[1]
     # scheduler-facing profile equals the file's
     assert res.profile is not None and res.profile.stages() == profile.stages()
 
@@ -288,3 +294,30 @@ def test_cli_quick_profile(tmp_path: Path) -> None:
     assert LatencyProfile.from_csv(tmp_path / "q.csv").stages() == {"sleepy", "sized"}
     bad = CliRunner().invoke(app, ["profile", "--vcpus", "0"])
     assert bad.exit_code != 0 and "--vcpus must be integers >= 1" in bad.output
+
+
+@pytest.mark.service
+@pytest.mark.usefixtures("prefect_harness")
+def test_flow_reports_progress_and_writes_the_profile(tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from esg_prefect.profiler.flow import profile_flow
+
+    out = profile_flow(
+        targets=[TOYS], vcpus=[1], quick=True, out_dir=str(tmp_path), name="f", store_url=f"{tmp_path / 'p.db'}"
+    )
+    assert LatencyProfile.from_csv(tmp_path / "f.csv").stages() == {"sleepy", "sized"}
+    assert out["run_id"] and out["files"]["profile"] == str(tmp_path / "f.csv")
+
+    async def artifacts(key: str) -> list[Any]:
+        async with get_client() as client:
+            flt = ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+            return list(await client.read_artifacts(artifact_filter=flt))
+
+    import asyncio
+
+    progress = asyncio.run(artifacts("esg-profile-progress"))
+    assert progress and progress[0].data == 100.0
+    report = asyncio.run(artifacts("esg-profile-report"))
+    assert report and "sleepy" in str(report[0].data)

@@ -60,8 +60,46 @@ def busy_cpu_s() -> float | None:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _status_kib(field: str) -> float | None:
+    """A ``kB`` field of ``/proc/self/status`` (Linux), or None elsewhere."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def current_rss_mb() -> float | None:
+    """Resident memory of this process now, in MiB (Linux), or None elsewhere."""
+    kib = _status_kib("VmRSS")
+    return None if kib is None else kib / 1024.0
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident memory to its current value (Linux ``clear_refs``); whether it could.
+
+    Why: ``ru_maxrss`` is a high-water mark over the whole process, so without
+    a reset every point after the biggest would report the biggest.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (``ru_maxrss`` is KiB on Linux, bytes on macOS)."""
+    """Peak resident memory of this process since the last :func:`reset_peak_rss`, in MiB.
+
+    ``VmHWM`` where Linux has it; else ``ru_maxrss`` (KiB on Linux, bytes on macOS), a peak since the start.
+    """
+    kib = _status_kib("VmHWM")
+    if kib is not None:
+        return kib / 1024.0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024.0
 

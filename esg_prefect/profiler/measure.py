@@ -16,7 +16,10 @@ any torch work; here each point is timed as follows:
 
 Each point reports mean, p50 and p95 of its timed calls (numpy, linear
 interpolation), the peak memory, and one :class:`Sample` per call with the
-batch's total input size.
+batch's total input size. Peak memory is what a worker serving only this stage
+would hold at most: the resident memory its model added when it was built,
+plus the peak of resident memory above the level before the point
+(``/proc/self/clear_refs`` resets the peak before each point, on Linux).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.profiler.machine import CpuWatch, is_quiet, peak_rss_mb, repetitions
+from esg_prefect.profiler.machine import CpuWatch, current_rss_mb, is_quiet, peak_rss_mb, repetitions, reset_peak_rss
 from esg_prefect.profiler.results import ProfiledPoint, Sample
 from esg_prefect.profiler.targets import PreparedStage
 
@@ -129,10 +132,12 @@ def measure_point(
     best: tuple[float, list[float], list[float], float] | None = None
     attempts = 0
     gpu_peak = 0.0
+    work_mb = 0.0
     while attempts < s.max_attempts:
         attempts += 1
         gc.collect()
         _reset_gpu_peak(device)
+        rss0 = current_rss_mb() if reset_peak_rss() else None
         with CpuWatch() as watch:
             est = float("inf")
             for _ in range(s.warmup):
@@ -145,6 +150,8 @@ def measure_point(
                 sizes.append(sum(stage.target.size(x) for x in items))
                 times.append(time_call(stage, items, device))
         gpu_peak = max(gpu_peak, _gpu_peak_mb(device))
+        if rss0 is not None:
+            work_mb = max(work_mb, peak_rss_mb() - rss0)
         other = watch.other_cores or 0.0
         if best is None or other < best[0]:
             best = (other, times, sizes, watch.wall_s)
@@ -164,7 +171,10 @@ def measure_point(
         p95_ms=float(np.percentile(times, 95)),
         cold_start_ms=stage.cold_start_ms,
         load_ms=stage.load_ms,
-        peak_mem_mb=peak_rss_mb(),
+        # This process holds every profiled stage's model: a worker holding only this one
+        # would peak at its model plus what the calls allocate (without clear_refs: the process's peak).
+        peak_mem_mb=stage.model_mem_mb + work_mb if work_mb > 0 or stage.model_mem_mb > 0 else peak_rss_mb(),
+        model_mem_mb=stage.model_mem_mb,
         gpu_peak_mem_mb=gpu_peak,
         reps=len(times),
         attempts=attempts,

@@ -80,7 +80,7 @@ def plot_breakdown(rows: Sequence[StallRow], pipeline: str, out: Path) -> Path:
         raise ValueError(f"no stall rows for pipeline {pipeline!r}")
     names = [r.stage for r in mine]
     fig, (ax, ax2) = plt.subplots(
-        1, 2, figsize=(11, 0.55 * len(mine) + 1.8), gridspec_kw={"width_ratios": [3, 1]}, sharey=True
+        1, 2, figsize=(11, 0.55 * len(mine) + 2.3), gridspec_kw={"width_ratios": [3, 1]}, sharey=True
     )
     left = [0.0] * len(mine)
     for comp in COMPONENTS[:-1]:
@@ -97,7 +97,7 @@ def plot_breakdown(rows: Sequence[StallRow], pipeline: str, out: Path) -> Path:
         f"{r0.queue_utilisation:.0%} load)",
         fontsize=9,
     )
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=5, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     ax2.barh(names, [r.cold_start_ms for r in mine], color=_COLORS["cold_start"])
     ax2.set_xlabel("cold start, ms (per cold worker)")

@@ -25,6 +25,7 @@ PROFILE_FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms",
 EXTRA_FIELDS = (
     "p50_ms",
     "peak_mem_mb",
+    "model_mem_mb",
     "gpu_peak_mem_mb",
     "load_ms",
     "worker_start_ms",
@@ -44,8 +45,9 @@ class ProfiledPoint:
 
     ``cold_start_ms`` is the in-process cold start (model build plus the first
     call); :attr:`total_cold_start_ms` adds the start of the worker process.
-    ``peak_mem_mb`` is the worker's peak resident memory after the point
-    (``ru_maxrss``: a high-water mark, so it never falls with batch size);
+    ``peak_mem_mb`` is what a worker serving only this stage would hold at most
+    (its model's resident memory plus the calls' peak, see
+    :mod:`~esg_prefect.profiler.measure`); ``model_mem_mb`` the model's part;
     ``gpu_peak_mem_mb`` is ``torch.cuda.max_memory_allocated`` during the
     point (0 on CPU). ``other_cpu`` is the cores other processes used meanwhile.
     """
@@ -62,6 +64,7 @@ class ProfiledPoint:
     load_ms: float
     peak_mem_mb: float
     gpu_peak_mem_mb: float = 0.0
+    model_mem_mb: float = 0.0
     worker_start_ms: float = 0.0
     reps: int = 1
     attempts: int = 1
@@ -118,6 +121,7 @@ def write_profile_csv(points: Sequence[ProfiledPoint], out: Path) -> None:
                     "cold_start_ms": f"{p.total_cold_start_ms:.3f}",
                     "p50_ms": f"{p.p50_ms:.3f}",
                     "peak_mem_mb": f"{p.peak_mem_mb:.1f}",
+                    "model_mem_mb": f"{p.model_mem_mb:.1f}",
                     "gpu_peak_mem_mb": f"{p.gpu_peak_mem_mb:.1f}",
                     "load_ms": f"{p.load_ms:.3f}",
                     "worker_start_ms": f"{p.worker_start_ms:.1f}",
@@ -156,6 +160,7 @@ def read_profile_csv(path: Path) -> list[ProfiledPoint]:
                         cold_start_ms=float(r.get("cold_start_ms") or 0.0) - worker,
                         load_ms=float(r.get("load_ms") or 0.0),
                         peak_mem_mb=float(r.get("peak_mem_mb") or 0.0),
+                        model_mem_mb=float(r.get("model_mem_mb") or 0.0),
                         gpu_peak_mem_mb=float(r.get("gpu_peak_mem_mb") or 0.0),
                         worker_start_ms=worker,
                         reps=int(r.get("reps") or 0),

@@ -13,7 +13,7 @@ both call :func:`run_session`, which differ only in how they show progress
   the co-run interference table (``InterferenceTable.from_csv``);
 * ``<name>_validation.csv`` - fresh measurements against the predictions;
 * figures ``profiler_<name>_<pipeline>.png`` and ``profiler_<name>_validation.png``
-  in ``figures_dir``.
+  in ``figures_dir`` (no second ``profiler_`` when ``name`` starts with it).
 
 The run, its points, stalls and co-runs are also saved in the profile store
 (:class:`~esg_prefect.store.profile_store.ProfileStore`) unless ``store_url`` is False.
@@ -138,6 +138,7 @@ def run_session(
     """Profile, break down, validate, write the files and store the run (see the module docstring)."""
     out_dir = opts.out_dir
     figs = opts.figures_dir or out_dir
+    stem = opts.name if opts.name.startswith("profiler") else f"profiler_{opts.name}"
     res = SessionResult()
     path = out_dir / f"{opts.name}.csv"
     if opts.request is not None:
@@ -172,9 +173,7 @@ def run_session(
         res.files["corun"] = out_dir / f"{opts.name}_corun.csv"
         for pipeline in res.breakdown.pipelines():
             key = f"figure {pipeline or 'stages'}"
-            res.files[key] = plot_breakdown(
-                res.breakdown.rows, pipeline, figs / f"profiler_{opts.name}_{pipeline or 'stages'}.png"
-            )
+            res.files[key] = plot_breakdown(res.breakdown.rows, pipeline, figs / f"{stem}_{pipeline or 'stages'}.png")
     if opts.validate:
         if res.profile is None:
             raise ValueError("validation needs a profile: measure one or give an existing CSV")
@@ -184,7 +183,7 @@ def run_session(
         )
         res.validation.to_csv(out_dir / f"{opts.name}_validation.csv")
         res.files["validation"] = out_dir / f"{opts.name}_validation.csv"
-        res.files["figure validation"] = plot_validation(res.validation, figs / f"profiler_{opts.name}_validation.png")
+        res.files["figure validation"] = plot_validation(res.validation, figs / f"{stem}_validation.png")
     if opts.store_url is not False and (res.run is not None or res.breakdown is not None):
         res.run_id = _store(opts, res)
     return res

@@ -122,6 +122,7 @@ class PreparedStage:
     jobs: list[Any]
     load_ms: float
     cold_start_ms: float
+    model_mem_mb: float = 0.0
     cursor: int = field(default=0)
 
     @property
@@ -136,15 +137,21 @@ class PreparedStage:
         return items
 
 
-def _timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float]:
+def _timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float, float]:
+    """Build the model and make the first call: ``(model, load ms, cold start ms, resident MiB the model added)``."""
+    from esg_prefect.profiler.machine import current_rss_mb
+
     gc.collect()
+    rss0 = current_rss_mb()
     t0 = time.perf_counter()
     model = target.load(device)
     t1 = time.perf_counter()
+    rss1 = current_rss_mb()
     target.run(model, [first])
     _sync(device)
     t2 = time.perf_counter()
-    return model, (t1 - t0) * 1000.0, (t2 - t0) * 1000.0
+    mem = 0.0 if rss0 is None or rss1 is None else max(rss1 - rss0, 0.0)
+    return model, (t1 - t0) * 1000.0, (t2 - t0) * 1000.0, mem
 
 
 def _sync(device: str) -> None:
@@ -177,7 +184,7 @@ def _prepare_examples(pipeline: str, device: str, pool: int, seed: int) -> list[
     spec = get_pipeline(pipeline)
     rng = random.Random(f"{seed}-{pipeline}")
     requests = [spec.make_input(rng) for _ in range(pool)]
-    timed: dict[str, tuple[Any, float, float]] = {}
+    timed: dict[str, tuple[Any, float, float, float]] = {}
 
     def loader(stage: StageSpec, jobs: list[Any]) -> Any:
         t = ProfileTarget(stage.profile_name, stage.load, stage.run, _no_samples)
@@ -187,9 +194,9 @@ def _prepare_examples(pipeline: str, device: str, pool: int, seed: int) -> list[
     jobs, _ = trace_pipeline(pipeline, requests, batch_size=8, loader=loader, device=device)
     out = []
     for st in spec.stages:
-        model, load_ms, cold_ms = timed[st.name]
+        model, load_ms, cold_ms, mem = timed[st.name]
         target = ProfileTarget(st.profile_name, st.load, st.run, _no_samples, pipeline=pipeline)
-        out.append(PreparedStage(target, model, jobs[st.name], load_ms, cold_ms))
+        out.append(PreparedStage(target, model, jobs[st.name], load_ms, cold_ms, mem))
     return out
 
 
@@ -270,8 +277,8 @@ def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: 
             jobs = list(target.samples(random.Random(f"{seed}-{target.name}"), pool))
             if not jobs:
                 raise InvalidInputError(f"target {target.name!r}: samples returned no inputs")
-            model, load_ms, cold_ms = _timed_cold(target, device, jobs[0])
-            out.append(PreparedStage(target, model, jobs, load_ms, cold_ms))
+            model, load_ms, cold_ms, mem = _timed_cold(target, device, jobs[0])
+            out.append(PreparedStage(target, model, jobs, load_ms, cold_ms, mem))
     names = [p.name for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
