@@ -24,7 +24,10 @@ def line(a: float, b: float, c: float, rng: random.Random, n: int = 40, noise: f
 def test_recovers_an_exact_line() -> None:
     fit = fit_one(line(2.0, 0.5, 0.1, random.Random(0)))
     assert fit.uses_size
-    assert (fit.intercept_ms, fit.per_item_ms, fit.per_size_ms) == pytest.approx((2.0, 0.5, 0.1), rel=1e-9)
+    assert dict(fit.intercepts_ms) == pytest.approx({b: 2.0 + 0.5 * b for b in (1, 2, 4, 8)}, rel=1e-9)
+    assert fit.per_size_ms == pytest.approx(0.1, rel=1e-9)
+    assert fit.intercept_ms(3) == pytest.approx(3.5)  # between measured sizes: linear
+    assert fit.intercept_ms(16) == pytest.approx(10.0)  # beyond: the last two sizes' line
     assert fit.r2 == pytest.approx(1.0)
     assert fit.samples == 40
     assert fit.predict(3, 100.0) == pytest.approx(2.0 + 1.5 + 10.0)
@@ -35,14 +38,15 @@ def test_constant_item_size_falls_back_to_the_count_model() -> None:
     samples = [SizeSample("det", "cpu", b, 1, 0.0, 50.0 * b, 3.0 + 7.0 * b) for b in (1, 2, 4, 8) for _ in range(3)]
     fit = fit_one(samples)
     assert not fit.uses_size and fit.per_size_ms == 0.0
-    assert (fit.intercept_ms, fit.per_item_ms) == pytest.approx((3.0, 7.0))
+    assert dict(fit.intercepts_ms) == pytest.approx({1: 10.0, 2: 17.0, 4: 31.0, 8: 59.0})
 
 
 def test_one_batch_size_fits_size_only() -> None:
     samples = [SizeSample("enc", "cpu", 4, 2, 0.0, z, 1.0 + 0.2 * z) for z in (40, 80, 120, 200)]
     fit = fit_one(samples)
-    assert fit.uses_size and fit.per_item_ms == 0.0
-    assert (fit.intercept_ms, fit.per_size_ms) == pytest.approx((1.0, 0.2))
+    assert fit.uses_size and len(fit.intercepts_ms) == 1
+    assert fit.intercepts_ms[0] == pytest.approx((4, 1.0))
+    assert fit.per_size_ms == pytest.approx(0.2)
 
 
 def test_identical_samples_give_their_mean() -> None:
@@ -81,6 +85,15 @@ def test_bad_values_are_named() -> None:
     mixed = [SizeSample("x", "cpu", 1, 1, 0.0, 1.0, 1.0), SizeSample("y", "cpu", 1, 1, 0.0, 1.0, 1.0)]
     with pytest.raises(ProfileError, match="one \\(stage, hardware, vcpus, gpu_share\\)"):
         fit_one(mixed)
+
+
+def test_count_model_is_the_fit_when_size_is_noise() -> None:
+    rng = random.Random(5)
+    # latency bends with the batch (not a line) and ignores the size: intercepts follow the bend
+    samples = [SizeSample("cnn", "cpu", b, 1, 0.0, rng.uniform(1, 50) * b, 2.0 * b**1.5) for b in (1, 2, 4, 8) * 5]
+    fit = fit_one(samples)
+    assert fit.per_size_ms == pytest.approx(0.0, abs=1e-9)
+    assert fit.predict(8, 10.0) == pytest.approx(2.0 * 8**1.5)
 
 
 def test_size_model_beats_the_count_model_on_held_out_calls_when_size_matters() -> None:

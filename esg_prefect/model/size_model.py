@@ -6,14 +6,17 @@ counts items mispredicts batches of long or short inputs. This model fits,
 per (stage, hardware, vcpus, gpu_share), by ordinary least squares on the
 profiler's per-call samples::
 
-    latency_ms ~ a + b * batch + c * total_size
+    latency_ms ~ a[batch] + c * total_size
 
-where ``total_size`` is the sum of the batch's item sizes (the unit is the
-stage's: words, tokens, crops). When the size carries no information of its
-own (every item the same size, so ``total_size`` is a multiple of ``batch``)
-the fit drops it and is the count model ``a + b * batch``; when only one batch
-size was measured it drops ``b``. Predictions are clamped at
-:data:`MIN_LATENCY_MS`, since a noisy fit can dip below zero outside the data.
+one intercept per measured batch size (what the count model, the profile
+table's mean per batch size, already knows, however it bends) plus one slope
+for ``total_size``, the sum of the batch's item sizes (the stage's unit:
+words, tokens, crops). So the size model contains the count model: with
+``c = 0`` it *is* the count model. When the size carries no information of
+its own (every item the same size, so ``total_size`` is a fixed multiple of
+``batch``) the slope is dropped. Between measured batch sizes the intercept is
+interpolated linearly, beyond them extrapolated from the nearest two.
+Predictions are clamped at :data:`MIN_LATENCY_MS`.
 
 Pure arithmetic: no numpy, torch or clock (the domain layer's rule).
 
@@ -27,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -85,11 +89,10 @@ Key = tuple[str, str, int, float]
 
 @dataclass(frozen=True, slots=True)
 class SizeFit:
-    """The fitted line of one (stage, hardware, vcpus, gpu_share).
+    """The fitted model of one (stage, hardware, vcpus, gpu_share).
 
     Args:
-        intercept_ms: ``a``, the fixed cost of a call.
-        per_item_ms: ``b``, the cost of one more item at no extra size.
+        intercepts_ms: ``(batch, a[batch])`` per measured batch size, ascending.
         per_size_ms: ``c``, the cost of one more unit of input size (0 when the size was dropped).
         samples: calls fitted.
         r2: coefficient of determination on those calls.
@@ -100,17 +103,24 @@ class SizeFit:
     hardware: str
     vcpus: int
     gpu_share: float
-    intercept_ms: float
-    per_item_ms: float
+    intercepts_ms: tuple[tuple[int, float], ...]
     per_size_ms: float
     samples: int
     r2: float
     uses_size: bool
 
+    def intercept_ms(self, batch: int) -> float:
+        """``a[batch]``: measured, interpolated between measured sizes, or extrapolated from the nearest two."""
+        pts = self.intercepts_ms
+        if len(pts) == 1:
+            return pts[0][1]
+        i = min(max(bisect.bisect_left([p[0] for p in pts], batch), 1), len(pts) - 1)
+        (b0, y0), (b1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (batch - b0) / (b1 - b0)
+
     def predict(self, batch: int, total_size: float) -> float:
         """Predicted latency of a batch of ``batch`` items of ``total_size`` in all."""
-        value = self.intercept_ms + self.per_item_ms * batch + self.per_size_ms * total_size
-        return max(value, MIN_LATENCY_MS)
+        return max(self.intercept_ms(batch) + self.per_size_ms * total_size, MIN_LATENCY_MS)
 
 
 def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
@@ -146,7 +156,7 @@ def fit_one(samples: Sequence[SampleLike]) -> SizeFit:
     """Fit one (stage, hardware, vcpus, gpu_share) group (see the module docstring).
 
     Raises:
-        ProfileError: on an empty group, mixed groups, or fewer than 2 samples.
+        ProfileError: on mixed groups or fewer than 2 samples.
     """
     if len(samples) < 2:
         raise ProfileError(f"a size fit needs at least 2 samples, got {len(samples)}")
@@ -155,31 +165,26 @@ def fit_one(samples: Sequence[SampleLike]) -> SizeFit:
         raise ProfileError(f"fit_one needs samples of one (stage, hardware, vcpus, gpu_share), got {sorted(keys)}")
     stage, hw, v, share = keys.pop()
     y = [float(s.latency_ms) for s in samples]
-    b = [float(s.batch) for s in samples]
+    b = [int(s.batch) for s in samples]
     z = [float(s.total_size) for s in samples]
-    use_b = len(set(b)) > 1
-    use_z = not _dependent(z, b) and len(set(z)) > 1
+    batches = sorted(set(b))
+    use_z = not _dependent(z, [float(x) for x in b]) and len(set(z)) > 1
     coef: list[float] | None = None
-    while coef is None:
-        cols = [[1.0] + ([bi] if use_b else []) + ([zi] if use_z else []) for bi, zi in zip(b, z, strict=True)]
-        coef = _solve(cols, y) if len(y) >= len(cols[0]) else None
-        if coef is None:
-            if use_z:
-                use_z = False
-            elif use_b:
-                use_b = False
-            else:
-                coef = [statistics.fmean(y)]
-    it = iter(coef)
-    a = next(it)
-    cb = next(it) if use_b else 0.0
-    cz = next(it) if use_z else 0.0
-    pred = [a + cb * bi + cz * zi for bi, zi in zip(b, z, strict=True)]
+    if use_z:
+        cols = [[1.0 if bi == bb else 0.0 for bb in batches] + [zi] for bi, zi in zip(b, z, strict=True)]
+        coef = _solve(cols, y) if len(y) > len(batches) else None
+        use_z = coef is not None
+    if coef is None:  # the count model: the mean per batch size
+        coef = [statistics.fmean(t for t, bi in zip(y, b, strict=True) if bi == bb) for bb in batches]
+    intercepts = tuple(zip(batches, coef[: len(batches)], strict=True))
+    slope = coef[len(batches)] if use_z else 0.0
+    index = {bb: i for i, bb in enumerate(batches)}
+    pred = [coef[index[bi]] + slope * zi for bi, zi in zip(b, z, strict=True)]
     mean = statistics.fmean(y)
     ss_tot = sum((t - mean) ** 2 for t in y)
     ss_res = sum((t - p) ** 2 for t, p in zip(y, pred, strict=True))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return SizeFit(stage, hw, v, share, a, cb, cz, len(y), r2, use_z)
+    return SizeFit(stage, hw, v, share, intercepts, slope, len(y), r2, use_z)
 
 
 class SizeModel:

@@ -22,7 +22,7 @@ def size_report(samples: Sequence[Sample]) -> str:
     model = SizeModel.fit(samples)
     errs = {e.stage: e for e in holdout_errors(samples)}
     head = (
-        f"{'stage':<14}{'size?':>6}{'a ms':>9}{'b ms/item':>11}{'c ms/unit':>11}{'R2':>7}"
+        f"{'stage':<14}{'size?':>6}{'a[b1] ms':>9}{'a[bmax] ms':>11}{'c ms/unit':>11}{'R2':>7}"
         f"{'held-out MdAPE: size':>22}{'count':>8}{'calls':>7}"
     )
     lines = [head, "-" * len(head)]
@@ -34,8 +34,11 @@ def size_report(samples: Sequence[Sample]) -> str:
         e = errs.get(f.stage)
         tail = f"{e.size_mape:22.1%}{e.count_mape:8.1%}{e.calls:7d}" if e else f"{'-':>22}{'-':>8}{'-':>7}"
         lines.append(
-            f"{f.stage:<14}{'yes' if model.size_sensitive(f.stage) else 'no':>6}{f.intercept_ms:9.2f}"
-            f"{f.per_item_ms:11.3f}{f.per_size_ms:11.4f}{f.r2:7.2f}{tail}"
+            f"{f.stage:<14}{'yes' if model.size_sensitive(f.stage) else 'no':>6}{f.intercepts_ms[0][1]:9.2f}"
+            f"{f.intercepts_ms[-1][1]:11.2f}{f.per_size_ms:11.4f}{f.r2:7.2f}{tail}"
         )
-    lines.append("(coefficients of the first configuration of each stage; errors over all configurations)")
+    lines.append(
+        "(a[b]: intercept at the smallest and largest batch, c: slope per unit of size, both of the first "
+        "configuration of each stage; held-out errors over all configurations)"
+    )
     return "\n".join(lines)
