@@ -42,6 +42,39 @@ def _h(share: float) -> int:
     return round(share * 100)
 
 
+class _Static:
+    """What a view takes from a cluster's nodes and devices alone (shared by the views of one cluster)."""
+
+    __slots__ = ("devices", "full_share", "hardware", "node_order", "slots", "vcpus", "zero_dev", "zero_node")
+
+    def __init__(self, cluster: ClusterSnapshot) -> None:
+        self.node_order = [n.name for n in cluster.nodes]
+        self.vcpus = {n.name: n.vcpus for n in cluster.nodes}
+        self.slots = {
+            n.name: float(n.max_workers) if n.max_workers is not None else float("inf") for n in cluster.nodes
+        }
+        self.devices = {d.device_id: d for d in cluster.devices}
+        self.full_share = {d.device_id: 100 for d in cluster.devices}
+        self.zero_dev = {d.device_id: 0 for d in cluster.devices}
+        self.zero_node = {n.name: 0 for n in cluster.nodes}
+        self.hardware = cluster.hardware_types()
+
+
+_STATIC: dict[tuple[int, int], tuple[object, object, _Static]] = {}
+
+
+def _static_of(cluster: ClusterSnapshot) -> _Static:
+    """The :class:`_Static` of ``cluster``'s nodes and devices, kept while the same objects are given."""
+    nodes, devices = cluster.nodes, cluster.devices
+    key = (id(nodes), id(devices))
+    got = _STATIC.get(key)
+    if got is None or got[0] is not nodes or got[1] is not devices:
+        if len(_STATIC) >= 64:
+            _STATIC.clear()
+        got = _STATIC[key] = (nodes, devices, _Static(cluster))
+    return got[2]
+
+
 class ClusterView:
     """Free capacity and idle workers during one scheduling round.
 
@@ -52,20 +85,21 @@ class ClusterView:
 
     def __init__(self, cluster: ClusterSnapshot, allow_eviction: bool = True) -> None:
         self.allow_eviction = allow_eviction
-        self.node_order = [n.name for n in cluster.nodes]
-        self.free_vcpus = {n.name: n.vcpus for n in cluster.nodes}
-        self.free_slots: dict[str, float] = {
-            n.name: float(n.max_workers) if n.max_workers is not None else float("inf") for n in cluster.nodes
-        }
-        self.devices = {d.device_id: d for d in cluster.devices}
-        self.free_share = {d.device_id: 100 for d in cluster.devices}
-        self.clients = {d.device_id: 0 for d in cluster.devices}
+        static = _static_of(cluster)
+        self.node_order = static.node_order
+        self.devices = static.devices
+        self.hardware = static.hardware
+        self.free_vcpus = dict(static.vcpus)
+        self.free_slots: dict[str, float] = dict(static.slots)
+        self.free_share = dict(static.full_share)
+        self.clients = dict(static.zero_dev)
         self.idle: dict[str, Worker] = {}
         self._idle_by_stage: dict[str | None, list[Worker]] = {}
         # What evicting every idle worker would free, per node and per device (kept up to date by commit).
-        self._idle_on_node: Counter[str] = Counter()
-        self._idle_share: Counter[str] = Counter()
-        self._idle_clients: Counter[str] = Counter()
+        # Plain dicts holding every node and device (cheaper to build and copy than Counters).
+        self._idle_on_node: dict[str, int] = dict(static.zero_node)
+        self._idle_share: dict[str, int] = dict(static.zero_dev)
+        self._idle_clients: dict[str, int] = dict(static.zero_dev)
         # One pass over the workers, with the dicts bound to locals: a cluster holds hundreds of them.
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
         idle, by_stage = self.idle, self._idle_by_stage
@@ -78,19 +112,28 @@ class ClusterView:
             free_slots[node] -= 1
             if w.busy:
                 free_vcpus[node] -= w.vcpus
-                busy_by_stage.setdefault(w.stage, []).append(w)
+                got = busy_by_stage.get(w.stage)
+                if got is None:
+                    busy_by_stage[w.stage] = [w]
+                else:
+                    got.append(w)
+                if dev is not None:
+                    free_share[dev] -= round(w.gpu_share * 100)
+                    clients[dev] += 1
             else:
                 idle[w.worker_id] = w
-                by_stage.setdefault(w.stage, []).append(w)
+                got = by_stage.get(w.stage)
+                if got is None:
+                    by_stage[w.stage] = [w]
+                else:
+                    got.append(w)
                 idle_on_node[node] += 1
-            if dev is not None:
-                need = round(w.gpu_share * 100)
-                free_share[dev] -= need
-                clients[dev] += 1
-                if not w.busy:
+                if dev is not None:
+                    need = round(w.gpu_share * 100)
+                    free_share[dev] -= need
+                    clients[dev] += 1
                     idle_share[dev] += need
                     idle_clients[dev] += 1
-        self.hardware = cluster.hardware_types()
         # Answers to the capacity questions, valid until the next commit changes the capacity.
         self._version = 0
         self._memo: dict[tuple[object, ...], object] = {}
@@ -117,9 +160,9 @@ class ClusterView:
         new._memo = self._memo  # replaced, not cleared, at the first commit
         new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
         new.busy_by_stage = self.busy_by_stage  # never changed after construction
-        new._idle_on_node = Counter(self._idle_on_node)
-        new._idle_share = Counter(self._idle_share)
-        new._idle_clients = Counter(self._idle_clients)
+        new._idle_on_node = dict(self._idle_on_node)
+        new._idle_share = dict(self._idle_share)
+        new._idle_clients = dict(self._idle_clients)
         return new
 
     # ---- questions asked while building options --------------------------
@@ -131,6 +174,17 @@ class ClusterView:
             for w in self._idle_by_stage.get(stage, ())
             if w.worker_id in self.idle and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
         ]
+
+    def has_idle_warm(self, stage: str, vcpus: int, share: float, hardware: str) -> bool:
+        """``bool(self.idle_warm(stage, vcpus, share, hardware))``, from one pass per stage (memoised)."""
+        key = ("idle-kinds", stage)
+        got = self._memo.get(key)
+        if got is None:
+            idle = self.idle
+            got = self._memo[key] = {
+                (w.hardware, w.vcpus, w.gpu_share) for w in self._idle_by_stage.get(stage, ()) if w.worker_id in idle
+            }
+        return (hardware, vcpus, share) in got  # type: ignore[operator]
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
@@ -249,6 +303,17 @@ class ClusterView:
             self.clients[placement.device_id] += 1
 
     def _cold_slot(
+        self, vcpus: int, share: float, hardware: str, home: str | None
+    ) -> tuple[str, str | None, tuple[str, ...]] | None:
+        # A function of the capacity alone: memoised until the next commit (a round under a backlog
+        # asks the same question for every queue it cannot serve).
+        key = ("cold", vcpus, share, hardware, home)
+        got = self._memo.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._memo[key] = self._find_cold_slot(vcpus, share, hardware, home)
+        return got  # type: ignore[return-value]
+
+    def _find_cold_slot(
         self, vcpus: int, share: float, hardware: str, home: str | None
     ) -> tuple[str, str | None, tuple[str, ...]] | None:
         need = _h(share)

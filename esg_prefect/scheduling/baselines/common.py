@@ -174,7 +174,7 @@ class BaselineBase:
     ) -> Placement | None:
         """A warm idle worker for ``res``, else (if allowed and no start is pending) a cold start."""
         hw, v, s = res
-        warm = bool(view.idle_warm(stage, v, s, hw))
+        warm = view.has_idle_warm(stage, v, s, hw)
         if not warm and (not allow_cold or self.starting(stage, now_ms)):
             return None
         placement = view.place(stage, v, s, hw, (j.input_node for j in jobs))

@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 from operator import attrgetter, le
 
@@ -43,30 +43,84 @@ from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 
 
-def fifo_iter(jobs: tuple[Job, ...]) -> Iterator[Job]:
+def fifo_iter(jobs: tuple[Job, ...], in_ready_order: bool | None = None) -> Iterator[Job]:
     """``jobs`` in FIFO order (:func:`~esg_prefect.scheduling.baselines.common.fifo`), produced lazily.
 
     Queues usually hold their jobs in the order they became ready (the runtime
     and the simulator append them so): then only runs of equal ready times
     need sorting (by id), and a consumer that stops early pays for what it
-    took. Otherwise the whole tuple is sorted first. The check is one C-level
-    pass.
+    took. Otherwise the whole tuple is sorted first.
+
+    Args:
+        jobs: the queue's jobs.
+        in_ready_order: whether ``jobs`` are known to be in ready order (see
+            :class:`ReadyOrder`); None checks (one C-level pass).
     """
-    readys = list(map(_READY, jobs))
-    if not all(map(le, readys, islice(readys, 1, None))):
+    if in_ready_order is None:
+        in_ready_order = _in_ready_order(jobs)
+    if not in_ready_order:
         yield from fifo(jobs)
         return
     n = len(jobs)
     i = 0
     while i < n:
+        ready = jobs[i].ready_ms
         j = i + 1
-        while j < n and readys[j] == readys[i]:
+        while j < n and jobs[j].ready_ms == ready:
             j += 1
         if j == i + 1:
             yield jobs[i]
         else:
             yield from sorted(jobs[i:j], key=_ID)
         i = j
+
+
+def _in_ready_order(jobs: Sequence[Job]) -> bool:
+    readys = list(map(_READY, jobs))
+    return all(map(le, readys, islice(readys, 1, None)))
+
+
+class ReadyOrder:
+    """Whether each queue's jobs are in ready order, answered from the previous round's answer.
+
+    Between two rounds a queue usually loses some jobs at its front (they were
+    dispatched) and gains some at its end (they became ready): then the new
+    tuple's middle is the old one's end, compared item by item at C speed
+    (identical items compare without calling ``__eq__``), and only the new end
+    is read. Any other change is checked in full, so the answer is always
+    ``_in_ready_order(jobs)``.
+    """
+
+    __slots__ = ("_known",)
+
+    _SCAN = 64  # how many dispatched front jobs are looked for
+
+    def __init__(self) -> None:
+        self._known: dict[object, tuple[tuple[Job, ...], bool]] = {}
+
+    def __call__(self, key: object, jobs: tuple[Job, ...]) -> bool:
+        """Whether ``jobs`` (the queue ``key`` now) are in ready order."""
+        got = self._known.get(key)
+        flag: bool | None = None
+        if got is not None:
+            old, old_flag = got
+            if old is jobs:
+                return old_flag
+            if old_flag and old and jobs:
+                first = jobs[0]
+                k = -1
+                for i in range(min(len(old), self._SCAN)):
+                    if old[i] is first:
+                        k = i
+                        break
+                if k >= 0:
+                    m = len(old) - k
+                    if len(jobs) >= m and jobs[:m] == old[k:]:
+                        flag = _in_ready_order(jobs[m - 1 :])
+        if flag is None:
+            flag = _in_ready_order(jobs)
+        self._known[key] = (jobs, flag)
+        return flag
 
 
 def _merge_unblocked(queues: list[Iterator[Job]], blocked: set[str]) -> Iterator[Job]:
@@ -113,6 +167,7 @@ class PerInvocationScheduler(BaselineBase):
     ) -> None:
         super().__init__(profile, prices, settings, clock)
         self._types: dict[tuple[str, frozenset[str]], list[str]] = {}  # GPU types by price, per stage
+        self._ready_order = ReadyOrder()
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send every waiting job alone to a free whole GPU, oldest first."""
@@ -120,7 +175,10 @@ class PerInvocationScheduler(BaselineBase):
         states = {q.key: q for q in snapshot.queues}
         # All jobs oldest first: a lazy merge of each queue's FIFO order, so that a round under a
         # long backlog looks only at the jobs it dispatches, not at the whole backlog.
-        jobs = _merge_unblocked([fifo_iter(q.jobs) for q in snapshot.queues if q.jobs], blocked := set())
+        order = self._ready_order
+        jobs = _merge_unblocked(
+            [fifo_iter(q.jobs, order(q.key, q.jobs)) for q in snapshot.queues if q.jobs], blocked := set()
+        )
         dispatches: list[Dispatch] = []
         stats: list[DecisionStats] = []
         v = min(self.settings.config_space.vcpus)
