@@ -52,7 +52,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.jobs import Job, QueueKey
@@ -69,6 +69,7 @@ from esg_prefect.scheduling.base import (
     Snapshot,
 )
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
+from esg_prefect.scheduling.frontier import Option
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource, to_us
@@ -86,6 +87,56 @@ class QueueDecision:
     at_risk: bool
     stats: DecisionStats
     reject_count: int = 0
+
+
+class _Kept:
+    """A queue's latest one-stage answer and the inputs it holds for (:meth:`ESGScheduler.decide_queue`)."""
+
+    __slots__ = (
+        "best",
+        "choice",
+        "feasible",
+        "hardware",
+        "hi_us",
+        "kind",
+        "lo_us",
+        "n",
+        "plan",
+        "rate",
+        "resources",
+        "stats",
+        "workflow",
+    )
+
+    def __init__(
+        self,
+        n: int,
+        rate: float,
+        resources: tuple[Resource, ...],
+        workflow: Workflow,
+        hardware: frozenset[str],
+        lo_us: float,
+        hi_us: float,
+        stats: DecisionStats,
+        feasible: bool,
+        kind: str,
+        choice: Choice | None,
+        plan: tuple[Choice, ...],
+        best: Option | None,
+    ) -> None:
+        self.n = n
+        self.rate = rate
+        self.resources = resources
+        self.workflow = workflow
+        self.hardware = hardware
+        self.lo_us = lo_us
+        self.hi_us = hi_us
+        self.stats = stats
+        self.feasible = feasible
+        self.kind = kind
+        self.choice = choice
+        self.plan = plan
+        self.best = best
 
 
 class ESGScheduler:
@@ -128,6 +179,7 @@ class ESGScheduler:
             tuple[str, frozenset[str], tuple[int, ...], frozenset[tuple[str, int, float]]], tuple[Resource, ...]
         ] = {}
         self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
+        self._kept: dict[QueueKey, _Kept] = {}  # queue -> its latest one-stage answer (decide_queue)
 
     # ---- the round ---------------------------------------------------------
 
@@ -260,17 +312,62 @@ class ESGScheduler:
     def decide_queue(
         self, queue: QueueState, jobs: list[Job], workflow: Workflow, view: ClusterView, now_ms: float
     ) -> QueueDecision:
-        """ESG_1Q for one queue whose jobs are ``jobs`` (EDF order)."""
+        """ESG_1Q for one queue whose jobs are ``jobs`` (EDF order).
+
+        A queue is decided again every round while it waits, mostly with the
+        same inputs. The search's part of the answer is a function of (the
+        queue's length, its arrival rate, the placeable resources, the
+        workflow, the hardware present) and of the slack only through which
+        options fit in it, so it is kept per queue with the slack interval in
+        which it holds (:class:`_Kept`) and reused while those inputs are the
+        same: the same plan and the same statistics (the decision time aside),
+        without building the options or searching again. Whatever depends on
+        the rest of the cluster (the best-effort fallback's check for a busy
+        warm worker) is worked out anew each time.
+        """
         t0 = self.clock() if self.clock is not None else None
+        stage = queue.key.stage
+        hardware = view.hardware
+        resources = self.placeable_resources(stage, view)
+        n = len(jobs)
+        rate = queue.arrival_rate_per_s
+        slack_us = to_us(self._deadline(jobs[0]) - now_ms)
+        kept = self._kept.get(queue.key)
+        if (
+            kept is not None
+            and kept.lo_us <= slack_us < kept.hi_us
+            and kept.n == n
+            and kept.rate == rate
+            and kept.resources is resources
+            and kept.workflow is workflow
+            and kept.hardware == hardware
+        ):
+            r = kept.stats
+            stats = r if t0 is None else replace(r, decision_ms=self._since(t0))
+            if kept.feasible:
+                return QueueDecision(kept.kind, kept.choice, kept.plan, False, stats)
+            assert kept.best is not None
+            return self._best_effort(stage, view, jobs, kept.best, stats)
+        return self._decide_queue(queue, jobs, workflow, view, now_ms, t0, resources, slack_us)
+
+    def _decide_queue(
+        self,
+        queue: QueueState,
+        jobs: list[Job],
+        workflow: Workflow,
+        view: ClusterView,
+        now_ms: float,
+        t0: float | None,
+        resources: tuple[Resource, ...],
+        slack_us: int,
+    ) -> QueueDecision:
         stage = queue.key.stage
         hardware = frozenset(view.hardware)
         _, rest_opts, frontiers = self.tables.suffix(workflow, stage, hardware)
-        resources = self.placeable_resources(stage, view)
         first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
         if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
             return QueueDecision("none", None, (), False, st)
-        slack_us = to_us(self._deadline(jobs[0]) - now_ms)
         s = self.settings
         result = astar_plan(
             [first, *rest_opts],
@@ -296,11 +393,19 @@ class ESGScheduler:
             1 + len(rest_opts),
             len(first),
         )
+        # Kept only where the search's answer is known to depend on the slack alone through which of
+        # the first stage's options fit in it: one stage searched in closed form (no time budget).
+        one_stage = not rest_opts and s.latency_blade and s.cost_blade and s.max_expansions >= 1
         if result.plan is not None:
             head = result.plan[0].payload
             assert isinstance(head, Choice)
             plan = tuple(o.payload for o in result.plan[1:] if isinstance(o.payload, Choice))
-            return QueueDecision("wait" if head.wait_ms > 0 else "dispatch", head, plan, False, stats)
+            kind = "wait" if head.wait_ms > 0 else "dispatch"
+            if one_stage:
+                self._keep(
+                    queue, len(jobs), workflow, hardware, resources, first, slack_us, stats, kind, head, plan, None
+                )
+            return QueueDecision(kind, head, plan, False, stats)
         if s.infeasible_policy == "reject":
             now_fastest = min(o.latency_us for o in first if isinstance(o.payload, Choice) and o.payload.wait_ms == 0)
             fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
@@ -311,8 +416,17 @@ class ESGScheduler:
         top = min(len(jobs), self.settings.config_space.max_batch)
         whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
         best = min(whole, key=lambda o: (o.latency_us, o.cost)) if whole else first[0]
+        if one_stage and s.infeasible_policy == "best_effort":
+            self._keep(queue, len(jobs), workflow, hardware, resources, first, slack_us, stats, "", None, (), best)
+        return self._best_effort(stage, view, jobs, best, stats)
+
+    def _best_effort(
+        self, stage: str, view: ClusterView, jobs: list[Job], best: Option, stats: DecisionStats
+    ) -> QueueDecision:
+        """No plan meets the slack: ``best`` (the fastest option), or a hold for a busy warm worker."""
         assert isinstance(best.payload, Choice)
         c = best.payload
+        top = min(len(jobs), self.settings.config_space.max_batch)
         if (
             self.settings.wait_for_busy_warm
             and c.cold
@@ -322,7 +436,54 @@ class ESGScheduler:
             # The cluster is full (the start would stop idle workers) and a worker warm for the stage,
             # busy now, finishes its batch and this one sooner than a cold start: wait for it.
             return QueueDecision("busy", None, (), True, stats)
-        return QueueDecision("dispatch" if best.payload.wait_ms == 0 else "wait", best.payload, (), True, stats)
+        return QueueDecision("dispatch" if c.wait_ms == 0 else "wait", c, (), True, stats)
+
+    def _keep(
+        self,
+        queue: QueueState,
+        n_jobs: int,
+        workflow: Workflow,
+        hardware: frozenset[str],
+        resources: tuple[Resource, ...],
+        first: tuple[Option, ...],
+        slack_us: int,
+        stats: DecisionStats,
+        kind: str,
+        choice: Choice | None,
+        plan: tuple[Choice, ...],
+        best: Option | None,
+    ) -> None:
+        """Keep a one-stage answer with the slack interval over which the same options fit.
+
+        ``first`` is sorted by strictly rising latency (Pareto-pruned), and the
+        closed-form search looks at the slack only through ``latency <= slack``
+        for each option: the answer holds for every slack from the latency of
+        the last option that fits up to (not including) that of the first one
+        that does not.
+        """
+        j = 0
+        n = len(first)
+        while j < n and first[j].latency_us <= slack_us:
+            j += 1
+        lo = first[j - 1].latency_us if j > 0 else -math.inf
+        hi = first[j].latency_us if j < n else math.inf
+        if len(self._kept) >= 4096:
+            self._kept.clear()  # bounded memory (queues come and go in a long-lived runtime)
+        self._kept[queue.key] = _Kept(
+            n_jobs,
+            queue.arrival_rate_per_s,
+            resources,
+            workflow,
+            hardware,
+            lo,
+            hi,
+            stats if stats.decision_ms is None else replace(stats, decision_ms=None),
+            choice is not None or best is None,
+            kind,
+            choice,
+            plan,
+            best,
+        )
 
     @staticmethod
     def _evicts(c: Choice, view: ClusterView, jobs: list[Job]) -> bool:

@@ -26,7 +26,7 @@ from functools import lru_cache
 from operator import attrgetter
 
 from esg_prefect.model.config import CPU, Config
-from esg_prefect.model.jobs import Job
+from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
@@ -110,10 +110,36 @@ class BaselineBase:
         self.prices = prices
         self.clock = clock
         self._starting: dict[str, float] = {}  # stage -> when its latest cold start will be done
+        # Per queue: (its jobs tuple, that tuple in FIFO / EDF order), rebuilt when the tuple changes.
+        self._fifo: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}
+        self._edf: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}
         self._views = ViewCache(self.settings.allow_eviction)  # each round's working copy of the cluster
         self._options: dict[
             tuple[str, frozenset[str], tuple[float, ...] | None], tuple[tuple[float, float, Resource, int], ...]
         ] = {}
+
+    # ---- queue orders ---------------------------------------------------------------
+
+    def fifo_of(self, queue: QueueState) -> list[Job]:
+        """:func:`fifo` of the queue's jobs, kept while the queue holds the same tuple (do not mutate)."""
+        got = self._fifo.get(queue.key)
+        if got is None or got[0] is not queue.jobs:
+            got = self._fifo[queue.key] = (queue.jobs, fifo(queue.jobs))
+        return got[1]
+
+    def edf_of(self, queue: QueueState) -> list[Job]:
+        """:func:`edf` of the queue's jobs, kept while the queue holds the same tuple (do not mutate)."""
+        got = self._edf.get(queue.key)
+        if got is None or got[0] is not queue.jobs:
+            got = self._edf[queue.key] = (queue.jobs, edf(queue.jobs))
+        return got[1]
+
+    def oldest_ready_ms(self, queue: QueueState) -> float:
+        """``min(j.ready_ms for j in queue.jobs)`` (ValueError on an empty queue, like ``min``)."""
+        order = self.fifo_of(queue)
+        if not order:
+            raise ValueError("oldest_ready_ms() of an empty queue")
+        return order[0].ready_ms
 
     # ---- latency and cost ---------------------------------------------------------
 

@@ -27,7 +27,7 @@ from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.slo import critical_path
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
-from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, edf
+from esg_prefect.scheduling.baselines.common import BaselineBase, Resource
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
@@ -75,7 +75,7 @@ class LlamaScheduler(BaselineBase):
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
-        pending = {q.key: edf(q.jobs) for q in snapshot.queues}
+        pending = {q.key: self.edf_of(q) for q in snapshot.queues}
         for q in sorted(snapshot.queues, key=lambda q: (pending[q.key][0].e2e_deadline_ms, q.key)):
             stage = q.key.stage
             wf = snapshot.workflows[q.key.workflow]

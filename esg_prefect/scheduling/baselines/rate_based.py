@@ -41,7 +41,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, QueueState, SchedulingResult, Snapshot
-from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, fifo, stage_budget_ms
+from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, stage_budget_ms
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
@@ -86,7 +86,7 @@ class INFlessScheduler(BaselineBase):
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
-        for q in sorted(snapshot.queues, key=lambda q: (min(j.ready_ms for j in q.jobs), q.key)):
+        for q in sorted(snapshot.queues, key=lambda q: (self.oldest_ready_ms(q), q.key)):
             wf = snapshot.workflows[q.key.workflow]
             self._queue(q, wf, view, counts, now_ms, dispatches, holds, stats)
         return SchedulingResult(tuple(dispatches), tuple(holds), (), tuple(stats))
@@ -112,7 +112,7 @@ class INFlessScheduler(BaselineBase):
         hw, v, s = res
         throughput = b / lat * 1000.0
         wanted = max(1, math.ceil(q.arrival_rate_per_s / throughput))
-        jobs = fifo(q.jobs)
+        jobs = self.fifo_of(q)
         timeout_ms = max(0.0, budget - lat)
         while jobs:
             if len(jobs) < b and now_ms - jobs[0].ready_ms < timeout_ms:
@@ -172,7 +172,7 @@ class FaSTGShareScheduler(BaselineBase):
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
-        for q in sorted(snapshot.queues, key=lambda q: (min(j.ready_ms for j in q.jobs), q.key)):
+        for q in sorted(snapshot.queues, key=lambda q: (self.oldest_ready_ms(q), q.key)):
             stage = q.key.stage
             budget = stage_budget_ms(snapshot.workflows[q.key.workflow])
             try:
@@ -183,7 +183,7 @@ class FaSTGShareScheduler(BaselineBase):
             hw, v, s = res
             wanted = max(1, math.ceil(q.arrival_rate_per_s * lat / 1000.0))
             key = (stage, hw, v, s)
-            for job in fifo(q.jobs):
+            for job in self.fifo_of(q):
                 placement = self.place(view, stage, res, [job], now_ms, allow_cold=counts[key] < wanted)
                 stats.append(DecisionStats(q.key, feasible=lat <= budget, options=1))
                 if placement is None:

@@ -271,10 +271,10 @@ class TritonScheduler(BaselineBase):
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
-        queues = sorted(snapshot.queues, key=lambda q: (min(j.ready_ms for j in q.jobs), q.key))
+        queues = sorted(snapshot.queues, key=lambda q: (self.oldest_ready_ms(q), q.key))
         for q in queues:
             stage = q.key.stage
-            jobs = fifo(q.jobs)
+            jobs = self.fifo_of(q)
             ranked = self._instance_type(stage, view)
             cap = max((c for _, c in ranked), default=1)
             while jobs:
