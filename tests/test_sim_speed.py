@@ -1,0 +1,131 @@
+"""The simulator's speed-ups decide exactly what the plain paths decide.
+
+Each cache (ESG's kept one-stage answers, the baselines' kept queue orders,
+per-invocation's ready-order check from the previous round, the cluster view's
+memoised answers) is checked against the same run with the cache defeated:
+every round's whole result (dispatches, holds, rejects, statistics) must be
+equal, on a short stretch of the standard case (a backlog builds for some).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import esg_prefect.scheduling  # noqa: F401 - registers the baselines
+from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.scheduling import registry
+from esg_prefect.scheduling.baselines import common
+from esg_prefect.scheduling.baselines.simple import ReadyOrder, _in_ready_order
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.esg import ESGScheduler
+from esg_prefect.simulator import run as run_module
+from esg_prefect.simulator import simulate, standard_case
+
+pytestmark = pytest.mark.xdist_group("sim_speed")
+
+
+def _rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch, plain: bool) -> list[Any]:
+    """Every round's (now, result) of a short standard run; ``plain`` defeats the caches."""
+    log: list[Any] = []
+    create = registry.create_scheduler
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        sched = create(*args, **kwargs)
+        decide = sched.decide
+
+        def wrapped(snapshot: Any, now_ms: float) -> Any:
+            if plain and isinstance(sched, common.BaselineBase):
+                sched._fifo.clear()
+                sched._edf.clear()
+            result = decide(snapshot, now_ms)
+            log.append((now_ms, result))
+            return result
+
+        sched.decide = wrapped
+        return sched
+
+    with monkeypatch.context() as m:
+        m.setattr(run_module, "create_scheduler", recording)
+        if plain:
+            m.setattr(ESGScheduler, "_keep", lambda self, *args: None)
+            m.setattr(ReadyOrder, "__call__", lambda self, key, jobs: _in_ready_order(jobs))
+            m.setattr(ClusterView, "_cold_slot", ClusterView._find_cold_slot)
+            m.setattr(
+                ClusterView,
+                "has_idle_warm",
+                lambda self, stage, v, s, hw: bool(self.idle_warm(stage, v, s, hw)),
+            )
+        run = simulate(standard_case(scheduler, duration_s=3.0, rate_per_s=400.0))
+    assert run.rounds == len(log)
+    return log
+
+
+@pytest.mark.parametrize("scheduler", ["esg", "per-invocation", "triton", "infless", "fast-gshare", "llama"])
+def test_cached_rounds_equal_plain_rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cached = _rounds(scheduler, monkeypatch, plain=False)
+    plain = _rounds(scheduler, monkeypatch, plain=True)
+    assert len(cached) == len(plain)
+    for a, b in zip(cached, plain, strict=True):
+        assert a == b
+
+
+def test_esg_reuses_kept_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ESG run above really takes the kept path (else the comparison proves nothing)."""
+    counts = {"all": 0, "searched": 0}
+    searched, public = ESGScheduler._decide_queue, ESGScheduler.decide_queue
+
+    def count_searched(self: ESGScheduler, *args: Any) -> Any:
+        counts["searched"] += 1
+        return searched(self, *args)
+
+    def count_all(self: ESGScheduler, *args: Any) -> Any:
+        counts["all"] += 1
+        return public(self, *args)
+
+    monkeypatch.setattr(ESGScheduler, "_decide_queue", count_searched)
+    monkeypatch.setattr(ESGScheduler, "decide_queue", count_all)
+    simulate(standard_case("esg", duration_s=3.0, rate_per_s=400.0))
+    assert counts["all"] - counts["searched"] > 0.2 * counts["all"]
+
+
+def test_ready_order_equals_a_full_check() -> None:
+    rng = random.Random(7)
+    key = QueueKey("w", "s")
+    order = ReadyOrder()
+    jobs: tuple[Job, ...] = ()
+    n = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.45 and jobs:  # dispatch some from the front
+            jobs = jobs[rng.randint(1, min(4, len(jobs))) :]
+        elif op < 0.55 and len(jobs) > 2:  # remove one from the middle
+            i = rng.randrange(len(jobs))
+            jobs = jobs[:i] + jobs[i + 1 :]
+        else:  # new jobs at the end, now and then out of order
+            last = jobs[-1].ready_ms if jobs else 0.0
+            for _ in range(rng.randint(1, 3)):
+                n += 1
+                t = last + rng.choice((0.0, 0.5, 1.0, -0.5 if rng.random() < 0.1 else 0.0))
+                jobs = (*jobs, Job(f"j{n}", f"r{n}", f"r{n}", key, t, t, t + 10, t + 10))
+                last = max(last, t)
+        assert order(key, jobs) == _in_ready_order(jobs)
+
+
+def test_baseline_orders_follow_the_jobs_tuple() -> None:
+    key = QueueKey("w", "s")
+    jobs = tuple(Job(f"j{i}", f"r{i}", f"r{i}", key, 0.0, float(5 - i % 3), 50.0 - i, 60.0) for i in range(9))
+    from esg_prefect.scheduling.base import QueueState
+    from esg_prefect.simulator.standard import standard_case as case_of
+
+    case = case_of("triton")
+    sched = registry.create_scheduler("triton", case.load_profile(), case.prices, case.settings, None)
+    q = QueueState(key, jobs)
+    assert sched.fifo_of(q) == common.fifo(jobs)
+    assert sched.edf_of(q) == common.edf(jobs)
+    assert sched.oldest_ready_ms(q) == min(j.ready_ms for j in jobs)
+    q2 = QueueState(key, jobs[2:])
+    assert sched.fifo_of(q2) == common.fifo(jobs[2:])
+    assert sched.edf_of(q2) == common.edf(jobs[2:])
