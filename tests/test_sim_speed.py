@@ -18,7 +18,7 @@ import esg_prefect.scheduling  # noqa: F401 - registers the baselines
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.scheduling import registry
 from esg_prefect.scheduling.baselines import common
-from esg_prefect.scheduling.baselines.simple import ReadyOrder, _in_ready_order
+from esg_prefect.scheduling.baselines.simple import ReadyOrder, TritonScheduler, _in_ready_order
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.esg import ESGScheduler
 from esg_prefect.simulator import run as run_module
@@ -44,7 +44,7 @@ def _rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch, plain: bool) -> lis
             log.append((now_ms, result))
             return result
 
-        sched.decide = wrapped
+        sched.decide = wrapped  # type: ignore[method-assign]
         return sched
 
     with monkeypatch.context() as m:
@@ -121,7 +121,7 @@ def test_baseline_orders_follow_the_jobs_tuple() -> None:
     from esg_prefect.simulator.standard import standard_case as case_of
 
     case = case_of("triton")
-    sched = registry.create_scheduler("triton", case.load_profile(), case.prices, case.settings, None)
+    sched = TritonScheduler(case.load_profile(), case.prices, case.settings)
     q = QueueState(key, jobs)
     assert sched.fifo_of(q) == common.fifo(jobs)
     assert sched.edf_of(q) == common.edf(jobs)
