@@ -52,7 +52,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.jobs import Job, QueueKey
@@ -87,6 +87,22 @@ class QueueDecision:
     at_risk: bool
     stats: DecisionStats
     reject_count: int = 0
+
+
+def _timed(r: DecisionStats, decision_ms: float | None) -> DecisionStats:
+    """``dataclasses.replace(r, decision_ms=decision_ms)``, without its overhead."""
+    return DecisionStats(
+        r.queue,
+        r.expansions,
+        r.generated,
+        r.cut_latency,
+        r.cut_cost,
+        r.budget_hit,
+        decision_ms,
+        r.feasible,
+        r.horizon,
+        r.options,
+    )
 
 
 class _Kept:
@@ -343,7 +359,7 @@ class ESGScheduler:
             and kept.hardware == hardware
         ):
             r = kept.stats
-            stats = r if t0 is None else replace(r, decision_ms=self._since(t0))
+            stats = r if t0 is None else _timed(r, self._since(t0))
             if kept.feasible:
                 return QueueDecision(kept.kind, kept.choice, kept.plan, False, stats)
             assert kept.best is not None
@@ -477,7 +493,7 @@ class ESGScheduler:
             hardware,
             lo,
             hi,
-            stats if stats.decision_ms is None else replace(stats, decision_ms=None),
+            stats if stats.decision_ms is None else _timed(stats, None),
             choice is not None or best is None,
             kind,
             choice,

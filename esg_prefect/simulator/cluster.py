@@ -79,6 +79,9 @@ def _unchecked_snapshot(
     return snap
 
 
+_set = object.__setattr__
+
+
 class SimWorker:
     """A worker process as the simulated cluster tracks it (mutable; snapshots copy it)."""
 
@@ -123,17 +126,19 @@ class SimWorker:
         return self.view
 
     def _build(self) -> Worker:
-        return Worker(
-            self.worker_id,
-            self.node,
-            self.device_id,
-            self.hardware,
-            self.vcpus,
-            self.share,
-            self.stage,
-            busy=self.busy,
-            idle_since_ms=self.idle_since_ms,
-        )
+        # Built without Worker's checks: they held when the worker started (its share comes from a
+        # checked Config, already on the 1/100 grid), and a worker's view is rebuilt at every change.
+        w = object.__new__(Worker)
+        _set(w, "worker_id", self.worker_id)
+        _set(w, "node", self.node)
+        _set(w, "device_id", self.device_id)
+        _set(w, "hardware", self.hardware)
+        _set(w, "vcpus", self.vcpus)
+        _set(w, "gpu_share", self.share)
+        _set(w, "stage", self.stage)
+        _set(w, "busy", self.idle_since_ms is None)
+        _set(w, "idle_since_ms", self.idle_since_ms)
+        return w
 
 
 @dataclass(frozen=True, slots=True)

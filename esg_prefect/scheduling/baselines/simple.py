@@ -166,7 +166,9 @@ class PerInvocationScheduler(BaselineBase):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(profile, prices, settings, clock)
-        self._types: dict[tuple[str, frozenset[str]], list[str]] = {}  # GPU types by price, per stage
+        # Per (stage, hardware present): how many whole-GPU resources, and the covered ones with their
+        # batch-1 latency, GPU types by price.
+        self._types: dict[tuple[str, frozenset[str]], tuple[int, list[tuple[Resource, float]]]] = {}
         self._ready_order = ReadyOrder()
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
@@ -184,25 +186,23 @@ class PerInvocationScheduler(BaselineBase):
         v = min(self.settings.config_space.vcpus)
         for job in jobs:
             stage = job.queue.stage
-            types = self._types.get((stage, view.hardware))
-            if types is None:
-                types = self._types[(stage, view.hardware)] = cheapest_gpu_first(
-                    self.prices, view.hardware & self.profile.hardware_types(stage)
-                )
-            res_list: list[Resource] = [(hw, v, 0.0 if hw == "cpu" else 1.0) for hw in types]
+            got = self._types.get((stage, view.hardware))
+            if got is None:
+                types = cheapest_gpu_first(self.prices, view.hardware & self.profile.hardware_types(stage))
+                res_list: list[Resource] = [(hw, v, 0.0 if hw == "cpu" else 1.0) for hw in types]
+                covered = [(res, lat) for res in res_list if (lat := self.latency_ms(stage, 1, res)) is not None]
+                got = self._types[(stage, view.hardware)] = (len(res_list), covered)
+            n_options, covered = got
             choice = None
             for allow_cold in (False, True):  # a warm worker on any type first
-                for res in res_list:
-                    lat = self.latency_ms(stage, 1, res)
-                    if lat is None:
-                        continue
+                for res, lat in covered:
                     placement = self.place(view, stage, res, [job], now_ms, allow_cold=allow_cold)
                     if placement is not None:
                         choice = (res, placement, lat)
                         break
                 if choice is not None:
                     break
-            stats.append(DecisionStats(job.queue, feasible=choice is not None, options=len(res_list)))
+            stats.append(DecisionStats(job.queue, feasible=choice is not None, options=n_options))
             if choice is None:
                 blocked.add(stage)
                 continue
