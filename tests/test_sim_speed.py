@@ -19,7 +19,7 @@ from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.scheduling import registry
 from esg_prefect.scheduling.baselines import common
 from esg_prefect.scheduling.baselines.simple import ReadyOrder, TritonScheduler, _in_ready_order
-from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.esg import ESGScheduler
 from esg_prefect.simulator import run as run_module
 from esg_prefect.simulator import simulate, standard_case
@@ -51,6 +51,7 @@ def _rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch, plain: bool) -> lis
         m.setattr(run_module, "create_scheduler", recording)
         if plain:
             m.setattr(ESGScheduler, "_keep", lambda self, *args: None)
+            m.setattr(ViewCache, "view", lambda self, cluster: ClusterView(cluster, self.allow_eviction))
             m.setattr(ReadyOrder, "__call__", lambda self, key, jobs: _in_ready_order(jobs))
             m.setattr(ClusterView, "_cold_slot", ClusterView._find_cold_slot)
             m.setattr(
@@ -129,3 +130,39 @@ def test_baseline_orders_follow_the_jobs_tuple() -> None:
     q2 = QueueState(key, jobs[2:])
     assert sched.fifo_of(q2) == common.fifo(jobs[2:])
     assert sched.edf_of(q2) == common.edf(jobs[2:])
+
+
+def _state(view: ClusterView) -> tuple[Any, ...]:
+    def sets(d: dict[Any, list[Any]]) -> dict[Any, frozenset[Any]]:
+        return {k: frozenset(v) for k, v in d.items() if v}
+
+    return (
+        view.free_vcpus,
+        view.free_slots,
+        view.free_share,
+        view.clients,
+        view.idle,
+        sets(view._idle_by_stage),
+        sets(view.busy_by_stage),
+        {k: v for k, v in view._idle_on_node.items() if v},
+        {k: v for k, v in view._idle_share.items() if v},
+        {k: v for k, v in view._idle_clients.items() if v},
+        view.hardware,
+    )
+
+
+@pytest.mark.parametrize("scheduler", ["esg", "per-invocation"])
+def test_view_cache_updates_equal_rebuilds(scheduler: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    checked = 0
+    original = ViewCache.view
+
+    def compared(self: ViewCache, cluster: Any) -> ClusterView:
+        nonlocal checked
+        view = original(self, cluster)
+        assert _state(view) == _state(ClusterView(cluster, self.allow_eviction))
+        checked += 1
+        return view
+
+    monkeypatch.setattr(ViewCache, "view", compared)
+    simulate(standard_case(scheduler, duration_s=2.0, rate_per_s=400.0))
+    assert checked > 100

@@ -138,6 +138,55 @@ class ClusterView:
         self._version = 0
         self._memo: dict[tuple[object, ...], object] = {}
 
+    def _update(self, gone: list[Worker], came: list[Worker]) -> None:
+        """Take ``gone`` workers out of a pristine view and put ``came`` ones in (:class:`ViewCache`).
+
+        Lists shared with copies handed out earlier are replaced, never changed in place.
+        """
+        free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
+        idle, by_stage, busy_by_stage = self.idle, self._idle_by_stage, self.busy_by_stage
+        idle_on_node, idle_share, idle_clients = self._idle_on_node, self._idle_share, self._idle_clients
+        for w in gone:  # all the leavers first: a changed worker keeps its id
+            node, dev = w.node, w.device_id
+            free_slots[node] += 1
+            if w.busy:
+                free_vcpus[node] += w.vcpus
+                busy_by_stage[w.stage] = [x for x in busy_by_stage[w.stage] if x is not w]
+                if dev is not None:
+                    free_share[dev] += round(w.gpu_share * 100)
+                    clients[dev] -= 1
+            else:
+                del idle[w.worker_id]
+                by_stage[w.stage] = [x for x in by_stage[w.stage] if x is not w]
+                idle_on_node[node] -= 1
+                if dev is not None:
+                    need = round(w.gpu_share * 100)
+                    free_share[dev] += need
+                    clients[dev] -= 1
+                    idle_share[dev] -= need
+                    idle_clients[dev] -= 1
+        for w in came:
+            node, dev = w.node, w.device_id
+            free_slots[node] -= 1
+            if w.busy:
+                free_vcpus[node] -= w.vcpus
+                busy_by_stage[w.stage] = [*busy_by_stage.get(w.stage, ()), w]
+                if dev is not None:
+                    free_share[dev] -= round(w.gpu_share * 100)
+                    clients[dev] += 1
+            else:
+                idle[w.worker_id] = w
+                by_stage[w.stage] = [*by_stage.get(w.stage, ()), w]
+                idle_on_node[node] += 1
+                if dev is not None:
+                    need = round(w.gpu_share * 100)
+                    free_share[dev] -= need
+                    clients[dev] += 1
+                    idle_share[dev] += need
+                    idle_clients[dev] += 1
+        self._version += 1
+        self._memo = {}
+
     def copy(self) -> ClusterView:
         """An independent working copy (commits to one do not show in the other).
 
@@ -374,24 +423,49 @@ class ClusterView:
 
 
 class ViewCache:
-    """The round's :class:`ClusterView`, rebuilt only when the snapshot is a new object.
+    """The round's :class:`ClusterView`, kept up to date from one snapshot to the next.
 
     A simulator hands the scheduler the same snapshot object while its cluster
     has not changed, and many rounds in a row see the same cluster (rounds for
     arrivals that dispatch nothing). Each round then starts from a copy of one
     pristine view, and the capacity answers computed on it carry over.
+
+    When a new snapshot has the same node and device objects, the pristine
+    view is brought up to date from the workers that changed (by identity:
+    immutable :class:`Worker` objects that left, and the ones that came)
+    instead of being rebuilt from every worker: a simulated cluster changes a
+    few workers between rounds and holds hundreds. The result is the view a
+    rebuild gives (every answer the view gives depends on its counts and sets,
+    not on the order its lists were filled in).
     """
 
-    __slots__ = ("_base", "_snapshot", "allow_eviction")
+    __slots__ = ("_base", "_by_id", "_snapshot", "allow_eviction")
 
     def __init__(self, allow_eviction: bool = True) -> None:
         self.allow_eviction = allow_eviction
         self._snapshot: ClusterSnapshot | None = None
         self._base: ClusterView | None = None
+        self._by_id: dict[int, Worker] = {}  # the base's workers by id() (holding them keeps the ids unique)
 
     def view(self, cluster: ClusterSnapshot) -> ClusterView:
         """A fresh working view of ``cluster``."""
-        if self._base is None or cluster is not self._snapshot:
-            self._base = ClusterView(cluster, self.allow_eviction)
+        base, old = self._base, self._snapshot
+        if base is None or cluster is not old:
+            workers = cluster.workers
+            by_id = dict(zip(map(id, workers), workers, strict=True))
+            if (
+                base is not None
+                and old is not None
+                and cluster.nodes is old.nodes
+                and cluster.devices is old.devices
+                and len(by_id) == len(workers)
+            ):
+                prev = self._by_id
+                gone = prev.keys() - by_id.keys()
+                came = by_id.keys() - prev.keys()
+                base._update([prev[i] for i in gone], [by_id[i] for i in came])
+            else:
+                base = self._base = ClusterView(cluster, self.allow_eviction)
+            self._by_id = by_id
             self._snapshot = cluster
-        return self._base.copy()
+        return base.copy()
