@@ -131,12 +131,14 @@ def ideal(arrivals: Sequence[tuple[float, str]], prices: PriceSheet) -> tuple[li
     return outcomes, wall, cost
 
 
-def slo_phase(rate: float, n: int, top: int, seed: int, prices: PriceSheet) -> dict[str, dict[str, float]]:
+def slo_phase(
+    rate: float, n: int, top: int, seed: int, prices: PriceSheet, vcpus: int | None = None
+) -> dict[str, dict[str, float]]:
     """Both runners on ``n`` trace arrivals at ``rate`` with at most ``top`` flow runs in flight."""
     print(f"\nSLO phase: {n} requests at {rate:.2f}/s, concurrency {top}")
     print(HEADER, flush=True)
     arrivals = d.demo_arrivals(n, rate, seed + 1, "azure_functions_2019")
-    esg = d.run_esg(arrivals, max_concurrency=top)
+    esg = d.run_esg(arrivals, max_concurrency=top, vcpus=vcpus)
     rows = {"esg": summarize("esg@load", top, esg.outcomes, esg.wall_s, esg.cost_total, esg.cost_busy)}
     tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=top)
     rows["threadpool"] = summarize("tp@load", top, tp.outcomes, tp.wall_s, tp.cost_total)
@@ -151,10 +153,14 @@ def main() -> None:
     parser.add_argument(
         "--slo-only", type=float, default=0.0, metavar="RATE", help="run only the SLO phase, at this rate (req/s)"
     )
+    parser.add_argument(
+        "--esg-vcpus", type=int, default=None, help="cores ESG's busy workers may use at once (default: all but one)"
+    )
     args = parser.parse_args()
     if args.slo_only:
         d.warm_prefect()
-        slo_phase(args.slo_only, max(30, args.requests // 2), max(args.concurrency), args.seed, PriceSheet.default())
+        n = max(30, args.requests // 2)
+        slo_phase(args.slo_only, n, max(args.concurrency), args.seed, PriceSheet.default(), args.esg_vcpus)
         return
     d.warm_prefect()
     prices = PriceSheet.default()
@@ -167,7 +173,12 @@ def main() -> None:
         arrivals = d.demo_arrivals(n, rate, args.seed, "azure_functions_2019")
         seen: dict[str, float] = {}
         before = process_cpu_s()
-        esg = d.run_esg(arrivals, max_concurrency=c, before_close=lambda _pool, seen=seen: seen.update(process_cpu_s()))
+        esg = d.run_esg(
+            arrivals,
+            max_concurrency=c,
+            before_close=lambda _pool, seen=seen: seen.update(process_cpu_s()),
+            vcpus=args.esg_vcpus,
+        )
         cpu[("esg", c)] = cpu_delta(before, seen)
         results[("esg", c)] = summarize("esg", c, esg.outcomes, esg.wall_s, esg.cost_total, esg.cost_busy)
         before = process_cpu_s()
@@ -181,7 +192,8 @@ def main() -> None:
     # saturation throughput at the top concurrency), so that SLO hit rates compare service, not backlog.
     top = max(args.concurrency)
     slo_rows = slo_phase(
-        0.8 * results[("threadpool", top)]["throughput"], max(30, args.requests // 2), top, args.seed, prices
+        0.8 * results[("threadpool", top)]["throughput"], max(30, args.requests // 2), top, args.seed, prices,
+        args.esg_vcpus,
     )
     print("\nwhere the CPU went (seconds, including each runner's warm-up requests):", flush=True)
     for (runner, c), parts in cpu.items():

@@ -264,3 +264,20 @@ def test_hop_estimate_adds_a_margin_for_variable_hops() -> None:
         jumpy.observe(50.0 if k % 2 else 150.0)
     assert jumpy.mean_ms == pytest.approx(100.0, abs=15.0)
     assert jumpy.ms is not None and jumpy.ms > jumpy.mean_ms + 2 * 40.0  # mean + 2 x deviation (~50)
+
+
+def test_one_worker_gets_at_most_half_the_cores_by_default() -> None:
+    """Batches are not preempted: with two or more cores, two batches can always run at once."""
+    assert LocalProcessBackend(vcpus=2, spares=0).max_worker_vcpus == 1
+    assert LocalProcessBackend(vcpus=8, spares=0).max_worker_vcpus == 4
+    assert LocalProcessBackend(vcpus=1, spares=0).max_worker_vcpus == 1
+    assert LocalProcessBackend(vcpus=8, spares=0, max_worker_vcpus=8).max_worker_vcpus == 8
+    with pytest.raises(InvalidInputError, match="max_worker_vcpus"):
+        LocalProcessBackend(max_worker_vcpus=0)
+    pool = Pool(toy_profile(), PRICES, backend=LocalProcessBackend(vcpus=2, spares=0))
+    assert pool.settings.config_space.vcpus == (1,)
+    assert pool.settings.config_space.batches == ESGSettings().config_space.batches
+    roomy = Pool(toy_profile(), PRICES, backend=LocalProcessBackend(vcpus=8, spares=0))
+    assert roomy.settings.config_space.vcpus == (1, 2, 4)
+    inline = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))  # no cap: the space as given
+    assert inline.settings.config_space.vcpus == ESGSettings().config_space.vcpus

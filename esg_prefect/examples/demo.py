@@ -128,11 +128,13 @@ def run_esg(
     backend: str = "process",
     max_concurrency: int = 64,
     before_close: Callable[[Any], None] | None = None,
+    vcpus: int | None = None,
 ) -> DemoRun:
     """The workload under :class:`ESGTaskRunner` with a fresh embedded pool.
 
     ``before_close(pool)`` runs after the workload, while the pool and its workers
-    are still up (benchmarks read the workers' CPU time there).
+    are still up (benchmarks read the workers' CPU time there). ``vcpus``: the
+    cores busy workers may use at once (default: all but one, left to the flows).
     """
     from esg_prefect.examples.pipelines import FLOWS
     from esg_prefect.integration.runner import ESGTaskRunner
@@ -142,7 +144,7 @@ def run_esg(
     be: Any = (
         InlineBackend()
         if backend == "inline"
-        else LocalProcessBackend(preload=("torch", "prefect", "esg_prefect.examples.pipelines"))
+        else LocalProcessBackend(vcpus, preload=("torch", "prefect", "esg_prefect.examples.pipelines"))
     )
     pool = Pool(backend=be)
     runner: Any = ESGTaskRunner(pool=pool)

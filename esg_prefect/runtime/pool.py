@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -57,7 +58,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
-from esg_prefect.model.config import Config
+from esg_prefect.model.config import Config, ConfigSpace
 from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -266,7 +267,9 @@ class Pool:
         prices: price sheet; defaults to :meth:`PriceSheet.default`.
         scheduler: registered scheduler name (``esg-prefect schedulers`` lists them).
         settings: ESG knobs.
-        backend: where workers run; defaults to local processes.
+        backend: where workers run; defaults to local processes. Where it caps
+            the vCPUs of one worker (``LocalProcessBackend.max_worker_vcpus``),
+            configurations above the cap are left out of the settings' space.
         switch_interval_s: when the pool starts, lower the interpreter's thread
             switch interval (``sys.setswitchinterval``, 5 ms by default) to this;
             None leaves it alone. The pool's controller and dispatch threads wake
@@ -296,7 +299,8 @@ class Pool:
         self.base_profile = profile if profile is not None else load_default_profile()
         self.profile = self.base_profile  # the base profile rescaled by the online correction
         self.prices = prices or PriceSheet.default()
-        self.settings = settings or ESGSettings()
+        self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
+        self.settings = _within_backend(settings or ESGSettings(), self.backend)
         self.scheduler_name = scheduler
         self.scheduler = create_scheduler(scheduler, self.profile, self.prices, self.settings, clock=perf_ms)
         self.tables = CandidateTables(self.profile, self.prices, self.settings)
@@ -304,7 +308,6 @@ class Pool:
         self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None
         self._applied: dict[tuple[str, str], float] = {}  # factors self.profile was scaled with
         self._replanned_ms = -math.inf
-        self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
         self._start_lock = threading.Lock()  # guards starting the loop thread once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -896,6 +899,16 @@ class Pool:
             if not p_fut.done():
                 p_fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
+
+
+def _within_backend(settings: ESGSettings, backend: WorkerBackend) -> ESGSettings:
+    """The settings without worker vCPU options above the backend's ``max_worker_vcpus`` (where it has one)."""
+    cap = getattr(backend, "max_worker_vcpus", None)
+    space = settings.config_space
+    if not isinstance(cap, int) or all(v <= cap for v in space.vcpus):
+        return settings
+    kept = tuple(v for v in space.vcpus if v <= cap) or (min(space.vcpus),)
+    return dataclasses.replace(settings, config_space=ConfigSpace(space.batches, kept, space.gpu_shares))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -173,8 +173,18 @@ class LocalProcessBackend:
 
     Args:
         vcpus: vCPUs of this node that busy workers may use at once; default
-            all cores but one, which is left to Prefect, its API and the pool's
-            controller (on a 2-core machine: 1).
+            all cores (Prefect, its API and the pool's controller share them
+            through the OS scheduler).
+        max_worker_vcpus: most vCPUs (torch threads) one worker gets; default
+            half the node's, at least 1, so that two batches can always run at
+            once. Batches are not preempted: a worker holding every core for a
+            long batch (a 0.8 s summarizer call) makes every other stage's
+            queue wait behind it. Measured on the 2-core development machine
+            (``bench/runtime_throughput.py --slo-only 1.0``, 40 requests, three
+            seeds, other jobs running): with one core for workers of up to 1
+            vCPU (the earlier default), ESG met its SLOs 2 to 8 points below
+            the thread pool; with two cores and workers of 1 vCPU, -7 to +2;
+            with two cores and workers of up to 2 vCPUs, 38 % against 78 %.
         max_workers: most worker processes alive at once (memory bound, a few
             hundred MB each with torch); idle warm workers count, and ESG
             evicts the least recently used.
@@ -195,8 +205,14 @@ class LocalProcessBackend:
         preload: tuple[str, ...] = ("torch", "prefect"),
         node_name: str = "local",
         start_method: str | None = None,
+        max_worker_vcpus: int | None = None,
     ) -> None:
-        self._node = Node(node_name, vcpus or max(1, (os.cpu_count() or 1) - 1), max_workers)
+        self._node = Node(node_name, vcpus or os.cpu_count() or 1, max_workers)
+        if max_worker_vcpus is not None and (
+            isinstance(max_worker_vcpus, bool) or not isinstance(max_worker_vcpus, int) or max_worker_vcpus < 1
+        ):
+            raise InvalidInputError(f"max_worker_vcpus must be an int >= 1 or None, got {max_worker_vcpus!r}")
+        self.max_worker_vcpus: int = max_worker_vcpus or max(1, self._node.vcpus // 2)
         gpus = discover_gpus()
         self._gpu_index = {f"{node_name}/gpu{g.index}": g.index for g in gpus}
         self._devices = tuple(Device(f"{node_name}/gpu{g.index}", node_name, g.hardware) for g in gpus)
