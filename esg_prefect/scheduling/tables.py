@@ -263,6 +263,7 @@ class CandidateTables:
     def _wait_groups(self, stage: str, n: int, resources: tuple[Resource, ...], now: tuple[Option, ...]) -> _WaitParts:
         """The dispatch-now candidates, and per larger batch size (jobs to wait for, its candidates)."""
         head = [(o.latency_us, o.cost, i, o, 0.0) for i, o in enumerate(now)]
+        prior = [(o.latency_us, o.cost) for o in now]  # (latency with no wait, cost) of every earlier candidate
         idx = len(head)
         groups = []
         for b in self.settings.config_space.batches:
@@ -273,7 +274,13 @@ class CandidateTables:
                 (stage, b, resources),
                 lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),
             )
-            groups.append((b - n, [(o.latency_us, o.cost, idx + j, o) for j, o in enumerate(group)]))
+            entries = [(o.latency_us, o.cost, idx + j, o) for j, o in enumerate(group)]
+            # An entry that an earlier candidate (dispatch-now, or a smaller batch: it waits no longer at
+            # any rate) matches or beats in both latency and cost never survives the pruning, whatever the
+            # rate, and leaving it out changes no other candidate's fate: drop it once here.
+            kept = [e for e in entries if not any(lat <= e[0] and cost <= e[1] for lat, cost in prior)]
+            prior += [(lat, cost) for lat, cost, _, _ in entries]
+            groups.append((b - n, kept))
             idx += len(group)
         return head, groups
 
