@@ -52,10 +52,28 @@ def _instances(snapshot: Snapshot) -> Counter[tuple[str, str, int, float]]:
     return Counter((w.stage or "", w.hardware, w.vcpus, w.gpu_share) for w in snapshot.cluster.workers)
 
 
+_Choices = tuple[list[tuple[float, Resource, int]], tuple[Resource, int, float] | None]
+"""INFless's options worth trying for one budget, and its batch-1 fallback."""
+
+
 class INFlessScheduler(BaselineBase):
     """Per-function batch and resources from an even SLO split and the arrival rate (module docstring)."""
 
     name = "infless"
+
+    def __init__(
+        self,
+        profile: LatencyProfile,
+        prices: PriceSheet,
+        settings: ESGSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(profile, prices, settings, clock)
+        # Per (stage, hardware present, budget): the options worth trying, and the fallback.
+        self._choices: dict[
+            tuple[str, frozenset[str], float],
+            tuple[list[tuple[float, Resource, int]], tuple[Resource, int, float] | None],
+        ] = {}
 
     def choose(self, stage: str, budget_ms: float, rate_per_s: float, view: ClusterView) -> tuple[Resource, int, float]:
         """The (resources, batch, latency) of least cost per request that fits ``budget_ms``.
@@ -64,10 +82,29 @@ class INFlessScheduler(BaselineBase):
         ``rate_per_s`` stays within the budget (no batching while the rate is
         unknown). Falls back to the fastest batch-1 configuration when none fits.
         """
-        opts = self.options(stage, view)
-        if not opts:
-            raise LookupError(f"no profiled configuration for stage {stage!r}")
-        for _cost, lat, res, b in opts:  # cheapest first
+        key = (stage, view.hardware, budget_ms)
+        got = self._choices.get(key)
+        if got is None:
+            opts = self.options(stage, view)
+            if not opts:
+                raise LookupError(f"no profiled configuration for stage {stage!r}")
+            # Cheapest first, the options that can fit at some rate, up to the first that fits at any rate
+            # (batch 1 within the budget): the loop below gives the same answer as over every option.
+            reach: list[tuple[float, Resource, int]] = []
+            for _cost, lat, res, b in opts:
+                if lat > budget_ms:  # never fits: the fill time is never negative
+                    continue
+                reach.append((lat, res, b))
+                if b == 1:
+                    break
+            ones = [(o[1], o[2]) for o in opts if o[3] == 1]
+            fallback = None
+            if ones:
+                lat, res = min(ones)
+                fallback = (res, 1, lat)
+            got = self._choices[key] = (reach, fallback)
+        reach, fallback = got
+        for lat, res, b in reach:
             if b == 1:
                 fill_ms = 0.0
             elif rate_per_s > 0:
@@ -76,8 +113,9 @@ class INFlessScheduler(BaselineBase):
                 continue
             if lat + fill_ms <= budget_ms:
                 return res, b, lat
-        lat, res = min((o[1], o[2]) for o in opts if o[3] == 1)
-        return res, 1, lat
+        if fallback is None:
+            raise ValueError("no batch-1 configuration to fall back on")  # as min() of nothing did
+        return fallback
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Dispatch full or timed-out batches of each function's configuration; scale by rate."""
