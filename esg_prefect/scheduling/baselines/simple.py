@@ -194,8 +194,12 @@ class PerInvocationScheduler(BaselineBase):
                 got = self._types[(stage, view.hardware)] = (len(res_list), covered)
             n_options, covered = got
             choice = None
+            starting = self.starting(stage, now_ms)  # changes only when a placement is made (and then we stop)
+            has_warm = view.has_idle_warm
             for allow_cold in (False, True):  # a warm worker on any type first
                 for res, lat in covered:
+                    if (not allow_cold or starting) and not has_warm(stage, res[1], res[2], res[0]):
+                        continue  # what self.place would answer at once: None
                     placement = self.place(view, stage, res, [job], now_ms, allow_cold=allow_cold)
                     if placement is not None:
                         choice = (res, placement, lat)
