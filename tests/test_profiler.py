@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.exceptions import InvalidInputError, MissingProfileError, ProfileError, UnknownStageError
-from esg_prefect.model import Config, LatencyProfile
+from esg_prefect.model import Config, LatencyProfile, ProfilePoint
 from esg_prefect.profiler import (
     COMPONENTS,
     BreakdownOptions,
@@ -44,6 +44,7 @@ from esg_prefect.profiler.breakdown import read_breakdown_csv
 from esg_prefect.profiler.machine import reset_peak_rss
 from esg_prefect.profiler.results import EXTRA_FIELDS, PROFILE_FIELDS
 from esg_prefect.profiler.targets import resolve_targets
+from esg_prefect.profiler.validate import read_validation_csv, repredict
 from esg_prefect.store.migrations import Migration
 from esg_prefect.store.profile_store import PROFILE_MIGRATIONS, ProfileStore, migrate_profiles
 
@@ -196,6 +197,20 @@ def test_validation_numbers(session: tuple[SessionResult, Path, str]) -> None:
     assert "sleepy" in v.table()
     with open(out / "toy_validation.csv", newline="", encoding="utf-8") as fh:
         assert len(list(csv.DictReader(fh))) == 4
+    # the same measurements predicted by another profile: every prediction doubled, measurements kept
+    back = read_validation_csv(out / "toy_validation.csv")
+    assert [(r.stage, r.batch) for r in back.rows] == [(r.stage, r.batch) for r in v.rows]
+    assert res.profile is not None
+    doubled = LatencyProfile(
+        [
+            ProfilePoint(p.stage, p.hardware, p.batch, p.vcpus, p.gpu_share, 2 * p.mean_ms, 2 * (p.p95_ms or p.mean_ms))
+            for p in res.profile.points
+        ]
+    )
+    again = repredict(back, doubled)
+    for old, new in zip(v.rows, again.rows, strict=True):
+        assert new.measured_ms == pytest.approx(old.measured_ms, rel=1e-3, abs=1e-3)  # the CSV keeps 3 decimals
+        assert new.predicted_ms == pytest.approx(2 * old.predicted_ms, rel=1e-3)
     assert (out / "profiler_toy_validation.png").exists()
 
 

@@ -60,6 +60,10 @@ def register(app: typer.Typer) -> None:
         as_flow: bool = typer.Option(
             False, "--flow", help="Run as the Prefect flow 'esg-profile' (progress in the UI)."
         ),
+        measurements: Path | None = typer.Option(
+            None, help="With --validate: reuse the fresh measurements of this validation CSV (no new runs)."
+        ),
+        stalls: Path | None = typer.Option(None, help="Draw the figures of this stall-breakdown CSV again."),
         fit_sizes: Path | None = typer.Option(
             None, "--fit-sizes", help="Only fit the input-size model on this samples CSV and print it."
         ),
@@ -117,6 +121,8 @@ def register(app: typer.Typer) -> None:
             store=False if no_store else store,
             wait_quiet_s=wait_quiet_s,
             max_attempts=max_attempts,
+            measurements=measurements,
+            stalls=stalls,
         )
 
 
@@ -141,6 +147,8 @@ def _run_cli(
     store: str | bool | None,
     wait_quiet_s: float,
     max_attempts: int = 4,
+    measurements: Path | None = None,
+    stalls: Path | None = None,
 ) -> None:
     from dataclasses import replace
 
@@ -159,7 +167,7 @@ def _run_cli(
         else replace(MeasureSettings(max_attempts=max_attempts), batches=batches or (1, 2, 4, 8, 16, 32))
     )
     request = None
-    if profile_csv is None:
+    if profile_csv is None and stalls is None:
         request = ProfileRequest(
             specs=target,
             vcpus=vcpus,
@@ -168,7 +176,7 @@ def _run_cli(
             wait_quiet_s=0.0 if quick else wait_quiet_s,
             worker_start_launches=1 if quick else 3,
         )
-    elif not (validate or breakdown):
+    elif profile_csv is not None and not (validate or breakdown):
         raise typer.BadParameter("--profile is for --validate or --breakdown; without them there is nothing to do")
     opts = SessionOptions(
         request=request,
@@ -189,6 +197,8 @@ def _run_cli(
         validate=validate,
         validation_batches=(1, 3) if quick else validation_batches,
         validation_settings=settings if profile_csv is not None else None,
+        measurements=measurements,
+        stalls=stalls,
         store_url=store,
     )
     console = Console(stderr=True)

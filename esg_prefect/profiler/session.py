@@ -27,14 +27,26 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.model import LatencyProfile
-from esg_prefect.profiler.breakdown import COMPONENTS, Breakdown, stall_breakdown, write_breakdown_csv
+from esg_prefect.profiler.breakdown import (
+    COMPONENTS,
+    Breakdown,
+    read_breakdown_csv,
+    stall_breakdown,
+    write_breakdown_csv,
+)
 from esg_prefect.profiler.interference import InterferenceTable
 from esg_prefect.profiler.measure import MeasureSettings
 from esg_prefect.profiler.report import breakdown_table, plot_breakdown, plot_validation, profile_summary
 from esg_prefect.profiler.run import ProfileRequest, ProfileRun, ProgressFn, run_profile
 from esg_prefect.profiler.sizes import size_report
 from esg_prefect.profiler.stalls import DEFAULT_TRACE
-from esg_prefect.profiler.validate import VALIDATION_BATCHES, ValidationReport, validate
+from esg_prefect.profiler.validate import (
+    VALIDATION_BATCHES,
+    ValidationReport,
+    read_validation_csv,
+    repredict,
+    validate,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,9 @@ class SessionOptions:
         validate: whether to validate the profile against fresh measurements.
         validation_batches: batch sizes of the validation.
         validation_settings: measurement settings of the validation (the request's by default).
+        measurements: a validation CSV whose fresh measurements to reuse instead of measuring
+            again (to compare another profile on the same runs).
+        stalls: a stall-breakdown CSV to draw (and tabulate) again instead of measuring.
         store_url: the profile store's URL (None: the default store; False: do not store).
         label: a label for the stored run.
     """
@@ -76,6 +91,8 @@ class SessionOptions:
     validate: bool = False
     validation_batches: tuple[int, ...] = VALIDATION_BATCHES
     validation_settings: MeasureSettings | None = None
+    measurements: Path | None = None
+    stalls: Path | None = None
     store_url: str | bool | None = None
     label: str = ""
 
@@ -151,6 +168,12 @@ def run_session(
     elif opts.existing is not None:
         res.profile = LatencyProfile.from_csv(opts.existing)
     settings = opts.validation_settings or (opts.request.settings if opts.request else MeasureSettings())
+    if opts.stalls is not None:
+        rows = read_breakdown_csv(opts.stalls)
+        for pipeline in dict.fromkeys(r.pipeline for r in rows):
+            key = f"figure {pipeline or 'stages'}"
+            res.files[key] = plot_breakdown(rows, pipeline, figs / f"{stem}_{pipeline or 'stages'}.png")
+        res.notes.append(breakdown_table(rows))
     if opts.breakdown is not None:
         b = opts.breakdown
         say(f"stall breakdown at batch {b.batch}, {b.vcpus} vCPU, {b.co_runners} co-runner(s), trace {b.trace}")
@@ -177,10 +200,14 @@ def run_session(
     if opts.validate:
         if res.profile is None:
             raise ValueError("validation needs a profile: measure one or give an existing CSV")
-        say(f"validating against fresh measurements at batches {list(opts.validation_batches)}")
-        res.validation = validate(
-            res.profile, opts.specs, batches=opts.validation_batches, settings=settings, progress=say
-        )
+        if opts.measurements is not None:
+            say(f"predicting the measurements of {opts.measurements}")
+            res.validation = repredict(read_validation_csv(opts.measurements), res.profile)
+        else:
+            say(f"validating against fresh measurements at batches {list(opts.validation_batches)}")
+            res.validation = validate(
+                res.profile, opts.specs, batches=opts.validation_batches, settings=settings, progress=say
+            )
         res.validation.to_csv(out_dir / f"{opts.name}_validation.csv")
         res.files["validation"] = out_dir / f"{opts.name}_validation.csv"
         res.files["figure validation"] = plot_validation(res.validation, figs / f"{stem}_validation.png")

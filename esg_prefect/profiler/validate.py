@@ -113,6 +113,56 @@ class ValidationReport:
                 w.writerow(d)
 
 
+def read_validation_csv(path: Path) -> ValidationReport:
+    """A report from a CSV written by :meth:`ValidationReport.to_csv` (machine load unknown: empty).
+
+    Raises:
+        InvalidInputError: naming the file and line of a malformed row.
+    """
+    import csv
+
+    rows = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for lineno, r in enumerate(csv.DictReader(fh), start=2):
+            try:
+                rows.append(
+                    ValidationRow(
+                        r["stage"],
+                        r["hardware"],
+                        int(r["batch"]),
+                        int(r["vcpus"]),
+                        float(r["gpu_share"]),
+                        r["interpolated"] in ("True", "1", "true"),
+                        float(r["predicted_ms"]),
+                        float(r["measured_ms"]),
+                        r["quiet"] in ("True", "1", "true"),
+                    )
+                )
+            except (KeyError, ValueError) as exc:
+                raise InvalidInputError(f"{path} line {lineno}: {exc}") from exc
+    return ValidationReport(tuple(rows), {})
+
+
+def repredict(measurements: ValidationReport, profile: LatencyProfile) -> ValidationReport:
+    """The same fresh measurements, predicted by another profile: compare profiles on one set of runs.
+
+    ``interpolated`` is recomputed for ``profile`` (whether it measured that batch size).
+
+    Raises:
+        MissingProfileError: when ``profile`` does not cover a measured point.
+    """
+    rows = []
+    for r in measurements.rows:
+        have = {c.batch for c in profile.measured_configs(r.stage, r.hardware) if c.vcpus == r.vcpus}
+        pred = profile.latency_ms(r.stage, Config(r.batch, r.vcpus, r.gpu_share), r.hardware, "mean")
+        rows.append(
+            ValidationRow(
+                r.stage, r.hardware, r.batch, r.vcpus, r.gpu_share, r.batch not in have, pred, r.measured_ms, r.quiet
+            )
+        )
+    return ValidationReport(tuple(rows), dict(measurements.other_cpu), measurements.target)
+
+
 def validation_points(
     profile: LatencyProfile, stages: Sequence[str], batches: Sequence[int] = VALIDATION_BATCHES
 ) -> dict[tuple[str, int, float], list[tuple[str, int, bool]]]:
