@@ -95,7 +95,8 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
             runs_of.append(set(json.loads(out.decode().strip().splitlines()[-1])))
         batches = httpx.get(f"{address}/v1/batches?limit=1000", headers={"Authorization": f"Bearer {TOKEN}"}).json()
         mixed = [b for b in batches["batches"] if set(b["runs"]) & runs_of[0] and set(b["runs"]) & runs_of[1]]
-        assert mixed, "some batch should hold calls from both processes"
+        sizes = [(b["size"], len(b["runs"])) for b in batches["batches"]]
+        assert mixed, f"some batch should hold calls from both processes; (size, runs) of each: {sizes}"
     finally:
         service.send_signal(signal.SIGINT)
         service.wait(30)

@@ -298,3 +298,20 @@ def test_a_users_own_trace(tmp_path: Path) -> None:
         arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
     with pytest.raises(InvalidInputError, match="cannot read the trace file"):
         arrivals(f"csv:{tmp_path / 'missing.csv'}", ["a"], 2.0, 3.0, 0)
+
+
+def test_rate_estimate_restarts_after_an_idle_spell() -> None:
+    from esg_prefect.workload.rate import ArrivalRateEWMA
+
+    est = ArrivalRateEWMA(alpha=0.2)
+    est.observe(0.0)
+    est.observe(100.0)  # a stream 100 ms apart
+    est.observe(40_100.0)  # then 40 s of nothing: an idle spell, not a gap of the stream
+    assert est.rate_per_s(40_100.0) == 0.0  # no estimate until the stream shows its pace again
+    est.observe(40_150.0)
+    assert est.rate_per_s(40_150.0) == pytest.approx(20.0)  # 50 ms apart, at once
+    steady = ArrivalRateEWMA(alpha=0.2)
+    for t in (0.0, 600.0, 1200.0, 1800.0):
+        steady.observe(t)
+    steady.observe(3000.0)  # 2x the gap, and 8x of a 100 ms estimate would be only 800 ms: still a gap
+    assert steady.rate_per_s(3000.0) == pytest.approx(1000.0 / (0.8 * 600.0 + 0.2 * 1200.0))
