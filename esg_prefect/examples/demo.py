@@ -80,6 +80,9 @@ def quiet_prefect() -> None:
         # Its services log errors when the database vanishes at shutdown; nothing is lost that would be kept.
         os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     os.environ.setdefault("PREFECT_LOGGING_TO_CONSOLE", "false")
+    # Run logs go to the API (the UI shows them) through their own handler; the console handler
+    # shows warnings only. Set here: Prefect configures its loggers from its logging.yml at import.
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     import logging
