@@ -21,9 +21,10 @@ Two details matter for pipelines:
   stream: averaged in, a 40 s pause would keep the estimate at seconds for tens
   of arrivals 50 ms apart, and the burst would never be batched (seen live: two
   client processes, each starting a burst of flow runs after its warm-up call,
-  had no batch in common). The estimate restarts from the next gap instead;
-  and a first gap of a second or more does not start one (a queue fed less
-  than once a second has no batch worth waiting for).
+  had no batch in common). The estimate restarts from the next gap instead.
+  (A first gap is always taken: refusing first gaps of a second or more made
+  deployment runs, each a process starting a second or more after the last,
+  never batch together.)
   Steady streams never see such a gap (Poisson arrivals exceed 8x their mean
   gap with probability e^-8 = 0.03 %, and only gaps of a second or more count).
 
@@ -98,7 +99,7 @@ class ArrivalRateEWMA:
             self._update(t_ms - last, n)
 
     def _update(self, gap_ms: float, n: int) -> None:
-        if gap_ms >= IDLE_MIN_MS and (self._gap_ms is None or gap_ms > IDLE_FACTOR * self._gap_ms):
+        if self._gap_ms is not None and gap_ms >= IDLE_MIN_MS and gap_ms > IDLE_FACTOR * self._gap_ms:
             self._gap_ms = None  # an idle spell ended: the stream restarts with the next gap
             return
         # n arrivals g/n apart, each an EWMA step: closed form of n steps.
