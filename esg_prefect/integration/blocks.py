@@ -137,6 +137,20 @@ class ESGSchedulerSettings(Block):
     wait_for_busy_warm: bool = Field(
         default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
     )
+    hardware_selection: bool = Field(
+        default=False,
+        description="PALDIA: each stage uses the cheapest hardware type whose pool carries its arrival rate in time.",
+    )
+    hardware_utilization: float = Field(
+        default=0.7, gt=0, le=1, description="Fraction of a hardware pool's throughput the selector plans to use."
+    )
+    hybrid_sharing: bool = Field(
+        default=False,
+        description="PALDIA: co-run beside busy tenants (paying the slowdown) or wait for them, the cheaper in time.",
+    )
+    corun_table: str = Field(
+        default="default", description="Co-run table for hybrid sharing: 'default' (shipped) or a CSV path."
+    )
 
     def to_settings(self) -> ESGSettings:
         """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""

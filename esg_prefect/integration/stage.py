@@ -48,7 +48,7 @@ from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.runtime.calls import StageCall, WorkflowDecl
-from esg_prefect.runtime.stages import BatchFn, LoadFn, StageSpec, run_checked
+from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def esg_options(*, request_id: str | None = None, input_size: float | None = Non
         request_id: the request these calls belong to. By default a request is
             a flow run; a flow that serves many requests (e.g. one ``.map`` per
             request) names each so that deadlines and costs follow requests.
-        input_size: size of the input (tokens, pixels) for size-aware cost splits.
+        input_size: size of the input in its profile's unit (tokens, crops), overriding the stage's size function.
 
     Example:
         >>> with esg_options(request_id="req-42"):   # doctest: +SKIP
@@ -113,6 +113,7 @@ class Pipeline:
         name: str | None = None,
         profile_name: str | None = None,
         import_path: str | None = None,
+        size_of: SizeFn | None = None,
         **task_kwargs: Any,
     ) -> Callable[[BatchFn], Any]:
         """Decorate a batch function ``run(model, items) -> outputs`` into a one-item Prefect task.
@@ -123,6 +124,10 @@ class Pipeline:
             profile_name: the stage's name in the latency profile (default: ``name``).
             import_path: where workers find the stage (default: the function's
                 ``module:qualname``; the decorated object must live there).
+            size_of: ``size_of(item) -> float``, one input's size in the unit its
+                profile's size model uses (Cypress packing and ``input_size`` cost
+                splits); the generic :func:`~esg_prefect.runtime.stages.input_size`
+                (words of a text, elements of a tensor, ...) by default.
             **task_kwargs: passed to ``prefect.task`` (retries, tags, ...). The cache policy
                 defaults to ``NO_CACHE``: hashing large tensor inputs costs more than caching saves.
         """
@@ -132,7 +137,7 @@ class Pipeline:
         def decorate(run: BatchFn) -> Any:
             stage_name: str = name or str(getattr(run, "__name__", ""))
             path = import_path or f"{run.__module__}:{run.__qualname__}"
-            spec = StageSpec(stage_name, load, run, path, str(profile_name or stage_name))
+            spec = StageSpec(stage_name, load, run, path, str(profile_name or stage_name), size_of)
             if stage_name in self.stages:
                 raise InvalidInputError(f"pipeline {self.name!r} already has a stage named {stage_name!r}")
             self.stages[stage_name] = spec
@@ -186,7 +191,6 @@ def _pool_of_current_flow() -> Any:
     return runner.pool_client() if isinstance(runner, ESGTaskRunner) else None
 
 
-
 def request_arrival_ms(flow_run: Any) -> float:
     """When the request a flow run serves arrived (wall clock, ms): where its SLO starts.
 
@@ -207,6 +211,7 @@ def request_arrival_ms(flow_run: Any) -> float:
     arrival = stamps[0]
     start = getattr(flow_run, "start_time", None)
     return float(min(arrival, start.timestamp() * 1000.0)) if start is not None else float(arrival)
+
 
 def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
     """The body of every stage task: pool the call if an ESG runner is active, else run it here."""
@@ -238,7 +243,7 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         item=item,
         upstream=tuple(upstream),
         arrival_ms=arrival_ms,
-        input_size=opts.input_size or 1.0,
+        input_size=opts.input_size or spec.size(item),
         task_run_id=task_run_id,
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
     )

@@ -33,6 +33,7 @@ from typing import Literal
 
 from esg_prefect.exceptions import MissingProfileError, ProfileError
 from esg_prefect.model.config import CPU, Config, normalize_share
+from esg_prefect.model.size_model import SizeModel
 
 Percentile = Literal["p95", "mean"]
 _PERCENTILES = ("p95", "mean")
@@ -142,6 +143,10 @@ class LatencyProfile:
         points: the measured points.
         cold_start_ms: model load time per ``(stage, hardware)``; missing pairs
             cost 0 ms to start.
+        sizes: the input-size model fitted from the same profiling runs
+            (Cypress, :mod:`esg_prefect.model.size_model`), or None for a
+            count-only profile. The table answers for batches of typical items;
+            :meth:`size_factor` rescales it for a batch's real items.
 
     Raises:
         ProfileError: on duplicate points or negative cold starts.
@@ -159,8 +164,10 @@ class LatencyProfile:
         self,
         points: Iterable[ProfilePoint],
         cold_start_ms: Mapping[tuple[str, str], float] | None = None,
+        sizes: SizeModel | None = None,
     ) -> None:
         self._points = tuple(points)
+        self.sizes = sizes
         grouped: dict[tuple[str, str], list[ProfilePoint]] = {}
         for p in self._points:
             grouped.setdefault((p.stage, p.hardware), []).append(p)
@@ -238,6 +245,23 @@ class LatencyProfile:
         high_v = _inverse_lerp(s0, corners[(v1, s0)], s1, corners[(v1, s1)], config.gpu_share)
         return _inverse_lerp(v0, low_v, v1, high_v, config.vcpus)
 
+    def with_sizes(self, sizes: SizeModel | None) -> LatencyProfile:
+        """A copy of this profile carrying ``sizes`` (None: count-only)."""
+        return LatencyProfile(self._points, self._cold, sizes)
+
+    def size_factor(self, stage: str, config: Config, hardware: str, item_sizes: Iterable[float]) -> float:
+        """How much the batch of ``item_sizes`` runs longer (> 1) or shorter than typical items; 1 if count-only.
+
+        Item sizes are in the stage's own unit (its size function's, as the
+        profiler measured them). See :meth:`SizeModel.factor`.
+        """
+        if self.sizes is None:
+            return 1.0
+        sizes = list(item_sizes)
+        if not sizes:
+            return 1.0
+        return self.sizes.factor(stage, sizes, hardware=hardware, vcpus=config.vcpus, gpu_share=config.gpu_share)
+
     def scaled(self, factors: Mapping[tuple[str, str], float]) -> LatencyProfile:
         """A copy whose batch latencies of each ``(stage, hardware)`` are multiplied by its factor.
 
@@ -267,7 +291,7 @@ class LatencyProfile:
             )
             for p in self._points
         ]
-        return LatencyProfile(points, self._cold)
+        return LatencyProfile(points, self._cold, self.sizes)
 
     # ---- CSV -------------------------------------------------------------
 
@@ -275,12 +299,19 @@ class LatencyProfile:
     def from_csv(cls, source: str | Path | io.TextIOBase) -> LatencyProfile:
         """Load a profile from a CSV file path or an open text stream.
 
+        From a path ``<name>.csv``, the per-call samples the profiler writes
+        beside it (``<name>_samples.csv``), when present, are fitted into the
+        profile's size model (:attr:`sizes`), so a profile measured by
+        ``esg-prefect profile`` comes with its Cypress model.
+
         Raises:
             ProfileError: naming the row and column of a malformed value.
         """
         if isinstance(source, (str, Path)):
             with open(source, newline="", encoding="utf-8") as fh:
-                return cls._parse(csv.DictReader(fh), str(source))
+                profile = cls._parse(csv.DictReader(fh), str(source))
+            samples = Path(source).with_name(f"{Path(source).stem}_samples.csv")
+            return profile.with_sizes(SizeModel.from_samples_csv(samples)) if samples.exists() else profile
         return cls._parse(csv.DictReader(source), "<stream>")
 
     @classmethod

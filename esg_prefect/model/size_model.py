@@ -31,15 +31,31 @@ Example:
 from __future__ import annotations
 
 import bisect
+import csv
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from esg_prefect.exceptions import MissingProfileError, ProfileError
 
 MIN_LATENCY_MS = 0.01
+FACTOR_BOUNDS = (0.25, 8.0)
+"""The steering factor's range. Why: per-batch intercepts and the size slope are
+fitted together from sizes that vary little within a batch size, so some
+intercepts come out negative and a batch far below the measured sizes would be
+predicted to take no time at all; beyond these bounds a fit is extrapolating."""
+MIN_R2 = 0.8
+"""A fit steers scheduling only with a positive size slope and at least this R^2.
+
+Why: on a noisy machine some groups fit badly (the shipped CPU samples hold
+fits with R^2 0.14 and negative slopes, from runs disturbed by other load); a
+scheduler packing batches by such a fit would do worse than counting. Groups
+below the bar fall back to a reliable fit of the same stage at the nearest
+configuration, or to the count model.
+"""
 _RANK_TOL = 1e-9
 
 
@@ -97,6 +113,8 @@ class SizeFit:
         samples: calls fitted.
         r2: coefficient of determination on those calls.
         uses_size: whether the size term was kept.
+        typical_item_size: the mean size of one item over the fitted calls: the
+            size the profile table's count model implicitly assumes.
     """
 
     stage: str
@@ -108,6 +126,12 @@ class SizeFit:
     samples: int
     r2: float
     uses_size: bool
+    typical_item_size: float = 0.0
+
+    @property
+    def reliable(self) -> bool:
+        """Whether a scheduler should trust the size term (see :data:`MIN_R2`)."""
+        return self.uses_size and self.per_size_ms > 0 and self.r2 >= MIN_R2 and self.typical_item_size > 0
 
     def intercept_ms(self, batch: int) -> float:
         """``a[batch]``: measured, interpolated between measured sizes, or extrapolated from the nearest two."""
@@ -184,7 +208,34 @@ def fit_one(samples: Sequence[SampleLike]) -> SizeFit:
     ss_tot = sum((t - mean) ** 2 for t in y)
     ss_res = sum((t - p) ** 2 for t, p in zip(y, pred, strict=True))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    return SizeFit(stage, hw, v, share, intercepts, slope, len(y), r2, use_z)
+    typical = statistics.fmean(zi / bi for zi, bi in zip(z, b, strict=True))
+    return SizeFit(stage, hw, v, share, intercepts, slope, len(y), r2, use_z, typical)
+
+
+def read_samples_csv(path: str | Path) -> list[SizeSample]:
+    """The per-call samples of a profiler run (``<profile>_samples.csv``, written by the profiler).
+
+    Raises:
+        ProfileError: naming the file and line of a malformed row.
+    """
+    out = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        for lineno, r in enumerate(csv.DictReader(fh), start=2):
+            try:
+                out.append(
+                    SizeSample(
+                        r["stage"],
+                        r["hardware"],
+                        int(r["batch"]),
+                        int(r["vcpus"]),
+                        float(r["gpu_share"]),
+                        float(r["total_size"]),
+                        float(r["latency_ms"]),
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(f"{path} line {lineno}: {exc}") from exc
+    return out
 
 
 class SizeModel:
@@ -201,6 +252,7 @@ class SizeModel:
             if key in self._fits:
                 raise ProfileError(f"two size fits for {key}")
             self._fits[key] = f
+        self._steering: dict[Key, SizeFit | None] = {}
 
     @classmethod
     def fit(cls, samples: Iterable[SampleLike], min_samples: int = 3) -> SizeModel:
@@ -209,6 +261,69 @@ class SizeModel:
         for s in samples:
             groups.setdefault((s.stage, s.hardware, s.vcpus, float(s.gpu_share)), []).append(s)
         return cls(fit_one(g) for g in groups.values() if len(g) >= max(min_samples, 2))
+
+    def steering_fit(self, stage: str, hardware: str, vcpus: int, gpu_share: float) -> SizeFit | None:
+        """The fit a scheduler uses for one configuration; None when the stage is not size-aware.
+
+        The group's own fit when :attr:`SizeFit.reliable`; otherwise the reliable
+        fit of the same stage and hardware nearest in GPU share, then in vCPUs
+        (the size *effect* is a ratio and carries over between configurations
+        far better than a bad fit does); None when no fit of the stage is reliable.
+        """
+        key = (stage, hardware, vcpus, float(gpu_share))
+        if key in self._steering:
+            return self._steering[key]
+        own = self._fits.get(key)
+        if own is not None and own.reliable:
+            best: SizeFit | None = own
+        else:
+            near = [f for (s, hw, _, _), f in self._fits.items() if s == stage and hw == hardware and f.reliable]
+            best = min(near, key=lambda f: (abs(f.gpu_share - gpu_share), abs(f.vcpus - vcpus), f.vcpus), default=None)
+        self._steering[key] = best
+        return best
+
+    def factor(
+        self, stage: str, item_sizes: Sequence[float], *, hardware: str, vcpus: int, gpu_share: float = 0.0
+    ) -> float:
+        """How much longer (> 1) or shorter (< 1) a batch of ``item_sizes`` runs than one of typical items.
+
+        Like :meth:`size_factor`, with the typical size the fit saw and the
+        fallbacks of :meth:`steering_fit`; 1.0 where no reliable fit exists.
+        Item sizes are in the stage's own unit (what its size function returns,
+        as measured by the profiler).
+
+        Raises:
+            ProfileError: on an empty batch.
+        """
+        if not item_sizes:
+            raise ProfileError("a batch has at least one item")
+        return self.total_factor(
+            stage, len(item_sizes), float(sum(item_sizes)), hardware=hardware, vcpus=vcpus, gpu_share=gpu_share
+        )
+
+    def total_factor(
+        self, stage: str, n: int, total_size: float, *, hardware: str, vcpus: int, gpu_share: float = 0.0
+    ) -> float:
+        """:meth:`factor` of ``n`` items whose sizes sum to ``total_size`` (for callers keeping running sums)."""
+        fit = self.steering_fit(stage, hardware, vcpus, gpu_share)
+        if fit is None:
+            return 1.0
+        ratio = fit.predict(n, total_size) / fit.predict(n, n * fit.typical_item_size)
+        return min(max(ratio, FACTOR_BOUNDS[0]), FACTOR_BOUNDS[1])
+
+    def typical_item_size(self, stage: str, hardware: str | None = None) -> float | None:
+        """The mean item size the stage was profiled with (on ``hardware``, or any); None without a reliable fit."""
+        fits = [
+            f
+            for (s, hw, _, _), f in self._fits.items()
+            if s == stage and (hardware is None or hw == hardware) and f.reliable
+        ]
+        return statistics.fmean(f.typical_item_size for f in fits) if fits else None
+
+    @classmethod
+    def from_samples_csv(cls, path: str | Path) -> SizeModel:
+        """Fit the samples of a profiler run's ``_samples.csv``."""
+        return cls.fit(read_samples_csv(path))
 
     @property
     def fits(self) -> tuple[SizeFit, ...]:

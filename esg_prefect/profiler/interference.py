@@ -21,151 +21,21 @@ CSV (one row per stage, hardware, configuration and co-runner count)::
 
 from __future__ import annotations
 
-import bisect
-import csv
-import math
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
 
-FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "co_runners", "alone_ms", "corun_ms", "slowdown")
+# The table's types live in the domain model (pure: the scheduler and the simulator read them);
+# this module measures tables and keeps its historical names for them.
+from esg_prefect.model.interference import FIELDS, CoRunRow, InterferenceTable
 
-
-@dataclass(frozen=True, slots=True)
-class CoRunRow:
-    """One measured co-run: ``co_runners`` other tenants beside the stage at the same configuration."""
-
-    stage: str
-    hardware: str
-    batch: int
-    vcpus: int
-    gpu_share: float
-    co_runners: int
-    alone_ms: float
-    corun_ms: float
-
-    def __post_init__(self) -> None:
-        if self.co_runners < 0:
-            raise ProfileError(f"co_runners must be >= 0, got {self.co_runners}")
-        for name in ("alone_ms", "corun_ms"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ProfileError(f"{name} must be a finite number > 0, got {v!r}")
-
-    @property
-    def slowdown(self) -> float:
-        """``corun_ms / alone_ms``."""
-        return self.corun_ms / self.alone_ms
-
-
-class InterferenceTable:
-    """The measured co-run slowdowns, for the scheduler (no torch, no clock: a plain table).
-
-    Args:
-        rows: measured co-runs.
-
-    Example:
-        >>> t = InterferenceTable([CoRunRow("det", "cpu", 4, 1, 0.0, 1, 10.0, 12.0)])
-        >>> t.slowdown("det", "cpu", 0), t.slowdown("det", "cpu", 1)
-        (1.0, 1.2)
-    """
-
-    def __init__(self, rows: Iterable[CoRunRow]) -> None:
-        self.rows = tuple(rows)
-        self._by: dict[tuple[str, str], dict[int, list[float]]] = {}
-        for r in self.rows:
-            self._by.setdefault((r.stage, r.hardware), {}).setdefault(r.co_runners, []).append(r.slowdown)
-
-    def stages(self) -> frozenset[str]:
-        """Stages with a measured co-run."""
-        return frozenset(s for s, _ in self._by)
-
-    def slowdown(self, stage: str, hardware: str, co_runners: int) -> float:
-        """Slowdown factor with ``co_runners`` tenants beside ``stage`` on ``hardware``.
-
-        Zero co-runners is 1.0. Between measured counts it interpolates linearly;
-        beyond the largest measured count it extrapolates linearly from the last two
-        points (or from 1.0 at zero), since each tenant adds about the same contention
-        until the device saturates. Several configurations of one count are averaged.
-
-        Raises:
-            ProfileError: a negative count, or no co-run measured for the stage on that hardware.
-        """
-        if co_runners < 0:
-            raise ProfileError(f"co_runners must be >= 0, got {co_runners}")
-        if co_runners == 0:
-            return 1.0
-        by = self._by.get((stage, hardware))
-        if not by:
-            raise ProfileError(
-                f"no co-run measured for stage {stage!r} on {hardware!r}; stages: {sorted(self.stages())}"
-            )
-        known = {0: 1.0, **{k: statistics.fmean(v) for k, v in by.items()}}
-        ks = sorted(known)
-        if co_runners in known:
-            return known[co_runners]
-        i = bisect.bisect_left(ks, co_runners)
-        k0, k1 = (ks[i - 1], ks[i]) if i < len(ks) else (ks[-2], ks[-1])
-        y0, y1 = known[k0], known[k1]
-        return max(1.0, y0 + (y1 - y0) * (co_runners - k0) / (k1 - k0))
-
-    def to_csv(self, path: Path) -> None:
-        """Write the table as CSV (see the module docstring)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow(FIELDS)
-            for r in self.rows:
-                w.writerow(
-                    [
-                        r.stage,
-                        r.hardware,
-                        r.batch,
-                        r.vcpus,
-                        f"{r.gpu_share:g}",
-                        r.co_runners,
-                        f"{r.alone_ms:.3f}",
-                        f"{r.corun_ms:.3f}",
-                        f"{r.slowdown:.4f}",
-                    ]
-                )
-
-    @classmethod
-    def from_csv(cls, path: str | Path) -> InterferenceTable:
-        """Load a table written by :meth:`to_csv`.
-
-        Raises:
-            ProfileError: naming the file, line and problem.
-        """
-        rows = []
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = set(FIELDS[:-1]) - set(reader.fieldnames or ())
-            if missing:
-                raise ProfileError(f"{path}: missing columns {sorted(missing)}")
-            for lineno, r in enumerate(reader, start=2):
-                try:
-                    rows.append(
-                        CoRunRow(
-                            r["stage"],
-                            r["hardware"],
-                            int(r["batch"]),
-                            int(r["vcpus"]),
-                            float(r["gpu_share"]),
-                            int(r["co_runners"]),
-                            float(r["alone_ms"]),
-                            float(r["corun_ms"]),
-                        )
-                    )
-                except ValueError as exc:
-                    raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-        return cls(rows)
+__all__ = ["FIELDS", "CoRunMeasurement", "CoRunRow", "InterferenceTable", "measure_interference"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.exceptions import ProfileError
+from esg_prefect.model.size_model import SizeSample as Sample
+from esg_prefect.model.size_model import read_samples_csv as read_samples_csv  # re-exported: the samples' reader
 
 PROFILE_FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms")
 EXTRA_FIELDS = (
@@ -87,19 +89,6 @@ class ProfiledPoint:
         """The inverse of :meth:`to_dict`."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One timed call: its configuration, the batch's total input size, and its latency."""
-
-    stage: str
-    hardware: str
-    batch: int
-    vcpus: int
-    gpu_share: float
-    total_size: float
-    latency_ms: float
 
 
 def write_profile_csv(points: Sequence[ProfiledPoint], out: Path) -> None:
@@ -186,29 +175,3 @@ def write_samples_csv(samples: Sequence[Sample], out: Path) -> None:
             writer.writerow(
                 [s.stage, s.hardware, s.batch, s.vcpus, f"{s.gpu_share:g}", f"{s.total_size:g}", f"{s.latency_ms:.3f}"]
             )
-
-
-def read_samples_csv(path: Path) -> list[Sample]:
-    """Samples of a CSV written by :func:`write_samples_csv`.
-
-    Raises:
-        ProfileError: naming the file and line of a malformed row.
-    """
-    out = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                out.append(
-                    Sample(
-                        r["stage"],
-                        r["hardware"],
-                        int(r["batch"]),
-                        int(r["vcpus"]),
-                        float(r["gpu_share"]),
-                        float(r["total_size"]),
-                        float(r["latency_ms"]),
-                    )
-                )
-            except (KeyError, ValueError) as exc:
-                raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-    return out

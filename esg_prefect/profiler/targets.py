@@ -33,46 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError, UnknownStageError
+from esg_prefect.runtime.stages import SizeFn, input_size
 
 LoadFn = Callable[[str], Any]
 RunFn = Callable[[Any, list[Any]], Sequence[Any]]
 SamplesFn = Callable[[random.Random, int], list[Any]]
-SizeFn = Callable[[Any], float]
-
-
-def input_size(item: Any) -> float:
-    """A generic size of one stage input, the variable of the Cypress size model.
-
-    Texts count words; 1-d tensors (token ids) count elements; a dict with
-    ``hidden`` (encoder states) counts their rows; a dict with ``boxes``
-    (detections) counts the boxes; ``objects`` (the caption's detections) is
-    sized like its value; other tensors count elements; lists sum their items.
-    Why these units: they are what the example stages' cost grows with (tokens
-    through an encoder, crops through a classifier); a user's stage can give
-    its own ``size_of``.
-    """
-    if isinstance(item, str):
-        return float(len(item.split()))
-    if isinstance(item, dict):
-        if "hidden" in item:
-            return input_size(item["hidden"]) if _ndim(item["hidden"]) == 1 else float(len(item["hidden"]))
-        if "boxes" in item:
-            return float(len(item["boxes"]))
-        if "objects" in item:
-            return input_size(item["objects"])
-        return float(sum(input_size(v) for v in item.values()))
-    if isinstance(item, (list, tuple)):
-        return float(sum(input_size(v) for v in item))
-    numel = getattr(item, "numel", None)
-    if callable(numel):
-        return float(numel())
-    if isinstance(item, (int, float)):
-        return 1.0
-    return 1.0
-
-
-def _ndim(x: Any) -> int:
-    return int(getattr(x, "ndim", 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,9 @@ class StageCall:
         item: the input.
         upstream: call ids whose outputs fed this call (to learn the DAG).
         arrival_ms: when the request arrived (wall clock, ms); the SLO starts there.
-        input_size: size of the input for size-aware models and cost splits.
+        input_size: size of the input in its profile's unit, for size-aware
+            batching (Cypress) and cost splits; None: the pool measures it with
+            :func:`~esg_prefect.runtime.stages.input_size`.
         task_run_id: the Prefect task run, if any (upstream lists name these).
         deployment_id: the Prefect deployment the flow run came from, if any: the
             pool service learns it only this way (costs per deployment).
@@ -67,7 +69,7 @@ class StageCall:
     item: Any
     upstream: tuple[str, ...] = ()
     arrival_ms: float = 0.0
-    input_size: float = 1.0
+    input_size: float | None = None
     task_run_id: str = ""
     deployment_id: str = ""
 

@@ -65,8 +65,10 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.report import Report, summarize
+from esg_prefect.model.size_model import SizeModel
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.runtime.calls import StageCall, StageResult
+from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
     BatchOutcome,
     LocalProcessBackend,
@@ -194,6 +196,7 @@ class PoolSnapshot:
 
 
 DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
+DEFAULT_SIZE_SAMPLES = "profiler_examples_cpu_samples.csv"
 """Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
 
 
@@ -241,8 +244,16 @@ class RunRecords:
 RunListener = Callable[[RunRecords], None]
 
 
-def load_default_profile(names: tuple[str, ...] = DEFAULT_PROFILES) -> LatencyProfile:
-    """The shipped latency profiles ``names`` (from ``esg_prefect/data/profiles``), merged; missing ones skipped."""
+def load_default_profile(
+    names: tuple[str, ...] = DEFAULT_PROFILES, size_samples: str | None = DEFAULT_SIZE_SAMPLES
+) -> LatencyProfile:
+    """The shipped latency profiles ``names`` (from ``esg_prefect/data/profiles``), merged; missing ones skipped.
+
+    The size model (Cypress) is fitted from the profiler's per-call samples
+    ``size_samples`` (the example stages on this project's CPU): a size
+    *factor* is a ratio to the typical item, so it carries over to the
+    table it rescales even though that table was measured in another run.
+    """
     from importlib import resources
 
     points: list[ProfilePoint] = []
@@ -256,7 +267,11 @@ def load_default_profile(names: tuple[str, ...] = DEFAULT_PROFILES) -> LatencyPr
             points.extend(prof.points)
             for p in prof.points:
                 cold[(p.stage, p.hardware)] = prof.cold_start_ms(p.stage, p.hardware)
-    return LatencyProfile(points, cold)
+    sizes = None
+    if size_samples is not None and (folder / size_samples).is_file():
+        with resources.as_file(folder / size_samples) as path:
+            sizes = SizeModel.from_samples_csv(path)
+    return LatencyProfile(points, cold, sizes)
 
 
 class Pool:
@@ -478,7 +493,7 @@ class Pool:
             max(now, deadline - reserve),
             max(now, req.arrival_ms + workflow.slo_ms - reserve),
             None,
-            call.input_size,
+            call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6),
         )
         self._inflight[call.call_id] = fut
         self._queues.setdefault(key, []).append(_Pending(call, fut, job))
@@ -667,7 +682,7 @@ class Pool:
             BatchRecord(
                 batch_id,
                 ws.spec.worker_id,
-                tuple(BatchItem(p.call.request_id, p.call.run_id, p.call.input_size) for p in pendings),
+                tuple(BatchItem(p.call.request_id, p.call.run_id, p.job.input_size) for p in pendings),
                 Config(len(pendings), ws.spec.vcpus, ws.spec.gpu_share),
                 ws.spec.hardware,
                 start,
@@ -734,7 +749,8 @@ class Pool:
         outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
         running.clear()
         if outcome.ok:
-            self._correct(pendings[idx[0]].call.stage, handle.spec, len(idx), wall_ms() - began)
+            sizes = [pendings[i].job.input_size for i in idx]
+            self._correct(pendings[idx[0]].call.stage, handle.spec, sizes, wall_ms() - began)
             for i, out in zip(idx, outcome.outputs, strict=True):
                 results[i] = (out, None)
             return
@@ -753,23 +769,25 @@ class Pool:
         await self._run_items(handle, pendings, idx[:mid], results, running)
         await self._run_items(handle, pendings, idx[mid:], results, running)
 
-    def _correct(self, stage: str, spec: WorkerSpec, batch: int, actual_ms: float) -> None:
+    def _correct(self, stage: str, spec: WorkerSpec, sizes: list[float], actual_ms: float) -> None:
         """Fold a batch's time as the pool saw it into the online correction; re-plan on drift.
 
         The time is taken around the worker call (inputs sent, batch run, outputs
         back), not the worker's own compute time: that is what the plan's batch
-        latency has to cover. Re-planning (a rescaled profile, a new scheduler and
+        latency has to cover. The prediction it is compared with accounts for the
+        items' sizes where the profile has a size model, so that a batch of long
+        prompts is not mistaken for a slower machine. Re-planning (a rescaled profile, a new scheduler and
         tables) happens when a factor moved by more than 10 % from the one in use,
         at most once a second; the scheduler keeps no state between rounds that
         this would lose (arrival rates live in the pool).
         """
         if self.correction is None:
             return
-        predicted = self.base_profile.try_latency_ms(
-            stage, Config(batch, spec.vcpus, spec.gpu_share), spec.hardware, "mean"
-        )
+        cfg = Config(len(sizes), spec.vcpus, spec.gpu_share)
+        predicted = self.base_profile.try_latency_ms(stage, cfg, spec.hardware, "mean")
         if predicted is None:
             return
+        predicted *= self.base_profile.size_factor(stage, cfg, spec.hardware, sizes)
         self.correction.observe(stage, spec.hardware, predicted, actual_ms)
         now = wall_ms()
         if now - self._replanned_ms >= _REPLAN_EVERY_MS and self.correction.drifted(self._applied):

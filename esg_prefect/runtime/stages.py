@@ -21,6 +21,45 @@ from esg_prefect.exceptions import InvalidInputError, UnknownStageError
 
 LoadFn = Callable[[str], Any]
 BatchFn = Callable[[Any, list[Any]], Sequence[Any]]
+SizeFn = Callable[[Any], float]
+
+
+def input_size(item: Any) -> float:
+    """A generic size of one stage input, the variable of the Cypress size model.
+
+    Texts count words; 1-d tensors (token ids) count elements; a dict with
+    ``hidden`` (encoder states) counts their rows; a dict with ``boxes``
+    (detections) counts the boxes; ``objects`` (the caption's detections) is
+    sized like its value; other tensors count elements; lists sum their items.
+    Why these units: they are what the example stages' cost grows with (tokens
+    through an encoder, crops through a classifier); a user's stage can give
+    its own ``size_of``.
+    """
+    if isinstance(item, str):
+        return float(len(item.split()))
+    if isinstance(item, dict):
+        if "hidden" in item:
+            return input_size(item["hidden"]) if _ndim(item["hidden"]) == 1 else float(len(item["hidden"]))
+        if "boxes" in item:
+            return float(len(item["boxes"]))
+        if "objects" in item:
+            return input_size(item["objects"])
+        return float(sum(input_size(v) for v in item.values()))
+    if isinstance(item, (list, tuple)):
+        return float(sum(input_size(v) for v in item))
+    numel = getattr(item, "numel", None)
+    if callable(numel):
+        return float(numel())
+    if isinstance(item, (int, float)):
+        return 1.0
+    return 1.0
+
+
+_MIN_SIZE = 1e-6  # a job's size is > 0 (an empty input still costs a call)
+
+
+def _ndim(x: Any) -> int:
+    return int(getattr(x, "ndim", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +74,9 @@ class StageSpec:
         import_path: ``"module:attribute"`` resolving to this spec (or to an
             object whose ``esg_stage`` is this spec), for worker processes.
         profile_name: name of the stage in the latency profile (defaults to ``name``).
+        size_of: ``size_of(item) -> float``, the size of one input in the unit the
+            profile's size model was fitted in (Cypress); :func:`input_size` when
+            None, which is what the profiler measures with unless told otherwise.
     """
 
     name: str
@@ -42,6 +84,7 @@ class StageSpec:
     run: BatchFn
     import_path: str
     profile_name: str = ""
+    size_of: SizeFn | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -54,6 +97,20 @@ class StageSpec:
             )
         if not self.profile_name:
             object.__setattr__(self, "profile_name", self.name)
+        if self.size_of is not None and not callable(self.size_of):
+            raise InvalidInputError(f"stage {self.name!r}: size_of must be a callable, got {self.size_of!r}")
+
+    def size(self, item: Any) -> float:
+        """The input size of one call (:attr:`size_of`, or :func:`input_size`); at least a tiny positive number.
+
+        Raises:
+            InvalidInputError: naming the stage when the size function returns
+                something that is not a finite number >= 0.
+        """
+        value = (self.size_of or input_size)(item)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 <= value < float("inf")):
+            raise InvalidInputError(f"stage {self.name!r}: size_of returned {value!r}, not a finite number >= 0")
+        return max(float(value), _MIN_SIZE)
 
 
 def resolve_stage(import_path: str) -> StageSpec:

@@ -70,6 +70,8 @@ from esg_prefect.scheduling.base import (
 )
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.frontier import Option
+from esg_prefect.scheduling.packing import pack, packs
+from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource, to_us
@@ -191,17 +193,24 @@ class ESGScheduler:
             tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
         ] = {}
         self._views = ViewCache(self.settings.allow_eviction)
+        # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
+        self._hardware, self._hybrid = paldia_features(self.tables)
         self._placeable_memo: dict[
             tuple[str, frozenset[str], tuple[int, ...], frozenset[tuple[str, int, float]]], tuple[Resource, ...]
         ] = {}
         self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
         self._kept: dict[QueueKey, _Kept] = {}  # queue -> its latest one-stage answer (decide_queue)
+        self._packs = packs(self.tables)
 
     # ---- the round ---------------------------------------------------------
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Decide this round's dispatches; see the module docstring."""
         view = self._views.view(snapshot.cluster)
+        if self._hardware is not None:
+            self._hardware.observe(snapshot, now_ms)
+        if self._hybrid is not None:
+            self._hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         rejects: list[Reject] = []
@@ -242,6 +251,10 @@ class ESGScheduler:
                         )
                     )
                     break
+                if self._packs:  # Cypress: re-size the batch by its items' predicted time
+                    top = self.settings.config_space.max_batch
+                    left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
+                    c = pack(self.tables, c, [j.input_size for j in jobs[:top]], top, None if dec.at_risk else left)
                 batch, jobs = jobs[: c.config.batch], jobs[c.config.batch :]
                 placement = view.place(
                     c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in batch)
@@ -249,6 +262,15 @@ class ESGScheduler:
                 if placement is None:  # options were placeable when built; kept as a guard
                     holds.append(Hold(q.key, "no capacity for the chosen configuration"))
                     break
+                predicted_ms = c.latency_ms
+                if self._hybrid is not None:  # PALDIA: co-run beside busy tenants now, or wait for them
+                    due = self._deadline(batch[0]) - sum(p.latency_ms for p in dec.plan)
+                    verdict = self._hybrid.review(c, placement, view, now_ms, due)
+                    if verdict.wait:
+                        holds.append(Hold(q.key, verdict.reason))
+                        break
+                    placement, predicted_ms = verdict.placement, verdict.latency_ms
+                    self._hybrid.committed(placement, now_ms, predicted_ms)
                 view.commit(placement, c.config.vcpus, c.config.gpu_share)
                 dispatches.append(
                     Dispatch(
@@ -257,7 +279,7 @@ class ESGScheduler:
                         c.config,
                         c.hardware,
                         placement,
-                        c.latency_ms,
+                        predicted_ms,
                         tuple((p.stage, p.config, p.hardware) for p in dec.plan),
                         dec.at_risk,
                         self._reason(c, dec, placement.rule),
@@ -345,6 +367,8 @@ class ESGScheduler:
         stage = queue.key.stage
         hardware = view.hardware
         resources = self.placeable_resources(stage, view)
+        if self._hardware is not None:  # PALDIA: only the types that carry the queue's load
+            resources = self._hardware.restrict(queue.key, resources)
         n = len(jobs)
         rate = queue.arrival_rate_per_s
         slack_us = to_us(self._deadline(jobs[0]) - now_ms)

@@ -72,6 +72,25 @@ class ESGSettings:
             for a busy worker warm for the stage if it would finish them sooner
             (not in the paper; without it an overloaded cluster falls into a
             cold-start storm, see :mod:`esg_prefect.scheduling.esg`).
+        size_aware: when the profile carries an input-size model (Cypress,
+            :mod:`esg_prefect.scheduling.packing`), pack each batch by its
+            items' predicted time instead of their count; no effect on a
+            count-only profile (such as the published GPU tables).
+        hardware_selection: PALDIA's per-stage hardware selection
+            (:mod:`esg_prefect.scheduling.hardware`): each stage may use only
+            the cheapest hardware type whose pool can carry its queue's arrival
+            rate (EWMA) within its deadline, and the types faster than it; off
+            (the default) is the paper's ESG, which may pick any type.
+        hardware_utilization: the fraction of a hardware pool's throughput the
+            selector plans to use (headroom for bursts and queueing), in (0, 1].
+        hybrid_sharing: PALDIA's hybrid spatio-temporal sharing
+            (:mod:`esg_prefect.scheduling.hybrid`): before a batch co-runs beside
+            busy tenants of a device, weigh it (latency x co-run slowdown) against
+            waiting for tenants to finish; off (the default) is the paper's ESG.
+        corun_table: the co-run table the hybrid sharing reads: ``"default"``
+            (the shipped CPU table, and the documented GPU model of
+            :mod:`esg_prefect.model.interference` where no row is measured) or a
+            CSV path written by ``esg-prefect profile --breakdown``.
     """
 
     config_space: ConfigSpace = field(default_factory=ConfigSpace)
@@ -94,6 +113,11 @@ class ESGSettings:
     reserve_overhead: bool = True
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
+    size_aware: bool = True
+    hardware_selection: bool = False
+    hardware_utilization: float = 0.7
+    hybrid_sharing: bool = False
+    corun_table: str = "default"
 
     def __post_init__(self) -> None:
         if not isinstance(self.config_space, ConfigSpace):
@@ -114,9 +138,17 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        for name in (*bools, "reserve_overhead", "wait_for_busy_warm"):
+        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        hu = self.hardware_utilization
+        if isinstance(hu, bool) or not isinstance(hu, (int, float)) or not (0.0 < hu <= 1.0):
+            raise ConfigError(f"hardware_utilization must be in (0, 1], got {hu!r}")
+        if not isinstance(self.corun_table, str) or not self.corun_table:
+            raise ConfigError(f"corun_table must be 'default' or a CSV path, got {self.corun_table!r}")
 
     @property
     def pruning(self) -> bool:

@@ -98,9 +98,10 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
         upstream = body.get("upstream", [])
         if not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream):
             raise BadRequest(400, "field 'upstream' must be a list of strings")
-        size = float(body.get("input_size", 1.0))
+        raw_size = body.get("input_size")
+        size = None if raw_size is None else float(raw_size)
         arrival = float(body.get("arrival_ms", 0.0))
-        if not (math.isfinite(size) and size > 0 and math.isfinite(arrival)):
+        if not ((size is None or (math.isfinite(size) and size > 0)) and math.isfinite(arrival)):
             raise BadRequest(400, f"input_size must be > 0 and arrival_ms finite, got {size!r}, {arrival!r}")
         return StageCall(
             need("call_id", str),

@@ -24,13 +24,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from esg_prefect.exceptions import ConfigError
+from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.workload.arrivals import Arrival, arrivals
+from esg_prefect.workload.sizes import request_sizes
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
 """Packaged profiles: a case may name one by its file stem, e.g. ``"nvidia_gpu"``."""
@@ -105,17 +106,26 @@ class ClusterSpec:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """Where requests come from (see :func:`esg_prefect.workload.arrivals`)."""
+    """Where requests come from (see :func:`esg_prefect.workload.arrivals`), and how large each is.
+
+    ``sizes`` names the source of relative request sizes
+    (:func:`esg_prefect.workload.sizes.request_sizes`; ``"none"``: all typical).
+    """
 
     trace: str
     rate_per_s: float
     start_s: float | None = None
     minute_s: float = 60.0
     weights: tuple[float, ...] | None = None
+    sizes: str = "none"
 
     def __post_init__(self) -> None:
         _positive("workload", "rate_per_s", self.rate_per_s)
         _positive("workload", "minute_s", self.minute_s)
+        try:
+            request_sizes(self.sizes, 0, 0)
+        except InvalidInputError as exc:
+            raise ConfigError(f"workload: {exc}") from exc
         if self.weights is not None:
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
@@ -139,6 +149,13 @@ class SimSpec:
         round_interval_ms: least time between two scheduling rounds; events
             closer than that to the previous round wait for the next one (a
             controller needs time to decide; ESG's rounds take milliseconds).
+        corun: a co-run table for the slowdown of batches beside busy workers
+            on a GPU, instead of ``interference_per_corunner``: ``"default"``
+            (the shipped table and the documented GPU model of
+            :mod:`esg_prefect.model.interference`) or a CSV path; None (the
+            default) keeps the linear model. The simulator also uses it when
+            the scheduler's ``hybrid_sharing`` knob is on, so that the
+            scheduler and the simulated platform agree on the physics.
     """
 
     service_time: ServiceTime = "sampled"
@@ -148,6 +165,7 @@ class SimSpec:
     payload_kb: float = 150.0
     drain_s: float = 60.0
     round_interval_ms: float = 1.0
+    corun: str | None = None
 
     def __post_init__(self) -> None:
         if self.service_time not in ("sampled", "mean", "p95"):
@@ -158,11 +176,13 @@ class SimSpec:
         _positive("sim", "payload_kb", self.payload_kb, allow_zero=True)
         _positive("sim", "drain_s", self.drain_s, allow_zero=True)
         _positive("sim", "round_interval_ms", self.round_interval_ms, allow_zero=True)
+        if self.corun is not None and (not isinstance(self.corun, str) or not self.corun):
+            raise ConfigError(f"sim: corun must be None, 'default' or a CSV path, got {self.corun!r}")
 
 
 @lru_cache(maxsize=16)
 def _load_profile(path: str) -> LatencyProfile:
-    return LatencyProfile.from_csv(path)
+    return LatencyProfile.from_csv(path)  # with its size model when the profiler's samples are beside it
 
 
 def resolve_profile(profile: str | LatencyProfile) -> LatencyProfile:
@@ -242,6 +262,10 @@ class Case:
         """The latency profile (loaded once per process per file)."""
         return resolve_profile(self.profile)
 
+    def request_sizes(self, count: int, seed: int | None = None) -> list[float]:
+        """Relative sizes of the case's first ``count`` requests (1.0: typical), seeded."""
+        return request_sizes(self.workload.sizes, count, self.seed if seed is None else seed)
+
     def arrivals(self, seed: int | None = None) -> list[Arrival]:
         """The requests of this case: ``(arrival_ms, workflow)`` in time order."""
         w = self.workload
@@ -294,6 +318,7 @@ class Case:
                 "start_s": w.start_s,
                 "minute_s": w.minute_s,
                 "weights": None if w.weights is None else list(w.weights),
+                "sizes": w.sizes,
             },
             "duration_s": self.duration_s,
             "scheduler": self.scheduler,
@@ -308,6 +333,7 @@ class Case:
                 "payload_kb": self.sim.payload_kb,
                 "drain_s": self.sim.drain_s,
                 "round_interval_ms": self.sim.round_interval_ms,
+                "corun": self.sim.corun,
             },
         }
 

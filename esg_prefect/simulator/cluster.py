@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
 from esg_prefect.model.config import Config
+from esg_prefect.model.interference import CoRunModel
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.scheduling.base import Placement
 from esg_prefect.simulator.case import ClusterSpec, SimSpec
@@ -190,6 +192,9 @@ class SimCluster:
         self._next_worker = 0
         self._lat: dict[tuple[str, str, int, int, float], tuple[float, tuple[float, float] | None]] = {}
         self.cold_starts = 0
+        # PALDIA's co-run model, only where the case uses one (SimSpec.corun): otherwise the linear
+        # interference_per_corunner, so that runs without it are unchanged.
+        self._corun = CoRunModel.load(sim.corun) if sim.corun is not None else None
 
     # ---- the scheduler's view ----------------------------------------------------
 
@@ -298,8 +303,21 @@ class SimCluster:
 
     # ---- batches ------------------------------------------------------------------------
 
-    def timing(self, w: SimWorker, stage: str, config: Config, cold: bool, remote_inputs: int) -> BatchTiming:
+    def timing(
+        self,
+        w: SimWorker,
+        stage: str,
+        config: Config,
+        cold: bool,
+        remote_inputs: int,
+        item_sizes: Sequence[float] | None = None,
+    ) -> BatchTiming:
         """Service time of a batch about to start on ``w`` (draws from the run's RNG).
+
+        ``item_sizes`` (the jobs' input sizes) rescale the profile's time by its
+        size model (:meth:`LatencyProfile.size_factor`) where it has one: the
+        simulated platform's truth for inputs of varied size, whether or not
+        the scheduler plans with it.
 
         Raises:
             InvalidInputError: when the profile does not cover the configuration.
@@ -320,9 +338,14 @@ class SimCluster:
         value, params = entry
         if params is not None:
             value = math.exp(params[0] + params[1] * self.rng.gauss(0.0, 1.0))
+        if item_sizes:
+            value *= self.profile.size_factor(stage, config, w.hardware, item_sizes)
         if w.device_id is not None:
             others = self._busy_on_device[w.device_id]
-            value *= 1.0 + self.sim.interference_per_corunner * others
+            if self._corun is not None:
+                value *= self._corun.slowdown(stage, w.hardware, others)
+            else:
+                value *= 1.0 + self.sim.interference_per_corunner * others
         cold_ms = self.profile.cold_start_ms(stage, w.hardware) if cold else 0.0
         transfer = 0.0
         if remote_inputs:

@@ -38,7 +38,7 @@ region's first jobs became ready for a fork-join region), else
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
@@ -114,10 +114,12 @@ class _Request:
         "queued",
         "request_id",
         "seg_start",
+        "size",
     )
 
-    def __init__(self, request_id: str, plan: _Plan, arrival_ms: float) -> None:
+    def __init__(self, request_id: str, plan: _Plan, arrival_ms: float, size: float = 1.0) -> None:
         self.request_id = request_id
+        self.size = size  # relative to a typical request (esg_prefect.workload.sizes)
         self.plan = plan
         self.arrival_ms = arrival_ms
         self.pending = dict(plan.in_degree)
@@ -212,6 +214,16 @@ class Controller:
         self._n_batches = 0
         self._job_index: dict[str, _Request] = {}
         self.arrivals_left = 0  # set by the runner: arrivals scheduled and not yet handled
+        self.request_sizes: Sequence[float] = ()  # set by the runner: relative size of each arrival, in order
+        # Each stage's typical item (what its profile was measured with), to turn relative sizes into the
+        # stage's own unit; the size model's truth applies only where the profile carries one.
+        sizes = cluster.profile.sizes
+        self._sized = sizes is not None
+        self._typical: dict[str, float] = {}
+        if sizes is not None:
+            for wf in workflows.values():
+                for s in wf.stages:
+                    self._typical[s] = sizes.typical_item_size(s) or 1.0
         self._open = 0  # requests neither finished nor failed
         self._in_flight = 0  # batches running
         self.at_risk_cold_starts = 0  # new workers started for best-effort (at-risk) dispatches
@@ -267,7 +279,9 @@ class Controller:
     def _arrive(self, workflow: str, now: float) -> None:
         plan = self.plans[workflow]
         self._n_requests += 1
-        req = _Request(f"r{self._n_requests}", plan, now)
+        i = self._n_requests - 1
+        size = self.request_sizes[i] if i < len(self.request_sizes) else 1.0
+        req = _Request(f"r{self._n_requests}", plan, now, size)
         self.requests[req.request_id] = req
         self.arrivals_left -= 1
         self._open += 1
@@ -296,6 +310,7 @@ class Controller:
             deadline,
             req.arrival_ms + plan.workflow.slo_ms,
             home,
+            req.size * self._typical.get(stage, 1.0),
         )
         q = self.queues.get(key)
         if q is None:
@@ -376,7 +391,8 @@ class Controller:
             if d.at_risk:
                 req.at_risk = True
             remote += sum(1 for n in req.pred_nodes.get(d.queue.stage, ()) if n != w.node)
-        timing = self.cluster.timing(w, d.queue.stage, d.config, d.placement.cold, remote)
+        sizes = [j.input_size for j in jobs] if self._sized else None
+        timing = self.cluster.timing(w, d.queue.stage, d.config, d.placement.cold, remote, sizes)
         self.cluster.begin(w)
         self._n_batches += 1
         run = _Running(f"b{self._n_batches}", w, tuple(jobs), d, now, timing)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
@@ -92,9 +92,10 @@ def simulate(
     settings = case.settings
     scheduler = create_scheduler(case.scheduler, profile, case.prices, settings, clock)
     loop = EventLoop()
-    cluster = SimCluster(
-        case.cluster, profile, case.sim, settings.keep_alive_s * 1000.0, random.Random(f"service:{seed}")
-    )
+    sim = case.sim
+    if settings.hybrid_sharing and sim.corun is None:  # the scheduler plans with a co-run table: so does the platform
+        sim = replace(sim, corun=settings.corun_table)
+    cluster = SimCluster(case.cluster, profile, sim, settings.keep_alive_s * 1000.0, random.Random(f"service:{seed}"))
     tables = CandidateTables(profile, case.prices, settings)
     ctl = Controller(loop, cluster, scheduler, case.workflow_map(), tables, settings, clock)
     requests = list(case.arrivals(seed) if arrivals is None else arrivals)
@@ -104,6 +105,7 @@ def simulate(
             raise InvalidInputError(f"arrival names unknown workflow {wf!r}; the case has {sorted(known)}")
         loop.at(t, ARRIVAL, wf)
     ctl.arrivals_left = len(requests)
+    ctl.request_sizes = case.request_sizes(len(requests), seed)
     duration_ms = case.duration_s * 1000.0
     ctl.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
     ctl.round_interval_ms = case.sim.round_interval_ms

@@ -108,6 +108,20 @@ def llm_arrivals_s(service: str) -> tuple[float, ...]:
     return tuple(t - t0 for t in times)
 
 
+@lru_cache(maxsize=4)
+def llm_context_tokens(service: str) -> tuple[int, ...]:
+    """Prompt lengths (``ContextTokens``) of every request of the Azure LLM 2023 trace of ``service``.
+
+    Raises:
+        InvalidInputError: on an unknown service.
+    """
+    name = LLM_FILES.get(service)
+    if name is None:
+        raise InvalidInputError(f"Azure LLM service must be one of {sorted(LLM_FILES)}, got {service!r}")
+    with _open_text(DATA_DIR / name) as fh:
+        return tuple(int(row["ContextTokens"]) for row in csv.DictReader(fh))
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionSeries:
     """Per-minute invocation counts of one function of the Azure Functions 2019 sample.
