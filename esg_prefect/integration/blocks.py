@@ -137,6 +137,10 @@ class ESGSchedulerSettings(Block):
     wait_for_busy_warm: bool = Field(
         default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
     )
+    size_aware: bool = Field(
+        default=True,
+        description="Cypress: pack batches by their items' predicted time where the profile has a size model.",
+    )
     hardware_selection: bool = Field(
         default=False,
         description="PALDIA: each stage uses the cheapest hardware type whose pool carries its arrival rate in time.",
