@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esg_prefect.examples.demo import quiet_prefect  # noqa: E402
+from esg_prefect.examples.demo import quiet_prefect
 
 quiet_prefect()
 
@@ -52,7 +52,9 @@ def sim_part(quick: bool) -> tuple[float, float]:
     seeds = (0, 1, 2) if not quick else (0,)
     duration = 60.0 if not quick else 30.0
     print("== simulator: text-classify (tokenize -> encode -> classify_text), azure_llm_conv prompt lengths")
-    print(f"{'rate/s':>7} {'SLO ms':>7} {'seed':>4} {'model':>6} {'SLO hit':>8} {'p99 ms':>7} {'$/req':>10} {'batch':>6}")
+    print(
+        f"{'rate/s':>7} {'SLO ms':>7} {'seed':>4} {'model':>6} {'SLO hit':>8} {'p99 ms':>7} {'$/req':>10} {'batch':>6}"
+    )
     gains, ratios = [], []
     for rate, slo in cells:
         for seed in seeds:
@@ -148,7 +150,9 @@ def runtime_once(aware: bool, rate: float, n: int, slo_ms: float, seed: int) -> 
     # Cost of the measured requests: busy time of their batches (warm idle time left out: both runs keep
     # the same workers warm for the same wall time, and it would only add the same constant).
     busy = after.busy_cost - before.busy_cost
-    sizes = [b.size for b in snap.batches if b.workflow == "text-classify"] if hasattr(snap.batches[0], "workflow") else []
+    sizes = (
+        [b.size for b in snap.batches if b.workflow == "text-classify"] if hasattr(snap.batches[0], "workflow") else []
+    )
     return {
         "hit": hits / len(lat),
         "p50": lat[len(lat) // 2],

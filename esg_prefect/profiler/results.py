@@ -23,6 +23,16 @@ from esg_prefect.exceptions import ProfileError
 from esg_prefect.model.size_model import SizeSample as Sample
 from esg_prefect.model.size_model import read_samples_csv as read_samples_csv  # re-exported: the samples' reader
 
+__all__ = [
+    "EXTRA_FIELDS",
+    "ProfiledPoint",
+    "Sample",
+    "read_profile_csv",
+    "read_samples_csv",
+    "write_profile_csv",
+    "write_samples_csv",
+]
+
 PROFILE_FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms")
 EXTRA_FIELDS = (
     "p50_ms",

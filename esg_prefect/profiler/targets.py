@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError, UnknownStageError
-from esg_prefect.runtime.stages import SizeFn, input_size
+from esg_prefect.runtime.stages import SizeFn
+from esg_prefect.runtime.stages import input_size as input_size  # re-exported: the profiler's size unit
 
 LoadFn = Callable[[str], Any]
 RunFn = Callable[[Any, list[Any]], Sequence[Any]]
