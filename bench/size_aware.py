@@ -143,22 +143,17 @@ def runtime_once(aware: bool, rate: float, n: int, slo_ms: float, seed: int) -> 
         pool.submit(call).add_done_callback(lambda f, rid=rid, t0=t0: second(rid, t0, f))
     done.wait(600)
     after = pool.report()
-    snap = pool.snapshot()
     pool.close()
     lat.sort()
     hits = sum(1 for x in lat if x <= slo_ms)
     # Cost of the measured requests: busy time of their batches (warm idle time left out: both runs keep
     # the same workers warm for the same wall time, and it would only add the same constant).
     busy = after.busy_cost - before.busy_cost
-    sizes = (
-        [b.size for b in snap.batches if b.workflow == "text-classify"] if hasattr(snap.batches[0], "workflow") else []
-    )
     return {
         "hit": hits / len(lat),
         "p50": lat[len(lat) // 2],
         "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
         "cost": busy / len(lat),
-        "batches": len(sizes) or None,
     }
 
 

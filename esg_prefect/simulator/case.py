@@ -31,7 +31,7 @@ from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.workload.arrivals import Arrival, arrivals
-from esg_prefect.workload.sizes import request_sizes
+from esg_prefect.workload.sizes import check_size_source, request_sizes
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
 """Packaged profiles: a case may name one by its file stem, e.g. ``"nvidia_gpu"``."""
@@ -123,7 +123,7 @@ class WorkloadSpec:
         _positive("workload", "rate_per_s", self.rate_per_s)
         _positive("workload", "minute_s", self.minute_s)
         try:
-            request_sizes(self.sizes, 0, 0)
+            check_size_source(self.sizes)
         except InvalidInputError as exc:
             raise ConfigError(f"workload: {exc}") from exc
         if self.weights is not None:

@@ -43,7 +43,7 @@ import statistics
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.workload.traces import llm_context_tokens
 
-__all__ = ["SIZE_BOUNDS", "request_sizes", "size_sources"]
+__all__ = ["SIZE_BOUNDS", "check_size_source", "request_sizes", "size_sources"]
 
 SIZE_BOUNDS = (0.125, 8.0)
 _LLM = {"azure_llm_conv": "conv", "azure_llm_code": "code"}
@@ -66,6 +66,7 @@ def request_sizes(source: str, count: int, seed: int) -> list[float]:
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise InvalidInputError(f"count must be an int >= 0, got {count!r}")
+    sigma = check_size_source(source)
     if source == "none":
         return [1.0] * count
     rng = random.Random(f"sizes:{source}:{seed}")
@@ -73,7 +74,18 @@ def request_sizes(source: str, count: int, seed: int) -> list[float]:
         tokens = llm_context_tokens(_LLM[source])
         median = statistics.median(tokens)
         return [_clamp(rng.choice(tokens) / median) for _ in range(count)]
-    if source.startswith("lognormal:"):
+    return [_clamp(rng.lognormvariate(0.0, sigma)) for _ in range(count)]
+
+
+def check_size_source(source: str) -> float:
+    """Check a source name without reading any trace; returns the log-normal's sigma (0 for other sources).
+
+    Raises:
+        InvalidInputError: naming an unknown source or a bad sigma.
+    """
+    if source == "none" or source in _LLM:
+        return 0.0
+    if isinstance(source, str) and source.startswith("lognormal:"):
         text = source.partition(":")[2]
         try:
             sigma = float(text)
@@ -81,5 +93,5 @@ def request_sizes(source: str, count: int, seed: int) -> list[float]:
             sigma = math.nan
         if not (math.isfinite(sigma) and sigma > 0):
             raise InvalidInputError(f"size source {source!r}: sigma must be a number > 0, got {text!r}")
-        return [_clamp(rng.lognormvariate(0.0, sigma)) for _ in range(count)]
+        return sigma
     raise InvalidInputError(f"size source must be one of {size_sources()}, got {source!r}")
