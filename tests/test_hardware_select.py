@@ -94,6 +94,55 @@ def test_pools_are_shared_among_queues() -> None:
     assert (a.hardware, b.hardware) == ("T4", "A100")
 
 
+def test_selections_stick_while_they_fit_and_move_down_only_with_margin() -> None:
+    """Two queues competing for the T4 pool do not swap types when the busier one changes.
+
+    Without stickiness the busiest-first pass hands the cheap pool to whichever
+    queue is busier this round, so near equal loads the two swap types back and
+    forth, each swap starting workers on the new type.
+    """
+    t = t4_and_a100()
+    sel = HardwareSelector(t, utilization=0.7)
+    cluster = ClusterSnapshot([Node("n", 32)], [Device("n/gpu0", "n", "T4"), Device("n/gpu1", "n", "A100")])
+    per_t4 = sel.capacities(WF, "m", 60.0, cluster)[0]
+    rate = 0.6 * per_t4.capacity_per_s
+    wfs = {"w": WF, "v": Workflow.chain("v", ["m"], slo_ms=100)}
+    qa, qb = QueueKey("w", "m"), QueueKey("v", "m")
+
+    def at(t_s: float, ra: float, rb: float) -> tuple[str | None, str | None]:
+        sel.observe(Snapshot((QueueState(qa, (), ra), QueueState(qb, (), rb)), cluster, wfs), t_s * 1000.0)
+        a, b = sel.selection(qa), sel.selection(qb)
+        assert a is not None and b is not None
+        return a.hardware, b.hardware
+
+    assert at(0, rate, rate * 0.9) == ("T4", "A100")
+    assert at(10, rate * 0.8, rate * 1.1) == ("T4", "A100")  # b is now the busier one: no swap, a still fits
+    assert at(20, rate * 1.5, rate * 1.1) == ("A100", "A100")  # a outgrows T4: it moves up at once
+    # a's load falls: it moves back down. b would now fit what is left of T4, but not with the margin: it stays...
+    assert at(30, rate * 0.1, rate) == ("T4", "A100")
+    assert at(40, rate * 0.1, rate * 0.7) == ("T4", "T4")  # ...until it fits with room to spare
+
+
+def test_types_about_as_cheap_stay_allowed() -> None:
+    """A slower type within 10 % of the selected one's cost per request stays usable; a dearer one does not.
+
+    Forbidding a type that costs the same only takes placement room away from
+    ESG (on the heterogeneous case, pinning a ResNeXt stage to the two A100s
+    tripled the workers started for no saving).
+    """
+    pts = []
+    for hw, per_item in (("T4", 6.0), ("L4", 6.3), ("K80", 12.0)):
+        pts += [ProfilePoint("m", hw, b, 1, 1.0, per_item * (1 + b)) for b in (1, 2, 4, 8)]
+    prices = PriceSheet.from_hourly(0.04, {"T4": 0.35, "L4": 0.35, "K80": 0.35})
+    sel = HardwareSelector(tables(pts, shares=(1.0,), prices=prices), utilization=0.7)
+    cluster = ClusterSnapshot(
+        [Node("n", 32)], [Device("n/g0", "n", "T4"), Device("n/g1", "n", "L4"), Device("n/g2", "n", "K80")]
+    )
+    got = sel.select(WF, "m", 20.0, cluster)
+    assert got.hardware == "T4"
+    assert got.allowed == frozenset({"T4", "L4"})
+
+
 def test_restrict_filters_and_keeps_identity() -> None:
     t = cpu_and_t4()
     sel = HardwareSelector(t, utilization=0.7)

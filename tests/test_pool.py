@@ -18,10 +18,12 @@ from esg_prefect.exceptions import (
     WorkerCrashedError,
 )
 from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.model.jobs import QueueKey
 from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling.esg import ESGScheduler
 from tests.toy_stages import CRASH, POISON, settle, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
@@ -281,3 +283,25 @@ def test_one_worker_gets_at_most_half_the_cores_by_default() -> None:
     assert roomy.settings.config_space.vcpus == (1, 2, 4)
     inline = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))  # no cap: the space as given
     assert inline.settings.config_space.vcpus == ESGSettings().config_space.vcpus
+
+
+def test_pool_runs_with_paldia_features_on() -> None:
+    """The runtime pool drives the same scheduler hooks as the simulator: hardware selection and hybrid sharing."""
+    settings = ESGSettings(hardware_selection=True, hybrid_sharing=True)
+    pool = Pool(toy_profile(), PRICES, settings=settings, backend=InlineBackend(vcpus=2))
+    try:
+        items = [i for i in range(40) if i != POISON * 2]
+        futs = []
+        for i in items:  # arrivals 5 ms apart: the queue's rate estimate is the selector's load
+            futs.append(pool.submit(call(i)))
+            time.sleep(0.005)
+        results = settle(futs)
+        assert [r.output for r in results if isinstance(r, StageResult)] == [i + 1 for i in items]
+        assert max(r.batch_size for r in results if isinstance(r, StageResult)) > 1
+        esg = pool.scheduler
+        assert isinstance(esg, ESGScheduler)
+        assert esg._hardware is not None and esg._hybrid is not None
+        sel = esg._hardware.selection(QueueKey("toy", "inc"))
+        assert sel is not None and sel.hardware == "cpu"  # the only type present, chosen from the observed load
+    finally:
+        pool.close()

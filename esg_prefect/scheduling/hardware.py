@@ -42,12 +42,18 @@ Algorithm (each round, from the queues' arrival rates):
    (headroom: queueing grows without bound as a pool nears full use), carry
    ``rate / throughput per unit``; that share of the pool is then taken. A
    queue that no pool can carry gets the type with the most throughput left.
+   Selections stick (:meth:`HardwareSelector._assign`): a queue keeps its type
+   while that type still carries it, moves up at once when it no longer does,
+   and moves down only to a type at least 10 % cheaper per request where it
+   fits with 20 % to spare.
 4. **Restricting ESG.** The queue's first-stage resources are filtered to the
-   selected type and the types faster than it (lower minimum latency for the
-   stage): a stage never uses a type too small for its load, and may still
-   overflow to faster ones while its type has no room this instant. Where the
-   filter leaves nothing placeable, ESG's own choice stands (never worse than
-   holding the jobs). Queues of unknown rate (0) are not restricted.
+   selected type, the types faster than it (lower minimum latency for the
+   stage), and the types about as cheap per request (within the 10 % a move
+   needs) whose pool could carry the load: a stage never uses a type too
+   small or clearly too dear for its load, and may still overflow to faster
+   ones while its type has no room this instant. Where the filter leaves
+   nothing placeable, ESG's own choice stands (never worse than holding the
+   jobs). Queues of unknown rate (0) are not restricted.
 
 The downstream stages of ESG's plan are not filtered: they are planned again
 in their own rounds (receding horizon), where their own selection applies.
@@ -85,6 +91,8 @@ __all__ = ["HardwareSelector", "Selection", "TypeCapacity"]
 
 _BUCKET = math.log(1.1)  # rates are compared on a 10 % geometric grid
 _HYSTERESIS = 2  # buckets a queue's rate must move (about 20 %) before the selection is made again
+_DOWNGRADE_MARGIN = 0.8  # a queue moves to a cheaper type only if it needs at most this much of what is left there
+_MOVE_SAVING = 0.9  # ... and only if that type costs at most this much of its current one per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,35 +261,96 @@ class HardwareSelector:
         self._round_key = (cluster.nodes, cluster.devices)
         self._buckets = buckets
         demand = [(k, workflows[k.workflow], _unbucket(b)) for k, b in sorted(buckets.items())]
-        self._round = self._assign(demand, cluster)
+        self._round = self._assign(demand, cluster, self._round)
 
     def selection(self, key: QueueKey) -> Selection | None:
         """This round's selection for ``key`` (None before any rate was seen)."""
         return self._round.get(key)
 
     def _assign(
-        self, demand: list[tuple[QueueKey, Workflow, float]], cluster: ClusterSnapshot
+        self,
+        demand: list[tuple[QueueKey, Workflow, float]],
+        cluster: ClusterSnapshot,
+        previous: dict[QueueKey, Selection] | None = None,
     ) -> dict[QueueKey, Selection]:
+        """Assign each queue a type (module docstring, step 3), sticking to ``previous`` where it still fits.
+
+        Without stickiness, two queues competing for one pool swapped types
+        whenever either load moved: the busiest-first pass gave the cheap pool
+        to whichever was busier that round (measured on the heterogeneous case:
+        a stage flipped between T4 and A100 13 times in 30 s, each flip
+        starting workers on the new type while the old ones idled). So:
+
+        1. queues keep their previous type while it still carries their load
+           in what is left of it (busiest first), and reserve that share;
+        2. queues without one, or whose type no longer carries them, take the
+           cheapest type that does (upgrades are immediate: the SLO is at stake);
+        3. a kept queue moves to a cheaper type only when that type saves at
+           least 10 % per request and the queue fits there with
+           ``_DOWNGRADE_MARGIN`` to spare (downgrades wait for a clear margin:
+           they only save money, and undoing one costs cold starts; on the
+           heterogeneous case T4 and A100 often cost within 2 % of each other
+           per request for a ResNeXt stage, and which is cheaper changes with
+           the rate).
+        """
+        previous = previous or {}
         left = {hw: u * self.utilization for hw, u in self.units(cluster).items()}
         out: dict[QueueKey, Selection] = {}
-        for key, wf, rate in sorted(demand, key=lambda d: (-d[2], d[0])):  # busiest first
-            caps = self.capacities(wf, key.stage, rate, cluster)
-            if rate <= 0 or not caps:
+        caps_of: dict[QueueKey, tuple[TypeCapacity, ...]] = {}
+        chosen_of: dict[QueueKey, TypeCapacity] = {}
+        order = sorted(demand, key=lambda d: (-d[2], d[0]))  # busiest first
+        rate_of = {key: rate for key, _, rate in order}
+        for key, wf, rate in order:
+            caps = caps_of[key] = self.capacities(wf, key.stage, rate, cluster) if rate > 0 else ()
+            if not caps:
                 out[key] = Selection(None, None, "no load estimate or no type within the budget: not restricted")
                 continue
-            chosen = None
-            for c in caps:  # cheapest first
-                need = rate / c.per_unit_per_s
-                if need <= left.get(c.hardware, 0.0) + 1e-12:
-                    chosen = c
-                    left[c.hardware] -= need
-                    reason = f"{rate:.1f}/s fits {c.hardware} ({need:.2f} of {c.units:g} units)"
-                    break
-            if chosen is None:
+            prev = previous.get(key)
+            kept = next((c for c in caps if prev is not None and c.hardware == prev.hardware), None)
+            if kept is not None and rate / kept.per_unit_per_s <= left.get(kept.hardware, 0.0) + 1e-12:
+                left[kept.hardware] -= rate / kept.per_unit_per_s
+                chosen_of[key] = kept
+        for key, _, rate in order:  # the rest: cheapest type that carries them
+            caps = caps_of[key]
+            if not caps or key in chosen_of:
+                continue
+            fits = [c for c in caps if rate / c.per_unit_per_s <= left.get(c.hardware, 0.0) + 1e-12]
+            if fits:
+                chosen = fits[0]
+                left[chosen.hardware] -= rate / chosen.per_unit_per_s
+            else:
                 chosen = max(caps, key=lambda c: (left.get(c.hardware, 0.0) * c.per_unit_per_s, -c.min_latency_ms))
                 left[chosen.hardware] = 0.0
+            chosen_of[key] = chosen
+        for key, _, rate in order:  # kept queues move to a cheaper type only with a clear margin
+            cur = chosen_of.get(key)
+            if cur is None or previous.get(key) is None or previous[key].hardware != cur.hardware:
+                continue
+            for c in caps_of[key]:
+                if c.cost_per_request > cur.cost_per_request * _MOVE_SAVING:
+                    break  # cheapest first: nothing clearly cheaper left
+                need = rate / c.per_unit_per_s
+                if need <= left.get(c.hardware, 0.0) * _DOWNGRADE_MARGIN:
+                    left[cur.hardware] += rate / cur.per_unit_per_s
+                    left[c.hardware] -= need
+                    chosen_of[key] = c
+                    break
+        for key, chosen in chosen_of.items():
+            rate = rate_of[key]
+            need = rate / chosen.per_unit_per_s
+            if need <= chosen.units * self.utilization + 1e-12:
+                reason = f"{rate:.1f}/s fits {chosen.hardware} ({need:.2f} of {chosen.units:g} units)"
+            else:
                 reason = f"{rate:.1f}/s fits no pool; {chosen.hardware} has the most throughput left"
-            allowed = frozenset(c.hardware for c in caps if c.min_latency_ms <= chosen.min_latency_ms)
+            allowed = frozenset(
+                c.hardware
+                for c in caps_of[key]
+                if c.min_latency_ms <= chosen.min_latency_ms  # faster: overflow while the selected type is full
+                or (  # as cheap within the saving a move needs, and able to carry the load: no reason to forbid it
+                    c.cost_per_request * _MOVE_SAVING <= chosen.cost_per_request
+                    and rate / c.per_unit_per_s <= c.units * self.utilization
+                )
+            )
             out[key] = Selection(chosen.hardware, allowed | {chosen.hardware}, reason)
         return out
 
@@ -299,7 +368,7 @@ class HardwareSelector:
         if got is not None and got[0] is resources:
             return got[1]
         kept = tuple(r for r in resources if r[0] in sel.allowed)
-        result = kept if kept else resources
+        result = kept if kept and len(kept) < len(resources) else resources  # nothing filtered: the same object
         if len(self._filtered) >= 4096:
             self._filtered.clear()  # bounded memory; entries are cheap to rebuild
         self._filtered[ck] = (resources, result)
