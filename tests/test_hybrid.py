@@ -30,7 +30,7 @@ from esg_prefect.model.interference import (
 from esg_prefect.scheduling.base import Placement
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.esg import ESGScheduler
-from esg_prefect.scheduling.hybrid import HybridSharing, RunOption, choose
+from esg_prefect.scheduling.hybrid import WAIT_MARGIN, HybridSharing, RunOption, choose
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables, Choice
@@ -82,6 +82,16 @@ def test_waits_when_the_wait_is_short_and_cheaper() -> None:
     run = RunOption("run", 0.0, 29.0, 29.0)
     wait = RunOption("wait", 2.0, 26.0, 28.0)
     assert choose([run, wait], deadline_ms=40.0) is wait
+
+
+def test_a_wait_needs_its_margin_a_co_run_does_not() -> None:
+    """A wait rests on predicted ends of other batches: it must end in time with WAIT_MARGIN to spare."""
+    run = RunOption("run", 0.0, 35.0, 35.0)
+    wait = RunOption("wait", 4.0, 26.0, 30.0)
+    assert choose([run, wait], deadline_ms=35.0) is wait  # no margin asked: the cheaper wait
+    assert choose([run, wait], deadline_ms=35.0, wait_margin=WAIT_MARGIN) is run  # 30 x 1.2 = 36 > 35
+    assert choose([run, wait], deadline_ms=36.0, wait_margin=WAIT_MARGIN) is wait
+    assert choose([run], deadline_ms=35.0, wait_margin=WAIT_MARGIN) is run  # a co-run ends by 35: in time
 
 
 def test_neither_meets_the_deadline_earliest_finish_wins() -> None:
