@@ -5,14 +5,6 @@ the run), in a thread, up to ``max_concurrency`` at once; the flow's latency is
 measured from the arrival to the flow's return, so waiting for a thread counts
 against the request as it would against a user. The demo and the runtime
 benchmark drive the example pipelines with it under different task runners.
-
-All the flow runs share one Prefect API client. A flow run started where no
-client is open creates its own, and a Prefect client's TLS context loads the
-CA bundle even for a plain-HTTP API: 27 ms of CPU per flow run on the 2-core
-development machine, plus a CSRF-token request, 6 % of Prefect's CPU per
-request in the runtime benchmark. Prefect's engines take an open client from
-the context (``SyncClientContext.get_or_create``), as its task runs already
-share their flow run's.
 """
 
 from __future__ import annotations
@@ -72,13 +64,8 @@ def run_workload(
             on_done(out)
         return out
 
-    from prefect.context import SyncClientContext
-
     futures = []
-    with (
-        SyncClientContext.get_or_create(),
-        concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="esg-request") as ex,
-    ):
+    with concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="esg-request") as ex:
         for i, (arrival, workflow) in enumerate(arrivals):
             delay = arrival - now_ms()
             if delay > 0:
