@@ -461,9 +461,11 @@ class ViewCache:
                 and len(by_id) == len(workers)
             ):
                 prev = self._by_id
-                gone = prev.keys() - by_id.keys()
-                came = by_id.keys() - prev.keys()
-                base._update([prev[i] for i in gone], [by_id[i] for i in came])
+                # In the snapshots' own orders, never a set's: a set of ids iterates by memory address, so
+                # which of two equal idle workers a batch got hung on garbage-collection timing.
+                gone = [w for i, w in prev.items() if i not in by_id]
+                came = [w for i, w in by_id.items() if i not in prev]
+                base._update(gone, came)
             else:
                 base = self._base = ClusterView(cluster, self.allow_eviction)
             self._by_id = by_id
