@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
+from esg_prefect.model.csv_rows import read_rows
 
 __all__ = [
     "DEFAULT_CORUN_TABLE",
@@ -185,29 +186,20 @@ class InterferenceTable:
         Raises:
             ProfileError: naming the file, line and problem.
         """
-        rows = []
-        with open(path, newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            missing = set(FIELDS[:-1]) - set(reader.fieldnames or ())
-            if missing:
-                raise ProfileError(f"{path}: missing columns {sorted(missing)}")
-            for lineno, r in enumerate(reader, start=2):
-                try:
-                    rows.append(
-                        CoRunRow(
-                            r["stage"],
-                            r["hardware"],
-                            int(r["batch"]),
-                            int(r["vcpus"]),
-                            float(r["gpu_share"]),
-                            int(r["co_runners"]),
-                            float(r["alone_ms"]),
-                            float(r["corun_ms"]),
-                        )
-                    )
-                except ValueError as exc:
-                    raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-        return cls(rows)
+
+        def row(r: dict[str, str]) -> CoRunRow:
+            return CoRunRow(
+                r["stage"],
+                r["hardware"],
+                int(r["batch"]),
+                int(r["vcpus"]),
+                float(r["gpu_share"]),
+                int(r["co_runners"]),
+                float(r["alone_ms"]),
+                float(r["corun_ms"]),
+            )
+
+        return cls(read_rows(path, row, required=FIELDS[:-1]))
 
 
 class CoRunModel:

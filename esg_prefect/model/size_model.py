@@ -31,7 +31,6 @@ Example:
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from esg_prefect.exceptions import MissingProfileError, ProfileError
+from esg_prefect.model.csv_rows import read_rows
 
 MIN_LATENCY_MS = 0.01
 FACTOR_BOUNDS = (0.25, 8.0)
@@ -218,24 +218,19 @@ def read_samples_csv(path: str | Path) -> list[SizeSample]:
     Raises:
         ProfileError: naming the file and line of a malformed row.
     """
-    out = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                out.append(
-                    SizeSample(
-                        r["stage"],
-                        r["hardware"],
-                        int(r["batch"]),
-                        int(r["vcpus"]),
-                        float(r["gpu_share"]),
-                        float(r["total_size"]),
-                        float(r["latency_ms"]),
-                    )
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-    return out
+
+    def sample(r: dict[str, str]) -> SizeSample:
+        return SizeSample(
+            r["stage"],
+            r["hardware"],
+            int(r["batch"]),
+            int(r["vcpus"]),
+            float(r["gpu_share"]),
+            float(r["total_size"]),
+            float(r["latency_ms"]),
+        )
+
+    return read_rows(path, sample)
 
 
 class SizeModel:

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from esg_prefect.exceptions import ProfileError
+from esg_prefect.model.csv_rows import read_rows
 from esg_prefect.model.size_model import SizeSample as Sample
 from esg_prefect.model.size_model import read_samples_csv as read_samples_csv  # re-exported: the samples' reader
 
@@ -140,39 +140,34 @@ def read_profile_csv(path: Path) -> list[ProfiledPoint]:
     Raises:
         ProfileError: naming the file and line of a malformed row.
     """
-    out = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                worker = float(r.get("worker_start_ms") or 0.0)
-                mean = float(r["mean_ms"])
-                out.append(
-                    ProfiledPoint(
-                        stage=r["stage"],
-                        hardware=r["hardware"],
-                        batch=int(r["batch"]),
-                        vcpus=int(r["vcpus"]),
-                        gpu_share=float(r["gpu_share"]),
-                        mean_ms=mean,
-                        p50_ms=float(r.get("p50_ms") or mean),
-                        p95_ms=float(r.get("p95_ms") or mean),
-                        cold_start_ms=float(r.get("cold_start_ms") or 0.0) - worker,
-                        load_ms=float(r.get("load_ms") or 0.0),
-                        peak_mem_mb=float(r.get("peak_mem_mb") or 0.0),
-                        model_mem_mb=float(r.get("model_mem_mb") or 0.0),
-                        gpu_peak_mem_mb=float(r.get("gpu_peak_mem_mb") or 0.0),
-                        worker_start_ms=worker,
-                        reps=int(r.get("reps") or 0),
-                        attempts=int(r.get("attempts") or 1),
-                        other_cpu=float(r.get("other_cpu") or 0.0),
-                        quiet=(r.get("quiet") or "1") not in ("0", "False", "false"),
-                        mean_input_size=float(r.get("mean_input_size") or 0.0),
-                        pipeline=r.get("pipeline") or "",
-                    )
-                )
-            except (KeyError, ValueError) as exc:
-                raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-    return out
+
+    def point(r: dict[str, str]) -> ProfiledPoint:
+        worker = float(r.get("worker_start_ms") or 0.0)
+        mean = float(r["mean_ms"])
+        return ProfiledPoint(
+            stage=r["stage"],
+            hardware=r["hardware"],
+            batch=int(r["batch"]),
+            vcpus=int(r["vcpus"]),
+            gpu_share=float(r["gpu_share"]),
+            mean_ms=mean,
+            p50_ms=float(r.get("p50_ms") or mean),
+            p95_ms=float(r.get("p95_ms") or mean),
+            cold_start_ms=float(r.get("cold_start_ms") or 0.0) - worker,
+            load_ms=float(r.get("load_ms") or 0.0),
+            peak_mem_mb=float(r.get("peak_mem_mb") or 0.0),
+            model_mem_mb=float(r.get("model_mem_mb") or 0.0),
+            gpu_peak_mem_mb=float(r.get("gpu_peak_mem_mb") or 0.0),
+            worker_start_ms=worker,
+            reps=int(r.get("reps") or 0),
+            attempts=int(r.get("attempts") or 1),
+            other_cpu=float(r.get("other_cpu") or 0.0),
+            quiet=(r.get("quiet") or "1") not in ("0", "False", "false"),
+            mean_input_size=float(r.get("mean_input_size") or 0.0),
+            pipeline=r.get("pipeline") or "",
+        )
+
+    return read_rows(path, point)
 
 
 def write_samples_csv(samples: Sequence[Sample], out: Path) -> None:

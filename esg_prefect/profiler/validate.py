@@ -20,6 +20,7 @@ from pathlib import Path
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import Config, LatencyProfile
+from esg_prefect.model.csv_rows import read_rows
 from esg_prefect.profiler.machine import CpuWatch
 from esg_prefect.profiler.measure import MeasureSettings
 from esg_prefect.profiler.results import ProfiledPoint
@@ -119,28 +120,21 @@ def read_validation_csv(path: Path) -> ValidationReport:
     Raises:
         InvalidInputError: naming the file and line of a malformed row.
     """
-    import csv
 
-    rows = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                rows.append(
-                    ValidationRow(
-                        r["stage"],
-                        r["hardware"],
-                        int(r["batch"]),
-                        int(r["vcpus"]),
-                        float(r["gpu_share"]),
-                        r["interpolated"] in ("True", "1", "true"),
-                        float(r["predicted_ms"]),
-                        float(r["measured_ms"]),
-                        r["quiet"] in ("True", "1", "true"),
-                    )
-                )
-            except (KeyError, ValueError) as exc:
-                raise InvalidInputError(f"{path} line {lineno}: {exc}") from exc
-    return ValidationReport(tuple(rows), {})
+    def row(r: dict[str, str]) -> ValidationRow:
+        return ValidationRow(
+            r["stage"],
+            r["hardware"],
+            int(r["batch"]),
+            int(r["vcpus"]),
+            float(r["gpu_share"]),
+            r["interpolated"] in ("True", "1", "true"),
+            float(r["predicted_ms"]),
+            float(r["measured_ms"]),
+            r["quiet"] in ("True", "1", "true"),
+        )
+
+    return ValidationReport(tuple(read_rows(path, row, InvalidInputError)), {})
 
 
 def repredict(measurements: ValidationReport, profile: LatencyProfile) -> ValidationReport:

@@ -88,6 +88,18 @@ def parse_timestamp_s(text: str) -> float:
         raise InvalidInputError(f"bad timestamp {text!r}: expected 'YYYY-MM-DD hh:mm:ss[.f]'") from exc
 
 
+def _llm_path(service: str) -> Path:
+    """The shipped Azure LLM 2023 trace file of ``service``.
+
+    Raises:
+        InvalidInputError: on an unknown service.
+    """
+    name = LLM_FILES.get(service)
+    if name is None:
+        raise InvalidInputError(f"Azure LLM service must be one of {sorted(LLM_FILES)}, got {service!r}")
+    return DATA_DIR / name
+
+
 @lru_cache(maxsize=4)
 def llm_arrivals_s(service: str) -> tuple[float, ...]:
     """Arrival times (s from the first request) of the Azure LLM 2023 trace of ``service``.
@@ -98,10 +110,7 @@ def llm_arrivals_s(service: str) -> tuple[float, ...]:
     Raises:
         InvalidInputError: on an unknown service.
     """
-    name = LLM_FILES.get(service)
-    if name is None:
-        raise InvalidInputError(f"Azure LLM service must be one of {sorted(LLM_FILES)}, got {service!r}")
-    with _open_text(DATA_DIR / name) as fh:
+    with _open_text(_llm_path(service)) as fh:
         times = [parse_timestamp_s(row["TIMESTAMP"]) for row in csv.DictReader(fh)]
     times.sort()
     t0 = times[0]
@@ -115,10 +124,7 @@ def llm_context_tokens(service: str) -> tuple[int, ...]:
     Raises:
         InvalidInputError: on an unknown service.
     """
-    name = LLM_FILES.get(service)
-    if name is None:
-        raise InvalidInputError(f"Azure LLM service must be one of {sorted(LLM_FILES)}, got {service!r}")
-    with _open_text(DATA_DIR / name) as fh:
+    with _open_text(_llm_path(service)) as fh:
         return tuple(int(row["ContextTokens"]) for row in csv.DictReader(fh))
 
 

@@ -1,0 +1,62 @@
+"""Reading a CSV's rows into objects, with errors that name the file and the line.
+
+The profiler's tables (profiles, per-call samples, validation, co-run rows) are
+CSV files that users edit and ship. A malformed row should fail with the file
+and line in the message, whichever table it is; this module is that loop, once.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from esg_prefect.exceptions import ProfileError
+
+__all__ = ["read_rows"]
+
+T = TypeVar("T")
+
+
+def read_rows(
+    path: str | Path,
+    parse: Callable[[dict[str, str]], T],
+    error: type[Exception] = ProfileError,
+    required: Iterable[str] = (),
+) -> list[T]:
+    """``parse`` applied to every row of the CSV at ``path`` (a dict by column name).
+
+    Args:
+        path: the CSV file (with a header line).
+        parse: builds one object from a row; a missing column or a bad value raises
+            ``KeyError``, ``TypeError`` or ``ValueError``.
+        error: the exception raised instead, with the file and line.
+        required: columns that must be in the header (checked before any row).
+
+    Raises:
+        error: naming the file, and the line of a malformed row or the missing columns.
+
+    Example:
+        >>> import tempfile, os
+        >>> with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as fh:
+        ...     _ = fh.write("a,b\\n1,2\\n3,x\\n")
+        >>> try:
+        ...     read_rows(fh.name, lambda r: int(r["a"]) + int(r["b"]))
+        ... except ProfileError as exc:
+        ...     print(str(exc).split(" ", 1)[1].split(":")[0])
+        line 3
+        >>> os.unlink(fh.name)
+    """
+    out: list[T] = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = set(required) - set(reader.fieldnames or ())
+        if missing:
+            raise error(f"{path}: missing columns {sorted(missing)}")
+        for lineno, row in enumerate(reader, start=2):
+            try:
+                out.append(parse(row))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise error(f"{path} line {lineno}: {exc}") from exc
+    return out
