@@ -134,4 +134,4 @@ def register(app: typer.Typer) -> None:
                 f"({ok / run.wall_s:.2f} requests/s), total cost ${run.cost_total:.3e}"
             )
         if len(runs) == 2 and runs[0].cost_total > 0:
-            console.print(f"cost ratio threadpool / esg = {runs[1].cost_total / runs[0].cost_total:.2f}")
+            console.print(d.cost_ratio_line(runs[0], runs[1]))
