@@ -47,6 +47,7 @@ d.quiet_prefect()  # before prefect is imported: its ephemeral API on an in-memo
 from esg_prefect.examples import catalog  # noqa: E402
 from esg_prefect.examples.driver import RequestOutcome, percentile  # noqa: E402
 from esg_prefect.examples.pipelines import SLO_MS  # noqa: E402
+from esg_prefect.integration.stage import local_device  # noqa: E402
 from esg_prefect.model.pricing import PriceSheet  # noqa: E402
 
 WORKFLOWS = ("image", "text", "video")
@@ -110,9 +111,8 @@ def summarize(
 
 def ideal(arrivals: Sequence[tuple[float, str]], prices: PriceSheet) -> tuple[list[RequestOutcome], float, float]:
     """Every request of each workflow in batches of 8 with warm models; latency = completion time of its batch."""
-    import torch
-
-    models = {n: catalog.load_pipeline(n) for n in WORKFLOWS}
+    device = local_device()
+    models = {n: catalog.load_pipeline(n, device) for n in WORKFLOWS}
     by_wf: dict[str, list[int]] = {n: [] for n in WORKFLOWS}
     for i, (_, wf) in enumerate(arrivals):
         by_wf[wf].append(i)
@@ -126,19 +126,19 @@ def ideal(arrivals: Sequence[tuple[float, str]], prices: PriceSheet) -> tuple[li
             end = (time.perf_counter() - t0) * 1000.0
             outcomes.extend(RequestOutcome(i, wf, 0.0, end, True) for i in chunk)
     wall = time.perf_counter() - t0
-    cost = wall * torch.get_num_threads() * prices.price_per_vcpu_s
+    cost = wall * d.local_price_per_s(prices)
     # Requests all "arrive" at 0 here: latency is time to completion, an upper bound for this loop.
     return outcomes, wall, cost
 
 
 def slo_phase(
-    rate: float, n: int, top: int, seed: int, prices: PriceSheet, vcpus: int | None = None
+    rate: float, n: int, top: int, seed: int, prices: PriceSheet, vcpus: int | None = None, profile: str | None = None
 ) -> dict[str, dict[str, float]]:
     """Both runners on ``n`` trace arrivals at ``rate`` with at most ``top`` flow runs in flight."""
     print(f"\nSLO phase: {n} requests at {rate:.2f}/s, concurrency {top}")
     print(HEADER, flush=True)
     arrivals = d.demo_arrivals(n, rate, seed + 1, "azure_functions_2019")
-    esg = d.run_esg(arrivals, max_concurrency=top, vcpus=vcpus)
+    esg = d.run_esg(arrivals, max_concurrency=top, vcpus=vcpus, profile=profile)
     rows = {"esg": summarize("esg@load", top, esg.outcomes, esg.wall_s, esg.cost_total, esg.cost_busy)}
     tp = d.run_threadpool(arrivals, prices=prices, max_concurrency=top)
     rows["threadpool"] = summarize("tp@load", top, tp.outcomes, tp.wall_s, tp.cost_total)
@@ -156,11 +156,18 @@ def main() -> None:
     parser.add_argument(
         "--esg-vcpus", type=int, default=None, help="cores ESG's busy workers may use at once (default: all but one)"
     )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="latency-profile CSV for ESG (on a GPU machine: the one `esg-prefect profile` measured there)",
+    )
     args = parser.parse_args()
     if args.slo_only:
         d.warm_prefect()
         n = max(30, args.requests // 2)
-        slo_phase(args.slo_only, n, max(args.concurrency), args.seed, PriceSheet.default(), args.esg_vcpus)
+        slo_phase(
+            args.slo_only, n, max(args.concurrency), args.seed, PriceSheet.default(), args.esg_vcpus, args.profile
+        )
         return
     d.warm_prefect()
     prices = PriceSheet.default()
@@ -178,6 +185,7 @@ def main() -> None:
             max_concurrency=c,
             before_close=lambda _pool, seen=seen: seen.update(process_cpu_s()),
             vcpus=args.esg_vcpus,
+            profile=args.profile,
         )
         cpu[("esg", c)] = cpu_delta(before, seen)
         results[("esg", c)] = summarize("esg", c, esg.outcomes, esg.wall_s, esg.cost_total, esg.cost_busy)
@@ -192,8 +200,13 @@ def main() -> None:
     # saturation throughput at the top concurrency), so that SLO hit rates compare service, not backlog.
     top = max(args.concurrency)
     slo_rows = slo_phase(
-        0.8 * results[("threadpool", top)]["throughput"], max(30, args.requests // 2), top, args.seed, prices,
+        0.8 * results[("threadpool", top)]["throughput"],
+        max(30, args.requests // 2),
+        top,
+        args.seed,
+        prices,
         args.esg_vcpus,
+        args.profile,
     )
     print("\nwhere the CPU went (seconds, including each runner's warm-up requests):", flush=True)
     for (runner, c), parts in cpu.items():

@@ -52,3 +52,37 @@ def test_demo_command_runs_both_runners_and_prints_costs() -> None:
     # Idle keep-alive only adds to ESG's bill, so the ratio with it billed is never the larger one.
     assert total_ratio <= busy_ratio
     assert "Cost per flow run" in out
+
+
+def test_stages_outside_a_pool_run_where_the_user_says_else_on_a_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from esg_prefect.integration.stage import local_device
+
+    monkeypatch.delenv("ESG_PREFECT_LOCAL_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_device() == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert local_device() == "cuda"
+    monkeypatch.setenv("ESG_PREFECT_LOCAL_DEVICE", "cpu")
+    assert local_device() == "cpu"
+
+
+def test_a_local_call_on_a_gpu_is_billed_the_whole_gpu_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from esg_prefect.exceptions import PriceError
+    from esg_prefect.integration import stage
+    from esg_prefect.model.pricing import PriceSheet
+
+    prices = PriceSheet.default()
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(stage, "local_device", lambda: "cpu")
+    assert demo.local_price_per_s(prices) == pytest.approx(threads * prices.price_per_vcpu_s)
+    monkeypatch.setattr(stage, "local_device", lambda: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA H100 80GB HBM3")
+    expected = threads * prices.price_per_vcpu_s + 6.98 / 3600.0
+    assert demo.local_price_per_s(prices) == pytest.approx(expected)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA Quadro Z9")
+    with pytest.raises(PriceError, match="Quadro-Z9"):
+        demo.local_price_per_s(prices)

@@ -151,12 +151,16 @@ def run_esg(
     max_concurrency: int = 64,
     before_close: Callable[[Any], None] | None = None,
     vcpus: int | None = None,
+    profile: str | None = None,
 ) -> DemoRun:
     """The workload under :class:`ESGTaskRunner` with a fresh embedded pool.
 
     ``before_close(pool)`` runs after the workload, while the pool and its workers
     are still up (benchmarks read the workers' CPU time there). ``vcpus``: the
     cores busy workers may use at once (default: all but one, left to the flows).
+    ``profile``: a latency-profile CSV to plan with instead of the shipped ones
+    (on a GPU machine, the one ``esg-prefect profile`` measured there: the shipped
+    tables hold the example stages on this project's CPU only).
     """
     from esg_prefect.examples.pipelines import FLOWS
     from esg_prefect.integration.runner import ESGTaskRunner
@@ -168,7 +172,9 @@ def run_esg(
         if backend == "inline"
         else LocalProcessBackend(vcpus, preload=("torch", "prefect", "esg_prefect.examples.pipelines"))
     )
-    pool = Pool(backend=be)
+    from esg_prefect.model.profile import LatencyProfile
+
+    pool = Pool(LatencyProfile.from_csv(profile) if profile else None, backend=be)
     runner: Any = ESGTaskRunner(pool=pool)
     flows = {wf: f.with_options(task_runner=runner) for wf, f in FLOWS.items()}
     run_ids: dict[int, str] = {}
@@ -213,7 +219,6 @@ def run_threadpool(
     max_concurrency: int = 64,
 ) -> DemoRun:
     """The workload under Prefect's ThreadPoolTaskRunner: one model call per item, in the flow's process."""
-    import torch
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from esg_prefect.examples.pipelines import FLOWS
@@ -231,7 +236,25 @@ def run_threadpool(
         t0 = time.perf_counter()
         outcomes = run_workload(arrivals, lambda i, wf: flows[wf](request_seed=i), max_concurrency, on_done)
         wall = time.perf_counter() - t0
-    threads = torch.get_num_threads()
     busy_ms = sum(ms for _, ms in stage.local_call_log)
-    cost = busy_ms / 1000.0 * threads * prices.price_per_vcpu_s
+    cost = busy_ms / 1000.0 * local_price_per_s(prices)
     return DemoRun("threadpool", tuple(outcomes), wall, cost, cost_busy=cost)
+
+
+def local_price_per_s(prices: PriceSheet) -> float:
+    """What a second of a stage call in the flow's process costs: torch's threads, and the whole GPU if it runs on one.
+
+    Raises:
+        PriceError: when the process's GPU type has no price on the sheet.
+    """
+    import torch
+
+    from esg_prefect.integration.stage import local_device
+    from esg_prefect.runtime.gpu import hardware_type
+
+    threads = torch.get_num_threads()
+    device = local_device()
+    if device.startswith("cuda"):
+        hw = hardware_type(torch.cuda.get_device_name(torch.device(device)))
+        return prices.rate_per_s(threads, 1.0, hw)
+    return threads * prices.price_per_vcpu_s

@@ -168,12 +168,29 @@ local_call_log: collections.deque[tuple[str, float]] = collections.deque(maxlen=
 """(stage, ms) of each call run outside a pool, for per-invocation cost comparisons."""
 
 
+def local_device() -> str:
+    """Where a stage runs outside a pool: ``$ESG_PREFECT_LOCAL_DEVICE``, else ``cuda`` when torch sees a GPU.
+
+    Why: under Prefect's own task runners a stage is an ordinary task in the
+    flow's process, and a user with a GPU runs their models there; comparing
+    ESG's pooled GPU workers with a thread pool held to the CPU would flatter ESG.
+    """
+    import os
+
+    chosen = os.environ.get("ESG_PREFECT_LOCAL_DEVICE", "").strip()
+    if chosen:
+        return chosen
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_locally(spec: StageSpec, item: Any) -> Any:
-    """Run one item through the stage in this process (no pool), loading its model once."""
+    """Run one item through the stage in this process (no pool), loading its model once (on :func:`local_device`)."""
     with _local_lock:
         model = _local_models.get(spec.import_path)
         if model is None:
-            model = spec.load("cpu")
+            model = spec.load(local_device())
             _local_models[spec.import_path] = model
     t0 = time.perf_counter()
     out = run_checked(spec, model, [item])[0]
