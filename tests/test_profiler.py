@@ -336,3 +336,36 @@ def test_flow_reports_progress_and_writes_the_profile(tmp_path: Path) -> None:
     assert progress and progress[0].data == 100.0
     report = asyncio.run(artifacts("esg-profile-report"))
     assert report and "sleepy" in str(report[0].data)
+
+
+def test_a_malformed_stall_row_is_named_by_file_and_line(tmp_path: Path) -> None:
+    from esg_prefect.profiler.breakdown import write_breakdown_csv
+
+    path = tmp_path / "stalls.csv"
+    write_breakdown_csv([_stall_row("a"), _stall_row("b")], path)
+    assert [r.stage for r in read_breakdown_csv(path)] == ["a", "b"]
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].replace(",2,", ",two,", 1)  # batch of the second row
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileError, match=r"stalls\.csv line 3: .*'two'"):
+        read_breakdown_csv(path)
+
+
+def _stall_row(stage: str) -> Any:
+    from dataclasses import fields
+
+    from esg_prefect.profiler.breakdown import StallRow
+
+    values: dict[str, Any] = {}
+    for f in fields(StallRow):
+        if f.name in ("stage", "pipeline", "hardware", "queue_trace"):
+            values[f.name] = stage if f.name == "stage" else "x"
+        elif f.name == "batch":
+            values[f.name] = 2
+        elif f.type in ("int", int):
+            values[f.name] = 1
+        elif f.type in ("bool", bool):
+            values[f.name] = True
+        else:
+            values[f.name] = 1.5
+    return StallRow(**values)

@@ -294,7 +294,13 @@ def test_a_users_own_trace(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError, match="workflows \\['zz'\\]"):
         arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
     path.write_text("time\n0\n")
-    with pytest.raises(InvalidInputError, match="needs a column 'arrival_s'"):
+    with pytest.raises(InvalidInputError, match=r"missing columns \['arrival_s'\]"):
+        arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
+    path.write_text("arrival_s\n0\nsoon\n")
+    with pytest.raises(InvalidInputError, match="line 3: arrival_s 'soon' is not a number"):
+        arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
+    path.write_text("arrival_s\n0\ninf\n")
+    with pytest.raises(InvalidInputError, match="line 3: arrival_s must be finite"):
         arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
     with pytest.raises(InvalidInputError, match="cannot read the trace file"):
         arrivals(f"csv:{tmp_path / 'missing.csv'}", ["a"], 2.0, 3.0, 0)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.exceptions import ProfileError
+from esg_prefect.model.csv_rows import read_rows
 from esg_prefect.profiler.interference import CoRunMeasurement, measure_interference
 from esg_prefect.profiler.machine import CpuWatch, worker_start_ms
 from esg_prefect.profiler.measure import MeasureSettings
@@ -186,25 +187,22 @@ def read_breakdown_csv(path: Path) -> list[StallRow]:
     Raises:
         ProfileError: naming the file and line of a malformed row.
     """
-    out = []
     kinds = {f.name: f.type for f in fields(StallRow)}
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, r in enumerate(csv.DictReader(fh), start=2):
-            try:
-                d: dict[str, Any] = {}
-                for k, typ in kinds.items():
-                    v = r[k]
-                    if k == "h2d_ms":
-                        d[k] = None if v in ("", "n/a") else float(v)
-                    elif typ in ("int", int):
-                        d[k] = int(v)
-                    elif typ in ("float", float):
-                        d[k] = float(v)
-                    elif typ in ("bool", bool):
-                        d[k] = v in ("True", "1", "true")
-                    else:
-                        d[k] = v
-                out.append(StallRow(**d))
-            except (KeyError, ValueError) as exc:
-                raise ProfileError(f"{path} line {lineno}: {exc}") from exc
-    return out
+
+    def row(r: dict[str, str]) -> StallRow:
+        d: dict[str, Any] = {}
+        for k, typ in kinds.items():
+            v = r[k]
+            if k == "h2d_ms":
+                d[k] = None if v in ("", "n/a") else float(v)
+            elif typ in ("int", int):
+                d[k] = int(v)
+            elif typ in ("float", float):
+                d[k] = float(v)
+            elif typ in ("bool", bool):
+                d[k] = v in ("True", "1", "true")
+            else:
+                d[k] = v
+        return StallRow(**d)
+
+    return read_rows(path, row)

@@ -53,7 +53,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import math
 import random
 from collections import Counter
@@ -61,6 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.csv_rows import read_rows
 from esg_prefect.workload import traces
 
 Arrival = tuple[float, str]
@@ -203,22 +203,18 @@ def arrivals(
 
 def _user_csv(path: str) -> tuple[tuple[float, ...], tuple[str | None, ...]]:
     """Arrival times (s from the first, sorted) and workflow names (None where not given) of a user's CSV."""
+
+    def row(r: dict[str, str]) -> tuple[float, str | None]:
+        try:
+            t = float(r["arrival_s"])
+        except ValueError:
+            raise ValueError(f"arrival_s {r['arrival_s']!r} is not a number") from None
+        if not math.isfinite(t):
+            raise ValueError(f"arrival_s must be finite, got {t}")
+        return t, r.get("workflow") or None
+
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            reader = csv.DictReader(fh)
-            if "arrival_s" not in (reader.fieldnames or ()):
-                raise InvalidInputError(f"{path}: needs a column 'arrival_s', has {reader.fieldnames}")
-            rows = []
-            for lineno, row in enumerate(reader, start=2):
-                try:
-                    t = float(row["arrival_s"])
-                except ValueError:
-                    raise InvalidInputError(
-                        f"{path} line {lineno}: arrival_s {row['arrival_s']!r} is not a number"
-                    ) from None
-                if not math.isfinite(t):
-                    raise InvalidInputError(f"{path} line {lineno}: arrival_s must be finite, got {t}")
-                rows.append((t, row.get("workflow") or None))
+        rows = read_rows(path, row, InvalidInputError, required=("arrival_s",))
     except OSError as exc:
         raise InvalidInputError(f"cannot read the trace file {path!r}: {exc}") from exc
     if len(rows) < 2:
