@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -35,8 +38,23 @@ def test_demo_arrivals_come_from_the_trace_at_the_rate() -> None:
     assert 60 / 3.0 * 0.5 < span_s < 60 / 3.0 * 2.0  # about the requested rate, with the trace's own burstiness
 
 
+@pytest.fixture
+def restore_prefect_quiet() -> Iterator[None]:
+    """The demo quiets Prefect for its process (environment, run loggers): undo that for the tests after it."""
+    env = dict(os.environ)
+    names = ("prefect", "prefect.flow_runs", "prefect.task_runs")
+    levels = {n: logging.getLogger(n).level for n in names}
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
 @pytest.mark.slow
-@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.usefixtures("prefect_harness", "restore_prefect_quiet")
 def test_demo_command_runs_both_runners_and_prints_costs() -> None:
     from esg_prefect.cli import app
 
