@@ -10,7 +10,9 @@
 # Wheels for what the machine lacks (Prefect, SQLModel) are installed from .whl/ when it is there
 # (scripts/gpu_wheels.sh makes it). Results go to $OUT (the device tool's folder), else
 # ./gpu-results: logs, and the profile's files as one tarball (the tool brings back at most 8 files).
-# ESG_GPU_QUICK=1 profiles one repetition of batches 1 and 2 only (a dry run of the script).
+# ESG_GPU_QUICK=1 profiles one repetition of batches 1 and 2 only (a dry run of the script);
+# ESG_GPU_VCPUS, ESG_GPU_SHARES and ESG_GPU_BATCHES narrow the profile (comma-separated lists) when a
+# step would run past the device tool's 10 minutes a command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STEP="${1:-all}"
@@ -34,7 +36,8 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$O
 
 profile() {
     local dir; dir="$(mktemp -d)"
-    esg profile --target examples --vcpus "${ESG_GPU_VCPUS:-2}" --gpu-shares 0.25,0.5,1 \
+    esg profile --target examples --vcpus "${ESG_GPU_VCPUS:-2}" --gpu-shares "${ESG_GPU_SHARES:-0.25,0.5,1}" \
+        --batches "${ESG_GPU_BATCHES:-1,2,4,8,16,32}" \
         --breakdown --co-runners 1 --validate --out-dir "$dir" --name gpu --no-store ${ESG_GPU_QUICK:+--quick} 2>&1 \
         | tee "$OUT/profile.log"
     tar czf "$OUT/gpu_profile.tgz" -C "$dir" .
