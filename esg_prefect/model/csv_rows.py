@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from esg_prefect.exceptions import ProfileError
 
-__all__ = ["read_rows"]
+__all__ = ["config_columns", "read_rows"]
 
 T = TypeVar("T")
 
@@ -60,3 +60,12 @@ def read_rows(
             except (KeyError, TypeError, ValueError) as exc:
                 raise error(f"{path} line {lineno}: {exc}") from exc
     return out
+
+
+def config_columns(row: dict[str, str]) -> tuple[str, str, int, int, float]:
+    """``(stage, hardware, batch, vcpus, gpu_share)`` of a row: the columns every profiler table starts with.
+
+    Raises:
+        KeyError, ValueError: on a missing column or a bad number (:func:`read_rows` names the line).
+    """
+    return row["stage"], row["hardware"], int(row["batch"]), int(row["vcpus"]), float(row["gpu_share"])

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
-from esg_prefect.model.csv_rows import read_rows
+from esg_prefect.model.csv_rows import config_columns, read_rows
 
 __all__ = [
     "DEFAULT_CORUN_TABLE",
@@ -189,11 +189,7 @@ class InterferenceTable:
 
         def row(r: dict[str, str]) -> CoRunRow:
             return CoRunRow(
-                r["stage"],
-                r["hardware"],
-                int(r["batch"]),
-                int(r["vcpus"]),
-                float(r["gpu_share"]),
+                *config_columns(r),
                 int(r["co_runners"]),
                 float(r["alone_ms"]),
                 float(r["corun_ms"]),
