@@ -362,3 +362,74 @@ def test_first_options_equal_the_pruned_merge_of_every_option() -> None:
                     naive.append(Option(o.latency_us + to_us(wait_ms), o.cost, replace(o.payload, wait_ms=wait_ms)))
         assert got == pareto_prune(naive)
         assert tables.first_options("m", n, resources, rate) is got or rate == 0.0 or n >= 8  # cached
+
+
+# ---- pre-warm starts (ESGSettings.prewarm) ----------------------------------------------------
+
+PW_SPACE = ConfigSpace((1,), (1, 4), (0.0,))
+
+
+def prewarm_sched(**settings: object) -> ESGScheduler:
+    """Stage m on the CPU: 20 ms on 1 vCPU, 8 ms on 4 vCPUs; a cold start takes 100 ms.
+
+    Per job, 1 vCPU costs 1e-3 * 20 / 1000 = 2.0e-5 and 4 vCPUs 4e-3 * 8 / 1000 = 3.2e-5.
+    """
+    prof = LatencyProfile(
+        [ProfilePoint("m", "cpu", 1, 1, 0.0, 20.0), ProfilePoint("m", "cpu", 1, 4, 0.0, 8.0)], {("m", "cpu"): 100.0}
+    )
+    return ESGScheduler(prof, PriceSheet(CPU_PRICE, {}), ESGSettings(config_space=PW_SPACE, **settings))  # type: ignore[arg-type]
+
+
+def big_warm() -> Worker:
+    return Worker("w0", "node0", None, "cpu", 4, 0.0, "m", busy=False, idle_since_ms=0.0)
+
+
+def test_prewarm_starts_the_cheaper_worker_off_the_requests_path() -> None:
+    # Slack 60 ms: a cold start (100 ms) never fits, so the job goes to the warm 4-vCPU worker
+    # (8 ms, 3.2e-5 per job). Warm, 1 vCPU would run it in 20 ms for 2.0e-5 (37.5 % less, over
+    # the 20 % threshold): ESG starts one, with no job on it, on the free vCPUs.
+    cluster = ClusterSnapshot([Node("node0", 8)], [], [big_warm()])
+    res = prewarm_sched().decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 60.0))], cluster), 0.0)
+    assert [(d.placement.worker_id, d.config.vcpus, d.at_risk) for d in res.dispatches] == [("w0", 4, False)]
+    assert [(s.queue, s.config, s.hardware, s.placement.cold, s.placement.evict) for s in res.starts] == [
+        (Q1, Config(1, 1, 0.0), "cpu", True, ())
+    ]
+    assert "pre-warm" in res.starts[0].reason and "2e-05" in res.starts[0].reason
+
+
+def test_prewarm_holds_back_when_it_would_not_pay_or_not_fit() -> None:
+    jobs = [QueueState(Q1, jobs_for(Q1, 1, 60.0))]
+    roomy = ClusterSnapshot([Node("node0", 8)], [], [big_warm()])
+    # The knob off (the paper's ESG): no start.
+    assert prewarm_sched(prewarm=False).decide(snap(WF1, jobs, roomy), 0.0).starts == ()
+    # A saving of 37.5 % does not reach a 50 % threshold.
+    assert prewarm_sched(prewarm_saving=0.5).decide(snap(WF1, jobs, roomy), 0.0).starts == ()
+    # Slack 15 ms: the 4-vCPU worker (8 ms) fits, 1 vCPU (20 ms) would not even warm.
+    tight = [QueueState(Q1, jobs_for(Q1, 1, 15.0))]
+    res = prewarm_sched().decide(snap(WF1, tight, roomy), 0.0)
+    assert len(res.dispatches) == 1 and res.starts == ()
+    # A worker of the stage is already starting: one start at a time.
+    starting = Worker("w9", "node0", None, "cpu", 1, 0.0, "m", busy=True, starting=True)
+    cluster = ClusterSnapshot([Node("node0", 8)], [], [big_warm(), starting])
+    assert prewarm_sched().decide(snap(WF1, jobs, cluster), 0.0).starts == ()
+    # No free slot without stopping an idle worker of another stage: no start (it would evict).
+    other = Worker("w1", "node0", None, "cpu", 1, 0.0, "x", busy=False, idle_since_ms=0.0)
+    full = ClusterSnapshot([Node("node0", 8, max_workers=2)], [], [big_warm(), other])
+    res = prewarm_sched().decide(snap(WF1, jobs, full), 0.0)
+    assert len(res.dispatches) == 1 and res.starts == ()
+
+
+def test_prewarm_is_not_needed_once_the_cheap_worker_is_warm() -> None:
+    # With an idle 1-vCPU worker the search itself picks it (cheaper, fits): no start.
+    small = Worker("w2", "node0", None, "cpu", 1, 0.0, "m", busy=False, idle_since_ms=0.0)
+    cluster = ClusterSnapshot([Node("node0", 8)], [], [big_warm(), small])
+    res = prewarm_sched().decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 60.0))], cluster), 0.0)
+    assert [d.placement.worker_id for d in res.dispatches] == ["w2"] and res.starts == ()
+
+
+def test_start_must_place_a_new_worker() -> None:
+    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.scheduling import Placement, Start
+
+    with pytest.raises(InvalidInputError, match="'w0'"):
+        Start(Q1, Config(1, 1, 0.0), "cpu", Placement("node0", None, "w0", 2))

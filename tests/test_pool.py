@@ -18,11 +18,21 @@ from esg_prefect.exceptions import (
     WorkerCrashedError,
 )
 from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
-from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling import (
+    Dispatch,
+    ESGSettings,
+    Hold,
+    Placement,
+    SchedulingResult,
+    Snapshot,
+    Start,
+    register_scheduler,
+)
 from esg_prefect.scheduling.esg import ESGScheduler
 from tests.toy_stages import CRASH, POISON, settle, toy_profile
 
@@ -305,3 +315,52 @@ def test_pool_runs_with_paldia_features_on() -> None:
         assert sel is not None and sel.hardware == "cpu"  # the only type present, chosen from the observed load
     finally:
         pool.close()
+
+
+class _PrewarmFirst:
+    """A scheduler that starts a worker for a queue, holds its jobs until it is warm, then uses it."""
+
+    name = "prewarm-first"
+
+    def __init__(self) -> None:
+        self.seen_starting: list[bool] = []  # the busy workers' ``starting`` flags, round after round
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        holds, dispatches, starts = [], [], []
+        for q in snapshot.queues:
+            mine = [w for w in snapshot.cluster.workers if w.stage == q.key.stage]
+            warm = [w for w in mine if not w.busy]
+            self.seen_starting += [w.starting for w in mine if w.busy]
+            if warm:
+                w, jobs = warm[0], q.jobs[:4]
+                placement = Placement(w.node, None, w.worker_id, 1)
+                ids = tuple(j.job_id for j in jobs)
+                dispatches.append(Dispatch(q.key, ids, Config(len(jobs), 1, 0.0), "cpu", placement, 7.0))
+            elif mine:
+                holds.append(Hold(q.key, "waiting for the worker"))
+            else:
+                node = snapshot.cluster.nodes[0].name
+                starts.append(Start(q.key, Config(1, 1, 0.0), "cpu", Placement(node, None, None, 4), "test"))
+                holds.append(Hold(q.key, "starting a worker"))
+        return SchedulingResult(tuple(dispatches), tuple(holds), (), (), tuple(starts))
+
+
+def test_a_prewarm_start_loads_a_worker_that_then_serves_warm() -> None:
+    sched = _PrewarmFirst()
+    register_scheduler("prewarm-first", lambda *a: sched, "test only", replace=True)
+    pool = Pool(toy_profile(), PRICES, scheduler="prewarm-first", backend=InlineBackend(vcpus=2))
+    try:
+        heavy = WorkflowDecl("warmup", 5000, ())
+        calls = [StageCall(f"h{i}", "heavy", "tests.toy_stages:heavy", heavy, f"r{i}", f"r{i}", i) for i in range(3)]
+        results = settle([pool.submit(c) for c in calls])
+        assert [r.output for r in results] == [1, 2, 3]  # type: ignore[union-attr]
+        assert {(r.worker_id, r.cold_start) for r in results} == {("w1", False)}  # type: ignore[union-attr]
+        snap = pool.snapshot()
+    finally:
+        pool.close()
+    assert [w["worker_id"] for w in snap.workers] == ["w1"]
+    # While it loaded, the scheduler saw it busy and starting (it may also have seen it busy running).
+    assert sched.seen_starting[:1] == [True]
+    # The load ran before the first batch and is billed as the worker's idle time from its start.
+    first_batch = min(b.start_ms for b in snap.batches)
+    assert snap.idles and snap.idles[0].worker_id == "w1" and snap.idles[0].start_ms < first_batch

@@ -343,3 +343,33 @@ def test_batching_headroom_hand_worked() -> None:
     assert r["headroom"] == pytest.approx(5 / 3)
     head = workflow_headroom([Workflow.chain("w", ["m"], 100.0)], rows)
     assert head["w"] == pytest.approx(5 / 3) and head["all"] == pytest.approx(5 / 3)
+
+
+# ---- pre-warm starts ---------------------------------------------------------------------------
+
+
+def test_prewarmed_workers_serve_their_first_batch_warm() -> None:
+    # The standard case's warm-up leaves queues on V100 and A100 shares (the fastest, chosen best
+    # effort while cold starts missed every slack); ESG then starts cheaper T4 shares with no job.
+    from esg_prefect.simulator import standard_case
+
+    case = standard_case("esg", duration_s=8.0, seed=0)
+    runs = {on: simulate(replace(case, settings=replace(case.settings, prewarm=on))) for on in (True, False)}
+    for run in runs.values():
+        first: dict[str, object] = {}
+        for s in sorted(run.stages, key=lambda s: (s.start_ms, s.job_id)):
+            first.setdefault(s.worker_id, s)
+        warm_first = [w for w, s in first.items() if s.cold_start_ms == 0]  # type: ignore[attr-defined]
+        # A worker whose first batch had no cold start can only have been started without one.
+        assert len(warm_first) == run.prewarm_starts
+        assert len(run.requests) == 2299 and all(r.finish_ms is not None for r in run.requests)
+    assert runs[True].prewarm_starts > 0 and runs[False].prewarm_starts == 0
+    # A pre-warm's load is billed as idle time from the instant it began: the worker's first
+    # idle record starts before its first batch, by at least the cold start.
+    on = runs[True]
+    starts = {s.worker_id: s.start_ms for s in sorted(on.stages, key=lambda s: -s.start_ms)}
+    for w in {s.worker_id for s in on.stages if s.cold_start_ms == 0} - {
+        s.worker_id for s in on.stages if s.cold_start_ms > 0
+    }:
+        idle0 = min(i.start_ms for i in on.idles if i.worker_id == w)
+        assert idle0 < starts[w]

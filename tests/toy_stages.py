@@ -69,7 +69,7 @@ def toy_profile() -> LatencyProfile:
     return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
 
 
-STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow")
+STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy")
 
 
 burst = Pipeline("burst", slo_ms=5_000)
@@ -80,6 +80,20 @@ def slow(model: dict[str, Any], items: list[int]) -> list[int]:
     """A stage that keeps its worker busy, so that calls arriving meanwhile queue and batch."""
     time.sleep(0.2)
     return [x + 1 for x in items]
+
+
+warmup = Pipeline("warmup", slo_ms=5_000)
+
+
+def load_slowly(device: str) -> dict[str, Any]:
+    """A model that takes 0.2 s to load, so that a worker is seen while it starts."""
+    time.sleep(0.2)
+    return {"step": 1}
+
+
+@warmup.stage(load=load_slowly, name="heavy")
+def heavy(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + model["step"] for x in items]
 
 
 drift = Pipeline("drift", slo_ms=5_000)

@@ -137,6 +137,13 @@ class ESGSchedulerSettings(Block):
     wait_for_busy_warm: bool = Field(
         default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
     )
+    prewarm: bool = Field(
+        default=True,
+        description="Start a cheaper worker off the requests' path when a queue is served by an overpriced warm one.",
+    )
+    prewarm_saving: float = Field(
+        default=0.2, gt=0, lt=1, description="Least relative saving per job that justifies a pre-warm start."
+    )
     size_aware: bool = Field(
         default=True,
         description="Cypress: pack batches by their items' predicted time where the profile has a size model.",

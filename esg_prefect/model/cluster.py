@@ -81,8 +81,10 @@ class Worker:
         vcpus: vCPUs it holds.
         gpu_share: share of ``device_id`` it holds (0 for a CPU worker).
         stage: ``"workflow/stage"`` whose model is warm in it, None while starting empty.
-        busy: whether it runs a batch now.
+        busy: whether it runs a batch now (or is starting).
         idle_since_ms: when it became idle (for keep-alive), if idle.
+        starting: busy loading its model for a pre-warm start, with no batch
+            (:class:`~esg_prefect.scheduling.base.Start`); warm and idle after.
     """
 
     worker_id: str
@@ -94,6 +96,7 @@ class Worker:
     stage: str | None
     busy: bool = False
     idle_since_ms: float | None = None
+    starting: bool = False
 
     def __post_init__(self) -> None:
         if not self.worker_id or not self.node:

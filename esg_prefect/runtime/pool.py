@@ -79,7 +79,15 @@ from esg_prefect.runtime.workers import (
     WorkerSpec,
 )
 from esg_prefect.runtime.workflows import WorkflowRegistry
-from esg_prefect.scheduling import DecisionStats, Dispatch, ESGSettings, QueueState, Snapshot, create_scheduler
+from esg_prefect.scheduling import (
+    DecisionStats,
+    Dispatch,
+    ESGSettings,
+    QueueState,
+    Snapshot,
+    Start,
+    create_scheduler,
+)
 from esg_prefect.scheduling.tables import CandidateTables
 from esg_prefect.workload.rate import ArrivalRateEWMA
 
@@ -118,6 +126,7 @@ class _WorkerState:
     busy: bool = True
     idle_since_ms: float | None = None
     started_ms: float = 0.0
+    starting: bool = False  # loading for a pre-warm start (scheduling.base.Start), no batch yet
 
 
 @dataclass(slots=True)
@@ -329,6 +338,7 @@ class Pool:
         self._closed = False
         # Everything below is owned by the controller loop: touched only from its thread.
         self._queues: dict[QueueKey, list[_Pending]] = {}
+        self._stage_paths: dict[QueueKey, str] = {}  # queue -> its stage's import path, for pre-warm starts
         self._rates: dict[QueueKey, ArrivalRateEWMA] = {}  # the simulator's estimator too
         self._workers: dict[str, _WorkerState] = {}
         self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
@@ -497,6 +507,7 @@ class Pool:
         )
         self._inflight[call.call_id] = fut
         self._queues.setdefault(key, []).append(_Pending(call, fut, job))
+        self._stage_paths[key] = call.stage_path
         rate = self._rates.setdefault(key, ArrivalRateEWMA(self.settings.rate_ewma_alpha))
         with contextlib.suppress(InvalidInputError):  # the wall clock stepped back: skip this one
             rate.observe(now)
@@ -568,6 +579,8 @@ class Pool:
                     self._fail_queued(rej.queue, jid, StageRejectedError(rej.reason))
             for d in result.dispatches:
                 self._dispatch(d, now)
+            for st in result.starts:  # after the dispatches, in the order the scheduler placed them
+                self._prewarm(st, now)
         if any(self._queues.values()) and self._tick_handle is None:
             loop = asyncio.get_running_loop()
             self._tick_handle = loop.call_later(self.settings.tick_ms / 1000.0, self._tick)
@@ -588,6 +601,7 @@ class Pool:
                 ws.stage,
                 busy=ws.busy,
                 idle_since_ms=ws.idle_since_ms,
+                starting=ws.starting,
             )
             for wid, ws in self._workers.items()
         ]
@@ -645,6 +659,40 @@ class Pool:
                 now,
             )
         self._spawn_task(self._run_batch(ws, pendings, d, now))
+
+    def _prewarm(self, st: Start, now: float) -> None:
+        """Start a worker with no batch, so that it is warm when the queue next needs it.
+
+        The worker counts as busy (``starting``) while it loads; once loaded it is
+        idle and warm, its idle time counted from the start's beginning so that
+        the load is billed (as idle time: no run's batch held it). A start that
+        fails to load is dropped with a warning: no job was waiting on it.
+        """
+        path = self._stage_paths.get(st.queue)
+        if path is None or st.placement.worker_id is not None:
+            return
+        for wid in st.placement.evict:
+            if wid in self._workers and not self._workers[wid].busy:
+                self._retire(wid, now)
+        ws = self._new_worker(
+            path, st.queue.stage, st.placement.node, st.placement.device_id, st.hardware, st.config, now
+        )
+        ws.starting = True
+        logger.debug("worker %s: %s", ws.spec.worker_id, st.reason)
+        self._spawn_task(self._load(ws, now))
+
+    async def _load(self, ws: _WorkerState, began: float) -> None:
+        try:
+            ws.handle = await self.backend.start(ws.spec)
+        except (WorkerLoadError, WorkerDiedError) as exc:
+            self._workers.pop(ws.spec.worker_id, None)
+            logger.warning("pre-warm start of worker %s failed (%s); dropped", ws.spec.worker_id, exc)
+            return
+        finally:
+            ws.starting = False
+        if ws.spec.worker_id in self._workers:
+            ws.busy, ws.idle_since_ms = False, began
+        self._request_round()
 
     def _new_worker(
         self, path: str, stage: str, node: str, device: str | None, hardware: str, cfg: Config, now: float

@@ -13,6 +13,7 @@ from esg_prefect.scheduling.base import (
     Scheduler,
     SchedulingResult,
     Snapshot,
+    Start,
 )
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.esg import ESGScheduler
@@ -45,6 +46,7 @@ __all__ = [
     "SearchResult",
     "SearchStats",
     "Snapshot",
+    "Start",
     "SuffixFrontiers",
     "astar_plan",
     "create_scheduler",

@@ -154,6 +154,35 @@ class Dispatch:
 
 
 @dataclass(frozen=True, slots=True)
+class Start:
+    """Start a worker now, without jobs, so that it is warm when the queue next needs it.
+
+    A cold start rarely fits a job's slack (model load is tens of ms against
+    SLO segments of tens of ms), so a scheduler that only ever starts workers
+    with jobs on them keeps serving a queue from whatever warm workers it has,
+    however overpriced. A ``Start`` pays the cold start off the requests' path;
+    its time is billed as the worker's idle time (no run's batch holds it).
+
+    Attributes:
+        queue: the queue the worker is for (its stage is ``queue.stage``).
+        config: the worker's resources (``batch`` is the batch it was sized for).
+        hardware: ``"cpu"`` or the GPU type.
+        placement: where it starts: always a new worker (``worker_id`` None).
+        reason: a short account of why, for logs.
+    """
+
+    queue: QueueKey
+    config: Config
+    hardware: str
+    placement: Placement
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.placement.worker_id is not None:
+            raise InvalidInputError(f"a start places a new worker, got worker {self.placement.worker_id!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
     """Leave a queue's jobs waiting this round (for a fuller batch, or capacity)."""
 
@@ -178,6 +207,7 @@ class SchedulingResult:
     holds: tuple[Hold, ...] = ()
     rejects: tuple[Reject, ...] = ()
     stats: tuple[DecisionStats, ...] = field(default=())
+    starts: tuple[Start, ...] = ()
 
 
 @runtime_checkable

@@ -55,6 +55,7 @@ import math
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -67,6 +68,7 @@ from esg_prefect.scheduling.base import (
     Reject,
     SchedulingResult,
     Snapshot,
+    Start,
 )
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.frontier import Option
@@ -215,6 +217,7 @@ class ESGScheduler:
         holds: list[Hold] = []
         rejects: list[Reject] = []
         stats: list[DecisionStats] = []
+        starts: list[Start] = []
         queues = [q for q in snapshot.queues if q.jobs]
         pending = {q.key: self._edf(q) for q in queues}
         queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
@@ -285,7 +288,62 @@ class ESGScheduler:
                         self._reason(c, dec, placement.rule),
                     )
                 )
-        return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats))
+                if self.settings.prewarm and not dec.at_risk and not placement.cold:
+                    left = self._deadline(batch[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
+                    start = self._prewarm(q.key, c, left, view, starts)
+                    if start is not None:
+                        starts.append(start)
+        return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
+
+    def _prewarm(
+        self, key: QueueKey, c: Choice, left_ms: float, view: ClusterView, starts: list[Start]
+    ) -> Start | None:
+        """A worker to start off the requests' path, or None (``ESGSettings.prewarm``).
+
+        ``c`` has just been dispatched on a warm worker within ``left_ms``. If
+        resources that could run the same batch within ``left_ms`` once warm
+        cost at least ``prewarm_saving`` less per job, have room without
+        stopping anyone, and none of that kind is idle for the stage, the
+        cheapest of them is started now: the next rounds find it warm and the
+        search moves the queue onto it, while the overpriced worker goes idle
+        and expires. One start per stage at a time (none while a worker of the
+        stage is still starting), so a queue's demand is met one worker after
+        another, as it proves to need them.
+        """
+        stage = key.stage
+        if any(w.starting for w in view.busy_by_stage.get(stage, ())) or any(s.queue.stage == stage for s in starts):
+            return None
+        batch = c.config.batch
+        prices = self.tables.prices
+        ceiling = (1.0 - self.settings.prewarm_saving) * prices.batch_cost(c.config, c.hardware, c.latency_ms) / batch
+        resources = self.placeable_resources(stage, view)
+        if self._hardware is not None:
+            resources = self._hardware.restrict(key, resources)
+        best: tuple[float, float, Config, str] | None = None
+        for hw, vcpus, share, warm in resources:
+            if warm:
+                continue
+            lat = self.tables.latency_ms(stage, batch, vcpus, share, hw)
+            if lat is None or lat > left_ms:
+                continue
+            cfg = Config(batch, vcpus, share)
+            per_job = prices.batch_cost(cfg, hw, lat) / batch
+            if per_job <= ceiling and (best is None or (per_job, lat) < best[:2]):
+                best = (per_job, lat, cfg, hw)
+        if best is None:
+            return None
+        _, lat, cfg, hw = best
+        if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
+            return None
+        placement = view.place(stage, cfg.vcpus, cfg.gpu_share, hw, ())
+        if placement is None or not placement.cold or placement.evict:
+            return None
+        view.commit(placement, cfg.vcpus, cfg.gpu_share)
+        reason = (
+            f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
+            f"{best[0]:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
+        )
+        return Start(key, cfg, hw, placement, reason)
 
     def _edf(self, q: QueueState) -> list[Job]:
         """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""
@@ -535,12 +593,16 @@ class ESGScheduler:
         """Upper bound on when a busy worker warm for ``stage`` could have run ``batch`` jobs; inf if none.
 
         Its current batch is at most the space's largest, so it ends within that
-        batch's latency on its resources; ours follows.
+        batch's latency on its resources (a worker still starting, within its
+        cold start); ours follows.
         """
         top = self.settings.config_space.max_batch
         best = math.inf
         for w in view.busy_by_stage.get(stage, ()):
-            now_lat = self.tables.latency_ms(stage, top, w.vcpus, w.gpu_share, w.hardware)
+            if w.starting:
+                now_lat: float | None = self.tables.profile.cold_start_ms(stage, w.hardware)
+            else:
+                now_lat = self.tables.latency_ms(stage, top, w.vcpus, w.gpu_share, w.hardware)
             ours = self.tables.latency_ms(stage, batch, w.vcpus, w.gpu_share, w.hardware)
             if now_lat is not None and ours is not None:
                 best = min(best, to_us(now_lat + ours))

@@ -72,6 +72,17 @@ class ESGSettings:
             for a busy worker warm for the stage if it would finish them sooner
             (not in the paper; without it an overloaded cluster falls into a
             cold-start storm, see :mod:`esg_prefect.scheduling.esg`).
+        prewarm: after a dispatch onto a warm worker, start a worker off the
+            requests' path (:class:`~esg_prefect.scheduling.base.Start`) when
+            resources the queue could use warm within the same slack cost at
+            least ``prewarm_saving`` less per job, none of that kind is idle for
+            the stage and no start for the stage is under way (not in the
+            paper, whose ESG starts workers only with jobs on them: as a cold
+            start never fits a tight slack, it kept serving queues from the
+            warm-up's workers, e.g. resnet50 on V100 shares at 5x a T4 share's
+            cost per job; docs/results.md, "Pre-warming").
+        prewarm_saving: the least relative saving per job that justifies a
+            start, in (0, 1).
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -113,6 +124,8 @@ class ESGSettings:
     reserve_overhead: bool = True
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
+    prewarm: bool = True
+    prewarm_saving: float = 0.2
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7
@@ -138,12 +151,15 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware"):
+        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware", "prewarm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        ps = self.prewarm_saving
+        if isinstance(ps, bool) or not isinstance(ps, (int, float)) or not (0.0 < ps < 1.0):
+            raise ConfigError(f"prewarm_saving must be in (0, 1), got {ps!r}")
         hu = self.hardware_utilization
         if isinstance(hu, bool) or not isinstance(hu, (int, float)) or not (0.0 < hu <= 1.0):
             raise ConfigError(f"hardware_utilization must be in (0, 1], got {hu!r}")

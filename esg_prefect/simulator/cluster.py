@@ -96,6 +96,7 @@ class SimWorker:
         "node",
         "share",
         "stage",
+        "starting",
         "vcpus",
         "view",
         "worker_id",
@@ -112,6 +113,7 @@ class SimWorker:
         self.share = share
         self.stage = stage
         self.idle_since_ms: float | None = None  # None while busy (or starting)
+        self.starting: float | None = None  # when a pre-warm start began, while it loads
         self.expiry_token = 0
         self.last_batch_end_ms = 0.0
         self.view: Worker | None = None  # the immutable view, until the state changes
@@ -140,6 +142,7 @@ class SimWorker:
         _set(w, "stage", self.stage)
         _set(w, "busy", self.idle_since_ms is None)
         _set(w, "idle_since_ms", self.idle_since_ms)
+        _set(w, "starting", self.starting is not None)
         return w
 
 
@@ -251,6 +254,38 @@ class SimCluster:
             self._snapshot = None
             return w
         return self._start(placement, stage, config, hardware)
+
+    def prewarm(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> SimWorker:
+        """Start a worker with no batch (a :class:`~esg_prefect.scheduling.base.Start`); :meth:`warmed` ends it.
+
+        It holds its vCPUs and GPU share while it loads, like a batch's cold
+        start, but does not count as a busy co-runner on its GPU (loading
+        weights is a copy, not compute).
+
+        Raises:
+            InvalidInputError: when the placement names a worker or does not fit.
+        """
+        if placement.worker_id is not None:
+            raise InvalidInputError(f"a pre-warm start names worker {placement.worker_id!r}; it must place a new one")
+        w = self.acquire(placement, stage, config, hardware, now_ms)
+        w.starting = now_ms
+        return w
+
+    def warmed(self, w: SimWorker) -> int:
+        """A pre-warm start is done: the worker is idle and warm; returns the token its expiry must carry.
+
+        Its idle time is counted from the start's beginning, so the load is billed
+        (as idle time: no run's batch held it).
+        """
+        if w.starting is None:
+            raise InvalidInputError(f"worker {w.worker_id} is not starting")
+        self._free_vcpus[w.node] += w.vcpus
+        w.idle_since_ms = w.starting
+        w.starting = None
+        w.expiry_token += 1
+        w.view = None
+        self._snapshot = None
+        return w.expiry_token
 
     def _start(self, placement: Placement, stage: str, config: Config, hardware: str) -> SimWorker:
         node, dev = placement.node, placement.device_id

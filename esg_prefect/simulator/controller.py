@@ -48,7 +48,7 @@ from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.slo import SLODistribution
 from esg_prefect.model.workflow import Workflow
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, QueueState, Scheduler, Snapshot
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, QueueState, Scheduler, Snapshot, Start
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.tables import CandidateTables
@@ -57,7 +57,7 @@ from esg_prefect.simulator.engine import EventLoop
 from esg_prefect.workload.rate import ArrivalRateEWMA
 
 # Event kinds, in the order events of one instant are handled.
-DONE, ARRIVAL, EXPIRE, TICK = 0, 1, 2, 3
+DONE, ARRIVAL, EXPIRE, TICK, WARM = 0, 1, 2, 3, 4
 
 
 def _queue_state(key: QueueKey, jobs: tuple[Job, ...], rate: float) -> QueueState:
@@ -226,6 +226,8 @@ class Controller:
                     self._typical[s] = sizes.typical_item_size(s) or 1.0
         self._open = 0  # requests neither finished nor failed
         self._in_flight = 0  # batches running
+        self._starting = 0  # pre-warm starts loading
+        self.prewarms = 0  # workers started without jobs (Start decisions)
         self.at_risk_cold_starts = 0  # new workers started for best-effort (at-risk) dispatches
 
     # ---- events ------------------------------------------------------------------------
@@ -244,12 +246,18 @@ class Controller:
         elif kind == EXPIRE:
             assert isinstance(payload, tuple)
             self.cluster.expire(str(payload[0]), int(payload[1]), now)
+        elif kind == WARM:
+            assert isinstance(payload, SimWorker)
+            token = self.cluster.warmed(payload)
+            self._starting -= 1
+            self.loop.at(now + self.cluster.keep_alive_ms, EXPIRE, (payload.worker_id, token))
+            self._dirty = True
         elif payload == self._wake_at:  # TICK: the pending wake-up (older ones are stale)
             self._wake_at = None
 
     def settle(self, now_ms: float) -> None:
         """After the events of an instant: a scheduling round if one is due; the end of the run."""
-        if self.arrivals_left == 0 and self._open == 0 and self._in_flight == 0:
+        if self.arrivals_left == 0 and self._open == 0 and self._in_flight == 0 and self._starting == 0:
             self.cluster.retire_idle(now_ms)
             self.loop.stop()
             return
@@ -364,6 +372,16 @@ class Controller:
                 self._fail(req, now)
         for d in result.dispatches:
             self._dispatch(d, now)
+        for st in result.starts:  # placed after the round's dispatches, as the scheduler placed them
+            self._prewarm(st, now)
+
+    def _prewarm(self, st: Start, now: float) -> None:
+        if st.queue not in self.queues:
+            raise InvalidInputError(f"scheduler {self.scheduler.name!r} started a worker for unknown queue {st.queue}")
+        w = self.cluster.prewarm(st.placement, st.queue.stage, st.config, st.hardware, now)
+        self._starting += 1
+        self.prewarms += 1
+        self.loop.at(now + self.cluster.profile.cold_start_ms(st.queue.stage, st.hardware), WARM, w)
 
     def _dispatch(self, d: Dispatch, now: float) -> None:
         q = self.queues.get(d.queue)

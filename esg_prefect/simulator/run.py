@@ -48,6 +48,8 @@ class SimRun:
         at_risk_cold_starts: workers started for dispatches the scheduler marked
             at risk (no plan met the slack): how much of the cold-start churn
             comes from best-effort dispatches.
+        prewarm_starts: of ``cold_starts``, workers started with no jobs, off
+            the requests' path (the scheduler's ``Start`` decisions).
     """
 
     report: Report
@@ -62,6 +64,7 @@ class SimRun:
     cold_starts: int
     decide_ms: tuple[float, ...] = ()
     at_risk_cold_starts: int = 0
+    prewarm_starts: int = 0
 
 
 def simulate(
@@ -144,6 +147,7 @@ def simulate(
         cluster.cold_starts,
         tuple(ctl.decide_ms),
         ctl.at_risk_cold_starts,
+        ctl.prewarms,
     )
 
 
