@@ -26,7 +26,8 @@ Definitions of the RESULT line:
       the schedulers' decide is printed above).
 
 Also printed: per scheduler the workers started and how many of them were
-started for at-risk (best-effort) dispatches; and the batching headroom of the
+started for at-risk (best-effort) dispatches and how many were pre-warmed
+(started with no job by ESG's ``Start`` decisions); and the batching headroom of the
 standard workflows (least batch-1 cost over least cost at any batch, each
 stage on its cheapest GPU and share): the most any scheduler could save over a
 right-sized batch-1 share (the FaST-GShare-like baseline) on this profile,
@@ -63,7 +64,7 @@ def main() -> None:
     esg_decisions = ""
     header = (
         f"{'scheduler':<15} {'SLO hit':>8} {'p99 ms':>8} {'batch $/req':>12} {'total $/req':>12} "
-        f"{'mean batch':>10} {'workers':>8} {'at-risk':>7} {'wall s':>7} {'req/s':>7} {'in decide':>9}"
+        f"{'mean batch':>10} {'workers':>8} {'at-risk':>7} {'pre-warm':>8} {'wall s':>7} {'req/s':>7} {'in decide':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -97,6 +98,7 @@ def main() -> None:
         print(
             f"{name:<15} {o.slo_hit_rate:8.3f} {o.latency_p99_ms or 0:8.1f} {o.batch_cost_per_request:12.3e} "
             f"{o.cost_per_request:12.3e} {o.mean_batch_size:10.2f} {run.cold_starts:8d} {run.at_risk_cold_starts:7d} "
+            f"{run.prewarm_starts:8d} "
             f"{wall:7.1f} "
             f"{n / wall:7.0f} {decide / wall:9.0%}",
             flush=True,
@@ -104,7 +106,10 @@ def main() -> None:
     head = headline(rows)
     speed = total_requests / total_wall
     room = workflow_headroom(standard_workflows(), batching_headroom())
-    print("(workers: workers started; at-risk: of them, started for best-effort dispatches of infeasible plans)")
+    print(
+        "(workers: workers started; at-risk: of them, started for best-effort dispatches of infeasible plans; "
+        "pre-warm: of them, started with no job, off the requests' path)"
+    )
     print()
     if esg_decisions:
         print(esg_decisions)

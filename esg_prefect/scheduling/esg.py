@@ -218,6 +218,7 @@ class ESGScheduler:
         rejects: list[Reject] = []
         stats: list[DecisionStats] = []
         starts: list[Start] = []
+        candidates: list[tuple[QueueKey, Choice, float]] = []  # warm dispatches that may call for a pre-warm
         queues = [q for q in snapshot.queues if q.jobs]
         pending = {q.key: self._edf(q) for q in queues}
         queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
@@ -290,9 +291,12 @@ class ESGScheduler:
                 )
                 if self.settings.prewarm and not dec.at_risk and not placement.cold:
                     left = self._deadline(batch[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
-                    start = self._prewarm(q.key, c, left, view, starts)
-                    if start is not None:
-                        starts.append(start)
+                    candidates.append((q.key, c, left))
+        # Pre-warm starts take what the round's dispatches left: every queue is served first.
+        for key, c, left in candidates:
+            start = self._prewarm(key, c, left, view, starts)
+            if start is not None:
+                starts.append(start)
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
 
     def _prewarm(
