@@ -35,6 +35,15 @@ docs/results.md). Where a new worker fits without evicting, it still starts:
 holding then would keep queues on whatever warm workers the warm-up left.
 The knob ``wait_for_busy_warm`` turns this off (the paper's behaviour).
 
+Pre-warming (``prewarm``, not in the paper): since a cold start rarely fits a
+slack, a scheduler that starts workers only with jobs on them keeps serving
+each queue from whatever warm workers it has, e.g. those the warm-up's best
+effort started on the fastest (dearest) GPUs. After a dispatch onto a warm
+worker, when resources that would run the same batch in the same slack once
+warm cost ``prewarm_saving`` less per job, ESG also returns a
+:class:`~esg_prefect.scheduling.base.Start` for them, placed after every
+queue's dispatches (it takes only capacity the round left, never evicting).
+
 Example:
     >>> from esg_prefect.model import (Config, ConfigSpace, LatencyProfile, ProfilePoint, PriceSheet,
     ...     Workflow, QueueKey, Job, cpu_cluster)
@@ -309,8 +318,9 @@ class ESGScheduler:
         cost at least ``prewarm_saving`` less per job, have room without
         stopping anyone, and none of that kind is idle for the stage, the
         cheapest of them is started now: the next rounds find it warm and the
-        search moves the queue onto it, while the overpriced worker goes idle
-        and expires. One start per stage at a time (none while a worker of the
+        search moves the queue onto it; the overpriced worker serves only what
+        the cheap one cannot take, and expires once the queue stops needing
+        it. One start per stage at a time (none while a worker of the
         stage is still starting), so a queue's demand is met one worker after
         another, as it proves to need them.
         """

@@ -12,7 +12,8 @@ AlpaServe: never copy controller logic into the simulator).
 
 When rounds happen (the runtime makes the same calls):
 
-* after an arrival or a batch completion; events of one instant are
+* after an arrival, a batch completion or the end of a pre-warm start (a
+  worker loaded off the requests' path, ``Start``); events of one instant are
   coalesced into one round, and so are events that come less than
   ``SimSpec.round_interval_ms`` after the previous round (a real controller
   cannot decide faster than its decisions take; 0 reacts at every instant);
