@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model import Config, ConfigSpace, Job, LatencyProfile, PriceSheet, ProfilePoint, QueueKey, Workflow
 from esg_prefect.model.cluster import cpu_cluster
+from esg_prefect.model.report import GroupSummary
 from esg_prefect.model.size_model import FACTOR_BOUNDS, SizeModel, SizeSample
 from esg_prefect.scheduling.base import QueueState, Snapshot
 from esg_prefect.scheduling.esg import ESGScheduler
@@ -214,16 +216,23 @@ def test_sized_case_loads_the_profilers_size_model() -> None:
 
 
 def test_packing_by_predicted_time_meets_more_slos_on_prompts_of_real_length() -> None:
-    """The sized case, short: the count model sends batches of long prompts late; packing does not."""
-    runs = {
-        aware: simulate(sized_case(aware, rate_per_s=100.0, duration_s=30.0, warmup_s=10.0, slo_ms=150.0)).report
-        for aware in (False, True)
-    }
-    count, aware = runs[False].overall, runs[True].overall
-    assert count.count == aware.count > 1500
-    assert aware.slo_hit_rate >= count.slo_hit_rate + 0.03
-    assert aware.slo_hit_rate >= 0.98
-    assert aware.latency_p99_ms < count.latency_p99_ms
+    """The sized case, short: the count model sends batches of long prompts late; packing does not.
+
+    With ESG's defaults (pre-warming on) the count model already meets 98.3 % here and packing
+    every SLO (+1.7 points); without pre-warming the count model keeps more queues on the
+    warm-up's workers and misses more of the long prompts, and packing's gain is larger.
+    """
+
+    def overall(aware: bool, prewarm: bool) -> GroupSummary:
+        case = sized_case(aware, rate_per_s=100.0, duration_s=30.0, warmup_s=10.0, slo_ms=150.0)
+        return simulate(replace(case, settings=replace(case.settings, prewarm=prewarm))).report.overall
+
+    for prewarm, gain in ((True, 0.01), (False, 0.03)):
+        count, aware = overall(False, prewarm), overall(True, prewarm)
+        assert count.count == aware.count > 1500
+        assert aware.slo_hit_rate >= count.slo_hit_rate + gain, prewarm
+        assert aware.slo_hit_rate >= 0.98
+        assert aware.latency_p99_ms < count.latency_p99_ms  # type: ignore[operator]
     # Same workload with every prompt typical: the knob changes nothing that matters.
     typical = {
         a: simulate(with_sizes(sized_case(a, rate_per_s=100.0, duration_s=20.0, slo_ms=150.0), "none")).report.overall
