@@ -36,6 +36,10 @@ def test_defaults_are_the_specs() -> None:
         ("idle_billing", "never"),
         ("latency_blade", "yes"),
         ("config_space", [1, 2]),
+        ("prewarm", "on"),
+        ("prewarm_saving", 0.0),
+        ("prewarm_saving", 1.0),
+        ("prewarm_saving", True),
     ],
 )
 def test_bad_knob_is_named(field: str, value: object) -> None:
