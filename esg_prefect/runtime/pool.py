@@ -83,6 +83,7 @@ from esg_prefect.scheduling import (
     DecisionStats,
     Dispatch,
     ESGSettings,
+    Placement,
     QueueState,
     Snapshot,
     Start,
@@ -640,9 +641,7 @@ class Pool:
         pendings = self._take(d.queue, d.job_ids)
         if not pendings:
             return
-        for wid in d.placement.evict:
-            if wid in self._workers and not self._workers[wid].busy:
-                self._retire(wid, now)
+        self._evict(d.placement, now)
         if d.placement.worker_id is not None and d.placement.worker_id in self._workers:
             ws = self._workers[d.placement.worker_id]
             if ws.idle_since_ms is not None:
@@ -671,9 +670,7 @@ class Pool:
         path = self._stage_paths.get(st.queue)
         if path is None or st.placement.worker_id is not None:
             return
-        for wid in st.placement.evict:
-            if wid in self._workers and not self._workers[wid].busy:
-                self._retire(wid, now)
+        self._evict(st.placement, now)
         ws = self._new_worker(
             path, st.queue.stage, st.placement.node, st.placement.device_id, st.hardware, st.config, now
         )
@@ -693,6 +690,12 @@ class Pool:
         if ws.spec.worker_id in self._workers:
             ws.busy, ws.idle_since_ms = False, began
         self._request_round()
+
+    def _evict(self, placement: Placement, now: float) -> None:
+        """Stop the idle workers a placement makes room by stopping (one still idle; a busy one is left)."""
+        for wid in placement.evict:
+            if wid in self._workers and not self._workers[wid].busy:
+                self._retire(wid, now)
 
     def _new_worker(
         self, path: str, stage: str, node: str, device: str | None, hardware: str, cfg: Config, now: float

@@ -64,7 +64,6 @@ import math
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
-from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -333,20 +332,21 @@ class ESGScheduler:
         resources = self.placeable_resources(stage, view)
         if self._hardware is not None:
             resources = self._hardware.restrict(key, resources)
-        best: tuple[float, float, Config, str] | None = None
+        best: Choice | None = None
+        best_key = (ceiling, math.inf)
         for hw, vcpus, share, warm in resources:
             if warm:
                 continue
-            lat = self.tables.latency_ms(stage, batch, vcpus, share, hw)
-            if lat is None or lat > left_ms:
+            # The same resources' option once warm (cached): its latency and cost per job.
+            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
+            if o is None:
                 continue
-            cfg = Config(batch, vcpus, share)
-            per_job = prices.batch_cost(cfg, hw, lat) / batch
-            if per_job <= ceiling and (best is None or (per_job, lat) < best[:2]):
-                best = (per_job, lat, cfg, hw)
+            assert isinstance(o.payload, Choice)
+            if o.payload.latency_ms <= left_ms and (o.cost, o.payload.latency_ms) < best_key:
+                best, best_key = o.payload, (o.cost, o.payload.latency_ms)
         if best is None:
             return None
-        _, lat, cfg, hw = best
+        cfg, hw, lat = best.config, best.hardware, best.latency_ms
         if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
             return None
         placement = view.place(stage, cfg.vcpus, cfg.gpu_share, hw, ())
@@ -355,7 +355,7 @@ class ESGScheduler:
         view.commit(placement, cfg.vcpus, cfg.gpu_share)
         reason = (
             f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
-            f"{best[0]:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
+            f"{best_key[0]:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
         )
         return Start(key, cfg, hw, placement, reason)
 

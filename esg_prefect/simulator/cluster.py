@@ -279,9 +279,13 @@ class SimCluster:
         """
         if w.starting is None:
             raise InvalidInputError(f"worker {w.worker_id} is not starting")
+        since, w.starting = w.starting, None
+        return self._to_idle(w, since)
+
+    def _to_idle(self, w: SimWorker, since_ms: float) -> int:
+        """Give back the vCPUs ``w`` held while busy and count it idle from ``since_ms``; its new expiry token."""
         self._free_vcpus[w.node] += w.vcpus
-        w.idle_since_ms = w.starting
-        w.starting = None
+        w.idle_since_ms = since_ms
         w.expiry_token += 1
         w.view = None
         self._snapshot = None
@@ -396,15 +400,10 @@ class SimCluster:
     def finish(self, w: SimWorker, record: BatchRecord, now_ms: float) -> int:
         """End a batch: bill it, make the worker idle; returns the token its expiry must carry."""
         self.batches.append(record)
-        self._free_vcpus[w.node] += w.vcpus
         if w.device_id is not None:
             self._busy_on_device[w.device_id] -= 1
-        w.idle_since_ms = now_ms
         w.last_batch_end_ms = now_ms
-        w.expiry_token += 1
-        w.view = None
-        self._snapshot = None
-        return w.expiry_token
+        return self._to_idle(w, now_ms)
 
     def expire(self, worker_id: str, token: int, now_ms: float) -> bool:
         """Retire an idle worker whose keep-alive ran out; False if it was used (or stopped) since."""
