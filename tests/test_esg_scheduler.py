@@ -433,3 +433,51 @@ def test_start_must_place_a_new_worker() -> None:
 
     with pytest.raises(InvalidInputError, match="'w0'"):
         Start(Q1, Config(1, 1, 0.0), "cpu", Placement("node0", None, "w0", 2))
+
+
+def test_first_pick_equals_the_search_over_first_options() -> None:
+    """The one-pass pick gives astar_plan's plan and statistics on first_options, and the slack interval."""
+    from esg_prefect.scheduling.search import astar_plan
+    from esg_prefect.scheduling.tables import CandidateTables
+
+    prof = LatencyProfile(
+        [
+            ProfilePoint("m", hw, b, v, s, (8.0 + 3.0 * b) / max(s, 0.25) * (1.5 if hw == "V100" else 1.0) / v)
+            for hw in ("T4", "V100")
+            for b in (1, 2, 4, 8)
+            for v in (1, 2)
+            for s in (0.25, 0.5, 1.0)
+        ],
+        {("m", "T4"): 30.0, ("m", "V100"): 30.0},
+    )
+    prices = PriceSheet(1e-4, {"T4": 1e-3, "V100": 3e-3})
+    settings = ESGSettings(config_space=ConfigSpace((1, 2, 4, 8), (1, 2), (0.25, 0.5, 1.0)))
+    tables = CandidateTables(prof, prices, settings)
+    resources = tuple(
+        (hw, v, s, warm) for hw in ("T4", "V100") for v in (1, 2) for s in (0.25, 0.5, 1.0) for warm in (s != 0.5,)
+    )
+    rng = random.Random(11)
+    fits_seen = set()
+    for _ in range(400):
+        n = rng.randint(1, 8)
+        rate = rng.choice([0.0, rng.uniform(1.0, 500.0)])
+        slack = rng.randint(0, 150_000)
+        first = tables.first_options("m", n, resources, rate)
+        pick = tables.first_pick("m", n, resources, rate, slack)
+        search = astar_plan([first], slack)
+        assert pick.count == len(first)
+        assert pick.fits == sum(1 for o in first if o.latency_us <= slack)
+        fits_seen.add(0 < pick.fits < pick.count)
+        if search.plan is None:
+            assert pick.best is None
+        else:
+            assert pick.best == search.plan[0]
+            assert (search.stats.generated, search.stats.cut_latency) == (pick.count, pick.count - pick.fits)
+        # Every slack in [lo, hi) lets the same options fit, and the bounds are where that changes.
+        assert pick.lo_us <= slack < pick.hi_us
+        for probe in (pick.lo_us, pick.hi_us - 1):
+            if math.isfinite(probe):
+                assert sum(1 for o in first if o.latency_us <= probe) == pick.fits
+        if math.isfinite(pick.hi_us):
+            assert sum(1 for o in first if o.latency_us <= pick.hi_us) == pick.fits + 1
+    assert fits_seen == {True, False}  # both partial and all-or-nothing fits were exercised

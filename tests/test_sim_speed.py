@@ -21,6 +21,7 @@ from esg_prefect.scheduling.baselines import common
 from esg_prefect.scheduling.baselines.simple import ReadyOrder, TritonScheduler, _in_ready_order
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.esg import ESGScheduler
+from esg_prefect.scheduling.tables import CandidateTables, _pick
 from esg_prefect.simulator import run as run_module
 from esg_prefect.simulator import simulate, standard_case
 
@@ -51,6 +52,12 @@ def _rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch, plain: bool) -> lis
         m.setattr(run_module, "create_scheduler", recording)
         if plain:
             m.setattr(ESGScheduler, "_keep", lambda self, *args: None)
+            # The one-pass pick, against the built and pruned option list it stands for.
+            m.setattr(
+                CandidateTables,
+                "first_pick",
+                lambda self, stage, n, res, rate, slack: _pick(self.first_options(stage, n, res, rate), slack),
+            )
             m.setattr(ViewCache, "view", lambda self, cluster: ClusterView(cluster, self.allow_eviction))
             m.setattr(ReadyOrder, "__call__", lambda self, key, jobs: _in_ready_order(jobs))
             m.setattr(ClusterView, "_cold_slot", ClusterView._find_cold_slot)

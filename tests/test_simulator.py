@@ -373,3 +373,23 @@ def test_prewarmed_workers_serve_their_first_batch_warm() -> None:
     }:
         idle0 = min(i.start_ms for i in on.idles if i.worker_id == w)
         assert idle0 < starts[w]
+
+
+def test_records_built_unchecked_pass_their_checks() -> None:
+    """The controller and cluster skip the records' checks; rebuilding each with them changes nothing."""
+    run = simulate(tiny_case("esg"))
+    assert run.stages and run.batches and run.idles
+    for record in (*run.requests, *run.stages, *run.batches, *run.idles):
+        assert replace(record) == record  # replace() runs __init__, so every check
+    for batch in run.batches:
+        assert all(replace(item) == item for item in batch.items)
+
+
+def test_bad_arrival_times_and_request_sizes_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = tiny_case("esg")
+    wf = case.workflows[0].name
+    with pytest.raises(InvalidInputError, match="nan"):
+        simulate(case, arrivals=[(0.0, wf), (math.nan, wf)])
+    monkeypatch.setattr(Case, "request_sizes", lambda self, n, seed: [1.0] * (n - 1) + [0.0])
+    with pytest.raises(InvalidInputError, match=r"request size .* got 0\.0"):
+        simulate(case, arrivals=[(0.0, wf), (5.0, wf)])

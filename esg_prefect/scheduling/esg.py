@@ -84,7 +84,7 @@ from esg_prefect.scheduling.packing import pack, packs
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
-from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource, to_us
+from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, to_us
 
 __all__ = ["ESGScheduler", "QueueDecision"]
 
@@ -476,11 +476,47 @@ class ESGScheduler:
         stage = queue.key.stage
         hardware = frozenset(view.hardware)
         _, rest_opts, frontiers = self.tables.suffix(workflow, stage, hardware)
-        first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+        s = self.settings
+        rate = queue.arrival_rate_per_s
+        # One stage with both blades: the search is the cheapest option within the slack, taken in
+        # one pass over the first stage's candidates (the same plan and statistics as astar_plan's
+        # closed form). Such an answer depends on the slack only through which options fit in it,
+        # so it is kept for the next rounds with that slack interval.
+        if not rest_opts and s.latency_blade and s.cost_blade and s.max_expansions >= 1:
+            pick = self.tables.first_pick(stage, len(jobs), resources, rate, slack_us)
+            if not pick.count:
+                st = DecisionStats(queue.key, feasible=False, horizon=1, decision_ms=self._since(t0))
+                return QueueDecision("none", None, (), False, st)
+            found = pick.best
+            if found is not None and found.cost <= 0.0:  # the root already matches the greedy seed
+                stats = DecisionStats(queue.key, decision_ms=self._since(t0), feasible=True, options=pick.count)
+            else:
+                stats = DecisionStats(
+                    queue.key,
+                    1,
+                    pick.count,
+                    pick.count - pick.fits,
+                    pick.fits if found is not None else 0,
+                    False,
+                    self._since(t0),
+                    found is not None,
+                    1,
+                    pick.count,
+                )
+            if found is not None:
+                head = found.payload
+                assert isinstance(head, Choice)
+                kind = "wait" if head.wait_ms > 0 else "dispatch"
+                self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head, None)
+                return QueueDecision(kind, head, (), False, stats)
+            if s.infeasible_policy == "reject":
+                first = self.tables.first_options(stage, len(jobs), resources, rate)
+                return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, pick)
+            return self._infeasible(queue, jobs, workflow, view, now_ms, resources, (), rest_opts, stats, pick)
+        first = self.tables.first_options(stage, len(jobs), resources, rate)
         if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
             return QueueDecision("none", None, (), False, st)
-        s = self.settings
         result = astar_plan(
             [first, *rest_opts],
             slack_us,
@@ -505,19 +541,33 @@ class ESGScheduler:
             1 + len(rest_opts),
             len(first),
         )
-        # Kept only where the search's answer is known to depend on the slack alone through which of
-        # the first stage's options fit in it: one stage searched in closed form (no time budget).
-        one_stage = not rest_opts and s.latency_blade and s.cost_blade and s.max_expansions >= 1
         if result.plan is not None:
             head = result.plan[0].payload
             assert isinstance(head, Choice)
             plan = tuple(o.payload for o in result.plan[1:] if isinstance(o.payload, Choice))
-            kind = "wait" if head.wait_ms > 0 else "dispatch"
-            if one_stage:
-                self._keep(
-                    queue, len(jobs), workflow, hardware, resources, first, slack_us, stats, kind, head, plan, None
-                )
-            return QueueDecision(kind, head, plan, False, stats)
+            return QueueDecision("wait" if head.wait_ms > 0 else "dispatch", head, plan, False, stats)
+        return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, None)
+
+    def _infeasible(
+        self,
+        queue: QueueState,
+        jobs: list[Job],
+        workflow: Workflow,
+        view: ClusterView,
+        now_ms: float,
+        resources: tuple[Resource, ...],
+        first: tuple[Option, ...],
+        rest_opts: list[tuple[Option, ...]],
+        stats: DecisionStats,
+        pick: FirstPick | None,
+    ) -> QueueDecision:
+        """No plan meets the slack: reject the late jobs (``reject``) or go best effort.
+
+        ``pick`` is the one-stage answer to keep (None for a multi-stage search, which is not kept);
+        ``first`` the first stage's options where the reject policy needs them.
+        """
+        stage = queue.key.stage
+        s = self.settings
         if s.infeasible_policy == "reject":
             now_fastest = min(o.latency_us for o in first if isinstance(o.payload, Choice) and o.payload.wait_ms == 0)
             fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
@@ -525,11 +575,14 @@ class ESGScheduler:
             if late:
                 return QueueDecision("reject", None, (), False, stats, reject_count=late)
         # Best effort: the largest batch the queue fills now, on the fastest resources.
-        top = min(len(jobs), self.settings.config_space.max_batch)
+        top = min(len(jobs), s.config_space.max_batch)
         whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
-        best = min(whole, key=lambda o: (o.latency_us, o.cost)) if whole else first[0]
-        if one_stage and s.infeasible_policy == "best_effort":
-            self._keep(queue, len(jobs), workflow, hardware, resources, first, slack_us, stats, "", None, (), best)
+        if whole:
+            best = min(whole, key=lambda o: (o.latency_us, o.cost))
+        else:  # the fastest first-stage option (a wait, if nothing can go now)
+            best = (first or self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s))[0]
+        if pick is not None and s.infeasible_policy == "best_effort":
+            self._keep(queue, len(jobs), workflow, frozenset(view.hardware), resources, pick, stats, "", None, best)
         return self._best_effort(stage, view, jobs, best, stats)
 
     def _best_effort(
@@ -557,28 +610,20 @@ class ESGScheduler:
         workflow: Workflow,
         hardware: frozenset[str],
         resources: tuple[Resource, ...],
-        first: tuple[Option, ...],
-        slack_us: int,
+        pick: FirstPick,
         stats: DecisionStats,
         kind: str,
         choice: Choice | None,
-        plan: tuple[Choice, ...],
         best: Option | None,
     ) -> None:
         """Keep a one-stage answer with the slack interval over which the same options fit.
 
-        ``first`` is sorted by strictly rising latency (Pareto-pruned), and the
-        closed-form search looks at the slack only through ``latency <= slack``
-        for each option: the answer holds for every slack from the latency of
-        the last option that fits up to (not including) that of the first one
-        that does not.
+        The first stage's options are sorted by strictly rising latency
+        (Pareto-pruned), and the closed-form search looks at the slack only
+        through ``latency <= slack`` for each option: the answer holds for
+        every slack from the latency of the last option that fits up to (not
+        including) that of the first one that does not (``pick.lo_us``, ``pick.hi_us``).
         """
-        j = 0
-        n = len(first)
-        while j < n and first[j].latency_us <= slack_us:
-            j += 1
-        lo = first[j - 1].latency_us if j > 0 else -math.inf
-        hi = first[j].latency_us if j < n else math.inf
         if len(self._kept) >= 4096:
             self._kept.clear()  # bounded memory (queues come and go in a long-lived runtime)
         self._kept[queue.key] = _Kept(
@@ -587,13 +632,13 @@ class ESGScheduler:
             resources,
             workflow,
             hardware,
-            lo,
-            hi,
+            pick.lo_us,
+            pick.hi_us,
             stats if stats.decision_ms is None else _timed(stats, None),
             choice is not None or best is None,
             kind,
             choice,
-            plan,
+            (),
             best,
         )
 

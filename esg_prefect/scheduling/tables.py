@@ -59,6 +59,50 @@ class Choice:
     cold: bool = False
 
 
+class FirstPick:
+    """A one-stage search's answer (:meth:`CandidateTables.first_pick`).
+
+    Attributes:
+        best: the cheapest option within the slack; None if none fits.
+        count: options in the Pareto-pruned list (:meth:`CandidateTables.first_options`).
+        fits: how many of them fit in the slack (a prefix: the list is sorted by latency).
+        lo_us: latency of the last option that fits (-inf if none).
+        hi_us: latency of the first one that does not (inf if all fit): for
+            every slack in ``[lo_us, hi_us)`` the same options fit.
+    """
+
+    __slots__ = ("best", "count", "fits", "hi_us", "lo_us")
+
+    def __init__(self, best: Option | None, count: int, fits: int, lo_us: float, hi_us: float) -> None:
+        self.best = best
+        self.count = count
+        self.fits = fits
+        self.lo_us = lo_us
+        self.hi_us = hi_us
+
+
+def _pick(options: tuple[Option, ...], slack_us: int) -> FirstPick:
+    """:class:`FirstPick` over a built, pruned list."""
+    m = 0
+    count = len(options)
+    while m < count and options[m].latency_us <= slack_us:
+        m += 1
+    return FirstPick(
+        options[m - 1] if m else None,
+        count,
+        m,
+        options[m - 1].latency_us if m else -math.inf,
+        options[m].latency_us if m < count else math.inf,
+    )
+
+
+def _waiting(o: Option, latency_us: int, cost: float, wait_ms: float) -> Option:
+    """A dispatch-now option turned into one that first waits ``wait_ms`` for its batch to fill."""
+    c = o.payload
+    assert isinstance(c, Choice)
+    return Option(latency_us, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold))
+
+
 class CandidateTables:
     """Cached per-stage options and SLO structures for one (profile, prices, settings).
 
@@ -227,14 +271,57 @@ class CandidateTables:
             got = self._first[key] = self._with_waits(stage, n, resources, rate_per_s, now)
         return got
 
-    def _with_waits(
+    def first_pick(
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, slack_us: int
+    ) -> FirstPick:
+        """The one-stage search over :meth:`first_options`, in one pass and without building the list.
+
+        Most queues are searched alone (the dominator split cuts chains into
+        one-stage segments), and the queue's length or arrival rate has
+        changed since its last decision more often than not, so the merged
+        options would be built anew each time only to be scanned once. The
+        answer is the same as :func:`~esg_prefect.scheduling.search.astar_plan`
+        on ``[first_options(...)]``: the cheapest option within the slack (the
+        last one that fits: costs fall strictly along the list), the list's
+        length, how many of its options fit, and the latencies between which
+        the slack can move without changing which options fit.
+        """
+        space = self.settings.config_space
+        n = min(n, space.max_batch)
+        now = self._cached(self._now, (stage, n, resources), lambda: self._build_now(stage, n, resources))
+        if not (self.settings.wait_for_batch and rate_per_s > 0 and n < space.max_batch):
+            return _pick(now, slack_us)
+        cands = self._candidates(stage, n, resources, rate_per_s, now)
+        best_cost = math.inf
+        count = m = 0
+        pick: tuple[int, float, int, Option, float] | None = None
+        lo: float = -math.inf
+        hi: float = math.inf
+        for cand in cands:
+            if cand[1] < best_cost:
+                best_cost = cand[1]
+                count += 1
+                if cand[0] <= slack_us:
+                    m += 1
+                    pick = cand
+                    lo = cand[0]
+                elif hi == math.inf:
+                    hi = cand[0]
+        best = None
+        if pick is not None:
+            lat, cost, _, o, wait_ms = pick
+            best = o if wait_ms == 0.0 else _waiting(o, lat, cost, wait_ms)
+        return FirstPick(best, count, m, lo, hi)
+
+    def _candidates(
         self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
-    ) -> tuple[Option, ...]:
-        # The same result as pareto_prune(now + every wait option), built without making an
-        # Option for the wait options that the pruning drops: candidates are plain tuples
-        # (latency, cost, position in that merged list, option, wait) sorted as pareto_prune
-        # sorts them, and only the survivors become Options. Everything but the waits is
-        # static given (stage, n, resources), so it is cached.
+    ) -> list[tuple[int, float, int, Option, float]]:
+        """Every first-stage candidate at ``rate_per_s`` as (latency, cost, position, option, wait), sorted.
+
+        Everything but the waits is static given (stage, n, resources), so it
+        is cached; pareto_prune's order (latency, cost, position) is the
+        tuples' own, and positions are unique, so tuples never compare past them.
+        """
         parts = self._wait_parts.get((stage, n, resources))
         if parts is None:
             if len(self._wait_parts) >= _CACHE_LIMIT:
@@ -246,17 +333,19 @@ class CandidateTables:
             wait_ms = more / rate_per_s * 1000.0
             wait_us = to_us(wait_ms)
             cands += [(lat + wait_us, cost, idx, o, wait_ms) for lat, cost, idx, o in group]
-        cands.sort()  # positions are unique: tuples never compare past them
+        cands.sort()
+        return cands
+
+    def _with_waits(
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
+    ) -> tuple[Option, ...]:
+        # The same result as pareto_prune(now + every wait option), built without making an
+        # Option for the wait options that the pruning drops: only the survivors become Options.
         out: list[Option] = []
         best = math.inf
-        for lat, cost, _, o, wait_ms in cands:
+        for lat, cost, _, o, wait_ms in self._candidates(stage, n, resources, rate_per_s, now):
             if cost < best:  # strictly cheaper than every faster-or-equal option (pareto_prune's rule)
-                if wait_ms == 0.0:
-                    out.append(o)
-                else:
-                    c = o.payload
-                    assert isinstance(c, Choice)
-                    out.append(Option(lat, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold)))
+                out.append(o if wait_ms == 0.0 else _waiting(o, lat, cost, wait_ms))
                 best = cost
         return tuple(out)
 

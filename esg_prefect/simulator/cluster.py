@@ -35,6 +35,7 @@ from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
 from esg_prefect.model.config import Config
 from esg_prefect.model.interference import CoRunModel
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.unchecked import unchecked
 from esg_prefect.scheduling.base import Placement
 from esg_prefect.simulator.case import ClusterSpec, SimSpec
 
@@ -81,7 +82,10 @@ def _unchecked_snapshot(
     return snap
 
 
-_set = object.__setattr__
+# Views and records built from the cluster's own state, consistent by construction: without their
+# checks (esg_prefect.model.unchecked).
+_worker = unchecked(Worker)
+_idle_record = unchecked(IdleRecord)
 
 
 class SimWorker:
@@ -132,18 +136,18 @@ class SimWorker:
     def _build(self) -> Worker:
         # Built without Worker's checks: they held when the worker started (its share comes from a
         # checked Config, already on the 1/100 grid), and a worker's view is rebuilt at every change.
-        w = object.__new__(Worker)
-        _set(w, "worker_id", self.worker_id)
-        _set(w, "node", self.node)
-        _set(w, "device_id", self.device_id)
-        _set(w, "hardware", self.hardware)
-        _set(w, "vcpus", self.vcpus)
-        _set(w, "gpu_share", self.share)
-        _set(w, "stage", self.stage)
-        _set(w, "busy", self.idle_since_ms is None)
-        _set(w, "idle_since_ms", self.idle_since_ms)
-        _set(w, "starting", self.starting is not None)
-        return w
+        return _worker(
+            self.worker_id,
+            self.node,
+            self.device_id,
+            self.hardware,
+            self.vcpus,
+            self.share,
+            self.stage,
+            self.idle_since_ms is None,
+            self.idle_since_ms,
+            self.starting is not None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +342,7 @@ class SimCluster:
     def _close_idle(self, w: SimWorker, now_ms: float) -> None:
         start = w.idle_since_ms
         if start is not None and now_ms > start:
-            self.idles.append(IdleRecord(w.worker_id, w.vcpus, w.share, w.hardware, start, now_ms))
+            self.idles.append(_idle_record(w.worker_id, w.vcpus, w.share, w.hardware, start, now_ms))
 
     # ---- batches ------------------------------------------------------------------------
 

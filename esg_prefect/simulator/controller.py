@@ -48,6 +48,7 @@ from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.slo import SLODistribution
+from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, QueueState, Scheduler, Snapshot, Start
 from esg_prefect.scheduling.search import Clock
@@ -60,6 +61,16 @@ from esg_prefect.workload.rate import ArrivalRateEWMA
 # Event kinds, in the order events of one instant are handled.
 DONE, ARRIVAL, EXPIRE, TICK, WARM = 0, 1, 2, 3, 4
 
+# The controller builds its jobs and records from values it made itself (finite times in order,
+# normalised shares, sizes checked by the runner): it skips their checks (esg_prefect.model.unchecked).
+_job = unchecked(Job)
+_stage_record = unchecked(StageRecord)
+_request_record = unchecked(RequestRecord)
+_batch_item = unchecked(BatchItem)
+_batch_record = unchecked(BatchRecord)
+_unchecked_queue_state = unchecked(QueueState)
+_unchecked_snapshot = unchecked(Snapshot)
+
 
 def _queue_state(key: QueueKey, jobs: tuple[Job, ...], rate: float) -> QueueState:
     """A :class:`QueueState` built without its O(jobs) check.
@@ -69,20 +80,12 @@ def _queue_state(key: QueueKey, jobs: tuple[Job, ...], rate: float) -> QueueStat
     holds by construction; under a backlog of thousands of jobs it cost more
     than the scheduling round. Tests build checked states from the same values.
     """
-    state = object.__new__(QueueState)
-    object.__setattr__(state, "key", key)
-    object.__setattr__(state, "jobs", jobs)
-    object.__setattr__(state, "arrival_rate_per_s", rate)
-    return state
+    return _unchecked_queue_state(key, jobs, rate)
 
 
 def _snapshot(queues: tuple[QueueState, ...], cluster: ClusterSnapshot, workflows: dict[str, Workflow]) -> Snapshot:
     """A :class:`Snapshot` built without its check (queue keys come from the controller's own plans)."""
-    snap = object.__new__(Snapshot)
-    object.__setattr__(snap, "queues", queues)
-    object.__setattr__(snap, "cluster", cluster)
-    object.__setattr__(snap, "workflows", workflows)
-    return snap
+    return _unchecked_snapshot(queues, cluster, workflows)
 
 
 class _Plan:
@@ -309,7 +312,7 @@ class Controller:
         home = max(sorted(set(nodes)), key=nodes.count) if nodes else None
         key = plan.keys[stage]
         job_id = f"{req.request_id}:{stage}"
-        job = Job(
+        job = _job(
             job_id,
             req.request_id,
             req.request_id,
@@ -422,10 +425,10 @@ class Controller:
 
     def _done(self, run: _Running, now: float) -> None:
         d, w = run.dispatch, run.worker
-        record = BatchRecord(
+        record = _batch_record(
             run.batch_id,
             w.worker_id,
-            tuple(BatchItem(j.request_id, j.run_id, j.input_size) for j in run.jobs),
+            tuple([_batch_item(j.request_id, j.run_id, j.input_size) for j in run.jobs]),
             d.config,
             d.hardware,
             run.start_ms,
@@ -439,7 +442,7 @@ class Controller:
         for job in run.jobs:
             req = self._job_index.pop(job.job_id)
             self.stage_records.append(
-                StageRecord(
+                _stage_record(
                     job.job_id,
                     job.request_id,
                     d.queue.workflow,
@@ -478,7 +481,7 @@ class Controller:
     def _finish(self, req: _Request, now: float) -> None:
         wf = req.plan.workflow
         self.request_records.append(
-            RequestRecord(req.request_id, req.request_id, wf.name, req.arrival_ms, now, wf.slo_ms, req.at_risk)
+            _request_record(req.request_id, req.request_id, wf.name, req.arrival_ms, now, wf.slo_ms, req.at_risk)
         )
         del self.requests[req.request_id]
         self._open -= 1

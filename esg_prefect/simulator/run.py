@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -106,9 +107,15 @@ def simulate(
     for t, wf in requests:
         if wf not in known:
             raise InvalidInputError(f"arrival names unknown workflow {wf!r}; the case has {sorted(known)}")
+        if not (isinstance(t, (int, float)) and math.isfinite(t)):
+            raise InvalidInputError(f"arrival time must be a finite number of ms, got {t!r} (workflow {wf!r})")
         loop.at(t, ARRIVAL, wf)
     ctl.arrivals_left = len(requests)
-    ctl.request_sizes = case.request_sizes(len(requests), seed)
+    sizes = case.request_sizes(len(requests), seed)
+    for i, size in enumerate(sizes):  # checked here once: the controller builds its jobs unchecked
+        if not (isinstance(size, (int, float)) and math.isfinite(size) and size > 0):
+            raise InvalidInputError(f"request size must be a finite number > 0, got {size!r} (arrival {i})")
+    ctl.request_sizes = sizes
     duration_ms = case.duration_s * 1000.0
     ctl.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
     ctl.round_interval_ms = case.sim.round_interval_ms
