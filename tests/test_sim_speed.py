@@ -150,6 +150,7 @@ def _state(view: ClusterView) -> tuple[Any, ...]:
         view.clients,
         view.idle,
         sets(view._idle_by_stage),
+        sets(view._idle_by_kind),
         sets(view.busy_by_stage),
         {k: v for k, v in view._idle_on_node.items() if v},
         {k: v for k, v in view._idle_share.items() if v},

@@ -37,7 +37,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import (
@@ -275,31 +275,50 @@ def _workflow_of(item: object) -> str | None:
     return None if wf is None else str(wf)
 
 
-class _Decision(NamedTuple):
-    workflow: str | None
-    decision_ms: float | None
-    expansions: int
+class _Decisions:
+    """What the report needs of a group's decisions: how many, their timed durations, their expansions."""
+
+    __slots__ = ("count", "expansions", "times")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.expansions = 0
+        self.times: list[float] = []
+
+    def merged(self, others: Iterable[_Decisions]) -> _Decisions:
+        out = _Decisions()
+        for d in (self, *others):
+            out.count += d.count
+            out.expansions += d.expansions
+            out.times += d.times
+        return out
 
 
-def _decisions(items: Iterable[object]) -> list[_Decision]:
-    out: list[_Decision] = []
-    append = out.append
+def _decisions(items: Iterable[object]) -> dict[str | None, _Decisions]:
+    """Decision statistics per workflow (None: no workflow known), accumulated without an object each.
+
+    A run holds one per queue per round (150,000 in a minute of the standard case).
+    """
+    out: dict[str | None, _Decisions] = {}
     for item in items:
-        # Fast path: a DecisionStats-like object whose queue is a QueueKey-like object (a run holds
-        # one per queue per round, 150,000 in a minute of the standard case); anything else below.
-        if not isinstance(item, dict):
+        wf: Any = _MISSING
+        if not isinstance(item, dict):  # fast path: a DecisionStats-like object with a QueueKey-like queue
             it: Any = item
             try:
                 wf, ms, exp = it.queue.workflow, it.decision_ms, it.expansions
             except AttributeError:
-                pass
-            else:
-                if isinstance(wf, str):
-                    append(_Decision(wf, None if ms is None else float(ms), int(exp or 0)))
-                    continue
-        ms = _field(item, "decision_ms")
-        exp = _field(item, "expansions")
-        append(_Decision(_workflow_of(item), None if ms is None else float(ms), int(exp or 0)))
+                wf = _MISSING
+            if not isinstance(wf, str):
+                wf = _MISSING
+        if wf is _MISSING:
+            wf, ms, exp = _workflow_of(item), _field(item, "decision_ms"), _field(item, "expansions")
+        acc = out.get(wf)
+        if acc is None:
+            acc = out[wf] = _Decisions()
+        acc.count += 1
+        acc.expansions += int(exp or 0)
+        if ms is not None:
+            acc.times.append(float(ms))
     return out
 
 
@@ -417,7 +436,7 @@ def _group(
     name: str,
     requests: Sequence[RequestRecord],
     stage_records: Sequence[StageRecord],
-    decisions: Sequence[_Decision],
+    decisions: _Decisions,
     cost_total: float,
     batch_cost_total: float,
 ) -> GroupSummary:
@@ -430,7 +449,7 @@ def _group(
         sizes[s.batch_id] = s.batch_size
     hist = Counter(sizes.values())
     n_batches = len(sizes)
-    times = [d.decision_ms for d in decisions if d.decision_ms is not None]
+    times = decisions.times
     return GroupSummary(
         name=name,
         count=count,
@@ -449,10 +468,10 @@ def _group(
         batches=n_batches,
         mean_batch_size=sum(sizes.values()) / n_batches if n_batches else 0.0,
         batch_size_hist=tuple(sorted(hist.items())),
-        decisions=len(decisions),
+        decisions=decisions.count,
         decision_p50_ms=percentile(times, 50),
         decision_p99_ms=percentile(times, 99),
-        mean_expansions=sum(d.expansions for d in decisions) / len(decisions) if decisions else 0.0,
+        mean_expansions=decisions.expansions / decisions.count if decisions.count else 0.0,
     )
 
 
@@ -524,16 +543,13 @@ def summarize(
     stages_by_wf: dict[str, list[StageRecord]] = defaultdict(list)
     for s in stage_recs:
         stages_by_wf[s.workflow].append(s)
-    decs_by_wf: dict[str | None, list[_Decision]] = defaultdict(list)
-    for d in decs:
-        decs_by_wf[d.workflow].append(d)
     groups = []
     for wf in sorted(set(by_wf) | set(stages_by_wf)):
         wf_reqs = by_wf.get(wf, [])
         wf_cost = sum(costs.per_request.get(r.request_id, 0.0) for r in wf_reqs)
         wf_busy = sum(busy.per_request.get(r.request_id, 0.0) for r in wf_reqs)
-        groups.append(_group(wf, wf_reqs, stages_by_wf.get(wf, []), decs_by_wf.get(wf, []), wf_cost, wf_busy))
-    overall = _group(ALL, reqs, stage_recs, decs, costs.total, costs.busy_total)
+        groups.append(_group(wf, wf_reqs, stages_by_wf.get(wf, []), decs.get(wf) or _Decisions(), wf_cost, wf_busy))
+    overall = _group(ALL, reqs, stage_recs, _Decisions().merged(decs.values()), costs.total, costs.busy_total)
     return Report(
         overall=overall,
         workflows=tuple(groups),

@@ -20,6 +20,7 @@ from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 
 _QUEUE_OF = attrgetter("queue")
@@ -98,6 +99,37 @@ class DecisionStats:
     feasible: bool = True
     horizon: int = 1
     options: int = 0
+
+
+_unchecked_stats = unchecked(DecisionStats)
+
+
+def search_stats(
+    queue: QueueKey,
+    expansions: int,
+    generated: int,
+    cut_latency: int,
+    cut_cost: int,
+    budget_hit: bool,
+    decision_ms: float | None,
+    feasible: bool,
+    horizon: int,
+    options: int,
+) -> DecisionStats:
+    """``DecisionStats(...)`` with every field given, built without the frozen ``__init__``'s cost.
+
+    Schedulers return one per queue (or job) per round: hundreds of thousands
+    in a minute of a loaded simulation (:mod:`esg_prefect.model.unchecked`;
+    the class has no checks to skip).
+    """
+    return _unchecked_stats(
+        queue, expansions, generated, cut_latency, cut_cost, budget_hit, decision_ms, feasible, horizon, options
+    )
+
+
+def plain_stats(queue: QueueKey, feasible: bool, options: int) -> DecisionStats:
+    """Statistics of a decision made without a search (the baselines'), built fast (:func:`search_stats`)."""
+    return _unchecked_stats(queue, 0, 0, 0, 0, False, None, feasible, 1, options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,8 @@ class ClusterView:
         self.clients = dict(static.zero_dev)
         self.idle: dict[str, Worker] = {}
         self._idle_by_stage: dict[str | None, list[Worker]] = {}
+        # Idle workers by (stage, hardware, vcpus, share): the warm-worker questions read only their kind.
+        self._idle_by_kind: dict[tuple[str | None, str, int, float], list[Worker]] = {}
         # What evicting every idle worker would free, per node and per device (kept up to date by commit).
         # Plain dicts holding every node and device (cheaper to build and copy than Counters).
         self._idle_on_node: dict[str, int] = dict(static.zero_node)
@@ -101,7 +103,7 @@ class ClusterView:
         self._idle_clients: dict[str, int] = dict(static.zero_dev)
         # One pass over the workers, with the dicts bound to locals: a cluster holds hundreds of them.
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
-        idle, by_stage = self.idle, self._idle_by_stage
+        idle, by_stage, by_kind = self.idle, self._idle_by_stage, self._idle_by_kind
         # Busy workers per stage, as the snapshot had them (read-only: a batch placed this round is not added).
         self.busy_by_stage: dict[str | None, list[Worker]] = {}
         busy_by_stage = self.busy_by_stage
@@ -126,6 +128,12 @@ class ClusterView:
                     by_stage[w.stage] = [w]
                 else:
                     got.append(w)
+                kind = (w.stage, w.hardware, w.vcpus, w.gpu_share)
+                got = by_kind.get(kind)
+                if got is None:
+                    by_kind[kind] = [w]
+                else:
+                    got.append(w)
                 idle_on_node[node] += 1
                 if dev is not None:
                     need = round(w.gpu_share * 100)
@@ -144,6 +152,7 @@ class ClusterView:
         """
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
         idle, by_stage, busy_by_stage = self.idle, self._idle_by_stage, self.busy_by_stage
+        by_kind = self._idle_by_kind
         idle_on_node, idle_share, idle_clients = self._idle_on_node, self._idle_share, self._idle_clients
         for w in gone:  # all the leavers first: a changed worker keeps its id
             node, dev = w.node, w.device_id
@@ -157,6 +166,8 @@ class ClusterView:
             else:
                 del idle[w.worker_id]
                 by_stage[w.stage] = [x for x in by_stage[w.stage] if x is not w]
+                kind = (w.stage, w.hardware, w.vcpus, w.gpu_share)
+                by_kind[kind] = [x for x in by_kind[kind] if x is not w]
                 idle_on_node[node] -= 1
                 if dev is not None:
                     need = round(w.gpu_share * 100)
@@ -176,6 +187,8 @@ class ClusterView:
             else:
                 idle[w.worker_id] = w
                 by_stage[w.stage] = [*by_stage.get(w.stage, ()), w]
+                kind = (w.stage, w.hardware, w.vcpus, w.gpu_share)
+                by_kind[kind] = [*by_kind.get(kind, ()), w]
                 idle_on_node[node] += 1
                 if dev is not None:
                     need = round(w.gpu_share * 100)
@@ -207,6 +220,7 @@ class ClusterView:
         new._version = self._version
         new._memo = self._memo  # replaced, not cleared, at the first commit
         new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
+        new._idle_by_kind = self._idle_by_kind  # the same
         new.busy_by_stage = self.busy_by_stage  # never changed after construction
         new._idle_on_node = dict(self._idle_on_node)
         new._idle_share = dict(self._idle_share)
@@ -217,22 +231,13 @@ class ClusterView:
 
     def idle_warm(self, stage: str, vcpus: int, share: float, hardware: str) -> list[Worker]:
         """Idle workers warm for ``stage`` with exactly these resources."""
-        return [
-            w
-            for w in self._idle_by_stage.get(stage, ())
-            if w.worker_id in self.idle and w.vcpus == vcpus and w.gpu_share == share and w.hardware == hardware
-        ]
+        idle = self.idle
+        return [w for w in self._idle_by_kind.get((stage, hardware, vcpus, share), ()) if w.worker_id in idle]
 
     def has_idle_warm(self, stage: str, vcpus: int, share: float, hardware: str) -> bool:
-        """``bool(self.idle_warm(stage, vcpus, share, hardware))``, from one pass per stage (memoised)."""
-        key = ("idle-kinds", stage)
-        got = self._memo.get(key)
-        if got is None:
-            idle = self.idle
-            got = self._memo[key] = {
-                (w.hardware, w.vcpus, w.gpu_share) for w in self._idle_by_stage.get(stage, ()) if w.worker_id in idle
-            }
-        return (hardware, vcpus, share) in got  # type: ignore[operator]
+        """``bool(self.idle_warm(stage, vcpus, share, hardware))``, reading only workers of that kind."""
+        idle = self.idle
+        return any(w.worker_id in idle for w in self._idle_by_kind.get((stage, hardware, vcpus, share), ()))
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""

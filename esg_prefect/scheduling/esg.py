@@ -77,6 +77,7 @@ from esg_prefect.scheduling.base import (
     SchedulingResult,
     Snapshot,
     Start,
+    search_stats,
 )
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.frontier import Option
@@ -103,7 +104,7 @@ class QueueDecision:
 
 def _timed(r: DecisionStats, decision_ms: float | None) -> DecisionStats:
     """``dataclasses.replace(r, decision_ms=decision_ms)``, without its overhead."""
-    return DecisionStats(
+    return search_stats(
         r.queue,
         r.expansions,
         r.generated,
@@ -491,7 +492,7 @@ class ESGScheduler:
             if found is not None and found.cost <= 0.0:  # the root already matches the greedy seed
                 stats = DecisionStats(queue.key, decision_ms=self._since(t0), feasible=True, options=pick.count)
             else:
-                stats = DecisionStats(
+                stats = search_stats(
                     queue.key,
                     1,
                     pick.count,
@@ -529,7 +530,7 @@ class ESGScheduler:
             clock=self.clock,
         )
         r = result.stats
-        stats = DecisionStats(
+        stats = search_stats(
             queue.key,
             r.expansions,
             r.generated,

@@ -26,7 +26,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.slo import critical_path
 from esg_prefect.model.workflow import Workflow
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot, plain_stats
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
@@ -97,7 +97,7 @@ class LlamaScheduler(BaselineBase):
                     holds.append(Hold(q.key, "no placeable whole-device configuration now"))
                     break
                 placement = self.place(view, stage, res, jobs[:b], now_ms)
-                stats.append(DecisionStats(q.key, feasible=not at_risk, options=len(options)))
+                stats.append(plain_stats(q.key, not at_risk, len(options)))
                 if placement is None:
                     holds.append(Hold(q.key, "waiting for a worker to start or free up"))
                     break

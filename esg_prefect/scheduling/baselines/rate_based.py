@@ -36,20 +36,31 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from operator import attrgetter
 
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, QueueState, SchedulingResult, Snapshot
+from esg_prefect.scheduling.base import (
+    DecisionStats,
+    Dispatch,
+    Hold,
+    QueueState,
+    SchedulingResult,
+    Snapshot,
+    plain_stats,
+)
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, stage_budget_ms
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 
+_KIND = attrgetter("stage", "hardware", "vcpus", "gpu_share")
 
-def _instances(snapshot: Snapshot) -> Counter[tuple[str, str, int, float]]:
-    """Workers per (stage, hardware, vcpus, share), busy or idle."""
-    return Counter((w.stage or "", w.hardware, w.vcpus, w.gpu_share) for w in snapshot.cluster.workers)
+
+def _instances(snapshot: Snapshot) -> Counter[tuple[str | None, str, int, float]]:
+    """Workers per (stage, hardware, vcpus, share), busy or idle (stage None: starting empty)."""
+    return Counter(map(_KIND, snapshot.cluster.workers))
 
 
 class _InstanceCounts:
@@ -64,9 +75,9 @@ class _InstanceCounts:
 
     def __init__(self) -> None:
         self._cluster: object = None
-        self._counts: dict[tuple[str, str, int, float], int] = {}
+        self._counts: dict[tuple[str | None, str, int, float], int] = {}
 
-    def __call__(self, snapshot: Snapshot) -> dict[tuple[str, str, int, float], int]:
+    def __call__(self, snapshot: Snapshot) -> dict[tuple[str | None, str, int, float], int]:
         if snapshot.cluster is not self._cluster:
             self._counts = dict(_instances(snapshot))
             self._cluster = snapshot.cluster
@@ -156,7 +167,7 @@ class INFlessScheduler(BaselineBase):
         q: QueueState,
         wf: Workflow,
         view: ClusterView,
-        counts: dict[tuple[str, str, int, float], int],
+        counts: dict[tuple[str | None, str, int, float], int],
         now_ms: float,
         dispatches: list[Dispatch],
         holds: list[Hold],
@@ -182,7 +193,7 @@ class INFlessScheduler(BaselineBase):
             run_lat = self.latency_ms(stage, n, res) or lat
             key = (stage, hw, v, s)
             placement = self.place(view, stage, res, jobs[:n], now_ms, allow_cold=counts.get(key, 0) < wanted)
-            stats.append(DecisionStats(q.key, feasible=run_lat <= budget, options=1))
+            stats.append(plain_stats(q.key, run_lat <= budget, 1))
             if placement is None:
                 holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key, 0)} of {wanted})"))
                 return
@@ -246,7 +257,7 @@ class FaSTGShareScheduler(BaselineBase):
             key = (stage, hw, v, s)
             for job in self.fifo_of(q):
                 placement = self.place(view, stage, res, [job], now_ms, allow_cold=counts.get(key, 0) < wanted)
-                stats.append(DecisionStats(q.key, feasible=lat <= budget, options=1))
+                stats.append(plain_stats(q.key, lat <= budget, 1))
                 if placement is None:
                     holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key, 0)} of {wanted})"))
                     break

@@ -36,7 +36,7 @@ from operator import attrgetter, le
 from esg_prefect.model.jobs import Job
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot, plain_stats
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, cheapest_gpu_first, fifo
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
@@ -206,7 +206,7 @@ class PerInvocationScheduler(BaselineBase):
                         break
                 if choice is not None:
                     break
-            stats.append(DecisionStats(job.queue, feasible=choice is not None, options=n_options))
+            stats.append(plain_stats(job.queue, choice is not None, n_options))
             if choice is None:
                 blocked.add(stage)
                 continue
@@ -299,7 +299,7 @@ class TritonScheduler(BaselineBase):
                             break
                     if choice is not None:
                         break
-                stats.append(DecisionStats(q.key, feasible=choice is not None, options=len(ranked)))
+                stats.append(plain_stats(q.key, choice is not None, len(ranked)))
                 if choice is None:
                     holds.append(Hold(q.key, "no idle instance"))
                     break
