@@ -212,6 +212,10 @@ class ESGScheduler:
         self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
         self._kept: dict[QueueKey, _Kept] = {}  # queue -> its latest one-stage answer (decide_queue)
         self._packs = packs(self.tables)
+        # (stage, id(resources), batch) -> (resources, their cold options once warm), for pre-warming.
+        self._warm_memo: dict[
+            tuple[str, int, int], tuple[tuple[Resource, ...], tuple[tuple[float, float, int, Choice], ...]]
+        ] = {}
 
     # ---- the round ---------------------------------------------------------
 
@@ -333,20 +337,14 @@ class ESGScheduler:
         resources = self.placeable_resources(stage, view)
         if self._hardware is not None:
             resources = self._hardware.restrict(key, resources)
-        best: Choice | None = None
-        best_key = (ceiling, math.inf)
-        for hw, vcpus, share, warm in resources:
-            if warm:
-                continue
-            # The same resources' option once warm (cached): its latency and cost per job.
-            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
-            if o is None:
-                continue
-            assert isinstance(o.payload, Choice)
-            if o.payload.latency_ms <= left_ms and (o.cost, o.payload.latency_ms) < best_key:
-                best, best_key = o.payload, (o.cost, o.payload.latency_ms)
-        if best is None:
+        # The cheapest (then fastest, then first) of the cold resources' options once warm within the
+        # slack, if it costs at most the ceiling.
+        fitting = (e for e in self._warm_options(stage, resources, batch) if e[1] <= left_ms)
+        found = next(fitting, None)
+        if found is None or found[0] > ceiling:
             return None
+        best = found[3]
+        best_key = (found[0], best.latency_ms)
         cfg, hw, lat = best.config, best.hardware, best.latency_ms
         if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
             return None
@@ -359,6 +357,32 @@ class ESGScheduler:
             f"{best_key[0]:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
         )
         return Start(key, cfg, hw, placement, reason)
+
+    def _warm_options(
+        self, stage: str, resources: tuple[Resource, ...], batch: int
+    ) -> tuple[tuple[float, float, int, Choice], ...]:
+        """Each cold resource's option for ``batch`` once warm, as (cost, latency, position, choice), cheapest first.
+
+        Cached per placeable-resources tuple (the same few recur round after
+        round); kept with the tuple itself, so a recycled ``id`` never matches.
+        """
+        key = (stage, id(resources), batch)
+        got = self._warm_memo.get(key)
+        if got is not None and got[0] is resources:
+            return got[1]
+        out = []
+        for i, (hw, vcpus, share, warm) in enumerate(resources):
+            if warm:
+                continue
+            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
+            if o is not None:
+                assert isinstance(o.payload, Choice)
+                out.append((o.cost, o.payload.latency_ms, i, o.payload))
+        if len(self._warm_memo) >= 4096:
+            self._warm_memo.clear()  # bounded memory; entries are cheap to rebuild
+        options = tuple(sorted(out, key=lambda e: e[:3]))
+        self._warm_memo[key] = (resources, options)
+        return options
 
     def _edf(self, q: QueueState) -> list[Job]:
         """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""
@@ -402,7 +426,7 @@ class ESGScheduler:
             got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
             self._stage_candidates[(stage, hardware)] = got
         kinds, flat = got
-        rooms = tuple([view.max_room(v, hw) for hw, v in kinds])  # one capacity question per (hardware, vcpus)
+        rooms = view.rooms(kinds)  # the capacity of each (hardware, vcpus), in one pass
         warm = view.warm_resources(stage)
         # The answer depends on nothing else, and the same few answers recur round after round.
         key = (stage, hardware, rooms, frozenset(warm))
