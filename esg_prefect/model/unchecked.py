@@ -17,9 +17,9 @@ crosses a trust boundary (user input, the network, a database) goes through
 the checked constructor.
 
 Example:
-    >>> from esg_prefect.model.jobs import QueueKey
-    >>> make_key = unchecked(QueueKey)
-    >>> make_key("wf", "stage") == QueueKey("wf", "stage")
+    >>> from esg_prefect.model.attribution import BatchItem
+    >>> make_item = unchecked(BatchItem)
+    >>> make_item("r1", "run1", 2.0) == BatchItem("r1", "run1", 2.0)
     True
 """
 

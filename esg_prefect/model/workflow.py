@@ -43,6 +43,7 @@ class Workflow:
     edges: tuple[tuple[str, str], ...]
     slo_ms: float
     graph: nx.DiGraph = field(init=False, repr=False, compare=False, hash=False)
+    _hash: int = field(init=False, repr=False, compare=False, hash=False)
 
     def __init__(self, name: str, stages: Sequence[str], edges: Iterable[tuple[str, str]], slo_ms: float) -> None:
         if not isinstance(name, str) or not name:
@@ -78,10 +79,14 @@ class Workflow:
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "edges", tuple(sorted(set(edge_list))))
         object.__setattr__(self, "slo_ms", float(slo_ms))
+        object.__setattr__(self, "_hash", hash((self.name, self.stages, self.edges, self.slo_ms)))
         object.__setattr__(self, "graph", graph)
 
     def __hash__(self) -> int:
-        return hash((self.name, self.stages, self.edges, self.slo_ms))
+        # Kept from construction (and recomputed on unpickling, where string hashes may differ):
+        # workflows key the schedulers' caches, looked up every decision, and hashing the stage and
+        # edge tuples again each time cost more than the lookup.
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Workflow):

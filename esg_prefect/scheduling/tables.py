@@ -103,6 +103,17 @@ def _waiting(o: Option, latency_us: int, cost: float, wait_ms: float) -> Option:
     return Option(latency_us, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold))
 
 
+class _FirstParts:
+    """Static parts of a first stage's options for one (stage, queue length, resources)."""
+
+    __slots__ = ("now", "resources", "waits")
+
+    def __init__(self, resources: tuple[Resource, ...], now: tuple[Option, ...]) -> None:
+        self.resources = resources  # held, so that the id in the cache key stays this tuple's
+        self.now = now  # the dispatch-now options, Pareto-pruned
+        self.waits: _WaitParts | None = None  # the wait candidates' static parts, built when first asked
+
+
 class CandidateTables:
     """Cached per-stage options and SLO structures for one (profile, prices, settings).
 
@@ -124,10 +135,10 @@ class CandidateTables:
         ] = {}
         # First-stage option caches: static given (stage, batch, resources, warm or cold).
         self._single: dict[tuple[str, str, int, float, int, bool], Option | None] = {}
-        self._now: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
+        # (stage, n, id(resources)) -> the static parts of a first stage's options (_FirstParts).
+        self._parts: dict[tuple[str, int, int], _FirstParts] = {}
         self._at_batch: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
         self._first: dict[tuple[str, int, tuple[Resource, ...], float], tuple[Option, ...]] = {}
-        self._wait_parts: dict[tuple[str, int, tuple[Resource, ...]], _WaitParts] = {}
 
     # ---- latencies -------------------------------------------------------
 
@@ -258,7 +269,8 @@ class CandidateTables:
         """
         space = self.settings.config_space
         n = min(n, space.max_batch)
-        now = self._cached(self._now, (stage, n, resources), lambda: self._build_now(stage, n, resources))
+        parts = self._first_parts(stage, n, resources)
+        now = parts.now
         if not (self.settings.wait_for_batch and rate_per_s > 0 and n < space.max_batch):
             return now
         # A queue that keeps waiting is decided again every round with the same length, rate
@@ -268,7 +280,7 @@ class CandidateTables:
         if got is None:
             if len(self._first) >= _CACHE_LIMIT:
                 self._first.clear()  # bounded memory; entries are cheap to rebuild
-            got = self._first[key] = self._with_waits(stage, n, resources, rate_per_s, now)
+            got = self._first[key] = self._with_waits(stage, n, resources, rate_per_s, parts)
         return got
 
     def first_pick(
@@ -288,10 +300,10 @@ class CandidateTables:
         """
         space = self.settings.config_space
         n = min(n, space.max_batch)
-        now = self._cached(self._now, (stage, n, resources), lambda: self._build_now(stage, n, resources))
+        parts = self._first_parts(stage, n, resources)
         if not (self.settings.wait_for_batch and rate_per_s > 0 and n < space.max_batch):
-            return _pick(now, slack_us)
-        cands = self._candidates(stage, n, resources, rate_per_s, now)
+            return _pick(parts.now, slack_us)
+        cands = self._candidates(stage, n, resources, rate_per_s, parts)
         best_cost = math.inf
         count = m = 0
         pick: tuple[int, float, int, Option, float] | None = None
@@ -313,8 +325,23 @@ class CandidateTables:
             best = o if wait_ms == 0.0 else _waiting(o, lat, cost, wait_ms)
         return FirstPick(best, count, m, lo, hi)
 
+    def _first_parts(self, stage: str, n: int, resources: tuple[Resource, ...]) -> _FirstParts:
+        """The static parts of the first-stage options for ``n`` jobs on ``resources`` (cached).
+
+        Keyed by the resources tuple's identity (the scheduler hands the same
+        few tuples round after round; hashing one costs more than the rest of
+        the lookup) and kept with the tuple itself, so a recycled ``id`` never matches.
+        """
+        key = (stage, n, id(resources))
+        got = self._parts.get(key)
+        if got is None or got.resources is not resources:
+            if len(self._parts) >= _CACHE_LIMIT:
+                self._parts.clear()  # bounded memory; entries are cheap to rebuild
+            got = self._parts[key] = _FirstParts(resources, self._build_now(stage, n, resources))
+        return got
+
     def _candidates(
-        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, parts: _FirstParts
     ) -> list[tuple[int, float, int, Option, float]]:
         """Every first-stage candidate at ``rate_per_s`` as (latency, cost, position, option, wait), sorted.
 
@@ -322,12 +349,9 @@ class CandidateTables:
         is cached; pareto_prune's order (latency, cost, position) is the
         tuples' own, and positions are unique, so tuples never compare past them.
         """
-        parts = self._wait_parts.get((stage, n, resources))
-        if parts is None:
-            if len(self._wait_parts) >= _CACHE_LIMIT:
-                self._wait_parts.clear()  # bounded memory; entries are cheap to rebuild
-            parts = self._wait_parts[(stage, n, resources)] = self._wait_groups(stage, n, resources, now)
-        head, groups = parts
+        if parts.waits is None:
+            parts.waits = self._wait_groups(stage, n, resources, parts.now)
+        head, groups = parts.waits
         cands = list(head)
         for more, group in groups:
             wait_ms = more / rate_per_s * 1000.0
@@ -337,13 +361,13 @@ class CandidateTables:
         return cands
 
     def _with_waits(
-        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, now: tuple[Option, ...]
+        self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float, parts: _FirstParts
     ) -> tuple[Option, ...]:
         # The same result as pareto_prune(now + every wait option), built without making an
         # Option for the wait options that the pruning drops: only the survivors become Options.
         out: list[Option] = []
         best = math.inf
-        for lat, cost, _, o, wait_ms in self._candidates(stage, n, resources, rate_per_s, now):
+        for lat, cost, _, o, wait_ms in self._candidates(stage, n, resources, rate_per_s, parts):
             if cost < best:  # strictly cheaper than every faster-or-equal option (pareto_prune's rule)
                 out.append(o if wait_ms == 0.0 else _waiting(o, lat, cost, wait_ms))
                 best = cost
