@@ -26,6 +26,7 @@ updates as it dispatches, so two batches never get the same capacity.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -35,6 +36,7 @@ from esg_prefect.scheduling.base import Placement
 
 T = TypeVar("T")
 _MISSING = object()
+_STAMPS = itertools.count(1)  # node stamps (ClusterView._room): unique, so diverged copies never share one
 
 
 def _h(share: float) -> int:
@@ -144,6 +146,11 @@ class ClusterView:
         # Answers to the capacity questions, valid until the next commit changes the capacity.
         self._version = 0
         self._memo: dict[tuple[object, ...], object] = {}
+        # Per node, a stamp that changes with every change of its state (unique across views and
+        # copies), and the rooms found on it under a stamp (_room).
+        stamp = next(_STAMPS)
+        self._node_stamp: dict[str, int] = dict.fromkeys(self.node_order, stamp)
+        self._room_memo: dict[tuple[str, str | None, int, int], tuple[int, tuple[str, ...] | None]] = {}
 
     def _update(self, gone: list[Worker], came: list[Worker]) -> None:
         """Take ``gone`` workers out of a pristine view and put ``came`` ones in (:class:`ViewCache`).
@@ -196,6 +203,8 @@ class ClusterView:
                     clients[dev] += 1
                     idle_share[dev] += need
                     idle_clients[dev] += 1
+        for w in (*gone, *came):
+            self._node_stamp[w.node] = next(_STAMPS)
         self._version += 1
         self._memo = {}
 
@@ -219,6 +228,8 @@ class ClusterView:
         new.hardware = self.hardware
         new._version = self._version
         new._memo = self._memo  # replaced, not cleared, at the first commit
+        new._node_stamp = dict(self._node_stamp)
+        new._room_memo = self._room_memo  # shared: entries hold the stamp they were computed under
         new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
         new._idle_by_kind = self._idle_by_kind  # the same
         new.busy_by_stage = self.busy_by_stage  # never changed after construction
@@ -237,7 +248,10 @@ class ClusterView:
     def has_idle_warm(self, stage: str, vcpus: int, share: float, hardware: str) -> bool:
         """``bool(self.idle_warm(stage, vcpus, share, hardware))``, reading only workers of that kind."""
         idle = self.idle
-        return any(w.worker_id in idle for w in self._idle_by_kind.get((stage, hardware, vcpus, share), ()))
+        for w in self._idle_by_kind.get((stage, hardware, vcpus, share), ()):  # noqa: SIM110 - a plain loop: any() over a generator cost more here
+            if w.worker_id in idle:
+                return True
+        return False
 
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
@@ -374,9 +388,11 @@ class ClusterView:
         """Take the capacity of a placement so that later dispatches see it gone."""
         self._version += 1
         self._memo = {}  # a new dict: copies of a pristine view may share the old one
+        self._node_stamp[placement.node] = next(_STAMPS)  # evictions and the warm worker are on that node too
         gone = [*placement.evict, *([placement.worker_id] if placement.worker_id is not None else [])]
         for wid in gone:  # no longer idle: neither evictable nor warm for another batch
             w = self.idle[wid]
+            self._node_stamp[w.node] = next(_STAMPS)
             self._idle_on_node[w.node] -= 1
             if w.device_id is not None:
                 self._idle_share[w.device_id] -= _h(w.gpu_share)
@@ -429,7 +445,22 @@ class ClusterView:
         return None if best is None else best[1]
 
     def _room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
-        """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible."""
+        """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible.
+
+        The answer depends only on the node's own state, so it is kept per node
+        with the node's stamp (:meth:`_touch`) across commits that change other
+        nodes: a busy round places many batches, each asking about every device.
+        """
+        key = (node, dev, vcpus, need)
+        stamp = self._node_stamp[node]
+        got = self._room_memo.get(key)
+        if got is not None and got[0] == stamp:
+            return got[1]
+        found = self._find_room(node, dev, vcpus, need)
+        self._room_memo[key] = (stamp, found)
+        return found
+
+    def _find_room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
 
         if self.free_vcpus[node] < vcpus:
             return None  # compute is held by busy workers only: evicting idle ones frees none
