@@ -204,6 +204,7 @@ class ESGScheduler:
             tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
         ] = {}
         self._views = ViewCache(self.settings.allow_eviction)
+        self._kinds: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}  # interned (_placeable)
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
         self._hardware, self._hybrid = paldia_features(self.tables)
         self._placeable_memo: dict[
@@ -423,6 +424,9 @@ class ESGScheduler:
             usable = hardware & self.tables.profile.hardware_types(stage)
             space = [(hw, v, s) for hw in sorted(usable) for v, s in self.tables.resources(hw)]
             kinds = tuple(dict.fromkeys((hw, v) for hw, v, _ in space))
+            # One object per distinct kinds tuple: the view memoises rooms per object, so stages
+            # profiled on the same hardware share one answer per round.
+            kinds = self._kinds.setdefault(kinds, kinds)
             got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
             self._stage_candidates[(stage, hardware)] = got
         kinds, flat = got

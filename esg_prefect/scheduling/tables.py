@@ -353,10 +353,12 @@ class CandidateTables:
             parts.waits = self._wait_groups(stage, n, resources, parts.now)
         head, groups = parts.waits
         cands = list(head)
-        for more, group in groups:
+        append = cands.append
+        for more, group in groups:  # a few short groups: a plain loop beats a comprehension's set-up
             wait_ms = more / rate_per_s * 1000.0
-            wait_us = to_us(wait_ms)
-            cands += [(lat + wait_us, cost, idx, o, wait_ms) for lat, cost, idx, o in group]
+            wait_us = round(wait_ms * 1000.0)  # to_us, inlined
+            for lat, cost, idx, o in group:
+                append((lat + wait_us, cost, idx, o, wait_ms))
         cands.sort()
         return cands
 
@@ -393,7 +395,8 @@ class CandidateTables:
             # rate, and leaving it out changes no other candidate's fate: drop it once here.
             kept = [e for e in entries if not any(lat <= e[0] and cost <= e[1] for lat, cost in prior)]
             prior += [(lat, cost) for lat, cost, _, _ in entries]
-            groups.append((b - n, kept))
+            if kept:  # a batch size all of whose options are beaten at any rate adds nothing
+                groups.append((b - n, kept))
             idx += len(group)
         return head, groups
 
