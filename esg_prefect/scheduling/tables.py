@@ -19,6 +19,7 @@ from esg_prefect.model.config import CPU, Config
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.slo import SLODistribution, critical_path
+from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.frontier import Option, SuffixFrontiers, pareto_prune
 from esg_prefect.scheduling.settings import ESGSettings
@@ -57,6 +58,12 @@ class Choice:
     latency_ms: float
     wait_ms: float = 0.0
     cold: bool = False
+
+
+# Options made on every decision that waits for a batch: without the frozen __init__'s cost
+# (esg_prefect.model.unchecked; neither class has checks).
+_option = unchecked(Option)
+_choice = unchecked(Choice)
 
 
 class FirstPick:
@@ -100,7 +107,7 @@ def _waiting(o: Option, latency_us: int, cost: float, wait_ms: float) -> Option:
     """A dispatch-now option turned into one that first waits ``wait_ms`` for its batch to fill."""
     c = o.payload
     assert isinstance(c, Choice)
-    return Option(latency_us, cost, Choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold))
+    return _option(latency_us, cost, _choice(c.stage, c.config, c.hardware, c.latency_ms, wait_ms, c.cold))
 
 
 class _FirstParts:

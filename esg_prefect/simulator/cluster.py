@@ -164,6 +164,9 @@ class BatchTiming:
         return self.cold_start_ms + self.transfer_ms + self.exec_ms
 
 
+_batch_timing = unchecked(BatchTiming)
+
+
 class SimCluster:
     """Nodes, devices and workers; billing records; service times.
 
@@ -394,7 +397,7 @@ class SimCluster:
         if remote_inputs:
             kbits = remote_inputs * self.sim.payload_kb * 8.192  # 1 KB = 8.192 kbit
             transfer = self.sim.network_latency_ms + kbits / (self.sim.network_gbps * 1000.0)
-        return BatchTiming(cold_ms, transfer, value)
+        return _batch_timing(cold_ms, transfer, value)
 
     def begin(self, w: SimWorker) -> None:
         """Count ``w`` as busy on its GPU (for interference)."""

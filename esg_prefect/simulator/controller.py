@@ -159,6 +159,9 @@ class _Running:
     timing: BatchTiming
 
 
+_running = unchecked(_Running)
+
+
 class Controller:
     """Requests -> queues -> ``scheduler.decide`` -> the simulated cluster.
 
@@ -417,7 +420,7 @@ class Controller:
         timing = self.cluster.timing(w, d.queue.stage, d.config, d.placement.cold, remote, sizes)
         self.cluster.begin(w)
         self._n_batches += 1
-        run = _Running(f"b{self._n_batches}", w, tuple(jobs), d, now, timing)
+        run = _running(f"b{self._n_batches}", w, tuple(jobs), d, now, timing)
         self._in_flight += 1
         self.loop.at(now + timing.total_ms, DONE, run)
 
