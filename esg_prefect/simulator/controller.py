@@ -91,7 +91,19 @@ def _snapshot(queues: tuple[QueueState, ...], cluster: ClusterSnapshot, workflow
 class _Plan:
     """What the controller precomputes per workflow."""
 
-    __slots__ = ("dist", "exits", "in_degree", "keys", "region", "segment", "successors", "workflow")
+    __slots__ = (
+        "dist",
+        "entries",
+        "exits",
+        "in_degree",
+        "keys",
+        "queues",
+        "region",
+        "segment",
+        "slo_ms",
+        "successors",
+        "workflow",
+    )
 
     def __init__(self, workflow: Workflow, dist: SLODistribution) -> None:
         self.workflow = workflow
@@ -102,6 +114,9 @@ class _Plan:
         self.segment = {s: dist.segment_of(s).index for s in workflow.stages}
         self.region = {s: dist.segment_of(s).is_region for s in workflow.stages}
         self.keys = {s: QueueKey(workflow.name, s) for s in workflow.stages}
+        self.entries = workflow.entries  # (a property that asks the graph: kept here, read per arrival)
+        self.slo_ms = workflow.slo_ms
+        self.queues: dict[str, _Queue] = {}  # stage -> its queue, once it has had a job
 
 
 class _Request:
@@ -300,7 +315,7 @@ class Controller:
         self.requests[req.request_id] = req
         self.arrivals_left -= 1
         self._open += 1
-        for s in plan.workflow.entries:
+        for s in plan.entries:
             self._enqueue(req, s, now)
 
     def _enqueue(self, req: _Request, stage: str, now: float) -> None:
@@ -323,13 +338,13 @@ class Controller:
             req.arrival_ms,
             now,
             deadline,
-            req.arrival_ms + plan.workflow.slo_ms,
+            req.arrival_ms + plan.slo_ms,
             home,
             req.size * self._typical.get(stage, 1.0),
         )
-        q = self.queues.get(key)
+        q = plan.queues.get(stage)
         if q is None:
-            q = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
+            q = plan.queues[stage] = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
         q.jobs[job_id] = job
         q.state = None
         q.rate.observe(now)
