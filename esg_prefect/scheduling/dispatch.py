@@ -76,6 +76,20 @@ def _static_of(cluster: ClusterSnapshot) -> _Static:
     return got[2]
 
 
+_ColdPlace = tuple[tuple[int, int, str], tuple[str, str | None, tuple[str, ...]]]
+"""A place a new worker fits: (rank, (node, device, idle workers to evict))."""
+
+
+def _best_cold(places: list[_ColdPlace], home: str | None) -> tuple[str, str | None, tuple[str, ...]] | None:
+    """The best place: on the inputs' node first, then by rank (fewest evictions, best fit, name)."""
+    best: tuple[tuple[int, tuple[int, int, str]], tuple[str, str | None, tuple[str, ...]]] | None = None
+    for rank, slot in places:
+        key = (0 if slot[0] == home else 1, rank)
+        if best is None or key < best[0]:
+            best = (key, slot)
+    return None if best is None else best[1]
+
+
 class ClusterView:
     """Free capacity and idle workers during one scheduling round.
 
@@ -416,33 +430,40 @@ class ClusterView:
         self, vcpus: int, share: float, hardware: str, home: str | None
     ) -> tuple[str, str | None, tuple[str, ...]] | None:
         # A function of the capacity alone: memoised until the next commit (a round under a backlog
-        # asks the same question for every queue it cannot serve).
+        # asks the same question for every queue it cannot serve). The places that fit do not depend
+        # on the inputs' node, so they are found once for every ``home`` asked.
         key = ("cold", vcpus, share, hardware, home)
         got = self._memo.get(key, _MISSING)
         if got is _MISSING:
-            got = self._memo[key] = self._find_cold_slot(vcpus, share, hardware, home)
+            places_key = ("cold-places", vcpus, share, hardware)
+            places = self._memo.get(places_key)
+            if places is None:
+                places = self._memo[places_key] = self._cold_places(vcpus, share, hardware)
+            got = self._memo[key] = _best_cold(places, home)  # type: ignore[arg-type]
         return got  # type: ignore[return-value]
 
     def _find_cold_slot(
         self, vcpus: int, share: float, hardware: str, home: str | None
     ) -> tuple[str, str | None, tuple[str, ...]] | None:
+        """Where a new worker would start (node, device, idle workers to evict); None if nowhere."""
+        return _best_cold(self._cold_places(vcpus, share, hardware), home)
+
+    def _cold_places(self, vcpus: int, share: float, hardware: str) -> list[_ColdPlace]:
+        """Every place a new worker fits, with its rank after the inputs' node (:func:`_best_cold`)."""
         need = _h(share)
-        best: tuple[tuple[int, int, int, str], tuple[str, str | None, tuple[str, ...]]] | None = None
         if hardware == CPU:
             places: list[tuple[str, str | None]] = [(n, None) for n in self.node_order]
         else:
             places = [(d.node, d.device_id) for d in self.devices.values() if d.hardware == hardware]
+        out: list[_ColdPlace] = []
         for node, dev in places:
             evict = self._room(node, dev, vcpus, need)
             if evict is None:
                 continue
             leftover = self.free_share[dev] - need if dev is not None else self.free_vcpus[node] - vcpus
-            leftover = int(leftover)
-            # Rank: on the inputs' node first, then fewest evictions, then best fit, then name.
-            key = (0 if node == home else 1, len(evict), leftover, dev or node)
-            if best is None or key < best[0]:
-                best = (key, (node, dev, evict))
-        return None if best is None else best[1]
+            # Rank (after the inputs' node first): fewest evictions, then best fit, then name.
+            out.append(((len(evict), int(leftover), dev or node), (node, dev, evict)))
+        return out
 
     def _room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
         """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible.
@@ -461,7 +482,7 @@ class ClusterView:
         return found
 
     def _find_room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
-
+        """:meth:`_room`, worked out."""
         if self.free_vcpus[node] < vcpus:
             return None  # compute is held by busy workers only: evicting idle ones frees none
 
