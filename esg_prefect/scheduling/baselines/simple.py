@@ -194,18 +194,24 @@ class PerInvocationScheduler(BaselineBase):
                 got = self._types[(stage, view.hardware)] = (len(res_list), covered)
             n_options, covered = got
             choice = None
-            starting = self.starting(stage, now_ms)  # changes only when a placement is made (and then we stop)
             has_warm = view.has_idle_warm
-            for allow_cold in (False, True):  # a warm worker on any type first
-                for res, lat in covered:
-                    if (not allow_cold or starting) and not has_warm(stage, res[1], res[2], res[0]):
-                        continue  # what self.place would answer at once: None
-                    placement = self.place(view, stage, res, [job], now_ms, allow_cold=allow_cold)
+            warm = [has_warm(stage, res[1], res[2], res[0]) for res, _ in covered]
+            # A warm worker on any type first (a type with none: self.place would answer None at once).
+            for (res, lat), w in zip(covered, warm, strict=True):
+                if w:
+                    placement = self.place(view, stage, res, [job], now_ms, allow_cold=False)
                     if placement is not None:
                         choice = (res, placement, lat)
                         break
-                if choice is not None:
-                    break
+            # Then a new worker, unless one of the stage is starting (one at a time). Types with a warm
+            # worker are not asked again: nothing changed since they answered None above.
+            if choice is None and not self.starting(stage, now_ms):
+                for (res, lat), w in zip(covered, warm, strict=True):
+                    if not w:
+                        placement = self.place(view, stage, res, [job], now_ms, allow_cold=True)
+                        if placement is not None:
+                            choice = (res, placement, lat)
+                            break
             stats.append(plain_stats(job.queue, choice is not None, n_options))
             if choice is None:
                 blocked.add(stage)
