@@ -210,3 +210,26 @@ def test_a_run_does_not_depend_on_garbage_collection() -> None:
     batches on this case, 0.7 % of the batch cost over 60 s).
     """
     assert _records_under_gc(None) == _records_under_gc(50)
+
+
+def test_workers_of_kind_counts_the_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The view's per-kind count (FaST-GShare-like and INFless-like scale by it) equals a count of the snapshot."""
+    from collections import Counter
+
+    checked = 0
+    original = ViewCache.view
+
+    def compared(self: ViewCache, cluster: Any) -> ClusterView:
+        nonlocal checked
+        view = original(self, cluster)
+        truth = Counter((w.stage, w.hardware, w.vcpus, w.gpu_share) for w in cluster.workers)
+        for (stage, hw, v, s), n in truth.items():
+            if stage is not None:
+                assert view.workers_of_kind(stage, hw, v, s) == n
+                checked += 1
+        assert view.workers_of_kind("no-such-stage", "T4", 1, 0.5) == 0
+        return view
+
+    monkeypatch.setattr(ViewCache, "view", compared)
+    simulate(standard_case("fast-gshare", duration_s=2.0, rate_per_s=400.0))
+    assert checked > 100

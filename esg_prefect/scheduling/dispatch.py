@@ -267,6 +267,18 @@ class ClusterView:
                 return True
         return False
 
+    def workers_of_kind(self, stage: str, hardware: str, vcpus: int, share: float) -> int:
+        """Workers of the snapshot (busy or idle) warm for ``stage`` with exactly these resources.
+
+        Read from the snapshot's own indexes (this round's commits are not
+        counted): rate-driven autoscalers compare it with the instances they want.
+        """
+        n = len(self._idle_by_kind.get((stage, hardware, vcpus, share), ()))
+        for w in self.busy_by_stage.get(stage, ()):
+            if w.hardware == hardware and w.vcpus == vcpus and w.gpu_share == share:
+                n += 1
+        return n
+
     def warm_resources(self, stage: str) -> set[tuple[str, int, float]]:
         """(hardware, vcpus, share) of the idle workers warm for ``stage`` that have compute to run now."""
         key = ("warm", stage)

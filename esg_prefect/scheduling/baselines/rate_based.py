@@ -35,8 +35,6 @@ does when it runs the stages of a pipeline as independent functions.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from operator import attrgetter
 
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -55,33 +53,22 @@ from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 
-_KIND = attrgetter("stage", "hardware", "vcpus", "gpu_share")
 
+class _RoundCounts:
+    """Instances per (stage, hardware, vcpus, share) this round: the snapshot's workers, busy or idle
+    (:meth:`ClusterView.workers_of_kind`), plus the ones this round has started."""
 
-def _instances(snapshot: Snapshot) -> Counter[tuple[str | None, str, int, float]]:
-    """Workers per (stage, hardware, vcpus, share), busy or idle (stage None: starting empty)."""
-    return Counter(map(_KIND, snapshot.cluster.workers))
+    __slots__ = ("_added", "_view")
 
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+        self._added: dict[tuple[str, str, int, float], int] = {}
 
-class _InstanceCounts:
-    """:func:`_instances`, counted once per cluster snapshot; each round gets its own copy to count on.
+    def get(self, key: tuple[str, str, int, float]) -> int:
+        return self._view.workers_of_kind(*key) + self._added.get(key, 0)
 
-    A round's arrival or completion often leaves the cluster as it was, and the
-    simulator then hands the same (immutable) snapshot object again; counting
-    a few hundred workers every round was a tenth of FaST-GShare-like's time.
-    """
-
-    __slots__ = ("_cluster", "_counts")
-
-    def __init__(self) -> None:
-        self._cluster: object = None
-        self._counts: dict[tuple[str | None, str, int, float], int] = {}
-
-    def __call__(self, snapshot: Snapshot) -> dict[tuple[str | None, str, int, float], int]:
-        if snapshot.cluster is not self._cluster:
-            self._counts = dict(_instances(snapshot))
-            self._cluster = snapshot.cluster
-        return dict(self._counts)
+    def add(self, key: tuple[str, str, int, float]) -> None:
+        self._added[key] = self._added.get(key, 0) + 1
 
 
 _Choices = tuple[list[tuple[float, Resource, int]], tuple[Resource, int, float] | None]
@@ -101,7 +88,6 @@ class INFlessScheduler(BaselineBase):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(profile, prices, settings, clock)
-        self._counts = _InstanceCounts()
         # Per (stage, hardware present, budget): the options worth trying, and the fallback.
         self._choices: dict[
             tuple[str, frozenset[str], float],
@@ -153,7 +139,7 @@ class INFlessScheduler(BaselineBase):
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Dispatch full or timed-out batches of each function's configuration; scale by rate."""
         view = self._views.view(snapshot.cluster)
-        counts = self._counts(snapshot)
+        counts = _RoundCounts(view)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
@@ -167,7 +153,7 @@ class INFlessScheduler(BaselineBase):
         q: QueueState,
         wf: Workflow,
         view: ClusterView,
-        counts: dict[tuple[str | None, str, int, float], int],
+        counts: _RoundCounts,
         now_ms: float,
         dispatches: list[Dispatch],
         holds: list[Hold],
@@ -192,13 +178,13 @@ class INFlessScheduler(BaselineBase):
             n = min(b, len(jobs))
             run_lat = self.latency_ms(stage, n, res) or lat
             key = (stage, hw, v, s)
-            placement = self.place(view, stage, res, jobs[:n], now_ms, allow_cold=counts.get(key, 0) < wanted)
+            placement = self.place(view, stage, res, jobs[:n], now_ms, allow_cold=counts.get(key) < wanted)
             stats.append(plain_stats(q.key, run_lat <= budget, 1))
             if placement is None:
-                holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key, 0)} of {wanted})"))
+                holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key)} of {wanted})"))
                 return
             if placement.cold:
-                counts[key] = counts.get(key, 0) + 1
+                counts.add(key)
             batch, jobs = jobs[:n], jobs[n:]
             dispatches.append(
                 self.dispatch(
@@ -220,7 +206,6 @@ class FaSTGShareScheduler(BaselineBase):
         clock: Clock | None = None,
     ) -> None:
         super().__init__(profile, prices, settings, clock)
-        self._counts = _InstanceCounts()
         self._ones: dict[tuple[str, frozenset[str]], list[tuple[float, float, Resource, int]]] = {}  # batch-1 options
 
     def choose(self, stage: str, budget_ms: float, view: ClusterView) -> tuple[Resource, float]:
@@ -240,7 +225,7 @@ class FaSTGShareScheduler(BaselineBase):
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         """Send each job alone to an instance of its function's configuration; scale by rate."""
         view = self._views.view(snapshot.cluster)
-        counts = self._counts(snapshot)
+        counts = _RoundCounts(view)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         stats: list[DecisionStats] = []
@@ -256,13 +241,13 @@ class FaSTGShareScheduler(BaselineBase):
             wanted = max(1, math.ceil(q.arrival_rate_per_s * lat / 1000.0))
             key = (stage, hw, v, s)
             for job in self.fifo_of(q):
-                placement = self.place(view, stage, res, [job], now_ms, allow_cold=counts.get(key, 0) < wanted)
+                placement = self.place(view, stage, res, [job], now_ms, allow_cold=counts.get(key) < wanted)
                 stats.append(plain_stats(q.key, lat <= budget, 1))
                 if placement is None:
-                    holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key, 0)} of {wanted})"))
+                    holds.append(Hold(q.key, f"waiting for an instance ({counts.get(key)} of {wanted})"))
                     break
                 if placement.cold:
-                    counts[key] = counts.get(key, 0) + 1
+                    counts.add(key)
                 dispatches.append(
                     self.dispatch(q, [job], res, placement, lat, lat > budget, f"fast-gshare: share {s} on {hw}")
                 )
