@@ -233,3 +233,23 @@ def test_workers_of_kind_counts_the_snapshot(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(ViewCache, "view", compared)
     simulate(standard_case("fast-gshare", duration_s=2.0, rate_per_s=400.0))
     assert checked > 100
+
+
+@pytest.mark.parametrize("scheduler", ["per-invocation", "esg"])
+def test_max_room_answers_whether_a_cold_slot_exists(scheduler: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ClusterView.place skips the search for a cold slot when max_room says none fits: the two agree."""
+    seen: dict[bool, int] = {True: 0, False: 0}
+    original = ViewCache.view
+
+    def compared(self: ViewCache, cluster: Any) -> ClusterView:
+        view = original(self, cluster)
+        for hw in sorted(view.hardware):
+            for share in (0.0,) if hw == "cpu" else (0.1, 0.5, 1.0):
+                fits = round(share * 100) <= view.max_room(1, hw)
+                assert fits == (view._find_cold_slot(1, share, hw, None) is not None)
+                seen[fits] += 1
+        return view
+
+    monkeypatch.setattr(ViewCache, "view", compared)
+    simulate(standard_case(scheduler, duration_s=2.0, rate_per_s=400.0))
+    assert seen[True] > 50 and seen[False] > 50  # both answers were checked

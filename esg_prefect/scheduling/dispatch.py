@@ -404,6 +404,8 @@ class ClusterView:
             warm.sort(key=lambda w: (-counts.get(w.node, 0), w.idle_since_ms or 0.0, w.worker_id))
             w = warm[0]
             return Placement(w.node, w.device_id, w.worker_id, 1 if w.node == home and home else 2)
+        if _h(share) > self.max_room(vcpus, hardware):
+            return None  # no place fits a new worker, even stopping idle ones (one memoised pass answers it)
         slot = self._cold_slot(vcpus, share, hardware, home)
         if slot is None:
             return None
