@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -322,10 +323,10 @@ def test_decision_cost_equals_brute_force_and_unpruned(seed: int) -> None:
     assert results[0] == results[1] or math.isclose(results[0], results[1], rel_tol=1e-9)
 
 
-def test_first_options_equal_the_pruned_merge_of_every_option() -> None:
-    """first_options builds only the surviving wait options; the result is pareto_prune of all of them."""
-    from esg_prefect.scheduling.frontier import Option, pareto_prune
-    from esg_prefect.scheduling.tables import CandidateTables, Choice
+def _first_stage_tables() -> tuple[Any, tuple[tuple[str, int, float, bool], ...]]:
+    """Candidate tables of one stage on two GPU types, 4 batch sizes, 2 vCPU counts and 3 shares; resources
+    of the whole space, some warm."""
+    from esg_prefect.scheduling.tables import CandidateTables
 
     prof = LatencyProfile(
         [
@@ -343,6 +344,15 @@ def test_first_options_equal_the_pruned_merge_of_every_option() -> None:
     resources = tuple(
         (hw, v, s, warm) for hw in ("T4", "V100") for v in (1, 2) for s in (0.25, 0.5, 1.0) for warm in (s != 0.5,)
     )
+    return tables, resources
+
+
+def test_first_options_equal_the_pruned_merge_of_every_option() -> None:
+    """first_options builds only the surviving wait options; the result is pareto_prune of all of them."""
+    from esg_prefect.scheduling.frontier import Option, pareto_prune
+    from esg_prefect.scheduling.tables import Choice
+
+    tables, resources = _first_stage_tables()
     rng = random.Random(5)
     for _ in range(200):
         n = rng.randint(1, 8)
@@ -438,24 +448,8 @@ def test_start_must_place_a_new_worker() -> None:
 def test_first_pick_equals_the_search_over_first_options() -> None:
     """The one-pass pick gives astar_plan's plan and statistics on first_options, and the slack interval."""
     from esg_prefect.scheduling.search import astar_plan
-    from esg_prefect.scheduling.tables import CandidateTables
 
-    prof = LatencyProfile(
-        [
-            ProfilePoint("m", hw, b, v, s, (8.0 + 3.0 * b) / max(s, 0.25) * (1.5 if hw == "V100" else 1.0) / v)
-            for hw in ("T4", "V100")
-            for b in (1, 2, 4, 8)
-            for v in (1, 2)
-            for s in (0.25, 0.5, 1.0)
-        ],
-        {("m", "T4"): 30.0, ("m", "V100"): 30.0},
-    )
-    prices = PriceSheet(1e-4, {"T4": 1e-3, "V100": 3e-3})
-    settings = ESGSettings(config_space=ConfigSpace((1, 2, 4, 8), (1, 2), (0.25, 0.5, 1.0)))
-    tables = CandidateTables(prof, prices, settings)
-    resources = tuple(
-        (hw, v, s, warm) for hw in ("T4", "V100") for v in (1, 2) for s in (0.25, 0.5, 1.0) for warm in (s != 0.5,)
-    )
+    tables, resources = _first_stage_tables()
     rng = random.Random(11)
     fits_seen = set()
     for _ in range(400):

@@ -538,10 +538,11 @@ class ESGScheduler:
                 kind = "wait" if head.wait_ms > 0 else "dispatch"
                 self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head, None)
                 return QueueDecision(kind, head, (), False, stats)
-            if s.infeasible_policy == "reject":
-                first = self.tables.first_options(stage, len(jobs), resources, rate)
-                return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, pick)
-            return self._infeasible(queue, jobs, workflow, view, now_ms, resources, (), rest_opts, stats, pick)
+            # The reject policy reads the option list; best effort builds it only if nothing else goes.
+            first = (
+                self.tables.first_options(stage, len(jobs), resources, rate) if s.infeasible_policy == "reject" else ()
+            )
+            return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, pick)
         first = self.tables.first_options(stage, len(jobs), resources, rate)
         if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
