@@ -62,7 +62,6 @@ def _rounds(scheduler: str, monkeypatch: pytest.MonkeyPatch, plain: bool) -> lis
             m.setattr(ReadyOrder, "__call__", lambda self, key, jobs: _in_ready_order(jobs))
             m.setattr(ClusterView, "_cold_slot", ClusterView._find_cold_slot)
             m.setattr(ClusterView, "_room", ClusterView._find_room)
-            m.setattr(ClusterView, "rooms", lambda self, kinds: tuple(self.max_room(v, hw) for hw, v in kinds))
             m.setattr(
                 ClusterView,
                 "has_idle_warm",

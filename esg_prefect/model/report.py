@@ -285,9 +285,11 @@ class _Decisions:
         self.expansions = 0
         self.times: list[float] = []
 
-    def merged(self, others: Iterable[_Decisions]) -> _Decisions:
-        out = _Decisions()
-        for d in (self, *others):
+    @classmethod
+    def total(cls, groups: Iterable[_Decisions]) -> _Decisions:
+        """All of ``groups`` together."""
+        out = cls()
+        for d in groups:
             out.count += d.count
             out.expansions += d.expansions
             out.times += d.times
@@ -549,7 +551,7 @@ def summarize(
         wf_cost = sum(costs.per_request.get(r.request_id, 0.0) for r in wf_reqs)
         wf_busy = sum(busy.per_request.get(r.request_id, 0.0) for r in wf_reqs)
         groups.append(_group(wf, wf_reqs, stages_by_wf.get(wf, []), decs.get(wf) or _Decisions(), wf_cost, wf_busy))
-    overall = _group(ALL, reqs, stage_recs, _Decisions().merged(decs.values()), costs.total, costs.busy_total)
+    overall = _group(ALL, reqs, stage_recs, _Decisions.total(decs.values()), costs.total, costs.busy_total)
     return Report(
         overall=overall,
         workflows=tuple(groups),

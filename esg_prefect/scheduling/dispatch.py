@@ -313,44 +313,6 @@ class ClusterView:
             got = self._memo[key] = build()
         return got  # type: ignore[return-value]
 
-    def rooms(self, kinds: tuple[tuple[str, int], ...]) -> tuple[int, ...]:
-        """``max_room(vcpus, hardware)`` for each (hardware, vcpus) of ``kinds``, in one pass over the devices.
-
-        ESG asks this for every kind of its space on every queue it decides;
-        one pass answers all the GPU kinds at once (memoised per ``kinds``
-        object until the next commit).
-        """
-        key = ("rooms", id(kinds))
-        got = self._memo.get(key)
-        if got is not None and got[0] is kinds:  # type: ignore[index]
-            return got[1]  # type: ignore[index, no-any-return]
-        best = dict.fromkeys(kinds, -1)
-        gpu: dict[str, list[int]] = {}
-        for hw, v in kinds:
-            if hw == CPU:
-                best[(hw, v)] = self.max_room(v, hw)
-            else:
-                gpu.setdefault(hw, []).append(v)
-        if gpu:
-            evictable = self.allow_eviction
-            for dev_id, d in self.devices.items():
-                asked = gpu.get(d.hardware)
-                if asked is None:
-                    continue
-                node = d.node
-                slots = self.free_slots[node] + (self._idle_on_node[node] if evictable else 0)
-                share = self.free_share[dev_id] + (self._idle_share[dev_id] if evictable else 0)
-                clients = self.clients[dev_id] - (self._idle_clients[dev_id] if evictable else 0)
-                if slots < 1 or clients >= d.max_clients:
-                    continue
-                free = self.free_vcpus[node]
-                for v in asked:
-                    if free >= v and share > best[(d.hardware, v)]:
-                        best[(d.hardware, v)] = share
-        out = tuple([best[k] for k in kinds])
-        self._memo[key] = (kinds, out)
-        return out
-
     def max_room(self, vcpus: int, hardware: str) -> int:
         """The largest share (hundredths) a new worker with ``vcpus`` could take on ``hardware``; -1 if none.
 
@@ -416,7 +378,7 @@ class ClusterView:
         """Take the capacity of a placement so that later dispatches see it gone."""
         self._version += 1
         self._memo = {}  # a new dict: copies of a pristine view may share the old one
-        self._node_stamp[placement.node] = next(_STAMPS)  # evictions and the warm worker are on that node too
+        self._node_stamp[placement.node] = next(_STAMPS)  # and, below, the node of every worker it takes
         gone = [*placement.evict, *([placement.worker_id] if placement.worker_id is not None else [])]
         for wid in gone:  # no longer idle: neither evictable nor warm for another batch
             w = self.idle[wid]
@@ -482,9 +444,10 @@ class ClusterView:
     def _room(self, node: str, dev: str | None, vcpus: int, need: int) -> tuple[str, ...] | None:
         """Idle workers to evict so that (vcpus, need) fits on node/dev; None if impossible.
 
-        The answer depends only on the node's own state, so it is kept per node
-        with the node's stamp (:meth:`_touch`) across commits that change other
-        nodes: a busy round places many batches, each asking about every device.
+        The answer depends only on the node's own state, so it is kept with the
+        node's stamp (renewed by :meth:`commit` and :meth:`_update` whenever the
+        node changes) across commits that change other nodes: a busy round places
+        many batches, each asking about every device.
         """
         key = (node, dev, vcpus, need)
         stamp = self._node_stamp[node]

@@ -130,7 +130,6 @@ class _Kept:
         "kind",
         "lo_us",
         "n",
-        "plan",
         "rate",
         "resources",
         "stats",
@@ -150,7 +149,6 @@ class _Kept:
         feasible: bool,
         kind: str,
         choice: Choice | None,
-        plan: tuple[Choice, ...],
         best: Option | None,
     ) -> None:
         self.n = n
@@ -164,7 +162,6 @@ class _Kept:
         self.feasible = feasible
         self.kind = kind
         self.choice = choice
-        self.plan = plan
         self.best = best
 
 
@@ -204,7 +201,6 @@ class ESGScheduler:
             tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
         ] = {}
         self._views = ViewCache(self.settings.allow_eviction)
-        self._kinds: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}  # interned (_placeable)
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
         self._hardware, self._hybrid = paldia_features(self.tables)
         self._placeable_memo: dict[
@@ -344,8 +340,7 @@ class ESGScheduler:
         found = next(fitting, None)
         if found is None or found[0] > ceiling:
             return None
-        best = found[3]
-        best_key = (found[0], best.latency_ms)
+        per_job, best = found[0], found[3]
         cfg, hw, lat = best.config, best.hardware, best.latency_ms
         if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
             return None
@@ -355,7 +350,7 @@ class ESGScheduler:
         view.commit(placement, cfg.vcpus, cfg.gpu_share)
         reason = (
             f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
-            f"{best_key[0]:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
+            f"{per_job:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
         )
         return Start(key, cfg, hw, placement, reason)
 
@@ -424,13 +419,10 @@ class ESGScheduler:
             usable = hardware & self.tables.profile.hardware_types(stage)
             space = [(hw, v, s) for hw in sorted(usable) for v, s in self.tables.resources(hw)]
             kinds = tuple(dict.fromkeys((hw, v) for hw, v, _ in space))
-            # One object per distinct kinds tuple: the view memoises rooms per object, so stages
-            # profiled on the same hardware share one answer per round.
-            kinds = self._kinds.setdefault(kinds, kinds)
             got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
             self._stage_candidates[(stage, hardware)] = got
         kinds, flat = got
-        rooms = view.rooms(kinds)  # the capacity of each (hardware, vcpus), in one pass
+        rooms = tuple([view.max_room(v, hw) for hw, v in kinds])  # one capacity question per (hardware, vcpus)
         warm = view.warm_resources(stage)
         # The answer depends on nothing else, and the same few answers recur round after round.
         key = (stage, hardware, rooms, frozenset(warm))
@@ -486,7 +478,7 @@ class ESGScheduler:
             r = kept.stats
             stats = r if t0 is None else _timed(r, self._since(t0))
             if kept.feasible:
-                return QueueDecision(kept.kind, kept.choice, kept.plan, False, stats)
+                return QueueDecision(kept.kind, kept.choice, (), False, stats)  # one stage: no plan after it
             assert kept.best is not None
             return self._best_effort(stage, view, jobs, kept.best, stats)
         return self._decide_queue(queue, jobs, workflow, view, now_ms, t0, resources, slack_us)
@@ -538,11 +530,7 @@ class ESGScheduler:
                 kind = "wait" if head.wait_ms > 0 else "dispatch"
                 self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head, None)
                 return QueueDecision(kind, head, (), False, stats)
-            # The reject policy reads the option list; best effort builds it only if nothing else goes.
-            first = (
-                self.tables.first_options(stage, len(jobs), resources, rate) if s.infeasible_policy == "reject" else ()
-            )
-            return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, pick)
+            return self._infeasible(queue, jobs, workflow, view, now_ms, resources, None, rest_opts, stats, pick)
         first = self.tables.first_options(stage, len(jobs), resources, rate)
         if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
@@ -586,7 +574,7 @@ class ESGScheduler:
         view: ClusterView,
         now_ms: float,
         resources: tuple[Resource, ...],
-        first: tuple[Option, ...],
+        first: tuple[Option, ...] | None,
         rest_opts: list[tuple[Option, ...]],
         stats: DecisionStats,
         pick: FirstPick | None,
@@ -594,11 +582,14 @@ class ESGScheduler:
         """No plan meets the slack: reject the late jobs (``reject``) or go best effort.
 
         ``pick`` is the one-stage answer to keep (None for a multi-stage search, which is not kept);
-        ``first`` the first stage's options where the reject policy needs them.
+        ``first`` the first stage's options, or None where the one-pass search did not build them
+        (built here only if read).
         """
         stage = queue.key.stage
         s = self.settings
         if s.infeasible_policy == "reject":
+            if first is None:
+                first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
             now_fastest = min(o.latency_us for o in first if isinstance(o.payload, Choice) and o.payload.wait_ms == 0)
             fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
             late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
@@ -610,7 +601,9 @@ class ESGScheduler:
         if whole:
             best = min(whole, key=lambda o: (o.latency_us, o.cost))
         else:  # the fastest first-stage option (a wait, if nothing can go now)
-            best = (first or self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s))[0]
+            if first is None:
+                first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+            best = first[0]
         if pick is not None and s.infeasible_policy == "best_effort":
             self._keep(queue, len(jobs), workflow, frozenset(view.hardware), resources, pick, stats, "", None, best)
         return self._best_effort(stage, view, jobs, best, stats)
@@ -668,7 +661,6 @@ class ESGScheduler:
             choice is not None or best is None,
             kind,
             choice,
-            (),
             best,
         )
 

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
 from esg_prefect.model.attribution import BatchItem, BatchRecord
-from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.slo import SLODistribution
@@ -68,24 +67,15 @@ _stage_record = unchecked(StageRecord)
 _request_record = unchecked(RequestRecord)
 _batch_item = unchecked(BatchItem)
 _batch_record = unchecked(BatchRecord)
-_unchecked_queue_state = unchecked(QueueState)
-_unchecked_snapshot = unchecked(Snapshot)
 
 
-def _queue_state(key: QueueKey, jobs: tuple[Job, ...], rate: float) -> QueueState:
-    """A :class:`QueueState` built without its O(jobs) check.
-
-    The controller gives every job of a queue the queue's own key object and
-    its rate comes from :class:`ArrivalRateEWMA` (finite, >= 0), so the check
-    holds by construction; under a backlog of thousands of jobs it cost more
-    than the scheduling round. Tests build checked states from the same values.
-    """
-    return _unchecked_queue_state(key, jobs, rate)
-
-
-def _snapshot(queues: tuple[QueueState, ...], cluster: ClusterSnapshot, workflows: dict[str, Workflow]) -> Snapshot:
-    """A :class:`Snapshot` built without its check (queue keys come from the controller's own plans)."""
-    return _unchecked_snapshot(queues, cluster, workflows)
+# A QueueState without its O(jobs) check: the controller gives every job of a queue the queue's own
+# key object and its rate comes from ArrivalRateEWMA (finite, >= 0), so the check holds by
+# construction; under a backlog of thousands of jobs it cost more than the scheduling round. Tests
+# build checked states from the same values.
+_queue_state = unchecked(QueueState)
+# A Snapshot without its check: queue keys come from the controller's own plans.
+_snapshot = unchecked(Snapshot)
 
 
 class _Plan:
@@ -97,10 +87,8 @@ class _Plan:
         "exits",
         "in_degree",
         "keys",
-        "queues",
         "region",
         "segment",
-        "slo_ms",
         "successors",
         "workflow",
     )
@@ -115,8 +103,6 @@ class _Plan:
         self.region = {s: dist.segment_of(s).is_region for s in workflow.stages}
         self.keys = {s: QueueKey(workflow.name, s) for s in workflow.stages}
         self.entries = workflow.entries  # (a property that asks the graph: kept here, read per arrival)
-        self.slo_ms = workflow.slo_ms
-        self.queues: dict[str, _Queue] = {}  # stage -> its queue, once it has had a job
 
 
 class _Request:
@@ -338,13 +324,13 @@ class Controller:
             req.arrival_ms,
             now,
             deadline,
-            req.arrival_ms + plan.slo_ms,
+            req.arrival_ms + plan.workflow.slo_ms,
             home,
             req.size * self._typical.get(stage, 1.0),
         )
-        q = plan.queues.get(stage)
+        q = self.queues.get(key)
         if q is None:
-            q = plan.queues[stage] = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
+            q = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
         q.jobs[job_id] = job
         q.state = None
         q.rate.observe(now)
