@@ -51,8 +51,41 @@ class PrefectServer:
         return f"{self.url}/api"
 
     def api(self) -> httpx.Client:
-        """An HTTP client of the REST API (the caller closes it)."""
-        return httpx.Client(base_url=self.api_url, timeout=30.0)
+        """An HTTP client of the REST API (the caller closes it); it waits out a busy server (503)."""
+        return httpx.Client(base_url=self.api_url, timeout=30.0, transport=BusyRetry())
+
+
+class BusyRetry(httpx.BaseTransport):
+    """Sends a request again, after a pause, while the server answers 503 (Service Unavailable).
+
+    A SQLite-backed server answers 503 when its database stays locked past its
+    timeout, which happens on a loaded machine (the test suite runs two workers,
+    each with servers and worker processes of its own); seen in CI on a
+    ``DELETE /deployments/{id}`` that another moment would have served. Every
+    request a test sends is a small JSON body, so sending it again is safe; the
+    last answer is returned whatever it is, so a server that stays busy still fails
+    the test with its own status.
+    """
+
+    def __init__(self, tries: int = 6, first_pause_s: float = 0.5) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._tries = tries
+        self._first_pause_s = first_pause_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        pause = self._first_pause_s
+        for _ in range(self._tries - 1):
+            response = self._inner.handle_request(request)
+            if response.status_code != 503:
+                return response
+            response.read()
+            response.close()
+            time.sleep(pause)
+            pause *= 2
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def base_env(home: Path) -> dict[str, str]:
