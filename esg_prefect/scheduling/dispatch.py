@@ -46,7 +46,17 @@ def _h(share: float) -> int:
 class _Static:
     """What a view takes from a cluster's nodes and devices alone (shared by the views of one cluster)."""
 
-    __slots__ = ("devices", "full_share", "hardware", "node_order", "slots", "vcpus", "zero_dev", "zero_node")
+    __slots__ = (
+        "by_hardware",
+        "devices",
+        "full_share",
+        "hardware",
+        "node_order",
+        "slots",
+        "vcpus",
+        "zero_dev",
+        "zero_node",
+    )
 
     def __init__(self, cluster: ClusterSnapshot) -> None:
         self.node_order = [n.name for n in cluster.nodes]
@@ -55,6 +65,10 @@ class _Static:
             n.name: float(n.max_workers) if n.max_workers is not None else float("inf") for n in cluster.nodes
         }
         self.devices = {d.device_id: d for d in cluster.devices}
+        # Per GPU type, (device id, node, MPS client limit) in the cluster's order: capacity questions name a type.
+        self.by_hardware: dict[str, tuple[tuple[str, str, int], ...]] = {}
+        for d in cluster.devices:
+            self.by_hardware[d.hardware] = (*self.by_hardware.get(d.hardware, ()), (d.device_id, d.node, d.max_clients))
         self.full_share = {d.device_id: 100 for d in cluster.devices}
         self.zero_dev = {d.device_id: 0 for d in cluster.devices}
         self.zero_node = {n.name: 0 for n in cluster.nodes}
@@ -103,6 +117,7 @@ class ClusterView:
         static = _static_of(cluster)
         self.node_order = static.node_order
         self.devices = static.devices
+        self._by_hardware = static.by_hardware
         self.hardware = static.hardware
         self.free_vcpus = dict(static.vcpus)
         self.free_slots: dict[str, float] = dict(static.slots)
@@ -236,6 +251,7 @@ class ClusterView:
         new.free_vcpus = dict(self.free_vcpus)
         new.free_slots = dict(self.free_slots)
         new.devices = self.devices
+        new._by_hardware = self._by_hardware
         new.free_share = dict(self.free_share)
         new.clients = dict(self.clients)
         new.idle = dict(self.idle)
@@ -338,13 +354,14 @@ class ClusterView:
                     best = 0
                     break
         else:
-            for dev_id, d in self.devices.items():
-                if d.hardware != hardware or self.free_vcpus[d.node] < vcpus:
+            free_vcpus = self.free_vcpus
+            for dev_id, node, max_clients in self._by_hardware.get(hardware, ()):
+                if free_vcpus[node] < vcpus:
                     continue
-                slots = self.free_slots[d.node] + (self._idle_on_node[d.node] if evictable else 0)
+                slots = self.free_slots[node] + (self._idle_on_node[node] if evictable else 0)
                 share = self.free_share[dev_id] + (self._idle_share[dev_id] if evictable else 0)
                 clients = self.clients[dev_id] - (self._idle_clients[dev_id] if evictable else 0)
-                if slots >= 1 and clients < d.max_clients and share > best:
+                if slots >= 1 and clients < max_clients and share > best:
                     best = share
         self._memo[key] = best
         return best
@@ -430,7 +447,7 @@ class ClusterView:
         if hardware == CPU:
             places: list[tuple[str, str | None]] = [(n, None) for n in self.node_order]
         else:
-            places = [(d.node, d.device_id) for d in self.devices.values() if d.hardware == hardware]
+            places = [(node, dev_id) for dev_id, node, _ in self._by_hardware.get(hardware, ())]
         out: list[_ColdPlace] = []
         for node, dev in places:
             evict = self._room(node, dev, vcpus, need)
