@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
@@ -393,3 +394,29 @@ def test_bad_arrival_times_and_request_sizes_are_named(monkeypatch: pytest.Monke
     monkeypatch.setattr(Case, "request_sizes", lambda self, n, seed: [1.0] * (n - 1) + [0.0])
     with pytest.raises(InvalidInputError, match=r"request size .* got 0\.0"):
         simulate(case, arrivals=[(0.0, wf), (5.0, wf)])
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_cyclic_gc_paused_during_a_run_and_restored(enabled_before: bool) -> None:
+    seen: list[bool] = []
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled_before else gc.disable()
+        run = simulate(tiny_case(), progress=lambda _f: seen.append(gc.isenabled()))
+        after = gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+    assert run.report.overall.count > 0
+    assert seen and not any(seen)  # paused while the loop ran
+    assert after is enabled_before  # the caller's setting is back
+
+
+def test_cyclic_gc_restored_when_a_run_fails() -> None:
+    def stop(_fraction: float) -> None:
+        assert not gc.isenabled()
+        raise RuntimeError("stopped by the progress callback")
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="stopped by the progress callback"):
+        simulate(tiny_case(), progress=stop)
+    assert gc.isenabled()

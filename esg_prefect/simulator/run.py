@@ -5,6 +5,14 @@ that seed, service times from a random source seeded by it, and the scheduler
 gets no clock unless the caller passes one (to time decisions; ESG's time
 budget could then cut a search short, so timed runs are for E3 only).
 
+Python's cyclic garbage collector is paused while a simulation runs (and
+restored after, as the caller had it): a run allocates millions of
+short-lived objects that reference counting frees, and keeps growing lists of
+records, so the collector's passes cost 5-10 % of the run's time and found
+fewer than 200 objects in cycles on a 60 s standard case (its records hold
+none). The switch is process-wide: a thread running beside a simulation also
+goes without cyclic collection until the simulation ends.
+
 Example:
     >>> from esg_prefect.simulator.standard import tiny_case
     >>> rep = run_case(tiny_case(), seed=1)
@@ -14,9 +22,11 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from esg_prefect.exceptions import InvalidInputError
@@ -119,28 +129,29 @@ def simulate(
     duration_ms = case.duration_s * 1000.0
     ctl.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
     ctl.round_interval_ms = case.sim.round_interval_ms
-    if progress is None:
-        loop.run(ctl.handle, ctl.settle)
-    else:
-        steps = 50
-        for i in range(1, steps + 1):
-            loop.run(ctl.handle, ctl.settle, until_ms=duration_ms * i / steps)
-            progress(i / steps)
-        loop.run(ctl.handle, ctl.settle)
-    ctl.close()
-    window = after_warmup(
-        ctl.request_records, ctl.stage_records, cluster.batches, cluster.idles, case.warmup_s * 1000.0
-    )
-    report = summarize(
-        window.requests,
-        window.stages,
-        window.batches,
-        window.idles,
-        case.prices,
-        ctl.decisions,
-        split=settings.cost_split,
-        idle_billing=settings.idle_billing,
-    )
+    with _cyclic_gc_paused():
+        if progress is None:
+            loop.run(ctl.handle, ctl.settle)
+        else:
+            steps = 50
+            for i in range(1, steps + 1):
+                loop.run(ctl.handle, ctl.settle, until_ms=duration_ms * i / steps)
+                progress(i / steps)
+            loop.run(ctl.handle, ctl.settle)
+        ctl.close()
+        window = after_warmup(
+            ctl.request_records, ctl.stage_records, cluster.batches, cluster.idles, case.warmup_s * 1000.0
+        )
+        report = summarize(
+            window.requests,
+            window.stages,
+            window.batches,
+            window.idles,
+            case.prices,
+            ctl.decisions,
+            split=settings.cost_split,
+            idle_billing=settings.idle_billing,
+        )
     return SimRun(
         report,
         tuple(ctl.request_records),
@@ -156,6 +167,18 @@ def simulate(
         ctl.at_risk_cold_starts,
         ctl.prewarms,
     )
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for the block (module docstring); restore the caller's setting."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def run_case(case: Case, seed: int | None = None) -> Report:
