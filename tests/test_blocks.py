@@ -62,6 +62,12 @@ def test_defaults_match_the_model() -> None:
     assert per_s == PriceSheet(1e-5, {"T4": 1e-4})
 
 
+def test_the_block_mirrors_every_knob() -> None:
+    knobs = set(ESGSettings.__dataclass_fields__) - {"config_space"}
+    assert knobs <= set(ESGSchedulerSettings.model_fields), knobs - set(ESGSchedulerSettings.model_fields)
+    assert ESGSchedulerSettings(best_effort_tolerance=0.25).to_settings().best_effort_tolerance == 0.25
+
+
 def test_bad_knob_in_a_block_is_named() -> None:
     from esg_prefect.exceptions import ConfigError
 

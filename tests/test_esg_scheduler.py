@@ -114,6 +114,29 @@ def test_infeasible_best_effort_is_at_risk() -> None:
     assert "best effort" in res.dispatches[0].reason
 
 
+def test_best_effort_tolerance_takes_the_cheapest_near_fastest_option() -> None:
+    # No plan meets a 5 ms slack. On 4 vCPUs the job takes 10 ms at 4x the price per vCPU-second
+    # (cost 4 * 10 = 40 units) and on 1 vCPU 12 ms (12 units): 20 % slower, 3.3x cheaper.
+    prof = LatencyProfile(
+        [ProfilePoint("m", "cpu", 1, 1, 0.0, 12.0), ProfilePoint("m", "cpu", 1, 4, 0.0, 10.0)], {("m", "cpu"): 0.0}
+    )
+    space = ConfigSpace((1,), (1, 4), (0.0,))
+
+    def best_effort(tolerance: float) -> tuple[int, float, bool, str]:
+        settings = ESGSettings(config_space=space, best_effort_tolerance=tolerance)
+        s = ESGScheduler(prof, PriceSheet(CPU_PRICE, {}), settings)
+        res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 5.0))]), 0.0)
+        (d,) = res.dispatches
+        return d.config.vcpus, d.predicted_ms, d.at_risk, d.reason
+
+    assert best_effort(0.0)[:3] == (4, 10.0, True)  # the spec's rule: the fastest
+    assert best_effort(0.1)[:3] == (4, 10.0, True)  # 12 ms is over 10 * 1.1
+    vcpus, predicted, at_risk, reason = best_effort(0.25)  # 12 ms is within 10 * 1.25: the cheaper one
+    assert (vcpus, predicted, at_risk) == (1, 12.0, True)
+    assert "cheapest option within 25% of the fastest" in reason
+    assert best_effort(0.2)[:3] == (1, 12.0, True)  # the bound is inclusive
+
+
 def test_infeasible_reject_policy_rejects_only_late_jobs() -> None:
     # Jobs 0-1 have 5 ms (below the fastest 12 ms): rejected. Jobs 2-3 have 50 ms: dispatched.
     s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, infeasible_policy="reject")

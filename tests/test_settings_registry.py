@@ -40,6 +40,9 @@ def test_defaults_are_the_specs() -> None:
         ("prewarm_saving", 0.0),
         ("prewarm_saving", 1.0),
         ("prewarm_saving", True),
+        ("best_effort_tolerance", -0.1),
+        ("best_effort_tolerance", float("nan")),
+        ("best_effort_tolerance", True),
     ],
 )
 def test_bad_knob_is_named(field: str, value: object) -> None:

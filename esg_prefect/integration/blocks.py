@@ -134,6 +134,11 @@ class ESGSchedulerSettings(Block):
     correction_alpha: float = Field(
         default=0.25, ge=0, le=1, description="Weight of the newest batch in the online profile correction; 0: off."
     )
+    best_effort_tolerance: float = Field(
+        default=0.0,
+        ge=0,
+        description="Best effort takes the cheapest option at most this fraction slower than the fastest; 0: fastest.",
+    )
     wait_for_busy_warm: bool = Field(
         default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
     )

@@ -19,8 +19,10 @@ The slack is the earliest deadline among the queue's jobs (they are taken in
 EDF order) minus ``now_ms``. Only the first stage's choice is committed
 (receding horizon). When no plan meets the slack, the ``best_effort`` policy
 dispatches the whole queue (up to the largest batch) on the fastest placeable
-resources and marks it at risk; the ``reject`` policy rejects the jobs that
-even the fastest option cannot serve in time.
+resources and marks it at risk (with ``best_effort_tolerance`` > 0, on the
+cheapest of those at most that fraction slower than the fastest); the
+``reject`` policy rejects the jobs that even the fastest option cannot serve
+in time.
 
 On a full cluster "fastest" counts a worker warm for the stage that is busy
 now: when the fastest placeable option is a cold start that would stop idle
@@ -394,8 +396,7 @@ class ESGScheduler:
     def _deadline(self, job: Job) -> float:
         return job.e2e_deadline_ms if self.settings.search_horizon == "workflow" else job.deadline_ms
 
-    @staticmethod
-    def _reason(c: Choice, dec: QueueDecision, rule: int) -> str:
+    def _reason(self, c: Choice, dec: QueueDecision, rule: int) -> str:
         where = {
             1: "warm worker on the inputs' node",
             2: "warm worker",
@@ -403,7 +404,9 @@ class ESGScheduler:
             4: "cold start, best fit",
         }[rule]
         if dec.at_risk:
-            return f"no plan meets the slack: fastest option, best effort ({where})"
+            tol = self.settings.best_effort_tolerance
+            pick = f"cheapest option within {tol:.0%} of the fastest" if tol > 0 else "fastest option"
+            return f"no plan meets the slack: {pick}, best effort ({where})"
         return f"cheapest plan within the slack over {dec.stats.horizon} stage(s) ({where})"
 
     # ---- ESG_1Q ------------------------------------------------------------
@@ -595,11 +598,15 @@ class ESGScheduler:
             late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
             if late:
                 return QueueDecision("reject", None, (), False, stats, reject_count=late)
-        # Best effort: the largest batch the queue fills now, on the fastest resources.
+        # Best effort: the largest batch the queue fills now, on the fastest resources (or the
+        # cheapest within ``best_effort_tolerance`` of the fastest's latency).
         top = min(len(jobs), s.config_space.max_batch)
         whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
         if whole:
             best = min(whole, key=lambda o: (o.latency_us, o.cost))
+            if s.best_effort_tolerance > 0:
+                limit = best.latency_us * (1.0 + s.best_effort_tolerance)
+                best = min((o for o in whole if o.latency_us <= limit), key=lambda o: (o.cost, o.latency_us))
         else:  # the fastest first-stage option (a wait, if nothing can go now)
             if first is None:
                 first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
