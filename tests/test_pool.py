@@ -18,6 +18,7 @@ from esg_prefect.exceptions import (
     WorkerCrashedError,
 )
 from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.model.cluster import Device
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
@@ -364,3 +365,25 @@ def test_a_prewarm_start_loads_a_worker_that_then_serves_warm() -> None:
     # The load ran before the first batch and is billed as the worker's idle time from its start.
     first_batch = min(b.start_ms for b in snap.batches)
     assert snap.idles and snap.idles[0].worker_id == "w1" and snap.idles[0].start_ms < first_batch
+
+
+class _TwoGPUTypes(InlineBackend):
+    """Reports a T4 and an A100 (no stage here runs on them: only the keep-alive reads them)."""
+
+    def devices(self) -> tuple[Device, ...]:
+        node = self.nodes()[0].name
+        return (Device(f"{node}/gpu0", node, "T4"), Device(f"{node}/gpu1", node, "A100"))
+
+
+def test_keep_alive_by_price_per_hardware_type() -> None:
+    settings = ESGSettings(keep_alive_s=10.0, keep_alive_by_price=True)
+    pool = Pool(toy_profile(), PriceSheet.default(), settings=settings, backend=_TwoGPUTypes(vcpus=2))
+    try:
+        assert pool.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": pytest.approx(10_000.0 * 0.35 / 3.67)}
+    finally:
+        pool.close()
+    plain = Pool(toy_profile(), PriceSheet.default(), settings=ESGSettings(keep_alive_s=10.0), backend=_TwoGPUTypes())
+    try:
+        assert plain.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": 10_000.0}
+    finally:
+        plain.close()

@@ -173,3 +173,19 @@ def test_pickle_round_trip() -> None:
     assert back.batch_cost(Config(4, 2, 0.5), "T4", 250.0) == 0.375
     with pytest.raises(TypeError):
         back.price_per_gpu_s["T4"] = 0.0  # type: ignore[index]
+
+
+def test_keep_alive_scales_follow_the_cheapest_gpu_type_present() -> None:
+    sheet = PriceSheet.default()
+    scales = sheet.keep_alive_scales(["cpu", "T4", "V100", "A100"])
+    assert scales == {
+        "cpu": 1.0,
+        "T4": 1.0,
+        "V100": pytest.approx(0.35 / 2.48),
+        "A100": pytest.approx(0.35 / 3.67),
+    }
+    # Without a T4 the A10 is the cheapest type present.
+    assert sheet.keep_alive_scales(["A10", "H100"]) == {"cpu": 1.0, "A10": 1.0, "H100": pytest.approx(1.0 / 6.98)}
+    assert sheet.keep_alive_scales(["cpu"]) == {"cpu": 1.0}
+    with pytest.raises(PriceError, match="'B200'"):
+        sheet.keep_alive_scales(["T4", "B200"])

@@ -43,6 +43,7 @@ def test_defaults_are_the_specs() -> None:
         ("best_effort_tolerance", -0.1),
         ("best_effort_tolerance", float("nan")),
         ("best_effort_tolerance", True),
+        ("keep_alive_by_price", "yes"),
     ],
 )
 def test_bad_knob_is_named(field: str, value: object) -> None:

@@ -420,3 +420,39 @@ def test_cyclic_gc_restored_when_a_run_fails() -> None:
     with pytest.raises(RuntimeError, match="stopped by the progress callback"):
         simulate(tiny_case(), progress=stop)
     assert gc.isenabled()
+
+
+def test_keep_alive_by_price_stops_idle_workers_on_dear_gpus_sooner() -> None:
+    # One stage profiled on a T4 only, one on an A100 only; a 1 s keep-alive. Each runs one job at 0
+    # (cold start 5 + 10 ms), then idles until its keep-alive runs out (a third request at 5 s keeps
+    # the run going). Priced, the A100 worker keeps 1 s x 0.35/3.67 (the default sheet's hourly
+    # prices), the T4 worker (the cheapest type present) all of it.
+    prof = LatencyProfile(
+        [ProfilePoint("t", "T4", 1, 1, 1.0, 10.0), ProfilePoint("x", "A100", 1, 1, 1.0, 10.0)],
+        {("t", "T4"): 5.0, ("x", "A100"): 5.0},
+    )
+    case = Case(
+        name="priced-keep-alive",
+        workflows=(Workflow.chain("wt", ["t"], slo_ms=100.0), Workflow.chain("wx", ["x"], slo_ms=100.0)),
+        profile=prof,
+        prices=PriceSheet.default(),
+        cluster=ClusterSpec((NodeSpec("n0", 4, ("T4", "A100")),)),
+        workload=WorkloadSpec("poisson", 1.0),
+        duration_s=6.0,
+        scheduler="per-invocation",
+        settings=ESGSettings(config_space=ConfigSpace((1,), (1,), (1.0,)), keep_alive_s=1.0),
+        sim=SimSpec(service_time="mean", interference_per_corunner=0.0, round_interval_ms=0.0),
+    )
+    arrivals = [(0.0, "wt"), (0.0, "wx"), (5000.0, "wt")]
+
+    def first_idle(settings_change: dict[str, object]) -> dict[str, float]:
+        run = simulate(replace(case, settings=replace(case.settings, **settings_change)), arrivals=arrivals)
+        first: dict[str, float] = {}
+        for i in run.idles:
+            first.setdefault(i.hardware, i.end_ms - i.start_ms)
+        return first
+
+    assert first_idle({}) == {"T4": pytest.approx(1000.0), "A100": pytest.approx(1000.0)}
+    priced = first_idle({"keep_alive_by_price": True})
+    assert priced["T4"] == pytest.approx(1000.0)
+    assert priced["A100"] == pytest.approx(1000.0 * 0.35 / 3.67)

@@ -122,6 +122,9 @@ class ESGSchedulerSettings(Block):
         default="best_effort", description="What to do when no plan meets the slack."
     )
     keep_alive_s: float = Field(default=60.0, gt=0, description="How long idle warm workers are kept.")
+    keep_alive_by_price: bool = Field(
+        default=False, description="Dearer GPU types keep idle workers for less: the cheapest type's price over theirs."
+    )
     redistribute_slack: bool = Field(default=True, description="Recompute later deadlines from real finish times.")
     cost_split: Literal["equal", "input_size"] = Field(default="equal", description="Batch cost split among jobs.")
     idle_billing: Literal["attribute", "separate"] = Field(

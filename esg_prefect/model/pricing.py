@@ -13,7 +13,7 @@ their own through the price-sheet block.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -108,6 +108,26 @@ class PriceSheet:
             raise PriceError(
                 f"no price for GPU type {hardware!r}; the sheet prices {sorted(self.price_per_gpu_s)}"
             ) from None
+
+    def keep_alive_scales(self, hardware: Iterable[str]) -> dict[str, float]:
+        """Per type in ``hardware``, the fraction of the keep-alive time its idle workers get when it is priced.
+
+        The cheapest GPU type present (and the CPU) keeps the whole keep-alive
+        time; a dearer type keeps it for the cheapest type's price over its own,
+        so an idle worker of any type may cost about what one of the cheapest
+        type would before it is stopped (``ESGSettings.keep_alive_by_price``).
+
+        Raises:
+            PriceError: when the sheet has no price for a GPU type in ``hardware``.
+        """
+        gpus = sorted({hw for hw in hardware if hw != CPU})
+        out = {CPU: 1.0}
+        if gpus:
+            cheapest = min(self.gpu_price_s(hw) for hw in gpus)
+            for hw in gpus:
+                price = self.gpu_price_s(hw)
+                out[hw] = cheapest / price if price > 0 else 1.0
+        return out
 
     def rate_per_s(self, vcpus: int, gpu_share: float, hardware: str) -> float:
         """Per-second price of a worker holding ``vcpus`` and ``gpu_share`` of ``hardware``."""

@@ -58,7 +58,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
-from esg_prefect.model.config import Config, ConfigSpace
+from esg_prefect.model.config import CPU, Config, ConfigSpace
 from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -608,10 +608,20 @@ class Pool:
         ]
         return ClusterSnapshot(self.backend.nodes(), self.backend.devices(), workers)
 
-    def _expire_idle(self, now: float) -> None:
+    def keep_alive_ms(self) -> dict[str, float]:
+        """How long an idle worker is kept, per hardware type present (``ESGSettings.keep_alive_by_price``)."""
         keep_ms = self.settings.keep_alive_s * 1000.0
+        present = {CPU, *(d.hardware for d in self.backend.devices())}
+        if not self.settings.keep_alive_by_price:
+            return dict.fromkeys(present, keep_ms)
+        return {hw: keep_ms * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
+
+    def _expire_idle(self, now: float) -> None:
+        keep, base = self.keep_alive_ms(), self.settings.keep_alive_s * 1000.0
         for wid, ws in list(self._workers.items()):
-            if not ws.busy and ws.idle_since_ms is not None and now - ws.idle_since_ms > keep_ms:
+            if ws.busy or ws.idle_since_ms is None:
+                continue
+            if now - ws.idle_since_ms > keep.get(ws.spec.hardware, base):
                 self._retire(wid, now)
 
     def _retire(self, wid: str, now: float) -> None:

@@ -56,9 +56,15 @@ class ESGSettings:
             option within it goes (0, the default, is the spec's "fastest"; not in
             the paper). A best-effort batch is already late, and the fastest option
             is often a cold start on the dearest GPU that stays warm, and billed
-            idle, for the keep-alive time (docs/results.md, "Best effort within a
-            tolerance").
+            idle, for the keep-alive time (docs/results.md, "Idle cost").
         keep_alive_s: how long an idle warm worker is kept.
+        keep_alive_by_price: the platform's keep-alive depends on the GPU type: an
+            idle worker on the cheapest type present keeps ``keep_alive_s``, one on
+            a dearer type that times the cheapest type's price over its own
+            (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`; on the
+            default sheet 60 s on a T4, 8.5 s on a V100, 5.7 s on an A100). Applied
+            by the simulator and the runtime pool to every scheduler (not in the
+            paper; off by default, docs/results.md, "Idle cost").
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it, or
@@ -125,6 +131,7 @@ class ESGSettings:
     infeasible_policy: InfeasiblePolicy = "best_effort"
     best_effort_tolerance: float = 0.0
     keep_alive_s: float = 60.0
+    keep_alive_by_price: bool = False
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
@@ -159,7 +166,7 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware", "prewarm"):
+        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware", "prewarm", "keep_alive_by_price"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs

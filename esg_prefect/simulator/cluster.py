@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import InvalidInputError
@@ -176,10 +176,18 @@ class SimCluster:
         sim: platform behaviour (noise, interference, network).
         keep_alive_ms: how long an idle worker is kept.
         rng: the run's service-time random source.
+        keep_alive_scales: per hardware type, the fraction of ``keep_alive_ms`` its
+            idle workers get (``ESGSettings.keep_alive_by_price``); None: all of it.
     """
 
     def __init__(
-        self, spec: ClusterSpec, profile: LatencyProfile, sim: SimSpec, keep_alive_ms: float, rng: random.Random
+        self,
+        spec: ClusterSpec,
+        profile: LatencyProfile,
+        sim: SimSpec,
+        keep_alive_ms: float,
+        rng: random.Random,
+        keep_alive_scales: Mapping[str, float] | None = None,
     ) -> None:
         base = spec.snapshot()
         self.nodes = base.nodes
@@ -188,6 +196,7 @@ class SimCluster:
         self.profile = profile
         self.sim = sim
         self.keep_alive_ms = keep_alive_ms
+        self._keep_alive_scales = dict(keep_alive_scales or {})
         self.rng = rng
         self.workers: dict[str, SimWorker] = {}
         self.batches: list[BatchRecord] = []
@@ -411,6 +420,10 @@ class SimCluster:
             self._busy_on_device[w.device_id] -= 1
         w.last_batch_end_ms = now_ms
         return self._to_idle(w, now_ms)
+
+    def keep_alive_of(self, w: SimWorker) -> float:
+        """How long ``w`` is kept once idle, in ms."""
+        return self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
 
     def expire(self, worker_id: str, token: int, now_ms: float) -> bool:
         """Retire an idle worker whose keep-alive ran out; False if it was used (or stopped) since."""

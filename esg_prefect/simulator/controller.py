@@ -258,7 +258,7 @@ class Controller:
             assert isinstance(payload, SimWorker)
             token = self.cluster.warmed(payload)
             self._starting -= 1
-            self.loop.at(now + self.cluster.keep_alive_ms, EXPIRE, (payload.worker_id, token))
+            self.loop.at(now + self.cluster.keep_alive_of(payload), EXPIRE, (payload.worker_id, token))
             self._dirty = True
         elif payload == self._wake_at:  # TICK: the pending wake-up (older ones are stale)
             self._wake_at = None
@@ -440,7 +440,7 @@ class Controller:
         )
         token = self.cluster.finish(w, record, now)
         self._in_flight -= 1
-        self.loop.at(now + self.cluster.keep_alive_ms, EXPIRE, (w.worker_id, token))
+        self.loop.at(now + self.cluster.keep_alive_of(w), EXPIRE, (w.worker_id, token))
         stage = d.queue.stage
         size = len(run.jobs)
         for job in run.jobs:

@@ -109,7 +109,12 @@ def simulate(
     sim = case.sim
     if settings.hybrid_sharing and sim.corun is None:  # the scheduler plans with a co-run table: so does the platform
         sim = replace(sim, corun=settings.corun_table)
-    cluster = SimCluster(case.cluster, profile, sim, settings.keep_alive_s * 1000.0, random.Random(f"service:{seed}"))
+    scales = None
+    if settings.keep_alive_by_price:
+        scales = case.prices.keep_alive_scales(case.cluster.snapshot().hardware_types())
+    cluster = SimCluster(
+        case.cluster, profile, sim, settings.keep_alive_s * 1000.0, random.Random(f"service:{seed}"), scales
+    )
     tables = CandidateTables(profile, case.prices, settings)
     ctl = Controller(loop, cluster, scheduler, case.workflow_map(), tables, settings, clock)
     requests = list(case.arrivals(seed) if arrivals is None else arrivals)
