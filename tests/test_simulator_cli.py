@@ -32,6 +32,26 @@ def test_simulate_runs_a_case_file(tmp_path: Path) -> None:
     assert json.loads(result.stdout[result.stdout.index("{") :])["overall"]["count"] > 0
 
 
+def test_simulate_set_overrides_settings_and_names_bad_ones(tmp_path: Path) -> None:
+    args = ["simulate", "--rate", "60", "--duration", "2", "--warmup", "0.5", "--out", str(tmp_path)]
+    sets = ["--set", "keep_alive_by_price=true", "--set", "best_effort_tolerance=0.25", "--set", "percentile=mean"]
+    result = CliRunner().invoke(app, [*args, *sets])
+    assert result.exit_code == 0, result.output
+    settings = json.loads((tmp_path / "case.json").read_text())["settings"]
+    assert (settings["keep_alive_by_price"], settings["best_effort_tolerance"], settings["percentile"]) == (
+        True,
+        0.25,
+        "mean",
+    )
+    for bad, named in [
+        ("best_effort_tolerance=-1", "best_effort_tolerance"),
+        ("no_such_knob=1", "no_such_knob"),
+        ("keep_alive_by_price", "KEY=VALUE"),
+    ]:
+        result = CliRunner().invoke(app, [*args, "--set", bad])
+        assert result.exit_code == 2 and named in result.output, result.output
+
+
 def test_compare_pruning_ablation_quick(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["compare", "--experiment", "e4", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

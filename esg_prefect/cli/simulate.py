@@ -184,6 +184,41 @@ def _compare_case(case_file: Path, schedulers: str, seeds: int, processes: int, 
     console.print(f"wrote {out / 'results.json'}, {out / 'tables.md'} and {out / 'case.png'}")
 
 
+def with_settings(case: Any, pairs: Sequence[str]) -> Any:
+    """``case`` with ESG settings overridden by ``KEY=VALUE`` pairs (``--set``).
+
+    A value is read as JSON (``true``, ``0.25``, ``"p95"``, ``{...}``), else
+    taken as a string, so that ``--set percentile=mean`` works unquoted. Unknown
+    keys and bad values are refused by :class:`~esg_prefect.scheduling.ESGSettings`
+    with the name and the value in the message.
+
+    Raises:
+        typer.BadParameter: on a pair without ``=`` or a setting refused.
+    """
+    from dataclasses import replace
+
+    from esg_prefect.exceptions import ConfigError
+    from esg_prefect.scheduling import ESGSettings
+
+    if not pairs:
+        return case
+    data = case.settings.to_dict()
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        data[key.strip()] = value
+    try:
+        settings = ESGSettings.from_dict(data)
+    except (ConfigError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
+    return replace(case, settings=settings)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` and ``compare`` commands."""
 
@@ -202,6 +237,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
         out: Annotated[Path | None, typer.Option(help="Directory for case.json and report.json.")] = None,
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        settings: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--set",
+                help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=true.",
+            ),
+        ] = None,
     ) -> None:
         """Simulate one case and print its report (the standard case unless --case is given)."""
         import esg_prefect.scheduling  # noqa: F401 - registers the baselines
@@ -221,6 +263,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 profile=profile,
             )
+        case = with_settings(case, settings or [])
         console = Console(stderr=as_json)
         with _progress(console) as progress:
             task = progress.add_task(f"{case.scheduler} on {case.workload.trace}", total=1.0)
