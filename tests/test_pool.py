@@ -13,6 +13,7 @@ import pytest
 from esg_prefect.exceptions import (
     InvalidInputError,
     PoolClosedError,
+    PriceError,
     StageFailedError,
     StageRejectedError,
     WorkerCrashedError,
@@ -387,3 +388,6 @@ def test_keep_alive_by_price_per_hardware_type() -> None:
         assert plain.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": 10_000.0}
     finally:
         plain.close()
+    # A GPU type the price sheet does not price is named when the pool is made, not at its first round.
+    with pytest.raises(PriceError, match="'A100'"):
+        Pool(toy_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=settings, backend=_TwoGPUTypes())
