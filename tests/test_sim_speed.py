@@ -177,19 +177,16 @@ def test_view_cache_updates_equal_rebuilds(scheduler: str, monkeypatch: pytest.M
     assert checked > 100
 
 
-def _records_under_gc(threshold: int | None, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+def _records_under_gc(threshold: int | None) -> tuple[Any, ...]:
     """The run's records with the cyclic collector off (None) or on with this gen-0 threshold.
 
-    ``simulate`` pauses the collector while it runs; here that pause is taken
-    out, so that the collector runs as it would in a caller that kept it on.
+    ``simulate`` pauses the collector unless told not to (``pause_gc=False``):
+    here it runs as it would in a caller that keeps it on.
     """
-    import contextlib
     import gc
 
-    from esg_prefect.simulator import run as run_module
     from esg_prefect.simulator.heterogeneous import heterogeneous_case
 
-    monkeypatch.setattr(run_module, "_cyclic_gc_paused", contextlib.nullcontext)
     was, old = gc.isenabled(), gc.get_threshold()
     try:
         if threshold is None:
@@ -197,7 +194,8 @@ def _records_under_gc(threshold: int | None, monkeypatch: pytest.MonkeyPatch) ->
         else:
             gc.enable()
             gc.set_threshold(threshold, 10, 10)
-        run = simulate(heterogeneous_case("esg+hybrid", rate_per_s=300, duration_s=15, warmup_s=5, seed=0))
+        case = heterogeneous_case("esg+hybrid", rate_per_s=300, duration_s=15, warmup_s=5, seed=0)
+        run = simulate(case, pause_gc=False)
     finally:
         gc.set_threshold(*old)
         gc.enable() if was else gc.disable()
@@ -205,16 +203,16 @@ def _records_under_gc(threshold: int | None, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.slow
-def test_a_run_does_not_depend_on_garbage_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_does_not_depend_on_garbage_collection() -> None:
     """A run is a function of (case, seed): not of when Python collects garbage.
 
     The view cache once took the workers that came and went between snapshots
     from a set of ids, which iterates by memory address: which of two equal
     idle warm workers got a batch changed with collection timing (13 of 8,969
-    batches on this case, 0.7 % of the batch cost over 60 s). ``simulate`` now
-    pauses the collector, but a caller's thread may still collect meanwhile.
+    batches on this case, 0.7 % of the batch cost over 60 s). ``simulate``
+    pauses the collector by default, but a caller may keep it on.
     """
-    assert _records_under_gc(None, monkeypatch) == _records_under_gc(50, monkeypatch)
+    assert _records_under_gc(None) == _records_under_gc(50)
 
 
 def test_workers_of_kind_counts_the_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:

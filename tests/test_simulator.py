@@ -411,6 +411,12 @@ def test_cyclic_gc_paused_during_a_run_and_restored(enabled_before: bool) -> Non
     assert after is enabled_before  # the caller's setting is back
 
 
+def test_pause_gc_false_leaves_the_collector_alone() -> None:
+    seen: list[bool] = []
+    run = simulate(tiny_case(), progress=lambda _f: seen.append(gc.isenabled()), pause_gc=False)
+    assert run.report.overall.count > 0 and seen and all(seen) and gc.isenabled()
+
+
 def test_cyclic_gc_restored_when_a_run_fails() -> None:
     def stop(_fraction: float) -> None:
         assert not gc.isenabled()
