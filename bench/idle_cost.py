@@ -1,0 +1,152 @@
+"""ESG's idle cost and its overload behaviour under the two opt-in knobs, side by side.
+
+Part 1, the standard case (60 s, 20 s warm-up) on ``--seeds`` (default 0 1 3):
+ESG as the spec has it, with ``keep_alive_by_price``, with
+``best_effort_tolerance`` 0.25, with both, and FaST-GShare-like with the
+keep-alive by price (its workers are all on T4s, so the knob changes nothing
+for it). Columns: SLO hit rate, batch cost per request (the paper's cost model),
+total cost per request (warm workers' keep-alive idle time billed too), workers
+started (of them for at-risk dispatches).
+
+Part 2, short runs (16 s, 6 s warm-up, as E1 and E6 of ``compare --quick``),
+seed 0 unless named: ESG with ``best_effort_tolerance`` 0 (the spec's fastest
+option), 0.1 and 0.25 at 150, 450 and 600 requests/s, 600 on seed 1, and the
+bursty Azure LLM code trace at 300 requests/s.
+
+Both are written up in docs/results.md, "Idle cost". Runs go to ``--processes``
+worker processes (default one per CPU); every run is a function of its case and
+seed, so the tables do not depend on the machine (the wall time does).
+
+RESULT line (means over the seeds of part 1, and part 2's 600 requests/s seed-0 run):
+  total_cost_cut_keep_alive_by_price = 1 - ESG's total cost with the knob / without;
+  batch_cost_rise_keep_alive_by_price = ESG's batch cost with the knob / without - 1;
+  slo_at_600_tolerance_0 / slo_at_600_tolerance_0_1 = ESG's SLO hit rate at 600
+      requests/s with the spec's best effort and with a tolerance of 0.1.
+
+Run:  python bench/idle_cost.py [--seeds 0 1 3] [--processes P]
+Ends with: RESULT total_cost_cut_keep_alive_by_price=<x> batch_cost_rise_keep_alive_by_price=<y>
+           slo_at_600_tolerance_0=<z> slo_at_600_tolerance_0_1=<w>
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from multiprocessing import get_context
+from typing import Any
+
+import esg_prefect.scheduling  # noqa: F401 - registers the baselines
+from esg_prefect.simulator import simulate, standard_case
+
+# Part 1's rows: (label, scheduler, settings changes).
+STANDARD_ROWS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("esg (spec)", "esg", {}),
+    ("esg, keep-alive by price", "esg", {"keep_alive_by_price": True}),
+    ("esg, tolerance 0.25", "esg", {"best_effort_tolerance": 0.25}),
+    ("esg, both", "esg", {"keep_alive_by_price": True, "best_effort_tolerance": 0.25}),
+    ("fast-gshare, by price", "fast-gshare", {"keep_alive_by_price": True}),
+)
+# Part 2's cases: (label, trace, requests/s, seed).
+SHORT_CASES: tuple[tuple[str, str, float, int], ...] = (
+    ("150 requests/s", "azure_functions_2019", 150.0, 0),
+    ("450 requests/s", "azure_functions_2019", 450.0, 0),
+    ("600 requests/s", "azure_functions_2019", 600.0, 0),
+    ("600 requests/s, seed 1", "azure_functions_2019", 600.0, 1),
+    ("LLM code trace (bursty)", "azure_llm_code", 300.0, 0),
+)
+TOLERANCES = (0.0, 0.1, 0.25)
+
+Job = tuple[str, str, str, float, float, float, int, dict[str, Any]]
+"""(part, label, scheduler or trace, rate, duration, warm-up, seed, settings changes)."""
+
+
+def run_one(job: Job) -> dict[str, Any]:
+    """One simulation; the figures the tables need."""
+    part, label, name, rate, duration, warmup, seed, changes = job
+    if part == "standard":
+        case = standard_case(name, seed=seed)
+    else:
+        case = standard_case("esg", trace=name, rate_per_s=rate, duration_s=duration, warmup_s=warmup, seed=seed)
+    case = replace(case, settings=replace(case.settings, **changes))
+    t0 = time.perf_counter()
+    run = simulate(case)
+    o = run.report.overall
+    return {
+        "part": part,
+        "label": label,
+        "seed": seed,
+        "changes": changes,
+        "slo": o.slo_hit_rate,
+        "batch": o.batch_cost_per_request,
+        "total": o.cost_per_request,
+        "workers": run.cold_starts,
+        "at_risk": run.at_risk_cold_starts,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 3], help="seeds of part 1")
+    parser.add_argument("--processes", type=int, default=0, help="worker processes (0: one per CPU)")
+    args = parser.parse_args()
+    jobs: list[Job] = []
+    for seed in args.seeds:
+        for label, name, changes in STANDARD_ROWS:
+            jobs.append(("standard", label, name, 0.0, 0.0, 0.0, seed, changes))
+    for label, trace, rate, seed in SHORT_CASES:
+        for tol in TOLERANCES:
+            jobs.append(("short", label, trace, rate, 16.0, 6.0, seed, {"best_effort_tolerance": tol}))
+    jobs.sort(key=lambda j: j[0] != "standard")  # the long runs first, so that the pool ends together
+    processes = min(args.processes or os.cpu_count() or 1, len(jobs))
+    t0 = time.perf_counter()
+    if processes <= 1:
+        results = [run_one(j) for j in jobs]
+    else:
+        with get_context("fork").Pool(processes) as pool:
+            results = pool.map(run_one, jobs, chunksize=1)
+    wall = time.perf_counter() - t0
+
+    std = {(r["label"], r["seed"]): r for r in results if r["part"] == "standard"}
+    print(f"Part 1: the standard case, 60 s (20 s warm-up), seeds {' '.join(map(str, args.seeds))}")
+    header = f"{'seed':>4} {'run':<26} {'SLO hit':>8} {'batch $/req':>12} {'total $/req':>12} {'workers (at risk)':>18}"
+    print(header)
+    print("-" * len(header))
+    for seed in args.seeds:
+        for label, _, _ in STANDARD_ROWS:
+            r = std[(label, seed)]
+            workers = f"{r['workers']} ({r['at_risk']})"
+            print(f"{seed:>4} {label:<26} {r['slo']:8.4f} {r['batch']:12.3e} {r['total']:12.3e} {workers:>18}")
+    print()
+    short = {(r["label"], r["changes"]["best_effort_tolerance"]): r for r in results if r["part"] == "short"}
+    print("Part 2: ESG, 16 s runs (6 s warm-up); SLO hit / batch $/req / workers started per best-effort tolerance")
+    header = f"{'case':<26}" + "".join(f" {'tolerance ' + format(t, 'g'):>28}" for t in TOLERANCES)
+    print(header)
+    print("-" * len(header))
+    for label, _, _, _ in SHORT_CASES:
+        cells = []
+        for tol in TOLERANCES:
+            r = short[(label, tol)]
+            cells.append(f"{r['slo']:.4f} / {r['batch']:.2e} / {r['workers']}")
+        print(f"{label:<26}" + "".join(f" {c:>28}" for c in cells))
+    print()
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    priced = [std[("esg, keep-alive by price", s)] for s in args.seeds]
+    spec = [std[("esg (spec)", s)] for s in args.seeds]
+    cut = mean([1 - p["total"] / b["total"] for p, b in zip(priced, spec, strict=True)])
+    rise = mean([p["batch"] / b["batch"] - 1 for p, b in zip(priced, spec, strict=True)])
+    print(f"{len(jobs)} simulations in {wall:.0f} s over {processes} process(es)")
+    print(
+        f"RESULT total_cost_cut_keep_alive_by_price={cut:.3f} batch_cost_rise_keep_alive_by_price={rise:.3f} "
+        f"slo_at_600_tolerance_0={short[('600 requests/s', 0.0)]['slo']:.4f} "
+        f"slo_at_600_tolerance_0_1={short[('600 requests/s', 0.1)]['slo']:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
