@@ -619,7 +619,8 @@ class Pool:
         return {hw: keep_ms * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
 
     def _expire_idle(self, now: float) -> None:
-        keep, base = self.keep_alive_ms(), self.settings.keep_alive_s * 1000.0
+        base = self.settings.keep_alive_s * 1000.0
+        keep = self.keep_alive_ms() if self.settings.keep_alive_by_price else {}  # per type only when priced
         for wid, ws in list(self._workers.items()):
             if ws.busy or ws.idle_since_ms is None:
                 continue

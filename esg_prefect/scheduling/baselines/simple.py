@@ -206,11 +206,10 @@ class PerInvocationScheduler(BaselineBase):
             # Then a new worker, unless one of the stage is starting (one at a time). Types with a warm
             # worker are not asked again: nothing changed since they answered None above.
             if choice is None and not self.starting(stage, now_ms):
-                room = view.max_room
                 for (res, lat), w in zip(covered, warm, strict=True):
                     # Skip a type where no place fits a new worker (view.place would answer None after
-                    # the same memoised check, in hundredths of a GPU).
-                    if not w and room(res[1], res[0]) >= round(res[2] * 100):
+                    # the same memoised check).
+                    if not w and view.can_start(res[1], res[2], res[0]):
                         placement = self.place(view, stage, res, [job], now_ms, allow_cold=True)
                         if placement is not None:
                             choice = (res, placement, lat)
