@@ -1,9 +1,10 @@
-"""ESG's idle cost and its overload behaviour under the two opt-in knobs, side by side.
+"""ESG's idle cost and its overload behaviour under its best-effort tolerance and the keep-alive by price.
 
 Part 1, the standard case (60 s, 20 s warm-up) on ``--seeds`` (default 0 1 3):
-ESG as the spec has it, with ``keep_alive_by_price``, with
-``best_effort_tolerance`` 0.25, with both, and FaST-GShare-like with the
-keep-alive by price (its workers are all on T4s, so the knob changes nothing
+ESG with its defaults (``best_effort_tolerance`` 0.1), with the spec's best
+effort (tolerance 0, the fastest option), with the opt-in
+``keep_alive_by_price``, with ``best_effort_tolerance`` 0.25, with both of
+those, and FaST-GShare-like with the keep-alive by price (its workers are all on T4s, so the knob changes nothing
 for it). Columns: SLO hit rate, batch cost per request (the paper's cost model),
 total cost per request (warm workers' keep-alive idle time billed too), workers
 started (of them for at-risk dispatches).
@@ -13,18 +14,27 @@ seed 0 unless named: ESG with ``best_effort_tolerance`` 0 (the spec's fastest
 option), 0.1 and 0.25 at 150, 450 and 600 requests/s, 600 on seed 1, and the
 bursty Azure LLM code trace at 300 requests/s.
 
-Both are written up in docs/results.md, "Idle cost". Runs go to ``--processes``
+Part 3, the default tolerance (0.1) against the spec's 0 over seeds 0, 1 and
+3 (16 s runs, 6 s warm-up): 150 and 300 requests/s, 600 requests/s, the bursty
+LLM code trace, and SLOs of 2x, 3x and 8x the batch-1 critical path on a T4;
+per case the SLO hit rates and the change in batch cost per request.
+
+All three are written up in docs/results.md, "Best effort: the cheapest option
+near the fastest" and "Idle cost". Runs go to ``--processes``
 worker processes (default one per CPU); every run is a function of its case and
 seed, so the tables do not depend on the machine (the wall time does).
 
 RESULT line (means over the seeds of part 1, and part 2's 600 requests/s seed-0 run):
-  total_cost_cut_keep_alive_by_price = 1 - ESG's total cost with the knob / without;
-  batch_cost_rise_keep_alive_by_price = ESG's batch cost with the knob / without - 1;
+  total_cost_cut_keep_alive_by_price = 1 - ESG's total cost with the knob / with its defaults;
+  batch_cost_rise_keep_alive_by_price = ESG's batch cost with the knob / with its defaults - 1;
+  batch_cost_rise_tolerance_0_1 = ESG's batch cost with its default tolerance / with the spec's 0 - 1;
+  batch_cost_rise_tight_slo = the same, mean over part 3's SLO 2x and 3x runs (all seeds);
   slo_at_600_tolerance_0 / slo_at_600_tolerance_0_1 = ESG's SLO hit rate at 600
       requests/s with the spec's best effort and with a tolerance of 0.1.
 
 Run:  python bench/idle_cost.py [--seeds 0 1 3] [--processes P]
 Ends with: RESULT total_cost_cut_keep_alive_by_price=<x> batch_cost_rise_keep_alive_by_price=<y>
+           batch_cost_rise_tolerance_0_1=<v> batch_cost_rise_tight_slo=<u>
            slo_at_600_tolerance_0=<z> slo_at_600_tolerance_0_1=<w>
 """
 
@@ -42,10 +52,11 @@ from esg_prefect.simulator import simulate, standard_case
 
 # Part 1's rows: (label, scheduler, settings changes).
 STANDARD_ROWS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("esg (spec)", "esg", {}),
+    ("esg (default, tolerance 0.1)", "esg", {}),
+    ("esg, tolerance 0 (spec)", "esg", {"best_effort_tolerance": 0.0}),
     ("esg, keep-alive by price", "esg", {"keep_alive_by_price": True}),
     ("esg, tolerance 0.25", "esg", {"best_effort_tolerance": 0.25}),
-    ("esg, both", "esg", {"keep_alive_by_price": True, "best_effort_tolerance": 0.25}),
+    ("esg, both (0.25)", "esg", {"keep_alive_by_price": True, "best_effort_tolerance": 0.25}),
     ("fast-gshare, by price", "fast-gshare", {"keep_alive_by_price": True}),
 )
 # Part 2's cases: (label, trace, requests/s, seed).
@@ -57,18 +68,29 @@ SHORT_CASES: tuple[tuple[str, str, float, int], ...] = (
     ("LLM code trace (bursty)", "azure_llm_code", 300.0, 0),
 )
 TOLERANCES = (0.0, 0.1, 0.25)
+# Part 3's cases: (label, standard_case keyword arguments).
+SEED_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("150 requests/s", {"rate_per_s": 150.0}),
+    ("300 requests/s", {}),
+    ("600 requests/s", {"rate_per_s": 600.0}),
+    ("LLM code trace (bursty)", {"trace": "azure_llm_code"}),
+    ("SLO 2x", {"tightness": 2.0}),
+    ("SLO 3x", {"tightness": 3.0}),
+    ("SLO 8x", {"tightness": 8.0}),
+)
+SEED_TOLERANCES = (0.0, 0.1)
+SEEDS_OF_PART_3 = (0, 1, 3)
 
-Job = tuple[str, str, str, float, float, float, int, dict[str, Any]]
-"""(part, label, scheduler or trace, rate, duration, warm-up, seed, settings changes)."""
+SHORT_RUN: dict[str, Any] = {"duration_s": 16.0, "warmup_s": 6.0}  # parts 2 and 3, as E1 and E6 of compare --quick
+
+Job = tuple[str, str, str, int, dict[str, Any], dict[str, Any]]
+"""(part, label, scheduler, seed, settings changes, other standard_case arguments)."""
 
 
 def run_one(job: Job) -> dict[str, Any]:
     """One simulation; the figures the tables need."""
-    part, label, name, rate, duration, warmup, seed, changes = job
-    if part == "standard":
-        case = standard_case(name, seed=seed)
-    else:
-        case = standard_case("esg", trace=name, rate_per_s=rate, duration_s=duration, warmup_s=warmup, seed=seed)
+    part, label, name, seed, changes, case_kw = job
+    case = standard_case(name, seed=seed, **case_kw)
     case = replace(case, settings=replace(case.settings, **changes))
     t0 = time.perf_counter()
     run = simulate(case)
@@ -95,10 +117,15 @@ def main() -> None:
     jobs: list[Job] = []
     for seed in args.seeds:
         for label, name, changes in STANDARD_ROWS:
-            jobs.append(("standard", label, name, 0.0, 0.0, 0.0, seed, changes))
+            jobs.append(("standard", label, name, seed, changes, {}))
     for label, trace, rate, seed in SHORT_CASES:
         for tol in TOLERANCES:
-            jobs.append(("short", label, trace, rate, 16.0, 6.0, seed, {"best_effort_tolerance": tol}))
+            case_kw = {"trace": trace, "rate_per_s": rate, **SHORT_RUN}
+            jobs.append(("short", label, "esg", seed, {"best_effort_tolerance": tol}, case_kw))
+    for label, case_kw in SEED_CASES:
+        for seed in SEEDS_OF_PART_3:
+            for tol in SEED_TOLERANCES:
+                jobs.append(("seeds", label, "esg", seed, {"best_effort_tolerance": tol}, {**case_kw, **SHORT_RUN}))
     jobs.sort(key=lambda j: j[0] != "standard")  # the long runs first, so that the pool ends together
     processes = min(args.processes or os.cpu_count() or 1, len(jobs))
     t0 = time.perf_counter()
@@ -111,14 +138,14 @@ def main() -> None:
 
     std = {(r["label"], r["seed"]): r for r in results if r["part"] == "standard"}
     print(f"Part 1: the standard case, 60 s (20 s warm-up), seeds {' '.join(map(str, args.seeds))}")
-    header = f"{'seed':>4} {'run':<26} {'SLO hit':>8} {'batch $/req':>12} {'total $/req':>12} {'workers (at risk)':>18}"
+    header = f"{'seed':>4} {'run':<28} {'SLO hit':>8} {'batch $/req':>12} {'total $/req':>12} {'workers (at risk)':>18}"
     print(header)
     print("-" * len(header))
     for seed in args.seeds:
         for label, _, _ in STANDARD_ROWS:
             r = std[(label, seed)]
             workers = f"{r['workers']} ({r['at_risk']})"
-            print(f"{seed:>4} {label:<26} {r['slo']:8.4f} {r['batch']:12.3e} {r['total']:12.3e} {workers:>18}")
+            print(f"{seed:>4} {label:<28} {r['slo']:8.4f} {r['batch']:12.3e} {r['total']:12.3e} {workers:>18}")
     print()
     short = {(r["label"], r["changes"]["best_effort_tolerance"]): r for r in results if r["part"] == "short"}
     print("Part 2: ESG, 16 s runs (6 s warm-up); SLO hit / batch $/req / workers started per best-effort tolerance")
@@ -136,13 +163,35 @@ def main() -> None:
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs)
 
+    by_seed = {
+        (r["label"], r["seed"], r["changes"]["best_effort_tolerance"]): r for r in results if r["part"] == "seeds"
+    }
+    print("Part 3: ESG, 16 s runs (6 s warm-up); SLO hit at tolerance 0 -> 0.1 and batch $/req change, per seed")
+    header = f"{'case':<26}" + "".join(f" {'seed ' + str(s):>26}" for s in SEEDS_OF_PART_3)
+    print(header)
+    print("-" * len(header))
+    tight: list[float] = []
+    for label, _ in SEED_CASES:
+        cells = []
+        for seed in SEEDS_OF_PART_3:
+            at_0, at_default = by_seed[(label, seed, 0.0)], by_seed[(label, seed, 0.1)]
+            change = at_default["batch"] / at_0["batch"] - 1
+            if label in ("SLO 2x", "SLO 3x"):
+                tight.append(change)
+            cells.append(f"{at_0['slo']:.3f} -> {at_default['slo']:.3f}, {change:+.1%}")
+        print(f"{label:<26}" + "".join(f" {c:>26}" for c in cells))
+    print()
+
     priced = [std[("esg, keep-alive by price", s)] for s in args.seeds]
-    spec = [std[("esg (spec)", s)] for s in args.seeds]
-    cut = mean([1 - p["total"] / b["total"] for p, b in zip(priced, spec, strict=True)])
-    rise = mean([p["batch"] / b["batch"] - 1 for p, b in zip(priced, spec, strict=True)])
+    default = [std[("esg (default, tolerance 0.1)", s)] for s in args.seeds]
+    spec = [std[("esg, tolerance 0 (spec)", s)] for s in args.seeds]
+    cut = mean([1 - p["total"] / b["total"] for p, b in zip(priced, default, strict=True)])
+    rise = mean([p["batch"] / b["batch"] - 1 for p, b in zip(priced, default, strict=True)])
+    rise_tol = mean([d["batch"] / b["batch"] - 1 for d, b in zip(default, spec, strict=True)])
     print(f"{len(jobs)} simulations in {wall:.0f} s over {processes} process(es)")
     print(
         f"RESULT total_cost_cut_keep_alive_by_price={cut:.3f} batch_cost_rise_keep_alive_by_price={rise:.3f} "
+        f"batch_cost_rise_tolerance_0_1={rise_tol:.3f} batch_cost_rise_tight_slo={mean(tight):.3f} "
         f"slo_at_600_tolerance_0={short[('600 requests/s', 0.0)]['slo']:.4f} "
         f"slo_at_600_tolerance_0_1={short[('600 requests/s', 0.1)]['slo']:.4f}"
     )

@@ -137,6 +137,26 @@ def test_best_effort_tolerance_takes_the_cheapest_near_fastest_option() -> None:
     assert best_effort(0.2)[:3] == (1, 12.0, True)  # the bound is inclusive
 
 
+def test_default_tolerance_and_the_esg_fastest_ablation() -> None:
+    # 1 vCPU: 11 ms (11 units); 4 vCPUs: 10 ms (40 units). No plan meets a 5 ms slack. By default
+    # (tolerance 0.1) best effort takes the 1-vCPU option, 10 % slower and 3.6x cheaper; the
+    # esg-fastest ablation (the spec's rule) takes the 4-vCPU one.
+    from esg_prefect.scheduling import create_scheduler
+
+    prof = LatencyProfile(
+        [ProfilePoint("m", "cpu", 1, 1, 0.0, 11.0), ProfilePoint("m", "cpu", 1, 4, 0.0, 10.0)], {("m", "cpu"): 0.0}
+    )
+    settings = ESGSettings(config_space=ConfigSpace((1,), (1, 4), (0.0,)))
+    assert settings.best_effort_tolerance == 0.1
+    picks = {}
+    for name in ("esg", "esg-fastest"):
+        s = create_scheduler(name, prof, PriceSheet(CPU_PRICE, {}), settings)
+        assert s.name == name
+        (d,) = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 5.0))]), 0.0).dispatches
+        picks[name] = (d.config.vcpus, d.predicted_ms, d.at_risk)
+    assert picks == {"esg": (1, 11.0, True), "esg-fastest": (4, 10.0, True)}
+
+
 def test_infeasible_reject_policy_rejects_only_late_jobs() -> None:
     # Jobs 0-1 have 5 ms (below the fastest 12 ms): rejected. Jobs 2-3 have 50 ms: dispatched.
     s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, infeasible_policy="reject")

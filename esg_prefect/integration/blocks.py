@@ -138,7 +138,7 @@ class ESGSchedulerSettings(Block):
         default=0.25, ge=0, le=1, description="Weight of the newest batch in the online profile correction; 0: off."
     )
     best_effort_tolerance: float = Field(
-        default=0.0,
+        default=_knob("best_effort_tolerance"),
         ge=0,
         description="Best effort takes the cheapest option at most this fraction slower than the fastest; 0: fastest.",
     )

@@ -19,8 +19,9 @@ The slack is the earliest deadline among the queue's jobs (they are taken in
 EDF order) minus ``now_ms``. Only the first stage's choice is committed
 (receding horizon). When no plan meets the slack, the ``best_effort`` policy
 dispatches the whole queue (up to the largest batch) on the fastest placeable
-resources and marks it at risk (with ``best_effort_tolerance`` > 0, on the
-cheapest of those at most that fraction slower than the fastest); the
+resources and marks it at risk (with ``best_effort_tolerance`` > 0, the
+default 0.1, on the cheapest of those at most that fraction slower than the
+fastest; ``esg-fastest`` is ESG with the spec's fastest); the
 ``reject`` policy rejects the jobs that even the fastest option cannot serve
 in time.
 

@@ -45,7 +45,7 @@ from esg_prefect.simulator.standard import STANDARD_PROFILE, standard_case, stan
 
 Row = dict[str, Any]
 
-ESG_FAMILY: tuple[str, ...] = ("esg", "esg-noshare", "esg-greedy")
+ESG_FAMILY: tuple[str, ...] = ("esg", "esg-fastest", "esg-noshare", "esg-greedy")
 PRIOR_WORK: tuple[str, ...] = ("per-invocation", "triton", "infless", "fast-gshare", "llama")
 DEFAULT_SCHEDULERS: tuple[str, ...] = (*ESG_FAMILY, *PRIOR_WORK)
 LOADS: tuple[float, ...] = (150.0, 300.0, 450.0, 600.0)

@@ -18,6 +18,7 @@ _STYLE = {
     "esg": ("C3", "o", "-"),
     "esg-noshare": ("C1", "s", "--"),
     "esg-greedy": ("C5", "^", "--"),
+    "esg-fastest": ("C9", "<", "--"),
     "esg-unpruned": ("C6", "v", ":"),
     "per-invocation": ("C7", "x", ":"),
     "triton": ("C0", "D", "-"),

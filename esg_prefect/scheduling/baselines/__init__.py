@@ -10,13 +10,19 @@ name                    models
 ``llama``               Llama: per-invocation slack targets, batch and hardware, whole GPUs
 ``esg-noshare``         ESG ablation: whole GPUs only
 ``esg-greedy``          ESG ablation: one stage at a time, even SLO split
+``esg-fastest``         ESG ablation: the spec's best effort (fastest option)
 ``esg-unpruned``        ESG ablation: no pruning (registered by the core)
 ======================  ===============================================================
 
 Each module's docstring says what its baseline models and what it leaves out.
 """
 
-from esg_prefect.scheduling.baselines.ablations import GreedyESGScheduler, make_noshare, no_share_settings
+from esg_prefect.scheduling.baselines.ablations import (
+    GreedyESGScheduler,
+    make_fastest,
+    make_noshare,
+    no_share_settings,
+)
 from esg_prefect.scheduling.baselines.common import BaselineBase, even_split_deadline_ms, stage_budget_ms
 from esg_prefect.scheduling.baselines.llama import LlamaScheduler
 from esg_prefect.scheduling.baselines.rate_based import FaSTGShareScheduler, INFlessScheduler
@@ -26,7 +32,7 @@ from esg_prefect.scheduling.registry import register_scheduler, scheduler_names
 BASELINES: tuple[str, ...] = ("per-invocation", "triton", "infless", "fast-gshare", "llama")
 """The prior-work baselines, in the order reports list them."""
 
-ABLATIONS: tuple[str, ...] = ("esg-noshare", "esg-greedy", "esg-unpruned")
+ABLATIONS: tuple[str, ...] = ("esg-noshare", "esg-greedy", "esg-fastest", "esg-unpruned")
 """ESG with one idea removed."""
 
 
@@ -39,6 +45,7 @@ def _register() -> None:
         ("llama", LlamaScheduler, "baseline: Llama, per-invocation slack targets, whole GPUs"),
         ("esg-noshare", make_noshare, "ESG ablation: whole GPUs only (no sharing)"),
         ("esg-greedy", GreedyESGScheduler, "ESG ablation: one stage at a time with an even SLO split"),
+        ("esg-fastest", make_fastest, "ESG ablation: best effort on the fastest option (the spec's rule)"),
     )
     known = set(scheduler_names())
     for name, factory, description in entries:
@@ -59,6 +66,7 @@ __all__ = [
     "PerInvocationScheduler",
     "TritonScheduler",
     "even_split_deadline_ms",
+    "make_fastest",
     "make_noshare",
     "no_share_settings",
     "stage_budget_ms",
