@@ -293,9 +293,14 @@ def test_two_served_deployments_batch_calls_of_runs_in_separate_processes(
     server: PrefectServer, tmp_path: Path
 ) -> None:
     """Concurrent runs of two served deployments, each run in a process of its own: the pool service's
-    batches mix calls of different runs (so of different processes)."""
+    batches mix calls of different runs (so of different processes).
+
+    The service is paused while the runs start (eight processes importing torch start seconds apart on
+    a loaded machine, and calls that never overlap cannot share a batch), then resumed once every run's
+    first call is queued: the first batches must hold calls of several runs."""
     started = time.monotonic()
     pool_port = free_port()
+    pool_url = f"http://127.0.0.1:{pool_port}"
     log = tmp_path / "serve.log"
     delete_deployments(server)
     served = {"text-pipeline": TEXT, "image-pipeline": "image-every-2-minutes"}
@@ -307,24 +312,29 @@ def test_two_served_deployments_batch_calls_of_runs_in_separate_processes(
     runs_per_deployment = 4
     try:
         with server.api() as api:
-            wait_http(f"http://127.0.0.1:{pool_port}/healthz", serving, log, 90, "the serve script's pool service")
+            wait_http(f"{pool_url}/healthz", serving, log, 90, "the serve script's pool service")
+            assert httpx.post(f"{pool_url}/v1/pause", timeout=30).json() == {"paused": True}
             run_ids: dict[str, str] = {}  # run id -> flow name
-            # Runs mix in a batch only if their calls reach the service together; on a loaded 2-core
-            # CI machine eight processes importing torch may start seconds apart. So up to three
-            # bursts of runs are started, until one of them had a batch mixing runs.
-            bursts = 0
-            while bursts < 3:
-                bursts += 1
-                for _ in range(runs_per_deployment):
-                    for flow_name, name in served.items():
-                        run_ids[create_run(api, flow_name, name)["id"]] = flow_name
-                finals = {rid: wait_final(api, rid, timeout_s=300) for rid in run_ids}
-                states = {rid: f["state_type"] for rid, f in finals.items()}
-                assert set(states.values()) == {"COMPLETED"}, f"{states}\n{tail(log)}"
-                url = f"http://127.0.0.1:{pool_port}/v1/batches?limit=1000"
-                batches = httpx.get(url, timeout=30).json()["batches"]
-                if any(len(b["runs"]) >= 2 for b in batches):
+            for _ in range(runs_per_deployment):
+                for flow_name, name in served.items():
+                    run_ids[create_run(api, flow_name, name)["id"]] = flow_name
+            # Each run blocks on its first stage call: wait until, for both workflows, some entry
+            # stage's queue holds a call of every run.
+            depths: dict[str, int] = {}
+            full: set[str] = set()
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                depths = httpx.get(f"{pool_url}/metrics", timeout=30).json()["queue_depths"]
+                full = {key.split("/")[0] for key, n in depths.items() if n >= runs_per_deployment}
+                if len(full) == len(served):
                     break
+                time.sleep(0.5)
+            assert httpx.post(f"{pool_url}/v1/resume", timeout=30).json() == {"paused": False}
+            assert len(full) == len(served), f"not every run's first call reached the service: {depths}\n{tail(log)}"
+            finals = {rid: wait_final(api, rid, timeout_s=300) for rid in run_ids}
+            states = {rid: f["state_type"] for rid, f in finals.items()}
+            assert set(states.values()) == {"COMPLETED"}, f"{states}\n{tail(log)}"
+            batches = httpx.get(f"{pool_url}/v1/batches?limit=1000", timeout=30).json()["batches"]
             pids = run_pids(api, list(run_ids))
     finally:
         stop(serving, timeout_s=60)
@@ -342,7 +352,7 @@ def test_two_served_deployments_batch_calls_of_runs_in_separate_processes(
     items = sum(b["size"] for b in ours)
     mixed_items = sum(b["size"] for b in mixed)
     print(
-        f"{len(run_ids)} runs of {len(served)} deployments in {bursts} burst(s): {len(ours)} batches, "
+        f"{len(run_ids)} runs of {len(served)} deployments: {len(ours)} batches, "
         f"{len(mixed)} mixing runs ({mixed_items}/{items} calls in mixed batches); "
         f"took {time.monotonic() - started:.1f} s"
     )

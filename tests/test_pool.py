@@ -75,6 +75,35 @@ def test_calls_of_many_runs_share_batches(inline_pool: Pool) -> None:
     assert len({c.call_id for c in snap.calls}) == 40 and all(c.ok for c in snap.calls)
 
 
+def test_a_paused_pool_queues_calls_and_releases_them_together(inline_pool: Pool) -> None:
+    """While paused nothing runs and nothing is failed; on resume the calls that queued (one per run)
+    go out in shared batches, each exactly once."""
+    assert inline_pool.submit(call(0)).result(30).output == 1  # a warm worker, so the pause is the only hold
+    inline_pool.pause()
+    inline_pool.pause()  # idempotent
+    assert inline_pool.paused
+    futs = [inline_pool.submit(call(i)) for i in range(1, 9)]
+    time.sleep(0.3)  # many controller ticks
+    assert not any(f.done() for f in futs)
+    assert inline_pool.snapshot().queue_depths == {"toy/inc": 8}
+    inline_pool.resume()
+    assert not inline_pool.paused
+    results = settle(futs)
+    assert [r.output for r in results if isinstance(r, StageResult)] == list(range(2, 10))
+    assert max(r.batch_size for r in results if isinstance(r, StageResult)) >= 4
+    assert all(r.co_batched_runs == r.batch_size for r in results if isinstance(r, StageResult))
+    assert sum(len(b.items) for b in inline_pool.snapshot().batches) == 9  # every call ran exactly once
+
+
+def test_pausing_a_closed_pool_is_refused() -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend())
+    pool.close()
+    with pytest.raises(PoolClosedError, match="closed"):
+        pool.pause()
+    with pytest.raises(PoolClosedError, match="closed"):
+        pool.resume()
+
+
 def test_poison_input_fails_only_its_own_call(inline_pool: Pool) -> None:
     items = [*range(27, 43), POISON * 2]  # 26 is the poison for 'inc'
     futs = [inline_pool.submit(call(i)) for i in items]

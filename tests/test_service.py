@@ -114,6 +114,18 @@ def test_auth(pool: Pool) -> None:
     assert client(service).get("/metrics").status_code == 200
 
 
+def test_pause_and_resume_over_http(pool: Pool) -> None:
+    service = PoolService(pool, ["tests"], TOKEN)
+    assert client(service, token=None).post("/v1/pause").status_code == 401
+    assert not pool.paused
+    http = client(service)
+    assert http.post("/v1/pause").json() == {"paused": True}
+    assert pool.paused and http.get("/metrics").json()["paused"] is True
+    assert http.post("/v1/resume").json() == {"paused": False}
+    assert not pool.paused and http.get("/metrics").json()["paused"] is False
+    assert http.post("/v1/calls", json=body(5)).status_code == 200  # dispatching again
+
+
 @pytest.mark.parametrize(
     ("mutate", "status", "needle"),
     [

@@ -124,3 +124,33 @@ def test_clients_recover_when_the_service_restarts(tmp_path: Path) -> None:
         client.close()
         service.send_signal(signal.SIGINT)
         service.wait(30)
+
+
+@pytest.mark.usefixtures("toy_profile_csv")
+def test_pause_and_resume_from_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from esg_prefect.cli import app
+
+    port = free_port()
+    service = start_service(port, tmp_path / "results.db")
+    address = f"http://127.0.0.1:{port}"
+    metrics = f"{address}/metrics"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        monkeypatch.setenv("ESG_PREFECT_TOKEN", "wrong")
+        refused = CliRunner().invoke(app, ["pool", "pause", "--url", address])
+        assert refused.exit_code == 1 and "HTTP 401" in refused.output
+        assert httpx.get(metrics, headers=auth).json()["paused"] is False
+        monkeypatch.setenv("ESG_PREFECT_TOKEN", TOKEN)
+        paused = CliRunner().invoke(app, ["pool", "pause", "--url", address])
+        assert paused.exit_code == 0 and "paused" in paused.output
+        assert httpx.get(metrics, headers=auth).json()["paused"] is True
+        resumed = CliRunner().invoke(app, ["pool", "resume", "--url", address])
+        assert resumed.exit_code == 0 and "resumed" in resumed.output
+        assert httpx.get(metrics, headers=auth).json()["paused"] is False
+    finally:
+        service.send_signal(signal.SIGINT)
+        service.wait(30)
+    gone = CliRunner().invoke(app, ["pool", "resume", "--url", address])
+    assert gone.exit_code == 1 and "could not reach the pool service" in gone.output

@@ -1,4 +1,9 @@
-"""``esg-prefect pool serve``: the pool service, shared by flow runs of many processes."""
+"""``esg-prefect pool serve``: the pool service, shared by flow runs of many processes.
+
+``esg-prefect pool pause`` / ``resume`` hold and release a running service's
+dispatching (calls keep queueing; none is failed): to release a burst as one
+decision, or to keep the queues while a device is serviced.
+"""
 
 from __future__ import annotations
 
@@ -71,3 +76,37 @@ def serve(
         service.closing = True
         pool.close()
         cache.close()
+
+
+def _admin(url: str, token_env: str, action: str) -> None:
+    import httpx
+
+    token = os.environ.get(token_env) or None
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.post(f"{url.rstrip('/')}/v1/{action}", headers=headers, timeout=30)
+    except httpx.HTTPError as exc:
+        typer.echo(f"could not reach the pool service at {url!r}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if resp.status_code != 200:
+        typer.echo(f"{action} refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{url}: {'paused' if resp.json()['paused'] else 'resumed'}")
+
+
+@pool_app.command("pause")
+def pause(
+    url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
+    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
+) -> None:
+    """Hold a running service's dispatching: calls keep queueing until `resume`."""
+    _admin(url, token_env, "pause")
+
+
+@pool_app.command("resume")
+def resume(
+    url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
+    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
+) -> None:
+    """Release a pause: what queued meanwhile is scheduled at once."""
+    _admin(url, token_env, "resume")

@@ -351,6 +351,7 @@ class Pool:
         self._hops: dict[str, _HopOverhead] = {}  # workflow -> inter-stage overhead outside the pool
         self._delivered: OrderedDict[str, float] = OrderedDict()  # task run id -> when its result went back
         self._round_pending = False
+        self._paused = False  # dispatching held (pause/resume): calls queue, nothing is decided
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
@@ -384,6 +385,30 @@ class Pool:
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
         if self._loop is not None and not self._closed:
             self._loop.call_soon_threadsafe(self._on_end_run, run_id)
+
+    def pause(self) -> None:
+        """Hold dispatching: calls keep queueing (none is lost or failed), no batch starts until :meth:`resume`.
+
+        Batches already running finish, idle workers still expire. For an
+        operator: release a burst as one decision, or keep the queues while a
+        device is serviced or the profile replaced. Thread-safe; idempotent.
+        """
+        if self._closed:
+            raise PoolClosedError("the pool is closed")
+        loop = self._ensure_started()
+        asyncio.run_coroutine_threadsafe(self._set_paused(True), loop).result(30.0)
+
+    def resume(self) -> None:
+        """End a :meth:`pause`: the queues are scheduled at once (one round for everything that waited)."""
+        if self._closed:
+            raise PoolClosedError("the pool is closed")
+        loop = self._ensure_started()
+        asyncio.run_coroutine_threadsafe(self._set_paused(False), loop).result(30.0)
+
+    @property
+    def paused(self) -> bool:
+        """Whether dispatching is held (:meth:`pause`)."""
+        return self._paused
 
     def snapshot(self, timeout_s: float = 30.0) -> PoolSnapshot:
         """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers)."""
@@ -557,6 +582,11 @@ class Pool:
         for listener in self._listeners:
             self._notifier.submit(_call_listener, listener, records)
 
+    async def _set_paused(self, paused: bool) -> None:
+        self._paused = paused
+        if not paused:
+            self._request_round()
+
     def _request_round(self) -> None:
         if not self._round_pending:
             self._round_pending = True
@@ -568,6 +598,8 @@ class Pool:
             return
         now = wall_ms()
         self._expire_idle(now)
+        if self._paused:  # resume() asks for the next round; no timer meanwhile
+            return
         queues = tuple(
             QueueState(key, tuple(p.job for p in pend), self._rates[key].rate_per_s(now))
             for key, pend in self._queues.items()

@@ -9,6 +9,8 @@ Endpoints:
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
 * ``GET /metrics``: queue depths, batch sizes, worker shares, decision times.
 * ``GET /v1/batches?limit=N``: recent batches and the runs each served.
+* ``POST /v1/pause`` / ``POST /v1/resume``: hold dispatching (calls keep queueing,
+  none is failed) and release it (:meth:`Pool.pause`); ``/metrics`` says ``paused``.
 
 Security: the service binds 127.0.0.1 unless told otherwise, and then needs a
 token; every endpoint but ``/healthz`` checks ``Authorization: Bearer <token>``
@@ -207,6 +209,8 @@ class PoolService:
                 Route("/v1/calls", self.call, methods=["POST"]),
                 Route("/v1/runs/{run_id}/end", self.end_run, methods=["POST"]),
                 Route("/v1/batches", self.batches, methods=["GET"]),
+                Route("/v1/pause", self.pause, methods=["POST"]),
+                Route("/v1/resume", self.resume, methods=["POST"]),
             ]
         )
 
@@ -229,6 +233,7 @@ class PoolService:
         return JSONResponse(
             {
                 "queue_depths": snap.queue_depths,
+                "paused": self.pool.paused,
                 "calls_in_flight": len(self._inflight),
                 "workers": list(snap.workers),
                 "profile_corrections": list(snap.corrections),
@@ -260,6 +265,20 @@ class PoolService:
             for b in snap.batches[-max(0, limit) :]
         ]
         return JSONResponse({"batches": rows})
+
+    async def pause(self, request: Request) -> JSONResponse:
+        """Hold dispatching until ``/v1/resume``; calls keep being accepted and queue."""
+        if not self._authorized(request):
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        await asyncio.to_thread(self.pool.pause)
+        return JSONResponse({"paused": True})
+
+    async def resume(self, request: Request) -> JSONResponse:
+        """Release a pause: everything that queued meanwhile is scheduled at once."""
+        if not self._authorized(request):
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        await asyncio.to_thread(self.pool.resume)
+        return JSONResponse({"paused": False})
 
     async def end_run(self, request: Request) -> JSONResponse:
         if not self._authorized(request):
