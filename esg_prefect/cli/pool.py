@@ -94,19 +94,18 @@ def _admin(url: str, token_env: str, action: str) -> None:
     typer.echo(f"{url}: {'paused' if resp.json()['paused'] else 'resumed'}")
 
 
-@pool_app.command("pause")
-def pause(
-    url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
-    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
-) -> None:
-    """Hold a running service's dispatching: calls keep queueing until `resume`."""
-    _admin(url, token_env, "pause")
+def _admin_command(action: str, doc: str) -> None:
+    """Register ``esg-prefect pool <action>`` (pause, resume): one POST to the running service."""
+
+    def command(
+        url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
+        token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
+    ) -> None:
+        _admin(url, token_env, action)
+
+    command.__doc__ = doc
+    pool_app.command(action)(command)
 
 
-@pool_app.command("resume")
-def resume(
-    url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
-    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
-) -> None:
-    """Release a pause: what queued meanwhile is scheduled at once."""
-    _admin(url, token_env, "resume")
+_admin_command("pause", "Hold a running service's dispatching: calls keep queueing until `resume`.")
+_admin_command("resume", "Release a pause: what queued meanwhile is scheduled at once.")
