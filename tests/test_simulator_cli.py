@@ -34,12 +34,12 @@ def test_simulate_runs_a_case_file(tmp_path: Path) -> None:
 
 def test_simulate_set_overrides_settings_and_names_bad_ones(tmp_path: Path) -> None:
     args = ["simulate", "--rate", "60", "--duration", "2", "--warmup", "0.5", "--out", str(tmp_path)]
-    sets = ["--set", "keep_alive_by_price=true", "--set", "best_effort_tolerance=0.25", "--set", "percentile=mean"]
+    sets = ["--set", "keep_alive_by_price=false", "--set", "best_effort_tolerance=0.25", "--set", "percentile=mean"]
     result = CliRunner().invoke(app, [*args, *sets])
     assert result.exit_code == 0, result.output
     settings = json.loads((tmp_path / "case.json").read_text())["settings"]
     assert (settings["keep_alive_by_price"], settings["best_effort_tolerance"], settings["percentile"]) == (
-        True,
+        False,
         0.25,
         "mean",
     )
@@ -84,3 +84,11 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     assert (out / "rows.jsonl").read_text().splitlines() == lines
     rerun = json.loads((out / "results.json").read_text())
     assert [r["p99_ms"] for r in rerun["rows"]] == [r["p99_ms"] for r in data["rows"]]
+
+    # With other settings (--set) the rows are not reused: each is run again, under its own key.
+    flat = CliRunner().invoke(app, [*args, "--set", "keep_alive_by_price=false"])
+    assert flat.exit_code == 0, flat.output
+    keys = [json.loads(line)["key"] for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert len(keys) == 6 and len(set(keys)) == 6
+    bad = CliRunner().invoke(app, [*args, "--set", "no_such_knob=1"])
+    assert bad.exit_code == 2 and "no_such_knob" in bad.output

@@ -10,10 +10,12 @@ simulator's speed); the simulator it drives does not.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,8 +70,14 @@ def _work(spec: Any) -> dict[str, Any]:
 
 
 def spec_key(spec: Any) -> str:
-    """A stable name of an experiment run, to resume an interrupted comparison."""
-    return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}"
+    """A stable name of an experiment run, to resume an interrupted comparison.
+
+    It ends with a digest of the case's ESG settings, so that a comparison run
+    again with other settings (``--set``, or a changed default) is not answered
+    from rows of the old ones.
+    """
+    digest = hashlib.sha1(json.dumps(spec.case.settings.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}|{digest}"
 
 
 def run_parallel(
@@ -153,12 +161,14 @@ RUN_COLUMNS = (
 )
 
 
-def _compare_case(case_file: Path, schedulers: str, seeds: int, processes: int, out: Path) -> None:
+def _compare_case(
+    case_file: Path, schedulers: str, seeds: int, processes: int, out: Path, sets: Sequence[str] = ()
+) -> None:
     """Every scheduler on the user's case: the answer to "what would ESG save on my workload?"."""
     from esg_prefect.simulator import Case, plots
     from esg_prefect.simulator import experiments as ex
 
-    case = Case.from_dict(json.loads(case_file.read_text(encoding="utf-8")))
+    case = with_settings(Case.from_dict(json.loads(case_file.read_text(encoding="utf-8"))), sets)
     names = tuple(s for s in schedulers.split(",") if s) or ex.DEFAULT_SCHEDULERS
     specs = [
         ex.RunSpec("case", case.with_(scheduler=s), seed, (("case", case.name),))
@@ -195,8 +205,6 @@ def with_settings(case: Any, pairs: Sequence[str]) -> Any:
     Raises:
         typer.BadParameter: on a pair without ``=`` or a setting refused.
     """
-    from dataclasses import replace
-
     from esg_prefect.exceptions import ConfigError
     from esg_prefect.scheduling import ESGSettings
 
@@ -241,7 +249,7 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option(
                 "--set",
-                help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=true.",
+                help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=false.",
             ),
         ] = None,
     ) -> None:
@@ -306,6 +314,11 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
         ] = None,
+        sets: list[str] = typer.Option(
+            [],
+            "--set",
+            help="Override an ESG setting of every run, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=false.",
+        ),
     ) -> None:
         """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots.
 
@@ -317,7 +330,7 @@ def register(app: typer.Typer) -> None:
         from esg_prefect.simulator import plots
 
         if case_file is not None:
-            _compare_case(case_file, schedulers, seeds, processes, out)
+            _compare_case(case_file, schedulers, seeds, processes, out, sets)
             return
 
         wanted = {"e1", "e3", "e4", "e5", "e6", "e7"} if experiment == "all" else set(experiment.lower().split(","))
@@ -369,6 +382,7 @@ def register(app: typer.Typer) -> None:
                 )
             if "e7" in wanted:
                 specs += ex.stall_specs(quick=quick)
+            specs = [replace(s, case=with_settings(s.case, sets)) for s in specs]
             rows = run_parallel(specs, procs, progress, out / "rows.jsonl") if specs else []
 
         groups: dict[str, list[dict[str, Any]]] = {}
