@@ -412,7 +412,9 @@ def test_keep_alive_by_price_per_hardware_type() -> None:
         assert pool.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": pytest.approx(10_000.0 * 0.35 / 3.67)}
     finally:
         pool.close()
-    plain = Pool(toy_profile(), PriceSheet.default(), settings=ESGSettings(keep_alive_s=10.0), backend=_TwoGPUTypes())
+    assert ESGSettings().keep_alive_by_price  # the default
+    flat = ESGSettings(keep_alive_s=10.0, keep_alive_by_price=False)
+    plain = Pool(toy_profile(), PriceSheet.default(), settings=flat, backend=_TwoGPUTypes())
     try:
         assert plain.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": 10_000.0}
     finally:

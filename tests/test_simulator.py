@@ -458,7 +458,8 @@ def test_keep_alive_by_price_stops_idle_workers_on_dear_gpus_sooner() -> None:
             first.setdefault(i.hardware, i.end_ms - i.start_ms)
         return first
 
-    assert first_idle({}) == {"T4": pytest.approx(1000.0), "A100": pytest.approx(1000.0)}
-    priced = first_idle({"keep_alive_by_price": True})
+    assert first_idle({"keep_alive_by_price": False}) == {"T4": pytest.approx(1000.0), "A100": pytest.approx(1000.0)}
+    assert case.settings.keep_alive_by_price  # the default
+    priced = first_idle({})
     assert priced["T4"] == pytest.approx(1000.0)
     assert priced["A100"] == pytest.approx(1000.0 * 0.35 / 3.67)

@@ -123,7 +123,8 @@ class ESGSchedulerSettings(Block):
     )
     keep_alive_s: float = Field(default=60.0, gt=0, description="How long idle warm workers are kept.")
     keep_alive_by_price: bool = Field(
-        default=False, description="Dearer GPU types keep idle workers for less: the cheapest type's price over theirs."
+        default=_knob("keep_alive_by_price"),
+        description="Dearer GPU types keep idle workers for less: the cheapest type's price over theirs.",
     )
     redistribute_slack: bool = Field(default=True, description="Recompute later deadlines from real finish times.")
     cost_split: Literal["equal", "input_size"] = Field(default="equal", description="Batch cost split among jobs.")
