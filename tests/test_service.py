@@ -124,6 +124,8 @@ def test_pause_and_resume_over_http(pool: Pool) -> None:
     assert http.post("/v1/resume").json() == {"paused": False}
     assert not pool.paused and http.get("/metrics").json()["paused"] is False
     assert http.post("/v1/calls", json=body(5)).status_code == 200  # dispatching again
+    service.closing = True
+    assert http.post("/v1/pause").status_code == 503 and not pool.paused
 
 
 @pytest.mark.parametrize(

@@ -82,10 +82,11 @@ class ESGSettings:
             by the simulator and the runtime pool to every scheduler (not in the
             paper, where idle time is not billed; on by default since 2026-11-24:
             over loads of 150-600 requests/s, steady and bursty traces and tight
-            SLOs, ESG's total cost with idle billed fell 9-55 % for a batch cost
-            within 1.5 % and SLO hits within 0.7 points; a cluster of one GPU type
-            is unaffected; docs/results.md, "Idle cost"). Off keeps every idle
-            worker ``keep_alive_s`` whatever it costs.
+            SLOs, ESG's total cost with idle billed fell 0-55 % (29 % on average
+            over 21 runs) for a batch cost within 1.5 % and SLO hits within 0.7
+            points; a cluster of one GPU type is unaffected; docs/results.md,
+            "Idle cost"). Off keeps every idle worker ``keep_alive_s`` whatever it
+            costs.
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it, or

@@ -270,6 +270,8 @@ class PoolService:
         """Hold dispatching until ``/v1/resume``; calls keep being accepted and queue."""
         if not self._authorized(request):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        if self.closing:
+            return JSONResponse({"error": "the service is shutting down"}, status_code=503)
         await asyncio.to_thread(self.pool.pause)
         return JSONResponse({"paused": True})
 
@@ -277,6 +279,8 @@ class PoolService:
         """Release a pause: everything that queued meanwhile is scheduled at once."""
         if not self._authorized(request):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        if self.closing:
+            return JSONResponse({"error": "the service is shutting down"}, status_code=503)
         await asyncio.to_thread(self.pool.resume)
         return JSONResponse({"paused": False})
 
