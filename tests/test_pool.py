@@ -13,7 +13,6 @@ import pytest
 from esg_prefect.exceptions import (
     InvalidInputError,
     PoolClosedError,
-    PriceError,
     StageFailedError,
     StageRejectedError,
     WorkerCrashedError,
@@ -419,6 +418,11 @@ def test_keep_alive_by_price_per_hardware_type() -> None:
         assert plain.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": 10_000.0}
     finally:
         plain.close()
-    # A GPU type the price sheet does not price is named when the pool is made, not at its first round.
-    with pytest.raises(PriceError, match="'A100'"):
-        Pool(toy_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=settings, backend=_TwoGPUTypes())
+    # A GPU type the price sheet does not price (the toy profile covers neither GPU) keeps the whole
+    # keep-alive: the knob is on by default, and such a machine must still serve.
+    unpriced = Pool(toy_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=settings, backend=_TwoGPUTypes(vcpus=2))
+    try:
+        assert unpriced.keep_alive_ms() == {"cpu": 10_000.0, "T4": 10_000.0, "A100": 10_000.0}
+        assert unpriced.submit(call(3)).result(30).output == 4
+    finally:
+        unpriced.close()

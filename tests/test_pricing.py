@@ -187,5 +187,11 @@ def test_keep_alive_scales_follow_the_cheapest_gpu_type_present() -> None:
     # Without a T4 the A10 is the cheapest type present.
     assert sheet.keep_alive_scales(["A10", "H100"]) == {"cpu": 1.0, "A10": 1.0, "H100": pytest.approx(1.0 / 6.98)}
     assert sheet.keep_alive_scales(["cpu"]) == {"cpu": 1.0}
-    with pytest.raises(PriceError, match="'B200'"):
-        sheet.keep_alive_scales(["T4", "B200"])
+    # A type without a price (say, an unprofiled GPU of the machine) keeps the whole time, and is not
+    # taken as the cheapest.
+    assert sheet.keep_alive_scales(["T4", "V100", "B200"]) == {
+        "cpu": 1.0,
+        "T4": 1.0,
+        "V100": pytest.approx(0.35 / 2.48),
+        "B200": 1.0,
+    }

@@ -116,16 +116,18 @@ class PriceSheet:
         time; a dearer type keeps it for the cheapest type's price over its own,
         so an idle worker of any type may cost about what one of the cheapest
         type would before it is stopped (``ESGSettings.keep_alive_by_price``).
-
-        Raises:
-            PriceError: when the sheet has no price for a GPU type in ``hardware``.
+        A GPU type the sheet does not price keeps the whole time and is left out
+        of the comparison: the knob is on by default, and a machine may hold a
+        GPU that no profile covers (no worker is ever placed there) and so no
+        price either; one that is profiled fails where a batch is priced.
         """
         gpus = sorted({hw for hw in hardware if hw != CPU})
-        out = {CPU: 1.0}
-        if gpus:
-            cheapest = min(self.gpu_price_s(hw) for hw in gpus)
-            for hw in gpus:
-                price = self.gpu_price_s(hw)
+        out = dict.fromkeys([CPU, *gpus], 1.0)
+        priced = [hw for hw in gpus if hw in self.price_per_gpu_s]
+        if priced:
+            cheapest = min(self.price_per_gpu_s[hw] for hw in priced)
+            for hw in priced:
+                price = self.price_per_gpu_s[hw]
                 out[hw] = cheapest / price if price > 0 else 1.0
         return out
 

@@ -329,8 +329,6 @@ class Pool:
         self.scheduler_name = scheduler
         self.scheduler = create_scheduler(scheduler, self.profile, self.prices, self.settings, clock=perf_ms)
         self.tables = CandidateTables(self.profile, self.prices, self.settings)
-        if self.settings.keep_alive_by_price:
-            self.keep_alive_ms()  # a GPU type without a price fails here, naming it, not at every round
         alpha = self.settings.correction_alpha
         self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None
         self._applied: dict[tuple[str, str], float] = {}  # factors self.profile was scaled with
