@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing import get_context
 from typing import Any
@@ -154,8 +155,10 @@ def main() -> None:
                 )
     for label, case_kw in PRICED_CASES:
         for seed in SEEDS_OF_PART_3:
-            for priced in (False, True):
-                jobs.append(("priced", label, "esg", seed, {"keep_alive_by_price": priced}, {**case_kw, **SHORT_RUN}))
+            for by_price_on in (False, True):
+                jobs.append(
+                    ("priced", label, "esg", seed, {"keep_alive_by_price": by_price_on}, {**case_kw, **SHORT_RUN})
+                )
     jobs.sort(key=lambda j: j[0] != "standard")  # the long runs first, so that the pool ends together
     processes = min(args.processes or os.cpu_count() or 1, len(jobs))
     t0 = time.perf_counter()
@@ -193,45 +196,55 @@ def main() -> None:
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs)
 
+    def per_seed(title: str, labels: list[str], cell: Callable[[str, int], str], width: int) -> None:
+        """One table: a row per case, a column per seed of parts 3 and 4."""
+        print(title)
+        header = f"{'case':<26}" + "".join(f" {'seed ' + str(s):>{width}}" for s in SEEDS_OF_PART_3)
+        print(header)
+        print("-" * len(header))
+        for label in labels:
+            print(f"{label:<26}" + "".join(f" {cell(label, seed):>{width}}" for seed in SEEDS_OF_PART_3))
+        print()
+
     by_seed = {
         (r["label"], r["seed"], r["changes"]["best_effort_tolerance"]): r for r in results if r["part"] == "seeds"
     }
-    print("Part 3: ESG, 16 s runs (6 s warm-up); SLO hit at tolerance 0 -> 0.1 and batch $/req change, per seed")
-    header = f"{'case':<26}" + "".join(f" {'seed ' + str(s):>26}" for s in SEEDS_OF_PART_3)
-    print(header)
-    print("-" * len(header))
     tight: list[float] = []
-    for label, _ in SEED_CASES:
-        cells = []
-        for seed in SEEDS_OF_PART_3:
-            at_0, at_default = by_seed[(label, seed, 0.0)], by_seed[(label, seed, 0.1)]
-            change = at_default["batch"] / at_0["batch"] - 1
-            if label in ("SLO 2x", "SLO 3x"):
-                tight.append(change)
-            cells.append(f"{at_0['slo']:.3f} -> {at_default['slo']:.3f}, {change:+.1%}")
-        print(f"{label:<26}" + "".join(f" {c:>26}" for c in cells))
-    print()
+
+    def tolerance_cell(label: str, seed: int) -> str:
+        at_0, at_default = by_seed[(label, seed, 0.0)], by_seed[(label, seed, 0.1)]
+        change = at_default["batch"] / at_0["batch"] - 1
+        if label in ("SLO 2x", "SLO 3x"):
+            tight.append(change)
+        return f"{at_0['slo']:.3f} -> {at_default['slo']:.3f}, {change:+.1%}"
+
+    per_seed(
+        "Part 3: ESG, 16 s runs (6 s warm-up); SLO hit at tolerance 0 -> 0.1 and batch $/req change, per seed",
+        [label for label, _ in SEED_CASES],
+        tolerance_cell,
+        26,
+    )
 
     by_price = {
         (r["label"], r["seed"], r["changes"]["keep_alive_by_price"]): r for r in results if r["part"] == "priced"
     }
-    print("Part 4: ESG, 16 s runs (6 s warm-up); keep-alive by price off -> on: SLO hit, batch and total $/req change")
-    header = f"{'case':<26}" + "".join(f" {'seed ' + str(s):>36}" for s in SEEDS_OF_PART_3)
-    print(header)
-    print("-" * len(header))
     cuts: list[float] = []
     drops: list[float] = []
-    for label, _ in PRICED_CASES:
-        cells = []
-        for seed in SEEDS_OF_PART_3:
-            off, on = by_price[(label, seed, False)], by_price[(label, seed, True)]
-            cuts.append(1 - on["total"] / off["total"])
-            drops.append((off["slo"] - on["slo"]) * 100)
-            batch = on["batch"] / off["batch"] - 1
-            total = on["total"] / off["total"] - 1
-            cells.append(f"{off['slo']:.4f} -> {on['slo']:.4f}, {batch:+.1%}, {total:+.1%}")
-        print(f"{label:<26}" + "".join(f" {c:>36}" for c in cells))
-    print()
+
+    def price_cell(label: str, seed: int) -> str:
+        off, on = by_price[(label, seed, False)], by_price[(label, seed, True)]
+        cuts.append(1 - on["total"] / off["total"])
+        drops.append((off["slo"] - on["slo"]) * 100)
+        batch = on["batch"] / off["batch"] - 1
+        total = on["total"] / off["total"] - 1
+        return f"{off['slo']:.4f} -> {on['slo']:.4f}, {batch:+.1%}, {total:+.1%}"
+
+    per_seed(
+        "Part 4: ESG, 16 s runs (6 s warm-up); keep-alive by price off -> on: SLO hit, batch and total $/req change",
+        [label for label, _ in PRICED_CASES],
+        price_cell,
+        36,
+    )
 
     priced = [std[("esg, keep-alive by price", s)] for s in args.seeds]
     flat = [std[("esg, tolerance 0.1", s)] for s in args.seeds]
