@@ -268,21 +268,19 @@ class PoolService:
 
     async def pause(self, request: Request) -> JSONResponse:
         """Hold dispatching until ``/v1/resume``; calls keep being accepted and queue."""
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-        if self.closing:
-            return JSONResponse({"error": "the service is shutting down"}, status_code=503)
-        await asyncio.to_thread(self.pool.pause)
-        return JSONResponse({"paused": True})
+        return await self._hold(request, True)
 
     async def resume(self, request: Request) -> JSONResponse:
         """Release a pause: everything that queued meanwhile is scheduled at once."""
+        return await self._hold(request, False)
+
+    async def _hold(self, request: Request, paused: bool) -> JSONResponse:
         if not self._authorized(request):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
         if self.closing:
             return JSONResponse({"error": "the service is shutting down"}, status_code=503)
-        await asyncio.to_thread(self.pool.resume)
-        return JSONResponse({"paused": False})
+        await asyncio.to_thread(self.pool.pause if paused else self.pool.resume)
+        return JSONResponse({"paused": paused})
 
     async def end_run(self, request: Request) -> JSONResponse:
         if not self._authorized(request):
