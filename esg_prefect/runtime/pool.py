@@ -350,6 +350,7 @@ class Pool:
         self._delivered: OrderedDict[str, float] = OrderedDict()  # task run id -> when its result went back
         self._round_pending = False
         self._paused = False  # dispatching held (pause/resume): calls queue, nothing is decided
+        self._keep_alive: tuple[frozenset[str], dict[str, float]] | None = None  # (types present, keep-alive ms)
         self._tick_handle: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
@@ -391,17 +392,17 @@ class Pool:
         operator: release a burst as one decision, or keep the queues while a
         device is serviced or the profile replaced. Thread-safe; idempotent.
         """
-        if self._closed:
-            raise PoolClosedError("the pool is closed")
-        loop = self._ensure_started()
-        asyncio.run_coroutine_threadsafe(self._set_paused(True), loop).result(30.0)
+        self._hold(True)
 
     def resume(self) -> None:
         """End a :meth:`pause`: the queues are scheduled at once (one round for everything that waited)."""
+        self._hold(False)
+
+    def _hold(self, paused: bool) -> None:
         if self._closed:
             raise PoolClosedError("the pool is closed")
         loop = self._ensure_started()
-        asyncio.run_coroutine_threadsafe(self._set_paused(False), loop).result(30.0)
+        asyncio.run_coroutine_threadsafe(self._set_paused(paused), loop).result(30.0)
 
     @property
     def paused(self) -> bool:
@@ -642,18 +643,28 @@ class Pool:
 
     def keep_alive_ms(self) -> dict[str, float]:
         """How long an idle worker is kept, per hardware type present (``ESGSettings.keep_alive_by_price``)."""
-        keep_ms = self.settings.keep_alive_s * 1000.0
-        present = {CPU, *(d.hardware for d in self.backend.devices())}
-        if not self.settings.keep_alive_by_price:
-            return dict.fromkeys(present, keep_ms)
-        return {hw: keep_ms * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
+        return dict(self._keep_alive_table())
+
+    def _keep_alive_table(self) -> dict[str, float]:
+        """:meth:`keep_alive_ms`, kept while the hardware types present stay the same (read every round)."""
+        present = frozenset({CPU, *(d.hardware for d in self.backend.devices())})
+        if self._keep_alive is None or self._keep_alive[0] != present:
+            keep_ms = self.settings.keep_alive_s * 1000.0
+            if self.settings.keep_alive_by_price:
+                table = {hw: keep_ms * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
+            else:
+                table = dict.fromkeys(present, keep_ms)
+            self._keep_alive = (present, table)
+        return self._keep_alive[1]
 
     def _expire_idle(self, now: float) -> None:
+        idle = [(wid, ws) for wid, ws in self._workers.items() if not ws.busy and ws.idle_since_ms is not None]
+        if not idle:
+            return
         base = self.settings.keep_alive_s * 1000.0
-        keep = self.keep_alive_ms() if self.settings.keep_alive_by_price else {}  # per type only when priced
-        for wid, ws in list(self._workers.items()):
-            if ws.busy or ws.idle_since_ms is None:
-                continue
+        keep = self._keep_alive_table()
+        for wid, ws in idle:
+            assert ws.idle_since_ms is not None
             if now - ws.idle_since_ms > keep.get(ws.spec.hardware, base):
                 self._retire(wid, now)
 
