@@ -15,6 +15,7 @@ Callers catch these classes, never a bare ``Exception``::
           ├── StageFailedError: the batch function raised on this call's input
           ├── StageRejectedError: the scheduler rejected the call (no profile, no time)
           ├── WorkerCrashedError: the worker died each time it ran this input
+          ├── CallConflictError: the call contradicts what the pool holds (its id, workflow or stage)
           └── PoolClosedError: the pool shut down before the call finished
 """
 
@@ -81,6 +82,12 @@ class StageRejectedError(StageCallError):
 
 class WorkerCrashedError(StageCallError):
     """The worker process died each time it ran this call's input."""
+
+
+class CallConflictError(StageCallError):
+    """The call contradicts what the pool already holds: a call id reused for another call, a
+    workflow declared with another SLO or graph, or a stage name bound to other code in its workflow.
+    The pool service answers it with HTTP 409; nothing of the pool's state changed."""
 
 
 class PoolClosedError(StageCallError):

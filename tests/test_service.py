@@ -24,7 +24,7 @@ from esg_prefect.service.results import ResultCache
 from tests.toy_stages import POISON, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-of-24-chars"
 
 
 def body(i: int, stage: str = "inc", call_id: str | None = None) -> dict[str, object]:

@@ -20,7 +20,7 @@ from esg_prefect.service.client import PoolClient
 
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("prefect_harness")]
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "t0ken-for-tests"
+TOKEN = "t0ken-for-tests-0123456789"
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from esg_prefect.integration.stage import Pipeline
@@ -69,7 +70,7 @@ def toy_profile() -> LatencyProfile:
     return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
 
 
-STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy")
+STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy", "classify", "fragile")
 
 
 burst = Pipeline("burst", slo_ms=5_000)
@@ -144,3 +145,40 @@ def settle(futs: list[Any], timeout: float = 60) -> list[object]:
         except Exception as exc:  # collected for assertions
             out.append(exc)
     return out
+
+
+# Two pipelines that each have a stage called "classify", running different code: their calls
+# must never run on each other's workers.
+vision = Pipeline("vision", slo_ms=800)
+speech = Pipeline("speech", slo_ms=800)
+
+
+@vision.stage(load=load_inc, name="classify", import_path="tests.toy_stages:classify_vision")
+def classify_vision(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + 1000 for x in items]
+
+
+@speech.stage(load=load_inc, name="classify", import_path="tests.toy_stages:classify_speech")
+def classify_speech(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + 2000 for x in items]
+
+
+# A stage whose worker process dies while loading its model, LOAD_DEATHS_ENV times in all (counted in
+# a file, since each load runs in a new process), then loads: a worker lost mid-load, not a bad loader.
+LOAD_DEATHS_ENV = "ESG_TEST_LOAD_DEATHS"  # "<count file>:<deaths wanted>"
+fragile_pipe = Pipeline("fragile", slo_ms=10_000)
+
+
+def load_or_die(device: str) -> dict[str, Any]:
+    path, _, wanted = os.environ[LOAD_DEATHS_ENV].partition(":")
+    died = int(Path(path).read_text() or 0) if os.path.exists(path) else 0
+    if died < int(wanted):
+        with open(path, "w") as f:
+            f.write(str(died + 1))
+        os._exit(9)  # as a SIGKILL during the load would
+    return {"step": 1}
+
+
+@fragile_pipe.stage(load=load_or_die, name="fragile")
+def fragile(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + model["step"] for x in items]

@@ -36,13 +36,18 @@ def serve(
     scheduler: str = typer.Option("esg", help="Scheduler name (esg-prefect schedulers)."),
     profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
+    results_ttl_s: float = typer.Option(3600.0, "--results-ttl-s", help="Seconds a finished outcome is kept."),
+    results_max_mb: float = typer.Option(256.0, "--results-max-mb", help="Most MB of kept outcomes; oldest go first."),
     max_pending: int = typer.Option(10_000, help="Calls in flight before new ones get 429."),
+    ssl_certfile: str = typer.Option("", "--ssl-certfile", help="TLS certificate (PEM): serve HTTPS."),
+    ssl_keyfile: str = typer.Option("", "--ssl-keyfile", help="TLS private key (PEM) of --ssl-certfile."),
     store: str = typer.Option("", help="Cost store URL (default: SQLite under PREFECT_HOME); off to disable."),
     artifacts: bool = typer.Option(True, help="Publish each flow run's cost artifacts to the Prefect API."),
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
 
+    from esg_prefect.exceptions import InvalidInputError
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
@@ -50,7 +55,19 @@ def serve(
     from esg_prefect.service.results import ResultCache
 
     token = os.environ.get(token_env) or None
-    check_bind(host, token)
+    try:
+        check_bind(host, token)
+        cache = ResultCache(results_db or ":memory:", results_ttl_s, int(results_max_mb * 1024 * 1024))
+    except InvalidInputError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if bool(ssl_certfile) != bool(ssl_keyfile):
+        raise typer.BadParameter("--ssl-certfile and --ssl-keyfile go together")
+    if host not in ("127.0.0.1", "localhost", "::1") and not ssl_certfile:
+        typer.echo(
+            f"warning: serving {host} over plain HTTP: the token travels in clear text. Use --ssl-certfile/"
+            "--ssl-keyfile, or put the service behind a TLS proxy.",
+            err=True,
+        )
     if backend not in ("process", "inline", "ray"):
         raise typer.BadParameter(f"backend must be 'process', 'inline' or 'ray', got {backend!r}")
     be: WorkerBackend
@@ -67,11 +84,12 @@ def serve(
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
-    cache = ResultCache(results_db or ":memory:")
     service = PoolService(pool, allow, token, cache, max_pending, on_call=remember_deployment)
-    typer.echo(f"esg-prefect pool service on http://{host}:{port} (stages from {', '.join(allow)})")
+    scheme = "https" if ssl_certfile else "http"
+    typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
     try:
-        uvicorn.run(service.app(), host=host, port=port, log_level="warning")
+        tls = {"ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile} if ssl_certfile else {}
+        uvicorn.run(service.app(), host=host, port=port, log_level="warning", **tls)
     finally:
         service.closing = True
         pool.close()

@@ -33,8 +33,8 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -252,6 +252,11 @@ class SizeModel:
         for s in samples:
             groups.setdefault((s.stage, s.hardware, s.vcpus, float(s.gpu_share)), []).append(s)
         return cls(fit_one(g) for g in groups.values() if len(g) >= max(min_samples, 2))
+
+    def aliased(self, aliases: Mapping[str, str]) -> SizeModel:
+        """A copy in which each stage ``alias`` also has the fits of ``aliases[alias]``."""
+        extra = [replace(f, stage=a) for a, st in aliases.items() for f in self._fits.values() if f.stage == st]
+        return SizeModel([*self._fits.values(), *extra])
 
     def steering_fit(self, stage: str, hardware: str, vcpus: int, gpu_share: float) -> SizeFit | None:
         """The fit a scheduler uses for one configuration; None when the stage is not size-aware.

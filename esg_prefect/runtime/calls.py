@@ -31,10 +31,55 @@ class WorkflowDecl:
     stages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise InvalidInputError(f"workflow name must be non-empty, got {self.name!r}")
-        if not (isinstance(self.slo_ms, (int, float)) and math.isfinite(self.slo_ms) and self.slo_ms > 0):
-            raise InvalidInputError(f"workflow {self.name!r}: slo_ms must be > 0, got {self.slo_ms!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidInputError(f"workflow name must be a non-empty string, got {self.name!r}")
+        slo = self.slo_ms
+        if isinstance(slo, bool) or not (isinstance(slo, (int, float)) and math.isfinite(slo) and slo > 0):
+            raise InvalidInputError(f"workflow {self.name!r}: slo_ms must be > 0, got {slo!r}")
+        if self.edges is not None and not all(isinstance(e, tuple) and len(e) == 2 for e in self.edges):
+            raise InvalidInputError(f"workflow {self.name!r}: edges must be (upstream, downstream) pairs")
+        for n in (*self.stages, *(x for e in self.edges or () for x in e)):
+            if not isinstance(n, str) or not n:
+                raise InvalidInputError(f"workflow {self.name!r}: stage names must be non-empty strings, got {n!r}")
+        cycle = _cycle(self.edges or ())
+        if cycle:
+            raise InvalidInputError(f"workflow {self.name!r}: edges form a cycle {' -> '.join(cycle)}")
+
+    def graph(self) -> tuple[frozenset[str], frozenset[tuple[str, str]]] | None:
+        """The declared stages and edges, order-free (to compare two declarations); None when undeclared."""
+        if self.edges is None:
+            return None
+        return frozenset((*self.stages, *(x for e in self.edges for x in e))), frozenset(self.edges)
+
+
+def _cycle(edges: Sequence[tuple[str, str]]) -> list[str]:
+    """A cycle of the directed graph ``edges`` as a closed list of names, or [] when it has none."""
+    succ: dict[str, list[str]] = {}
+    for a, b in edges:
+        succ.setdefault(a, []).append(b)
+    state: dict[str, int] = {}  # 1: on the current path, 2: finished
+    path: list[str] = []
+
+    def visit(n: str) -> list[str]:
+        state[n] = 1
+        path.append(n)
+        for m in succ.get(n, ()):
+            if state.get(m) == 1:
+                return [*path[path.index(m) :], m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        state[n] = 2
+        path.pop()
+        return []
+
+    for start in list(succ):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +117,30 @@ class StageCall:
     input_size: float | None = None
     task_run_id: str = ""
     deployment_id: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("call_id", "stage", "stage_path", "request_id", "run_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise InvalidInputError(f"call field {name!r} must be a non-empty string, got {value!r}")
+        if ":" not in self.stage_path:
+            raise InvalidInputError(f"stage_path must look like 'module:attribute', got {self.stage_path!r}")
+        if not isinstance(self.workflow, WorkflowDecl):
+            raise InvalidInputError(f"call workflow must be a WorkflowDecl, got {type(self.workflow).__name__}")
+        if not all(isinstance(u, str) for u in self.upstream):
+            raise InvalidInputError(f"call upstream must be call ids (strings), got {self.upstream!r}")
+        arrival = self.arrival_ms
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+            raise InvalidInputError(f"arrival_ms must be a finite number, got {arrival!r}")
+        size = self.input_size
+        if size is not None and (
+            isinstance(size, bool) or not isinstance(size, (int, float)) or not (math.isfinite(size) and size > 0)
+        ):
+            raise InvalidInputError(f"input_size must be a finite number > 0, got {size!r}")
+
+    def identity(self) -> tuple[str, str, str, str, str]:
+        """What a call id is bound to besides its input: a reused id must name the same call."""
+        return (self.stage, self.stage_path, self.workflow.name, self.request_id, self.run_id)
 
 
 @dataclass(frozen=True, slots=True)

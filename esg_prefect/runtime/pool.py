@@ -50,8 +50,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from esg_prefect.exceptions import (
+    CallConflictError,
     InvalidInputError,
     PoolClosedError,
+    StageCallError,
     StageFailedError,
     StageRejectedError,
     WorkerCrashedError,
@@ -67,6 +69,7 @@ from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.report import Report, summarize
 from esg_prefect.model.size_model import SizeModel
 from esg_prefect.model.workflow import Workflow
+from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.calls import StageCall, StageResult
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
@@ -94,7 +97,9 @@ from esg_prefect.workload.rate import ArrivalRateEWMA
 
 logger = logging.getLogger(__name__)
 
-_DONE_MEMORY = 50_000
+_DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs are held that long)
+_HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
+_LOAD_DEATHS = 3  # a call whose worker died while loading this often (no input ran) fails
 _REPLAN_EVERY_MS = 1000.0  # at most one re-plan from a corrected profile per second
 
 
@@ -117,6 +122,7 @@ class _Pending:
     job: Job
     solo: bool = False  # after a crash: run alone, so a poison input finds itself
     crashes: int = 0
+    load_deaths: int = 0  # workers that died loading this call's stage before any input ran
 
 
 @dataclass(slots=True)
@@ -344,6 +350,8 @@ class Pool:
         self._workers: dict[str, _WorkerState] = {}
         self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
         self._done: OrderedDict[str, concurrent.futures.Future[StageResult]] = OrderedDict()
+        self._identity: dict[str, tuple[str, ...]] = {}  # call id -> what it names (in flight or in _done)
+        self._bindings = StageBindings()
         self._requests: dict[str, _Request] = {}
         self._registry = WorkflowRegistry()
         self._hops: dict[str, _HopOverhead] = {}  # workflow -> inter-stage overhead outside the pool
@@ -486,40 +494,61 @@ class Pool:
         task.add_done_callback(self._tasks.discard)
 
     def _on_submit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
+        try:
+            self._admit(call, fut)
+        except Exception as exc:  # whatever goes wrong, this call is answered and holds no place
+            if self._inflight.get(call.call_id) is fut:
+                self._inflight.pop(call.call_id, None)
+                self._identity.pop(call.call_id, None)
+            if not fut.done():
+                if not isinstance(exc, StageCallError):
+                    logger.exception("call %s could not be queued", call.call_id)
+                    exc = StageRejectedError(f"call {call.call_id!r} could not be queued: {exc!r}")
+                fut.set_exception(exc)
+
+    def _admit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
+        """Queue a call; every check runs before any state changes, so a refused call leaves no trace."""
         if self._closed:
-            fut.set_exception(PoolClosedError("the pool is closed"))
-            return
+            raise PoolClosedError("the pool is closed")
         # Idempotency: a call id seen before joins the first call, or gets its stored outcome.
         first = self._inflight.get(call.call_id) or self._done.get(call.call_id)
         if first is not None:
+            if self._identity.get(call.call_id) != call.identity():
+                raise CallConflictError(
+                    f"call id {call.call_id!r} was used for another call {self._identity.get(call.call_id)}; "
+                    f"this one is {call.identity()}"
+                )
             _chain(first, fut)
             return
         now = wall_ms()
-        try:
-            workflow = self._registry.observe(call)
-        except Exception as exc:  # a bad declaration fails this call, clearly, and nothing else
-            fut.set_exception(StageRejectedError(f"workflow {call.workflow.name!r}: {exc}"))
-            return
+        self._registry.check(call.workflow)
+        wf_name = call.workflow.name
+        binding = self._bindings.resolve(wf_name, call.stage, call.stage_path)
+        if binding.new:
+            if binding.aliased:
+                self._alias(binding.name, call.stage)
+                self._registry.rename(wf_name, call.stage, binding.name)
+            self._bindings.commit(wf_name, binding)
+        stage = binding.name
+        workflow = self._registry.observe(call, stage)
         req = self._requests.get(call.request_id)
         if req is None:
             arrival = call.arrival_ms if 0 < call.arrival_ms <= now else now
             req = _Request(arrival, call.run_id, workflow.name)
             self._requests[call.request_id] = req
-        req.open_calls += 1
-        key = QueueKey(workflow.name, call.stage)
+        key = QueueKey(workflow.name, stage)
         hardware = frozenset({"cpu", *(d.hardware for d in self.backend.devices())})
         try:
             dist = self.tables.slo(workflow, hardware)
-            seg = dist.segment_of(call.stage)
-            start = req.segment_start.setdefault(seg.index, now)
-            deadline = dist.deadline_after(call.stage, req.arrival_ms, start)
+            seg = dist.segment_of(stage)
+            start = req.segment_start.get(seg.index, now)
+            deadline = dist.deadline_after(stage, req.arrival_ms, start)
         except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
-            req.open_calls -= 1
             req.failed = True
-            fut.set_exception(StageRejectedError(str(exc)))
-            return
+            raise StageRejectedError(str(exc)) from None
+        size = call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6)
         self._observe_hop(workflow.name, call, now)
-        reserve = self._reserve_ms(workflow, call.stage)
+        reserve = self._reserve_ms(workflow, stage)
         job = Job(
             call.call_id,
             call.request_id,
@@ -530,15 +559,29 @@ class Pool:
             max(now, deadline - reserve),
             max(now, req.arrival_ms + workflow.slo_ms - reserve),
             None,
-            call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6),
+            size,
         )
+        req.segment_start.setdefault(seg.index, start)
+        req.open_calls += 1
         self._inflight[call.call_id] = fut
+        self._identity[call.call_id] = call.identity()
         self._queues.setdefault(key, []).append(_Pending(call, fut, job))
         self._stage_paths[key] = call.stage_path
         rate = self._rates.setdefault(key, ArrivalRateEWMA(self.settings.rate_ewma_alpha))
         with contextlib.suppress(InvalidInputError):  # the wall clock stepped back: skip this one
             rate.observe(now)
         self._request_round()
+
+    def _alias(self, name: str, stage: str) -> None:
+        """Plan the pool's stage ``name`` with the profile of ``stage`` (a second code under one name)."""
+        self.base_profile = self.base_profile.aliased({name: stage})
+        self._replan(self.base_profile.scaled(self._applied) if self._applied else self.base_profile)
+
+    def _replan(self, profile: LatencyProfile) -> None:
+        """Plan with ``profile`` from the next round on (a new scheduler and tables; no state is lost)."""
+        self.profile = profile
+        self.scheduler = create_scheduler(self.scheduler_name, self.profile, self.prices, self.settings, clock=perf_ms)
+        self.tables = CandidateTables(self.profile, self.prices, self.settings)
 
     def _observe_hop(self, workflow: str, call: StageCall, now: float) -> None:
         ends = [self._delivered[u] for u in call.upstream if u in self._delivered]
@@ -780,6 +823,9 @@ class Pool:
             died = exc
         except WorkerDiedError as exc:
             died = exc
+            if ws.handle is None:  # it died loading: no input ran, none is to blame
+                for p in pendings:
+                    p.load_deaths += 1
         end = wall_ms()
         for run in {p.call.run_id for p in pendings}:
             self._batches_of_run[run].append(len(self._batches))
@@ -823,10 +869,13 @@ class Pool:
             # Not finished on a worker that died: back to the queue, to run alone next time.
             if p.solo and running == [i]:
                 p.crashes += 1  # it was alone on the worker when it died
-            if p.crashes >= 2:
-                crash = WorkerCrashedError(
-                    f"stage {p.call.stage!r}: the worker died twice while running this input alone ({died})"
+            if p.crashes >= 2 or p.load_deaths >= _LOAD_DEATHS:
+                what = (
+                    "twice while running this input alone"
+                    if p.crashes >= 2
+                    else f"{p.load_deaths} times while loading the stage's model"
                 )
+                crash = WorkerCrashedError(f"stage {p.call.stage!r}: the worker died {what} ({died})")
                 self._finish(p, None, crash, start, end)
             else:
                 p.solo = True
@@ -855,7 +904,7 @@ class Pool:
         running.clear()
         if outcome.ok:
             sizes = [pendings[i].job.input_size for i in idx]
-            self._correct(pendings[idx[0]].call.stage, handle.spec, sizes, wall_ms() - began)
+            self._correct(pendings[idx[0]].job.queue.stage, handle.spec, sizes, wall_ms() - began)
             for i, out in zip(idx, outcome.outputs, strict=True):
                 results[i] = (out, None)
             return
@@ -898,11 +947,7 @@ class Pool:
         if now - self._replanned_ms >= _REPLAN_EVERY_MS and self.correction.drifted(self._applied):
             self._replanned_ms = now
             self._applied = self.correction.factors()
-            self.profile = self.base_profile.scaled(self._applied)
-            self.scheduler = create_scheduler(
-                self.scheduler_name, self.profile, self.prices, self.settings, clock=perf_ms
-            )
-            self.tables = CandidateTables(self.profile, self.prices, self.settings)
+            self._replan(self.base_profile.scaled(self._applied))
             logger.info(
                 "profile corrected from measured batches: %s",
                 ", ".join(f"{st}@{hw} x{f:.2f}" for (st, hw), f in sorted(self._applied.items())),
@@ -914,7 +959,7 @@ class Pool:
         self._inflight.pop(p.call.call_id, None)
         self._done[p.call.call_id] = p.future
         if len(self._done) > _DONE_MEMORY:
-            self._done.popitem(last=False)
+            self._identity.pop(self._done.popitem(last=False)[0], None)
         req = self._requests.get(p.call.request_id)
         if req is not None:
             req.open_calls -= 1
@@ -933,13 +978,13 @@ class Pool:
                 start,
                 end,
                 err is None,
-                res,
+                None if res is None else dataclasses.replace(res, output=None),  # records keep no outputs
                 "" if err is None else str(err),
             )
         )
         if p.call.task_run_id:
             self._delivered[p.call.task_run_id] = wall_ms()
-            if len(self._delivered) > _DONE_MEMORY:
+            if len(self._delivered) > _HOP_MEMORY:
                 self._delivered.popitem(last=False)
         if not p.future.done():  # exactly once
             if err is None:

@@ -39,9 +39,9 @@ def input_size(item: Any) -> float:
         return float(len(item.split()))
     if isinstance(item, dict):
         if "hidden" in item:
-            return input_size(item["hidden"]) if _ndim(item["hidden"]) == 1 else float(len(item["hidden"]))
+            return input_size(item["hidden"]) if _ndim(item["hidden"]) == 1 else _count(item["hidden"])
         if "boxes" in item:
-            return float(len(item["boxes"]))
+            return _count(item["boxes"])
         if "objects" in item:
             return input_size(item["objects"])
         return float(sum(input_size(v) for v in item.values()))
@@ -53,6 +53,14 @@ def input_size(item: Any) -> float:
     if isinstance(item, (int, float)):
         return 1.0
     return 1.0
+
+
+def _count(x: Any) -> float:
+    """Rows of ``x`` (its length), or its generic size when it has no length (a malformed input still sizes)."""
+    try:
+        return float(len(x))
+    except TypeError:
+        return input_size(x)
 
 
 _MIN_SIZE = 1e-6  # a job's size is > 0 (an empty input still costs a call)

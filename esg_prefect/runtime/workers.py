@@ -285,8 +285,8 @@ class LocalProcessBackend:
             threading.Thread(target=self._refill, name="esg-spare-refill", daemon=True).start()
         try:
             await worker.load(device)
-        except WorkerDiedError as exc:
-            raise WorkerLoadError(f"worker {spec.worker_id} died while loading {spec.stage_path!r}: {exc}") from exc
+        except WorkerDiedError as exc:  # killed, not a failing loader: the pool starts another worker
+            raise WorkerDiedError(f"worker {spec.worker_id} died while loading {spec.stage_path!r}: {exc}") from exc
         return worker
 
     def pids(self) -> dict[str, int]:

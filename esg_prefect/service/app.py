@@ -2,7 +2,7 @@
 
 Endpoints:
 
-* ``POST /v1/calls``: one stage call (JSON, see :mod:`esg_prefect.service.codec`); the
+* ``POST /v1/calls``: one stage call (JSON, see :mod:`esg_prefect.service.wire`); the
   response comes when the call is done: ``{"ok": true, "result": ...}`` or
   ``{"ok": false, "error": {"type", "message", "traceback"}}``.
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
@@ -13,155 +13,90 @@ Endpoints:
   none is failed) and release it (:meth:`Pool.pause`); ``/metrics`` says ``paused``.
 
 Security: the service binds 127.0.0.1 unless told otherwise, and then needs a
-token; every endpoint but ``/healthz`` checks ``Authorization: Bearer <token>``
-in constant time when a token is set. Stage code is imported only from the
-module prefixes allowed at start. Bodies are size-bounded, nothing is unpickled.
+token (see :func:`check_token`); one middleware checks ``Authorization: Bearer
+<token>`` in constant time on every endpoint but ``/healthz``. Stage code is
+imported only from the module prefixes allowed at start, and a call's stage
+path must resolve to a stage of the call's name. Bodies are size-bounded while
+they stream in; nothing is unpickled.
 
-Idempotency: a call id already finished gets its stored outcome (kept on disk
-across restarts by :class:`~esg_prefect.service.results.ResultCache`); one in
-flight is joined. Backpressure: past ``max_pending`` calls in flight, new
-calls get ``429`` with ``Retry-After``; while closing, ``503``.
+Idempotency: a call id already finished gets its stored outcome
+(:class:`~esg_prefect.service.results.ResultCache`, kept across restarts with a
+file); one in flight is joined; either way only if it is the same call (its
+digest), else 409. Backpressure: past ``max_pending`` calls in flight, new calls
+get ``429`` with a jittered ``Retry-After``; while closing, ``503``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
-import math
-import uuid
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from esg_prefect.exceptions import InvalidInputError, StageCallError
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.exceptions import (
+    CallConflictError,
+    InvalidInputError,
+    PoolClosedError,
+    StageCallError,
+    UnknownStageError,
+)
+from esg_prefect.runtime.calls import StageCall
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.service.codec import CodecError, decode, encode
+from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.results import ResultCache
+from esg_prefect.service.wire import BadRequest, call_digest, error_body, parse_call, result_body
+
+__all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call"]
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MIN_TOKEN_CHARS = 16
+MAX_BATCHES_LIMIT = 10_000
 
 
-class BadRequest(InvalidInputError):
-    """A request the service refuses; carries its HTTP status."""
+def check_token(token: str | None) -> None:
+    """Refuse a token too short or with spaces to guard anything (None: no token).
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _deployment_id(value: Any) -> str:
-    if value in ("", None):
-        return ""
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        raise BadRequest(400, f"field 'deployment_id' must be a UUID, got {value!r}") from None
-
-
-def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
-    """A :class:`StageCall` from a request body, or :class:`BadRequest` naming the problem."""
-    if not isinstance(body, dict):
-        raise BadRequest(400, f"body must be a JSON object, got {type(body).__name__}")
-
-    def need(name: str, kind: type | tuple[type, ...], src: dict[str, Any] = body) -> Any:
-        if name not in src:
-            raise BadRequest(400, f"missing field {name!r}")
-        value = src[name]
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise BadRequest(400, f"field {name!r} has the wrong type {type(value).__name__}")
-        return value
-
-    path = need("stage_path", str)
-    module = path.partition(":")[0]
-    if not any(module == p or module.startswith(p + ".") for p in allow):
-        raise BadRequest(403, f"stage path {path!r} is outside the allowed modules {list(allow)}")
-    wf = need("workflow", dict)
-    edges = wf.get("edges")
-    if edges is not None and not (
-        isinstance(edges, list)
-        and all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e) for e in edges)
-    ):
-        raise BadRequest(400, "field 'workflow.edges' must be a list of [upstream, downstream] names")
-    try:
-        decl = WorkflowDecl(
-            need("name", str, wf),
-            float(need("slo_ms", (int, float), wf)),
-            None if edges is None else tuple(map(tuple, edges)),
+    Raises:
+        InvalidInputError: saying what a token needs, without echoing it.
+    """
+    if token is not None and (len(token) < MIN_TOKEN_CHARS or token != token.strip() or " " in token):
+        raise InvalidInputError(
+            f"the bearer token must be at least {MIN_TOKEN_CHARS} characters with no spaces "
+            f"(got {len(token)}); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
         )
-        item = decode(body.get("item"))
-        upstream = body.get("upstream", [])
-        if not isinstance(upstream, list) or not all(isinstance(u, str) for u in upstream):
-            raise BadRequest(400, "field 'upstream' must be a list of strings")
-        raw_size = body.get("input_size")
-        size = None if raw_size is None else float(raw_size)
-        arrival = float(body.get("arrival_ms", 0.0))
-        if not ((size is None or (math.isfinite(size) and size > 0)) and math.isfinite(arrival)):
-            raise BadRequest(400, f"input_size must be > 0 and arrival_ms finite, got {size!r}, {arrival!r}")
-        return StageCall(
-            need("call_id", str),
-            need("stage", str),
-            path,
-            decl,
-            need("request_id", str),
-            need("run_id", str),
-            item,
-            tuple(upstream),
-            arrival,
-            size,
-            str(body.get("task_run_id", "")),
-            _deployment_id(body.get("deployment_id", "")),
-        )
-    except CodecError as exc:
-        raise BadRequest(400, f"field 'item': {exc}") from None
-    except InvalidInputError as exc:
-        if isinstance(exc, BadRequest):
-            raise
-        raise BadRequest(400, str(exc)) from None
 
 
-def result_body(res: StageResult) -> dict[str, Any]:
-    """The JSON of a finished call."""
-    return {
-        "ok": True,
-        "result": {
-            "call_id": res.call_id,
-            "output": encode(res.output),
-            "batch_id": res.batch_id,
-            "batch_size": res.batch_size,
-            "worker_id": res.worker_id,
-            "hardware": res.hardware,
-            "vcpus": res.vcpus,
-            "gpu_share": res.gpu_share,
-            "queue_wait_ms": res.queue_wait_ms,
-            "predicted_ms": res.predicted_ms,
-            "actual_ms": res.actual_ms,
-            "cold_start": res.cold_start,
-            "at_risk": res.at_risk,
-            "reason": res.reason,
-            "co_batched_runs": res.co_batched_runs,
-        },
-    }
+class _BearerAuth:
+    """ASGI middleware: every HTTP endpoint but ``/healthz`` needs the bearer token (when one is set)."""
+
+    def __init__(self, app: ASGIApp, token: bytes | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.token is not None and scope["path"] != "/healthz":
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, given = header.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self.token):
+                await JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
-def error_body(exc: BaseException) -> dict[str, Any]:
-    """The JSON of a call that failed."""
-    return {
-        "ok": False,
-        "error": {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "error_type": getattr(exc, "error_type", ""),
-            "traceback": getattr(exc, "remote_traceback", ""),
-        },
-    }
+def _retry_after() -> dict[str, str]:
+    """A jittered Retry-After, so that rejected callers do not all come back in the same second."""
+    return {"Retry-After": str(random.randint(1, 3))}
 
 
 class PoolService:
@@ -170,8 +105,8 @@ class PoolService:
     Args:
         pool: the pool that owns queues, scheduler and workers.
         allow: module prefixes stage code may be imported from.
-        token: bearer token; required by :func:`check_bind` off loopback.
-        results: where finished outcomes are kept (in memory by default).
+        token: bearer token (:func:`check_token`); required by :func:`check_bind` off loopback.
+        results: where finished outcomes are kept (in memory by default, bounded).
         max_pending: most calls in flight before new ones get 429.
         max_body_bytes: largest request body accepted.
         on_call: called with each accepted call before it is submitted (the CLI
@@ -190,6 +125,7 @@ class PoolService:
     ) -> None:
         if not allow:
             raise InvalidInputError("allow must name at least one module prefix stage code may come from")
+        check_token(token)
         self.pool = pool
         self.allow = tuple(allow)
         self._token = token.encode() if token else None
@@ -197,12 +133,14 @@ class PoolService:
         self.max_pending = max_pending
         self.max_body_bytes = max_body_bytes
         self.on_call = on_call
-        self._inflight: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._inflight: dict[str, tuple[asyncio.Future[dict[str, Any]], str]] = {}
+        self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
 
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
         """The ASGI application."""
-        return Starlette(
+        app = Starlette(
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
@@ -213,20 +151,12 @@ class PoolService:
                 Route("/v1/resume", self.resume, methods=["POST"]),
             ]
         )
-
-    def _authorized(self, request: Request) -> bool:
-        if self._token is None:
-            return True
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), self._token)
+        return _BearerAuth(app, self._token)
 
     async def healthz(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "closing" if self.closing else "ok"})
 
     async def metrics(self, request: Request) -> JSONResponse:
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
         snap = await asyncio.to_thread(self.pool.snapshot)
         times = sorted(d.decision_ms for d in snap.decisions[-1000:] if d.decision_ms is not None)
         sizes = [len(b.items) for b in snap.batches[-1000:]]
@@ -235,6 +165,7 @@ class PoolService:
                 "queue_depths": snap.queue_depths,
                 "paused": self.pool.paused,
                 "calls_in_flight": len(self._inflight),
+                "stored_result_bytes": self.results.stored_bytes(),
                 "workers": list(snap.workers),
                 "profile_corrections": list(snap.corrections),
                 "recent_batches": len(sizes),
@@ -245,13 +176,14 @@ class PoolService:
         )
 
     async def batches(self, request: Request) -> JSONResponse:
-        """The most recent batches (``?limit=N``, default 100): size, worker, and the runs they served."""
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        """The most recent batches (``?limit=N``, 1 to 10,000, default 100): size, worker, the runs they served."""
+        raw = request.query_params.get("limit", "100")
         try:
-            limit = int(request.query_params.get("limit", "100"))
+            limit = int(raw)
         except ValueError:
-            return JSONResponse({"error": "limit must be an integer"}, status_code=400)
+            limit = 0
+        if not 1 <= limit <= MAX_BATCHES_LIMIT:
+            return JSONResponse({"error": f"limit must be an integer 1..{MAX_BATCHES_LIMIT}, got {raw!r}"}, 400)
         snap = await asyncio.to_thread(self.pool.snapshot)
         rows = [
             {
@@ -262,83 +194,149 @@ class PoolService:
                 "start_ms": b.start_ms,
                 "end_ms": b.end_ms,
             }
-            for b in snap.batches[-max(0, limit) :]
+            for b in snap.batches[-limit:]
         ]
         return JSONResponse({"batches": rows})
 
     async def pause(self, request: Request) -> JSONResponse:
         """Hold dispatching until ``/v1/resume``; calls keep being accepted and queue."""
-        return await self._hold(request, True)
+        return await self._hold(True)
 
     async def resume(self, request: Request) -> JSONResponse:
         """Release a pause: everything that queued meanwhile is scheduled at once."""
-        return await self._hold(request, False)
+        return await self._hold(False)
 
-    async def _hold(self, request: Request, paused: bool) -> JSONResponse:
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+    async def _hold(self, paused: bool) -> JSONResponse:
         if self.closing:
             return JSONResponse({"error": "the service is shutting down"}, status_code=503)
         await asyncio.to_thread(self.pool.pause if paused else self.pool.resume)
         return JSONResponse({"paused": paused})
 
     async def end_run(self, request: Request) -> JSONResponse:
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
         self.pool.end_run(request.path_params["run_id"])
         return JSONResponse({"ok": True})
 
-    async def call(self, request: Request) -> JSONResponse:
-        if not self._authorized(request):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-        if self.closing:
-            return JSONResponse(
-                {"error": "the service is shutting down"}, status_code=503, headers={"Retry-After": "1"}
-            )
-        size = int(request.headers.get("content-length") or 0)
-        if size > self.max_body_bytes:
-            return JSONResponse({"error": f"body of {size} bytes exceeds {self.max_body_bytes}"}, status_code=413)
-        raw = await request.body()
-        if len(raw) > self.max_body_bytes:
-            return JSONResponse({"error": f"body of {len(raw)} bytes exceeds {self.max_body_bytes}"}, status_code=413)
-        try:
-            import json
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, refused (413) as soon as it passes the limit, with or without a Content-Length."""
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise BadRequest(400, f"bad Content-Length {declared!r}")
+            if int(declared) > self.max_body_bytes:
+                raise BadRequest(413, f"body of {declared} bytes exceeds {self.max_body_bytes}")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise BadRequest(413, f"body exceeds {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
-            call = parse_call(json.loads(raw), self.allow)
+    async def _parse(self, request: Request) -> tuple[StageCall, str]:
+        raw = await self._read_body(request)
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            raise BadRequest(400, "body is nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, bad UTF-8, integers too long to read
+            raise BadRequest(400, f"body is not JSON: {exc}") from None
+        try:
+            call = parse_call(body, self.allow)
+            digest = call_digest(body)
+        except RecursionError:
+            raise BadRequest(400, "body is nested too deeply") from None
+        await self._check_stage(call)
+        return call, digest
+
+    async def _check_stage(self, call: StageCall) -> None:
+        """The call's stage path must resolve to a stage named as the call says (else 404 or 400)."""
+        name = self._stage_names.get(call.stage_path)
+        if name is None:
+            try:
+                spec = await asyncio.to_thread(resolve_stage, call.stage_path)
+            except UnknownStageError as exc:
+                raise BadRequest(404, f"stage path {call.stage_path!r} is not a stage: {exc}") from None
+            except Exception as exc:  # importing the module raised: the path is no usable stage
+                raise BadRequest(404, f"stage path {call.stage_path!r} could not be imported: {exc!r}") from None
+            name = self._stage_names.setdefault(call.stage_path, spec.name)
+        if name != call.stage:
+            raise BadRequest(400, f"stage path {call.stage_path!r} is stage {name!r}, not {call.stage!r}")
+
+    async def call(self, request: Request) -> JSONResponse:
+        if self.closing:
+            return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
+        try:
+            call, digest = await self._parse(request)
         except BadRequest as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
-        except ValueError as exc:
-            return JSONResponse({"error": f"body is not JSON: {exc}"}, status_code=400)
-        if self.on_call is not None:
-            self.on_call(call)
         stored = await asyncio.to_thread(self.results.get, call.call_id)
         if stored is not None:
-            return JSONResponse(stored)
-        fut = self._inflight.get(call.call_id)
-        if fut is None:
+            if stored[1] and stored[1] != digest:
+                return _conflict(call.call_id)
+            return JSONResponse(stored[0])
+        held = self._inflight.get(call.call_id)
+        if held is not None and held[1] != digest:
+            return _conflict(call.call_id)
+        if held is None:
             if len(self._inflight) >= self.max_pending:
                 return JSONResponse(
                     {"error": f"{len(self._inflight)} calls in flight: the pool is full, retry later"},
                     status_code=429,
-                    headers={"Retry-After": "1"},
+                    headers=_retry_after(),
                 )
-            fut = asyncio.get_running_loop().create_future()
-            self._inflight[call.call_id] = fut
-            asyncio.get_running_loop().create_task(self._run(call, fut))
-        body = await asyncio.shield(fut)
+            if self.on_call is not None:
+                self.on_call(call)
+            held = (asyncio.get_running_loop().create_future(), digest)
+            self._inflight[call.call_id] = held
+            self._spawn(self._run(call, held[0], digest))
+        body = await asyncio.shield(held[0])
+        if body.get("conflict"):
+            return JSONResponse({"error": body["error"]["message"]}, status_code=409)
         return JSONResponse(body)
 
-    async def _run(self, call: StageCall, fut: asyncio.Future[dict[str, Any]]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # the loop holds tasks only weakly
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, call: StageCall, fut: asyncio.Future[dict[str, Any]], digest: str) -> None:
+        """Run one call and answer everyone waiting on it, whatever happens on the way.
+
+        Stored for retries: the call's output and the stage's own errors. Not
+        stored: conflicts (nothing ran), a pool closing and faults of the
+        service itself (a retry after a restart should run the call).
+        """
+        body = error_body(PoolClosedError(f"the service stopped before call {call.call_id!r} finished"))
         try:
-            res = await asyncio.wrap_future(self.pool.submit(call))
-            body = result_body(res)
-        except StageCallError as exc:
-            body = error_body(exc)
-        except CodecError as exc:
-            body = error_body(exc)
-        await asyncio.to_thread(self.results.put, call.call_id, body)
-        self._inflight.pop(call.call_id, None)
-        fut.set_result(body)
+            store = True
+            try:
+                res = await asyncio.wrap_future(self.pool.submit(call))
+                body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
+            except CallConflictError as exc:
+                body, store = {**error_body(exc), "conflict": True}, False
+            except PoolClosedError as exc:
+                body, store = error_body(exc), False
+            except (StageCallError, InvalidInputError) as exc:  # the stage's error, or an output the wire cannot carry
+                body = error_body(exc)
+            except Exception as exc:
+                logger.exception("call %s failed inside the service", call.call_id)
+                body, store = error_body(exc), False
+            if store:
+                try:
+                    await asyncio.to_thread(self.results.put, call.call_id, body, digest)
+                except Exception:  # e.g. a full disk: the caller still gets its answer
+                    logger.exception("could not store the outcome of call %s", call.call_id)
+        finally:  # also when cancelled at shutdown: answered, never left hanging
+            self._inflight.pop(call.call_id, None)
+            if not fut.done():
+                fut.set_result(body)
+
+
+def _conflict(call_id: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": f"call id {call_id!r} was used for another call (other stage, caller or input)"}, status_code=409
+    )
 
 
 def check_bind(host: str, token: str | None) -> None:
@@ -352,3 +350,5 @@ def check_bind(host: str, token: str | None) -> None:
             f"binding to {host!r} exposes the pool beyond this machine: set a token "
             "(--token-env VAR, with the token in that environment variable)"
         )
+    check_token(token)
+

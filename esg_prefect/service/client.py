@@ -11,83 +11,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import random
 import threading
 import time
 from typing import Any
 
 import httpx
 
-from esg_prefect.exceptions import (
-    InvalidInputError,
-    PoolClosedError,
-    StageCallError,
-    StageFailedError,
-    StageRejectedError,
-    WorkerCrashedError,
-)
+from esg_prefect.exceptions import CallConflictError, InvalidInputError, PoolClosedError, StageRejectedError
 from esg_prefect.runtime.calls import StageCall, StageResult
-from esg_prefect.service.codec import decode, encode
+from esg_prefect.service.wire import call_body, parse_result
 
-_ERRORS: dict[str, type[StageCallError]] = {
-    "StageFailedError": StageFailedError,
-    "StageRejectedError": StageRejectedError,
-    "WorkerCrashedError": WorkerCrashedError,
-    "PoolClosedError": PoolClosedError,
-}
-
-
-def call_body(call: StageCall) -> dict[str, Any]:
-    """The JSON of a call (see :func:`esg_prefect.service.app.parse_call`)."""
-    wf = call.workflow
-    return {
-        "call_id": call.call_id,
-        "stage": call.stage,
-        "stage_path": call.stage_path,
-        "workflow": {
-            "name": wf.name,
-            "slo_ms": wf.slo_ms,
-            "edges": None if wf.edges is None else [list(e) for e in wf.edges],
-        },
-        "request_id": call.request_id,
-        "run_id": call.run_id,
-        "item": encode(call.item),
-        "upstream": list(call.upstream),
-        "arrival_ms": call.arrival_ms,
-        "input_size": call.input_size,
-        "task_run_id": call.task_run_id,
-        "deployment_id": call.deployment_id,
-    }
-
-
-def parse_result(body: dict[str, Any]) -> StageResult:
-    """A :class:`StageResult` from the service's answer, or the StageCallError it reports."""
-    if not body.get("ok"):
-        err = body.get("error") or {}
-        cls = _ERRORS.get(str(err.get("type")), StageCallError)
-        if cls is StageFailedError:
-            raise StageFailedError(
-                str(err.get("message")), str(err.get("error_type", "")), str(err.get("traceback", ""))
-            )
-        raise cls(str(err.get("message")))
-    r = body["result"]
-    return StageResult(
-        r["call_id"],
-        decode(r["output"]),
-        r["batch_id"],
-        r["batch_size"],
-        r["worker_id"],
-        r["hardware"],
-        r["vcpus"],
-        r["gpu_share"],
-        r["queue_wait_ms"],
-        r["predicted_ms"],
-        r["actual_ms"],
-        r["cold_start"],
-        r["at_risk"],
-        r["reason"],
-        r["co_batched_runs"],
-    )
-
+__all__ = ["PoolClient", "call_body", "parse_result"]
 
 class PoolClient:
     """Talks to ``esg-prefect pool serve``.
@@ -133,6 +68,8 @@ class PoolClient:
             else:
                 if resp.status_code == 200:
                     return parse_result(resp.json())
+                if resp.status_code == 409:
+                    raise CallConflictError(f"pool service refused the call (409): {resp.text[:500]}")
                 if resp.status_code not in (429, 503):
                     raise StageRejectedError(f"pool service refused the call ({resp.status_code}): {resp.text[:500]}")
                 last = f"{resp.status_code}: {resp.text[:200]}"
@@ -141,7 +78,7 @@ class PoolClient:
                 raise PoolClosedError(
                     f"pool service at {self.address} gave no answer within {self._deadline_s} s ({last})"
                 )
-            time.sleep(wait)
+            time.sleep(wait * random.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
             wait = min(wait * 2, 5.0)
 
     def end_run(self, run_id: str) -> None:

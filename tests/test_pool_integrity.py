@@ -1,0 +1,247 @@
+"""The pool never answers a call with another call's work, and answers every call it takes.
+
+Each test here failed on the code before the fix it guards (issue: wrong results
+across workflows, calls never answered): workers matched by stage name across
+workflows, calls that raised while queued, a workflow broken by one call, a
+worker killed while loading, outputs kept for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from esg_prefect.exceptions import (
+    CallConflictError,
+    InvalidInputError,
+    StageRejectedError,
+    WorkerCrashedError,
+)
+from esg_prefect.model import PriceSheet
+from esg_prefect.model.cluster import Device, Node
+from esg_prefect.runtime import pool as pool_module
+from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.stages import input_size, resolve_stage
+from esg_prefect.runtime.workers import (
+    InlineBackend,
+    LocalProcessBackend,
+    WorkerDiedError,
+    WorkerHandle,
+    WorkerSpec,
+)
+from esg_prefect.scheduling import ESGSettings
+from tests.toy_stages import LOAD_DEATHS_ENV, settle, toy_profile
+
+PRICES = PriceSheet(1e-5, {})
+VISION = WorkflowDecl("vision", 800)
+SPEECH = WorkflowDecl("speech", 800)
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+
+
+def mk(
+    i: int,
+    stage: str = "inc",
+    path: str | None = None,
+    wf: WorkflowDecl = TOY,
+    call_id: str | None = None,
+    item: Any = None,
+) -> StageCall:
+    return StageCall(
+        call_id or f"{wf.name}-{stage}-{i}",
+        stage,
+        path or f"tests.toy_stages:{stage}",
+        wf,
+        f"r{i}",
+        f"r{i}",
+        i if item is None else item,
+    )
+
+
+@pytest.fixture
+def pool() -> Iterator[Pool]:
+    p = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    yield p
+    p.close()
+
+
+# ---- 1. workers are keyed by the code they run ---------------------------------------------
+
+
+def test_two_workflows_with_a_stage_of_one_name_run_their_own_code(pool: Pool) -> None:
+    futs = []
+    for i in range(12):  # interleaved, so that warm workers of either are there for the other
+        futs.append((1000 + i, pool.submit(mk(i, "classify", "tests.toy_stages:classify_vision", VISION))))
+        futs.append((2000 + i, pool.submit(mk(i, "classify", "tests.toy_stages:classify_speech", SPEECH))))
+    for want, fut in futs:
+        assert fut.result(60).output == want
+    snap = pool.snapshot()
+    by_worker: dict[str, set[str]] = {}
+    for c in snap.calls:
+        assert c.result is not None
+        by_worker.setdefault(c.result.worker_id, set()).add(c.workflow)
+    assert all(len(wfs) == 1 for wfs in by_worker.values()), by_worker  # no worker served both codes
+    assert {w["stage"] for w in snap.workers} <= {"classify", "classify@speech", "classify@vision"}
+    assert len({w["stage"] for w in snap.workers}) == 2
+
+
+def test_workflows_sharing_one_stage_code_share_its_workers(pool: Pool) -> None:
+    other = WorkflowDecl("toy2", 800, (("double", "inc"),))
+    for i in range(6):
+        assert pool.submit(mk(i, "inc", wf=TOY)).result(60).output == i + 1
+        assert pool.submit(mk(i, "inc", wf=other)).result(60).output == i + 1
+    assert {w["stage"] for w in pool.snapshot().workers} == {"inc"}  # consolidated, one name
+
+
+def test_a_stage_name_bound_to_other_code_in_its_workflow_is_refused(pool: Pool) -> None:
+    assert pool.submit(mk(1, "inc")).result(60).output == 2
+    with pytest.raises(CallConflictError, match=r"stage 'inc' of workflow 'toy' runs 'tests.toy_stages:inc'"):
+        pool.submit(mk(2, "inc", "tests.toy_stages:double")).result(60)
+    assert pool.submit(mk(3, "inc")).result(60).output == 4  # the workflow still works
+
+
+def test_a_reused_call_id_for_another_call_is_refused(pool: Pool) -> None:
+    assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2
+    assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2  # a true retry joins
+    with pytest.raises(CallConflictError, match="'same' was used for another call"):
+        pool.submit(mk(7, "inc", call_id="same")).result(60)  # another request under that id
+
+
+# ---- 2. every call is answered, and holds no place after --------------------------------------
+
+
+def test_a_fault_while_queueing_answers_the_call_and_frees_its_place(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("slo table exploded")
+
+    assert pool.submit(mk(0, "inc")).result(60).output == 1
+    monkeypatch.setattr(pool.tables, "slo", broken)
+    with pytest.raises(StageRejectedError, match="slo table exploded"):
+        pool.submit(mk(1, "inc")).result(10)
+    monkeypatch.undo()
+    assert pool.submit(mk(2, "inc")).result(60).output == 3
+    assert pool._inflight == {}  # nothing left holding a place
+
+
+@pytest.mark.parametrize("field", ["call_id", "stage", "request_id", "run_id", "stage_path"])
+def test_empty_identifiers_are_refused_when_the_call_is_made(field: str) -> None:
+    kwargs = {
+        "call_id": "c",
+        "stage": "inc",
+        "stage_path": "tests.toy_stages:inc",
+        "workflow": TOY,
+        "request_id": "r",
+        "run_id": "r",
+        "item": 1,
+        field: "",
+    }
+    with pytest.raises(InvalidInputError, match=field):
+        StageCall(**kwargs)  # type: ignore[arg-type]
+
+
+def test_inputs_without_a_length_still_have_a_size() -> None:
+    assert input_size({"boxes": 5}) == 1.0
+    assert input_size({"hidden": 3.0}) == 1.0
+    assert input_size({"boxes": [1, 2, 3]}) == 3.0
+
+
+# ---- 3. one call cannot break or retune a workflow -----------------------------------------
+
+
+def test_a_cyclic_or_empty_declaration_is_refused_before_anything_changes() -> None:
+    with pytest.raises(InvalidInputError, match="cycle a -> b -> a"):
+        WorkflowDecl("w", 100, (("a", "b"), ("b", "a")))
+    with pytest.raises(InvalidInputError, match="non-empty strings"):
+        WorkflowDecl("w", 100, (("a", ""),))
+
+
+def test_a_workflows_slo_and_graph_are_fixed_by_its_first_call(pool: Pool) -> None:
+    assert pool.submit(mk(1, "inc")).result(60).output == 2
+    with pytest.raises(CallConflictError, match=r"slo_ms=800; this call declares 50"):
+        pool.submit(mk(2, "inc", wf=WorkflowDecl("toy", 50, TOY.edges))).result(10)
+    with pytest.raises(CallConflictError, match="was declared with edges"):
+        pool.submit(mk(3, "inc", wf=WorkflowDecl("toy", 800, (("inc", "double"),)))).result(10)
+    assert pool.submit(mk(4, "inc")).result(60).output == 5
+    assert pool.snapshot().requests["r4"]["slo_ms"] == 800
+
+
+# ---- 4. a worker killed while loading is a crash, not the stage's failure --------------------
+
+
+class _DiesLoadingOnce:
+    """A backend whose first worker start dies while loading (as a SIGKILL would), then starts inline."""
+
+    def __init__(self, deaths: int) -> None:
+        self.inner = InlineBackend(vcpus=2)
+        self.deaths = deaths
+        self.starts = 0
+
+    def nodes(self) -> tuple[Node, ...]:
+        return self.inner.nodes()
+
+    def devices(self) -> tuple[Device, ...]:
+        return self.inner.devices()
+
+    async def start(self, spec: WorkerSpec) -> WorkerHandle:
+        self.starts += 1
+        if self.starts <= self.deaths:
+            await asyncio.sleep(0)
+            raise WorkerDiedError(f"worker {spec.worker_id} died while loading {spec.stage_path!r}")
+        return await self.inner.start(spec)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def test_calls_of_a_worker_that_died_loading_run_on_the_next_one() -> None:
+    backend = _DiesLoadingOnce(deaths=1)
+    with Pool(toy_profile(), PRICES, backend=backend) as p:
+        futs = [p.submit(mk(i, "inc")) for i in range(5)]
+        assert [f.result(60).output for f in futs] == [i + 1 for i in range(5)]
+    assert backend.starts >= 2
+
+
+def test_a_stage_whose_workers_always_die_loading_fails_as_a_crash() -> None:
+    with (
+        Pool(toy_profile(), PRICES, backend=_DiesLoadingOnce(deaths=10_000)) as p,
+        pytest.raises(WorkerCrashedError, match="3 times while loading"),
+    ):
+        p.submit(mk(1, "inc")).result(60)
+
+
+@pytest.mark.service
+def test_a_worker_process_killed_while_loading_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LOAD_DEATHS_ENV, f"{tmp_path / 'deaths'}:1")
+    settings = ESGSettings(wait_for_batch=False)
+    backend = LocalProcessBackend(vcpus=2, spares=0, preload=())
+    fragile = WorkflowDecl("fragile", 10_000)
+    with Pool(toy_profile(), PRICES, settings=settings, backend=backend) as p:
+        futs = [p.submit(mk(i, "fragile", wf=fragile)) for i in range(4)]
+        results = settle(futs, timeout=120)
+    assert [r.output if isinstance(r, StageResult) else r for r in results] == [1, 2, 3, 4]
+    assert (tmp_path / "deaths").read_text() == "1"
+
+
+# ---- 5. memory: records keep no outputs, finished calls are forgotten -----------------------
+
+
+def test_records_keep_no_outputs_and_finished_calls_are_bounded(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool_module, "_DONE_MEMORY", 5)
+    for i in range(12):
+        assert pool.submit(mk(i, "inc")).result(60).output == i + 1
+    snap = pool.snapshot()
+    assert len(snap.calls) == 12 and all(c.result is not None and c.result.output is None for c in snap.calls)
+    assert len(pool._done) == 5 and len(pool._identity) == 5
+
+
+def test_the_stage_paths_used_here_resolve() -> None:
+    assert resolve_stage("tests.toy_stages:classify_vision").name == "classify"
+    assert resolve_stage("tests.toy_stages:classify_speech").name == "classify"
