@@ -88,8 +88,14 @@ def serve(
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
     try:
-        tls = {"ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile} if ssl_certfile else {}
-        uvicorn.run(service.app(), host=host, port=port, log_level="warning", **tls)
+        uvicorn.run(
+            service.app(),
+            host=host,
+            port=port,
+            log_level="warning",
+            ssl_certfile=ssl_certfile or None,
+            ssl_keyfile=ssl_keyfile or None,
+        )
     finally:
         service.closing = True
         pool.close()
