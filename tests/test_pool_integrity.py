@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,7 +34,7 @@ from esg_prefect.runtime.workers import (
     WorkerSpec,
 )
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import LOAD_DEATHS_ENV, settle, toy_profile
+from tests.toy_stages import FRAGILE_DEATHS, settle, toy_profile
 
 PRICES = PriceSheet(1e-5, {})
 VISION = WorkflowDecl("vision", 800)
@@ -216,16 +215,19 @@ def test_a_stage_whose_workers_always_die_loading_fails_as_a_crash() -> None:
 
 
 @pytest.mark.service
-def test_a_worker_process_killed_while_loading_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(LOAD_DEATHS_ENV, f"{tmp_path / 'deaths'}:1")
-    settings = ESGSettings(wait_for_batch=False)
-    backend = LocalProcessBackend(vcpus=2, spares=0, preload=())
-    fragile = WorkflowDecl("fragile", 10_000)
-    with Pool(toy_profile(), PRICES, settings=settings, backend=backend) as p:
-        futs = [p.submit(mk(i, "fragile", wf=fragile)) for i in range(4)]
-        results = settle(futs, timeout=120)
-    assert [r.output if isinstance(r, StageResult) else r for r in results] == [1, 2, 3, 4]
-    assert (tmp_path / "deaths").read_text() == "1"
+def test_a_worker_process_killed_while_loading_is_replaced() -> None:
+    FRAGILE_DEATHS.write_text("0:1")
+    try:
+        settings = ESGSettings(wait_for_batch=False)
+        backend = LocalProcessBackend(vcpus=2, spares=0, preload=())
+        fragile = WorkflowDecl("fragile", 10_000)
+        with Pool(toy_profile(), PRICES, settings=settings, backend=backend) as p:
+            futs = [p.submit(mk(i, "fragile", wf=fragile)) for i in range(4)]
+            results = settle(futs, timeout=120)
+        assert [r.output if isinstance(r, StageResult) else r for r in results] == [1, 2, 3, 4]
+        assert FRAGILE_DEATHS.read_text() == "1:1"  # one worker died loading; the next one served
+    finally:
+        FRAGILE_DEATHS.unlink(missing_ok=True)
 
 
 # ---- 5. memory: records keep no outputs, finished calls are forgotten -----------------------

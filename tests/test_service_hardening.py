@@ -290,3 +290,90 @@ def test_any_body_gets_an_answer_that_is_not_a_500(
     resp = _with_deadline(lambda: http(service).post("/v1/calls", content=raw), 30)
     assert resp.status_code in (200, 400, 403, 404, 409), resp.text
     assert service._inflight == {}
+
+
+# ---- the CLI: TLS and weak tokens, on a real server ----------------------------------------------
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def _serve_cmd(port: int, profile: Path, *extra: str) -> list[str]:
+    import sys
+
+    return [
+        sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "tests", "--port", str(port),
+        "--backend", "inline", "--profile", str(profile), "--store", "off", "--no-artifacts", *extra,
+    ]
+
+
+@pytest.mark.service
+def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> None:
+    import os
+    import socket
+    import ssl
+    import subprocess
+    import time
+
+    import httpx
+
+    root = Path(__file__).resolve().parent.parent
+    profile = tmp_path / "toy.csv"
+    toy_profile().to_csv(profile)
+    cert, key = _self_signed(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    weak = subprocess.run(
+        _serve_cmd(port, profile), cwd=root, env={**os.environ, "ESG_PREFECT_TOKEN": "short"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert weak.returncode == 2 and "at least 16 characters" in weak.stderr and "Traceback" not in weak.stderr
+    env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN}
+    proc = subprocess.Popen(
+        _serve_cmd(port, profile, "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)), cwd=root, env=env
+    )
+    try:
+        url = f"https://localhost:{port}"
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx.Client(base_url=url, verify=trust, headers={"Authorization": f"Bearer {TOKEN}"}) as tls:
+            for _ in range(300):
+                try:
+                    if tls.get("/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            resp = tls.post("/v1/calls", json=body(7, cid="tls-7"), timeout=60)
+            assert resp.status_code == 200 and parse_result(resp.json()).output == 8
+        with pytest.raises(httpx.HTTPError):  # plain HTTP is not spoken on that port
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
+    finally:
+        proc.terminate()
+        proc.wait(30)

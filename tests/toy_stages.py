@@ -163,19 +163,20 @@ def classify_speech(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + 2000 for x in items]
 
 
-# A stage whose worker process dies while loading its model, LOAD_DEATHS_ENV times in all (counted in
-# a file, since each load runs in a new process), then loads: a worker lost mid-load, not a bad loader.
-LOAD_DEATHS_ENV = "ESG_TEST_LOAD_DEATHS"  # "<count file>:<deaths wanted>"
+# A stage whose worker process dies while loading its model as often as FRAGILE_DEATHS says
+# ("<died>:<wanted>", counted in the file since each load runs in a new process), then loads:
+# a worker lost mid-load, not a bad loader. A file, not an environment variable: worker processes
+# may fork from a server started before the test set anything.
+FRAGILE_DEATHS = Path(__file__).with_name(".fragile_deaths")
 fragile_pipe = Pipeline("fragile", slo_ms=10_000)
 
 
 def load_or_die(device: str) -> dict[str, Any]:
-    path, _, wanted = os.environ[LOAD_DEATHS_ENV].partition(":")
-    died = int(Path(path).read_text() or 0) if os.path.exists(path) else 0
-    if died < int(wanted):
-        with open(path, "w") as f:
-            f.write(str(died + 1))
-        os._exit(9)  # as a SIGKILL during the load would
+    if FRAGILE_DEATHS.exists():
+        died, _, wanted = FRAGILE_DEATHS.read_text().partition(":")
+        if int(died) < int(wanted):
+            FRAGILE_DEATHS.write_text(f"{int(died) + 1}:{wanted}")
+            os._exit(9)  # as a SIGKILL during the load would
     return {"step": 1}
 
 

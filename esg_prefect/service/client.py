@@ -3,8 +3,10 @@
 ``ESGTaskRunner(address=...)`` hands stage calls to this client instead of an
 embedded pool. Each call is one HTTP request that returns when the call is
 done. Connection errors, timeouts, ``429`` and ``503`` are retried with the same
-call id (the service runs a call id once and keeps its outcome across its own
-restarts), honouring ``Retry-After``, until ``deadline_s`` has passed.
+call id (the service joins a retried id or answers it from its stored outcomes,
+across its own restarts with a results file), honouring ``Retry-After`` with
+jitter, until ``deadline_s`` has passed. A ``409`` (the id names another call) is
+raised as :class:`~esg_prefect.exceptions.CallConflictError`.
 """
 
 from __future__ import annotations
