@@ -15,6 +15,7 @@ from prefect.states import State
 from esg_prefect import ESGTaskRunner
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
@@ -163,3 +164,28 @@ def test_a_requests_slo_starts_when_its_flow_run_was_expected_not_when_it_began_
     assert request_arrival_ms(early) == ms  # started ahead of its slot: not later than it started
     bare = SimpleNamespace(created=None, expected_start_time=None, start_time=t)
     assert request_arrival_ms(bare) == ms
+
+
+def test_equal_runners_hash_alike_and_the_embedded_pool_asks_for_the_switch_interval() -> None:
+    a, b = ESGTaskRunner(backend="inline"), ESGTaskRunner(backend="inline")
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a.duplicate() == a and hash(a.duplicate()) == hash(a)
+    assert ESGTaskRunner(backend="inline", scheduler="esg-fastest") != a
+    assert a._config["switch_interval_s"] == 0.001
+    assert ESGTaskRunner(backend="inline", switch_interval_s=None)._config["switch_interval_s"] is None
+
+
+def test_a_pool_leaves_the_switch_interval_alone_unless_asked() -> None:
+    import sys
+
+    before = sys.getswitchinterval()
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    try:
+        sys.setswitchinterval(0.004)
+        decl = WorkflowDecl("toy", 800, (("double", "inc"),))
+        call = StageCall("sw-1", "inc", "tests.toy_stages:inc", decl, "sw", "sw", 3)
+        assert pool.submit(call).result(30).output == 4
+        assert sys.getswitchinterval() == pytest.approx(0.004)
+    finally:
+        pool.close()
+        sys.setswitchinterval(before)

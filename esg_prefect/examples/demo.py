@@ -174,7 +174,7 @@ def run_esg(
     )
     from esg_prefect.model.profile import LatencyProfile
 
-    pool = Pool(LatencyProfile.from_csv(profile) if profile else None, backend=be)
+    pool = Pool(LatencyProfile.from_csv(profile) if profile else None, backend=be, switch_interval_s=0.001)
     runner: Any = ESGTaskRunner(pool=pool)
     flows = {wf: f.with_options(task_runner=runner) for wf, f in FLOWS.items()}
     run_ids: dict[int, str] = {}

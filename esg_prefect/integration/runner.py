@@ -31,7 +31,7 @@ from __future__ import annotations
 import atexit
 import threading
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -39,9 +39,13 @@ from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.integration.recording import attach_recorders, check_store_option, remember_run
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.runtime.calls import StagePool
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling.settings import ESGSettings
+
+if TYPE_CHECKING:
+    from esg_prefect.service.client import PoolClient
 
 BackendName = Literal["process", "inline"]
 
@@ -70,6 +74,7 @@ def shared_pool(
     prices: PriceSheet | Any | None = None,
     artifacts: bool = True,
     store: str | bool | None = True,
+    switch_interval_s: float | None = 0.001,
 ) -> Pool:
     """The process-wide pool for these settings, created on first use.
 
@@ -79,22 +84,22 @@ def shared_pool(
     """
     settings = _resolve(settings, "ESGSchedulerSettings") or ESGSettings()
     prices = _resolve(prices, "ESGPriceSheet")
-    key = (scheduler, settings, profile, backend, prices, artifacts, store)
+    key = (scheduler, settings, profile, backend, prices, artifacts, store, switch_interval_s)
     with _shared_lock:
         pool = _shared.get(key)
         if pool is None:
             prof = LatencyProfile.from_csv(profile) if profile else None
             be = InlineBackend() if backend == "inline" else LocalProcessBackend()
-            pool = Pool(prof, prices, scheduler, settings, be)
+            pool = Pool(prof, prices, scheduler, settings, be, switch_interval_s)
             attach_recorders(pool, artifacts=artifacts, store=store)
             _shared[key] = pool
         return pool
 
 
-_clients: dict[tuple[str, str | None], Any] = {}
+_clients: dict[tuple[str, str | None], PoolClient] = {}
 
 
-def shared_client(address: str, token: str | None) -> Any:
+def shared_client(address: str, token: str | None) -> PoolClient:
     """The process-wide client of the pool service at ``address``."""
     from esg_prefect.service.client import PoolClient
 
@@ -142,6 +147,10 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             ``$PREFECT_HOME/esg_prefect/costs.db`` (or ``$ESG_PREFECT_STORE_URL``),
             a database URL, or False/None for none. Both also apply to a given
             ``pool=``, the first time a runner hands it calls.
+        switch_interval_s: the interpreter's thread switch interval the embedded
+            pool sets when it starts (``Pool``'s option; None leaves it alone):
+            many flow runs share this process, and the pool's controller must
+            not wait 5 ms slices behind their threads.
 
     Examples:
         Before::
@@ -169,6 +178,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         max_workers: int | None = None,
         artifacts: bool = True,
         store: str | bool | None = True,
+        switch_interval_s: float | None = 0.001,
     ) -> None:
         super().__init__(max_workers=max_workers if max_workers is not None else 1024)
         if backend not in ("process", "inline"):
@@ -184,7 +194,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             raise InvalidInputError("give either pool= or address= (the pool service), not both")
         if address is not None and not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
-        self._pool: Any = pool
+        self._pool: StagePool | None = pool
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
         self._address = address
         self._token = token
@@ -196,9 +206,10 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             "prices": prices,
             "artifacts": artifacts,
             "store": store,
+            "switch_interval_s": switch_interval_s,
         }
 
-    def pool_client(self) -> Any:
+    def pool_client(self) -> StagePool:
         """Where stage calls go: a pool, or a client of the pool service (created on first use)."""
         if self._pool is None:
             if self._address is not None:
@@ -240,8 +251,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             and (self._pool is other._pool or self._address is not None)
         )
 
-    def __hash__(self) -> int:
-        return id(self)
+    def __hash__(self) -> int:  # from what __eq__ compares that is always hashable
+        return hash((self._address, self._config["scheduler"], self._config["backend"], self._config["profile"]))
 
     def __getstate__(self) -> dict[str, Any]:
         # The pool holds threads, processes and an event loop: a copy in another process

@@ -6,10 +6,11 @@ to the pool service.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from esg_prefect.exceptions import InvalidInputError
 
@@ -178,3 +179,16 @@ class StageResult:
 def batch_ids(results: Sequence[StageResult]) -> set[str]:
     """Distinct batches among results (helps tests and reports)."""
     return {r.batch_id for r in results}
+
+
+class StagePool(Protocol):
+    """Where a runner hands stage calls: an embedded :class:`~esg_prefect.runtime.pool.Pool`
+    or a :class:`~esg_prefect.service.client.PoolClient` of the pool service."""
+
+    def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
+        """Queue a call; the future resolves to its result or raises a StageCallError."""
+        ...
+
+    def end_run(self, run_id: str) -> None:
+        """A flow run ended (non-blocking)."""
+        ...

@@ -303,12 +303,10 @@ class Pool:
             configurations above the cap are left out of the settings' space.
         switch_interval_s: when the pool starts, lower the interpreter's thread
             switch interval (``sys.setswitchinterval``, 5 ms by default) to this;
-            None leaves it alone. The pool's controller and dispatch threads wake
-            up on every completion and wait for the GIL behind the flow runs'
-            threads: with tens of Prefect flow runs in one process, a 5 ms slice
-            per runnable thread made each hop of a request 0.1-0.2 s longer here.
-            At 1 ms, 60 mixed requests at 1.25/s went from 80% to 100% within
-            their SLOs (the thread pool runner, measured at the same setting: 90%).
+            None (the default) leaves the process's setting alone. Worth asking
+            for where tens of flow runs share the pool's process: the pool's
+            controller waits for the GIL behind their threads on every completion
+            (``ESGTaskRunner`` asks for 1 ms; docs/results.md, "switch interval").
 
     Examples:
         >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
@@ -322,7 +320,7 @@ class Pool:
         scheduler: str = "esg",
         settings: ESGSettings | None = None,
         backend: WorkerBackend | None = None,
-        switch_interval_s: float | None = 0.001,
+        switch_interval_s: float | None = None,
     ) -> None:
         if switch_interval_s is not None and not (0 < switch_interval_s <= 1):
             raise InvalidInputError(f"switch_interval_s must be in (0, 1] seconds or None, got {switch_interval_s!r}")
