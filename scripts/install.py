@@ -58,7 +58,8 @@ def cuda_packages(report: dict[str, object]) -> list[str]:
     for item in report.get("install", []):  # type: ignore[union-attr]
         meta = item["metadata"]  # type: ignore[index]
         name, version = str(meta["name"]).lower(), str(meta["version"])
-        if name.startswith("nvidia-") or name == "triton" or (name == "torch" and "+cu" in version):
+        nvidia_cuda = name.startswith("nvidia-") and name != "nvidia-ml-py"  # NVML bindings are no CUDA
+        if nvidia_cuda or name == "triton" or (name == "torch" and "+cu" in version):
             found.append(f"{name}=={version}")
     return found
 

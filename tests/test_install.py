@@ -27,7 +27,7 @@ def report(*packages: tuple[str, str]) -> dict[str, object]:
 
 def test_cuda_packages_are_recognised_in_a_pip_report() -> None:
     inst = load_install()
-    cpu = report(("torch", "2.13.0+cpu"), ("sympy", "1.14.0"), ("filelock", "4.0.8"))
+    cpu = report(("torch", "2.13.0+cpu"), ("sympy", "1.14.0"), ("nvidia-ml-py", "13.615.71"))
     cuda = report(("torch", "2.13.0"), ("nvidia-cublas-cu12", "12.9.1"), ("triton", "3.5.0"))
     assert inst.cuda_packages(cpu) == []
     assert inst.cuda_packages(cuda) == ["nvidia-cublas-cu12==12.9.1", "triton==3.5.0"]

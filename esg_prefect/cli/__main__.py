@@ -1,5 +1,5 @@
 """``python -m esg_prefect.cli``: the same as the ``esg-prefect`` command."""
 
-from esg_prefect.cli import app
+from esg_prefect.cli import run
 
-app()
+run()

@@ -6,6 +6,27 @@ import os
 
 import typer
 
+from esg_prefect.exceptions import InvalidInputError
+
+
+def check_prefect_api(url: str | None, timeout_s: float = 5.0) -> None:
+    """Refuse, in one line, a ``PREFECT_API_URL`` that does not answer (None: Prefect starts its own API).
+
+    Raises:
+        InvalidInputError: naming the URL and what to run.
+    """
+    if not url:
+        return
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise InvalidInputError(
+            f"the Prefect API at PREFECT_API_URL={url} does not answer ({type(exc).__name__}): start it with "
+            "`prefect server start`, or unset PREFECT_API_URL to let the demo start its own"
+        ) from None
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``demo`` command."""
@@ -35,6 +56,11 @@ def register(app: typer.Typer) -> None:
 
         if backend not in ("process", "inline"):
             raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
+        if requests < 1:
+            raise InvalidInputError(f"--requests must be at least 1, got {requests}")
+        if runs_shown < 0:
+            raise InvalidInputError(f"--runs-shown must be 0 or more, got {runs_shown}")
+        check_prefect_api(os.environ.get("PREFECT_API_URL"))
         console = Console()
         arrivals = d.demo_arrivals(requests, rate, seed, trace)
         console.print(
