@@ -16,9 +16,10 @@ workers warm for the queue's stage on random resources, and a busy worker of
 another stage taking a random share of one GPU), and nothing is called on the
 timed scheduler between them: no cache holds their answer. (The slack is worked
 out on a second scheduler, so the timed one sees each queue state first in the
-timed call.) Static tables (per stage options, suffix frontiers, per queue
-length and resources the dispatch-now options) fill as they are first needed;
-building them is part of the fresh times.
+timed call.) The workflow's static tables are built first
+(``CandidateTables.prepare``: per stage options, suffix frontiers, first-stage
+options at every queue length; timed as setup); a column gives the fresh p99
+without that, where early decisions build what they miss.
 
 Cached decisions: each fresh decision is asked again right after with the same
 inputs (a queue decided again in the next round with nothing changed); their
@@ -27,9 +28,10 @@ is the share answered whole from the queue's kept one-stage answer (a search of
 more than one stage is never kept), ``opts`` the share whose first-stage
 options came from a cache without being built.
 
-Setup: the one-time cost per workflow, on a new scheduler, of what a first
-decision at the workflow's entry builds (per stage Pareto options, SLO
-distribution, horizon, suffix frontiers), median of three.
+Setup: the one-time cost per workflow on a new scheduler, median of three:
+``suffix``, what a first decision at the entry builds (per stage Pareto
+options, SLO distribution, horizon, suffix frontiers); ``prepare``, every
+table of every stage's queue (suffix included).
 
 Plans: ``--fingerprint`` prints a SHA-256 of every fresh decision's outcome (kind,
 choice, plan, at-risk, rejects, search statistics but the time) on a scheduler
@@ -192,21 +194,30 @@ def percentiles(times_ms: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), rank(0.99), rank(0.999)
 
 
-def setup_ms(shape: Shape) -> float:
-    """One-time table setup at the entry on a new scheduler (median of three)."""
-    times = []
+def setup_ms(shape: Shape) -> tuple[float, float]:
+    """One-time table setup on a new scheduler, median of three: the entry's horizon tables, and all of prepare."""
+    suffix, prepare = [], []
     for _ in range(3):
         sched = ESGScheduler(shape.profile, PriceSheet.default(), shape.settings, clock=clock_ms)
         t0 = time.perf_counter()
         sched.tables.suffix(shape.workflow, shape.workflow.stages[0], HARDWARE)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
+        t1 = time.perf_counter()
+        sched.tables.prepare(shape.workflow, HARDWARE)
+        suffix.append((t1 - t0) * 1000.0)
+        prepare.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(suffix), statistics.median(prepare)
 
 
-def time_decisions(shape: Shape, decisions: list[Decision]) -> dict[str, Any]:
-    """Fresh and repeated (cached) decision times, in ms, and mean expansions of the fresh ones."""
+def time_decisions(shape: Shape, decisions: list[Decision], prepared: bool = True) -> dict[str, Any]:
+    """Fresh and repeated (cached) decision times, in ms, and mean expansions of the fresh ones.
+
+    ``prepared``: the workflow's tables are built first (``CandidateTables.prepare``, timed apart);
+    else only the entry's horizon tables are, and the first decisions at each queue length build the rest.
+    """
     sched = ESGScheduler(shape.profile, PriceSheet.default(), shape.settings, clock=clock_ms)
-    sched.tables.suffix(shape.workflow, shape.workflow.stages[0], HARDWARE)  # the setup, timed apart
+    sched.tables.suffix(shape.workflow, shape.workflow.stages[0], HARDWARE)
+    if prepared:
+        sched.tables.prepare(shape.workflow, HARDWARE)
     wf = shape.workflow
     fresh: list[float] = []
     cached: list[float] = []
@@ -298,7 +309,7 @@ def main() -> None:
         return
     header = (
         f"{'shape':<18} {'fresh p50':>9} {'p99':>7} {'p99.9':>7} {'cached p50':>10} {'p99':>7} {'p99.9':>7} "
-        f"{'kept':>5} {'opts':>5} {'exp':>5} {'infeas':>6} {'setup ms':>8}"
+        f"{'kept':>5} {'opts':>5} {'exp':>5} {'infeas':>6} {'unprep p99':>10} {'suffix ms':>9} {'prepare ms':>10}"
     )
     print(
         f"ms per decision, {args.decisions} fresh decisions per row (seed {args.seed}), each asked again for 'cached'"
@@ -310,16 +321,20 @@ def main() -> None:
         r = time_decisions(s, cases[s.label])
         _, r["kept"], r["opts"] = replay(s, cases[s.label])
         r["setup"] = setup_ms(s)
+        r["unprepared"] = time_decisions(s, cases[s.label], prepared=False)["fresh"]
         rows[s.label] = r
         (f50, f99, f999), (c50, c99, c999) = r["fresh"], r["cached"]
         print(
             f"{s.label:<18} {f50:9.3f} {f99:7.3f} {f999:7.3f} {c50:10.3f} {c99:7.3f} {c999:7.3f} "
-            f"{r['kept']:5.0%} {r['opts']:5.0%} {r['exp']:5.1f} {r['infeasible']:6.0%} {r['setup']:8.1f}"
+            f"{r['kept']:5.0%} {r['opts']:5.0%} {r['exp']:5.1f} {r['infeasible']:6.0%} {r['unprepared'][1]:10.3f} "
+            f"{r['setup'][0]:9.1f} {r['setup'][1]:10.1f}"
         )
     print()
-    print("fresh: no cache holds the answer (new queue length, rate, slack, warm workers); cached: the same")
-    print("decision asked again; kept/opts: repeats answered whole from the kept answer / with the first")
-    print("stage's options from a cache; setup: one-time tables per workflow at its entry (median of 3).")
+    print("fresh: no cache holds the answer (new queue length, rate, slack, warm workers), after the workflow's")
+    print("tables are prepared; cached: the same decision asked again; kept/opts: repeats answered whole from")
+    print("the kept answer / with the first stage's options from a cache; unprep p99: fresh p99 without prepare")
+    print("(early decisions build tables); suffix: the entry's horizon tables; prepare: all the workflow's")
+    print("tables, suffix included (one-time, median of 3).")
     four = rows.get("chain-4 workflow")
     eight = rows.get("chain-8 workflow")
     if four is None or eight is None:

@@ -10,6 +10,7 @@ compute the deadlines jobs carry, so that all agree.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,9 +35,25 @@ Resource = tuple[str, int, float, bool]
 """A placeable resource choice for a first stage: (hardware, vcpus, gpu_share, warm)."""
 
 _CACHE_LIMIT = 4096
+_MISSING = object()
 
 _WaitParts = tuple[list[tuple[int, float, int, Option, float]], list[tuple[int, list[tuple[int, float, int, Option]]]]]
 """Static parts of a first-stage merge: the dispatch-now candidates; per larger batch, (jobs short, candidates)."""
+
+_Entry = tuple[int, float, int, Option]
+"""An option with pareto_prune's sort key: (latency, cost, position in the list it stands for, option)."""
+
+
+def _prune_entries(entries: list[_Entry]) -> list[_Entry]:
+    """:func:`pareto_prune` on entries whose positions are unique (so the options are never compared)."""
+    entries.sort()
+    out: list[_Entry] = []
+    best = math.inf
+    for e in entries:
+        if e[1] < best:  # strictly cheaper than every faster-or-equal entry
+            out.append(e)
+            best = e[1]
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +130,13 @@ def _waiting(o: Option, latency_us: int, cost: float, wait_ms: float) -> Option:
 class _FirstParts:
     """Static parts of a first stage's options for one (stage, queue length, resources)."""
 
-    __slots__ = ("now", "resources", "waits")
+    __slots__ = ("merged", "now", "resources", "waits")
 
     def __init__(self, resources: tuple[Resource, ...], now: tuple[Option, ...]) -> None:
         self.resources = resources  # held, so that the id in the cache key stays this tuple's
         self.now = now  # the dispatch-now options, Pareto-pruned
         self.waits: _WaitParts | None = None  # the wait candidates' static parts, built when first asked
+        self.merged: dict[float, tuple[Option, ...]] = {}  # arrival rate -> first_options' merged list
 
 
 class CandidateTables:
@@ -135,6 +153,7 @@ class CandidateTables:
         self.prices = prices
         self.settings = settings
         self._lat_cache: dict[tuple[str, str, int, int, float], float | None] = {}
+        self._configs: dict[tuple[int, int, float], Config] = {}
         self._options: dict[tuple[str, frozenset[str]], tuple[Option, ...]] = {}
         self._slo: dict[tuple[Workflow, frozenset[str]], SLODistribution] = {}
         self._suffix: dict[
@@ -144,19 +163,28 @@ class CandidateTables:
         self._single: dict[tuple[str, str, int, float, int, bool], Option | None] = {}
         # (stage, n, id(resources)) -> the static parts of a first stage's options (_FirstParts).
         self._parts: dict[tuple[str, int, int], _FirstParts] = {}
-        self._at_batch: dict[tuple[str, int, tuple[Resource, ...]], tuple[Option, ...]] = {}
-        self._first: dict[tuple[str, int, tuple[Resource, ...], float], tuple[Option, ...]] = {}
+        # (stage, batch sizes, resource kinds) -> the cold options of those kinds, pruned (_pruned_over).
+        self._cold: dict[tuple[str, tuple[int, ...], tuple[tuple[str, int, float], ...]], list[_Entry]] = {}
 
     # ---- latencies -------------------------------------------------------
 
     def latency_ms(self, stage: str, batch: int, vcpus: int, share: float, hardware: str) -> float | None:
         """Planned batch latency, or None where the profile has no cover (cached)."""
         key = (stage, hardware, batch, vcpus, share)
-        if key not in self._lat_cache:
-            self._lat_cache[key] = self.profile.try_latency_ms(
-                stage, Config(batch, vcpus, share), hardware, self.settings.percentile
+        got = self._lat_cache.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._lat_cache[key] = self.profile.try_latency_ms(
+                stage, self._config(batch, vcpus, share), hardware, self.settings.percentile
             )
-        return self._lat_cache[key]
+        return got  # type: ignore[return-value]
+
+    def _config(self, batch: int, vcpus: int, share: float) -> Config:
+        """``Config(batch, vcpus, share)``, one object per value (checked once; stages share them)."""
+        key = (batch, vcpus, share)
+        got = self._configs.get(key)
+        if got is None:
+            got = self._configs[key] = Config(batch, vcpus, share)
+        return got
 
     def resources(self, hardware: str) -> Iterable[tuple[int, float]]:
         """(vcpus, share) pairs of the configuration space usable on ``hardware``."""
@@ -249,18 +277,50 @@ class CandidateTables:
         """Dispatch-now option of ``batch`` jobs on ``res`` (cold start added unless warm)."""
         hw, v, share, warm = res
         key = (stage, hw, v, share, batch, warm)
-        if key in self._single:
-            return self._single[key]
+        got = self._single.get(key, _MISSING)
+        if got is not _MISSING:
+            return got  # type: ignore[return-value]
         lat = self.latency_ms(stage, batch, v, share, hw)
         opt = None
         if lat is not None:
             cold_ms = 0.0 if warm else self.profile.cold_start_ms(stage, hw)
             busy = lat + cold_ms
-            cfg = Config(batch, v, share)
+            cfg = self._config(batch, v, share)
             cost = self.prices.batch_cost(cfg, hw, busy) / batch
-            opt = Option(to_us(busy), cost, Choice(stage, cfg, hw, busy, 0.0, cold_ms > 0))
+            opt = _option(to_us(busy), cost, _choice(stage, cfg, hw, busy, 0.0, cold_ms > 0))
         self._single[key] = opt
         return opt
+
+    def prepare(self, workflow: Workflow, hardware: frozenset[str]) -> None:
+        """Build ahead what decisions on ``workflow`` read, so that none of them pays for it.
+
+        Each stage's horizon tables (:meth:`suffix`) and its first-stage
+        options at every queue length up to the largest batch, on every
+        resource of the space, warm and cold, pruned per size for the
+        resources of an uncrowded cluster. Decisions build what they miss
+        either way (the same values); this moves the one-time cost up front,
+        e.g. when a workflow is registered.
+
+        Raises:
+            MissingProfileError: when a stage has no profiled configuration on ``hardware``.
+        """
+        top = self.settings.config_space.max_batch
+        stride = top + 1
+        for stage in workflow.stages:
+            self.suffix(workflow, stage, hardware)
+            kinds = tuple(
+                (hw, v, s)
+                for hw in sorted(hardware & self.profile.hardware_types(stage))
+                for v, s in self.resources(hw)
+            )
+            for b in range(1, top + 1):
+                for hw, v, s in kinds:
+                    self.single_option(stage, (hw, v, s, False), b)
+                    self.single_option(stage, (hw, v, s, True), b)
+                self._cold_front(stage, b, kinds, stride)
+            cold = tuple((hw, v, s, False) for hw, v, s in kinds)
+            for n in range(1, top + 1):
+                self._build_now(stage, n, cold)
 
     def first_options(
         self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float
@@ -282,12 +342,12 @@ class CandidateTables:
             return now
         # A queue that keeps waiting is decided again every round with the same length, rate
         # and resources (only other queues changed): the merged list is then the same.
-        key = (stage, n, resources, rate_per_s)
-        got = self._first.get(key)
+        merged = parts.merged
+        got = merged.get(rate_per_s)
         if got is None:
-            if len(self._first) >= _CACHE_LIMIT:
-                self._first.clear()  # bounded memory; entries are cheap to rebuild
-            got = self._first[key] = self._with_waits(stage, n, resources, rate_per_s, parts)
+            if len(merged) >= 16:
+                merged.clear()  # bounded memory: a waiting queue's rate moves on, old rates do not recur
+            got = merged[rate_per_s] = self._with_waits(stage, n, resources, rate_per_s, parts)
         return got
 
     def first_pick(
@@ -385,38 +445,95 @@ class CandidateTables:
     def _wait_groups(self, stage: str, n: int, resources: tuple[Resource, ...], now: tuple[Option, ...]) -> _WaitParts:
         """The dispatch-now candidates, and per larger batch size (jobs to wait for, its candidates)."""
         head = [(o.latency_us, o.cost, i, o, 0.0) for i, o in enumerate(now)]
-        prior = [(o.latency_us, o.cost) for o in now]  # (latency with no wait, cost) of every earlier candidate
+        # The Pareto staircase of every earlier candidate's (latency with no wait, cost): latencies
+        # rising, costs strictly falling; some earlier candidate matches or beats (lat, cost) in both
+        # exactly when the step at or before lat costs at most cost.
+        prior_lat = [o.latency_us for o in now]
+        prior_cost = [o.cost for o in now]
         idx = len(head)
         groups = []
         for b in self.settings.config_space.batches:
             if b <= n:
                 continue
-            group = self._cached(
-                self._at_batch,
-                (stage, b, resources),
-                lambda b=b: pareto_prune([o for r in resources if (o := self.single_option(stage, r, b))]),
-            )
+            group = self._pruned_over(stage, (b,), resources)
             entries = [(o.latency_us, o.cost, idx + j, o) for j, o in enumerate(group)]
             # An entry that an earlier candidate (dispatch-now, or a smaller batch: it waits no longer at
             # any rate) matches or beats in both latency and cost never survives the pruning, whatever the
             # rate, and leaving it out changes no other candidate's fate: drop it once here.
-            kept = [e for e in entries if not any(lat <= e[0] and cost <= e[1] for lat, cost in prior)]
-            prior += [(lat, cost) for lat, cost, _, _ in entries]
+            kept = []
+            for e in entries:
+                i = bisect.bisect_right(prior_lat, e[0]) - 1
+                if i < 0 or prior_cost[i] > e[1]:
+                    kept.append(e)
+            steps = sorted([*zip(prior_lat, prior_cost, strict=True), *((e[0], e[1]) for e in entries)])
+            prior_lat, prior_cost = [], []
+            for lat, cost in steps:
+                if not prior_cost or cost < prior_cost[-1]:
+                    prior_lat.append(lat)
+                    prior_cost.append(cost)
             if kept:  # a batch size all of whose options are beaten at any rate adds nothing
                 groups.append((b - n, kept))
             idx += len(group)
         return head, groups
 
     def _build_now(self, stage: str, n: int, resources: tuple[Resource, ...]) -> tuple[Option, ...]:
-        sizes = sorted({b for b in self.settings.config_space.batches if b <= n} | {n})
-        return pareto_prune([o for r in resources for b in sizes if (o := self.single_option(stage, r, b))])
+        sizes = tuple(sorted({b for b in self.settings.config_space.batches if b <= n} | {n}))
+        return self._pruned_over(stage, sizes, resources)
 
-    @staticmethod
-    def _cached(cache: dict, key: object, build: object) -> tuple[Option, ...]:  # type: ignore[type-arg]
-        got = cache.get(key)
+    def _pruned_over(self, stage: str, sizes: tuple[int, ...], resources: tuple[Resource, ...]) -> tuple[Option, ...]:
+        """``pareto_prune`` of the option of every resource at every size (resource-major): the same list.
+
+        The placeable resources change with the warm workers, most of them
+        only in which few are warm, so pruning every option anew would redo
+        the same work. A warm resource's option dominates its cold twin's
+        (the same configuration without the cold start: no slower, no dearer,
+        and placed first on a tie), and pruning a union equals pruning one
+        part's frontier with the other part (an option pruned away is matched
+        by one before it that prunes whatever it would). So the cold options of
+        every resource kind present, warm or not, are pruned per (stage, size,
+        kinds) and per (stage, sizes, kinds) and kept, and each call prunes
+        that with the few warm options. Positions (resource, size, warm before
+        cold) keep ``pareto_prune``'s tie-break: the first given of equal options.
+        """
+        kinds = tuple([r[:3] for r in resources])
+        stride = self.settings.config_space.max_batch + 1  # sizes never exceed the largest batch
+        if len(sizes) == 1:
+            front = self._cold_front(stage, sizes[0], kinds, stride)
+        else:
+            key = (stage, sizes, kinds)
+            got = self._cold.get(key)
+            if got is None:  # the union of each size's frontier (positions do not depend on the other sizes)
+                got = _prune_entries([e for b in sizes for e in self._cold_front(stage, b, kinds, stride)])
+                self._keep_cold(key, got)
+            front = got
+        warm: list[_Entry] = []
+        for i, r in enumerate(resources):
+            if r[3]:
+                for b in sizes:
+                    o = self.single_option(stage, r, b)
+                    if o is not None:
+                        warm.append((o.latency_us, o.cost, 2 * (i * stride + b), o))
+        if warm:
+            front = _prune_entries(front + warm)
+        return tuple([e[3] for e in front])
+
+    def _cold_front(self, stage: str, b: int, kinds: tuple[tuple[str, int, float], ...], stride: int) -> list[_Entry]:
+        """The pruned cold options of ``kinds`` at batch size ``b``, with their positions (cached)."""
+        key = (stage, (b,), kinds)
+        got = self._cold.get(key)
         if got is None:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()  # bounded memory; entries are cheap to rebuild
-            got = build()  # type: ignore[operator]
-            cache[key] = got
-        return got  # type: ignore[no-any-return]
+            cold: list[_Entry] = []
+            for i, (hw, v, s) in enumerate(kinds):
+                o = self.single_option(stage, (hw, v, s, False), b)
+                if o is not None:
+                    cold.append((o.latency_us, o.cost, 2 * (i * stride + b) + 1, o))
+            got = _prune_entries(cold)
+            self._keep_cold(key, got)
+        return got
+
+    def _keep_cold(
+        self, key: tuple[str, tuple[int, ...], tuple[tuple[str, int, float], ...]], front: list[_Entry]
+    ) -> None:
+        if len(self._cold) >= _CACHE_LIMIT:
+            self._cold.clear()  # bounded memory; entries are cheap to rebuild
+        self._cold[key] = front
