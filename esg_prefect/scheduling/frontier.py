@@ -98,6 +98,15 @@ class SuffixFrontiers:
         i = bisect.bisect_right(lats, slack_us) - 1
         return self._cost[k][i] if i >= 0 else math.inf
 
+    def level(self, k: int) -> tuple[list[int], list[float]]:
+        """The frontier of stages k..K-1 as (latencies rising, costs strictly falling); read-only.
+
+        For searches that look up many slacks: the cheapest completion within
+        ``s`` is the last point whose latency is at most ``s``, and its latency
+        is the least of any completion at that cost.
+        """
+        return self._lat[k], self._cost[k]
+
     def min_latency(self, k: int) -> int:
         """Least latency of stages k..K-1 at any cost."""
         return self._lat[k][0] if self._lat[k] else 0

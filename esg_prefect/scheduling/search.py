@@ -15,8 +15,13 @@ feasible plan, so the optimum is the same with or without them):
 * cost blade: a child whose ``g + h`` is not below the best complete plan
   known (seeded by a greedy plan) cannot lead to a cheaper one.
 
-Options of a stage come sorted by latency, so once the latency blade cuts one
-child it cuts all the slower ones after it, and the loop stops there.
+Each stage's options are sorted by latency (the search sorts a stage that is
+not), so once the latency blade cuts one child it cuts all the slower ones
+after it, and the loop stops there.
+
+Of equally cheap plans the search returns one of least latency: nodes are
+ordered, cut and compared with the incumbent by (cost, latency), with a lower
+bound on the latency of the completion beside the one on its cost.
 
 The search is bounded by an expansion budget and, when a clock is injected,
 by a time budget; on hitting either it returns the best complete plan found.
@@ -36,9 +41,11 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,18 +90,28 @@ class SearchResult:
 def greedy_plan(stages: Sequence[Sequence[Option]], slack_us: int) -> tuple[Option, ...] | None:
     """A feasible plan built stage by stage, each the cheapest that leaves room.
 
-    Each stage takes its cheapest option such that the stages after it can
-    still finish at their least latency. Returns None exactly when no plan is
-    feasible (the all-fastest plan exceeds the slack).
+    Each stage takes its cheapest option (the faster of equal ones, then the
+    first given) such that the stages after it can still finish at their least
+    latency. Returns None exactly when no plan is feasible (the all-fastest
+    plan exceeds the slack). Options may come in any order.
     """
-    min_after = _min_latency_after(stages)
+    return _greedy(stages, slack_us, _min_latency_after(stages))
+
+
+def _greedy(stages: Sequence[Sequence[Option]], slack_us: int, min_after: list[int]) -> tuple[Option, ...] | None:
     if min_after[0] > slack_us:
         return None
     plan: list[Option] = []
     lat = 0
     for k, opts in enumerate(stages):
         room = slack_us - lat - min_after[k + 1]
-        best = min((o for o in opts if o.latency_us <= room), key=lambda o: (o.cost, o.latency_us))
+        best: Option | None = None
+        for o in opts:  # min by (cost, latency), the first of equals
+            if o.latency_us <= room and (
+                best is None or o.cost < best.cost or (o.cost == best.cost and o.latency_us < best.latency_us)
+            ):
+                best = o
+        assert best is not None  # the stage's fastest option fits: min_after says so
         plan.append(best)
         lat += best.latency_us
     return tuple(plan)
@@ -105,6 +122,30 @@ def _min_latency_after(stages: Sequence[Sequence[Option]]) -> list[int]:
     for k in range(len(stages) - 1, -1, -1):
         out[k] = out[k + 1] + min(o.latency_us for o in stages[k])
     return out
+
+
+def _by_latency(o: Option) -> int:
+    return o.latency_us
+
+
+def _sorted_stages(stages: Sequence[Sequence[Option]]) -> Sequence[Sequence[Option]]:
+    """``stages`` with each stage's options sorted by latency (stable); the same object when they already are.
+
+    Raises:
+        InvalidInputError: on no stages or an empty stage.
+    """
+    if not stages:
+        raise InvalidInputError("astar_plan needs at least one stage")
+    out: list[Sequence[Option]] | None = None
+    for k, opts in enumerate(stages):
+        if not opts:
+            raise InvalidInputError(f"stage {k} of the search has no options")
+        lats = [o.latency_us for o in opts]
+        if any(map(operator.gt, lats, lats[1:])):
+            if out is None:
+                out = list(stages)
+            out[k] = sorted(opts, key=_by_latency)
+    return stages if out is None else out
 
 
 def astar_plan(
@@ -120,11 +161,13 @@ def astar_plan(
     clock: Clock | None = None,
     fast_path: bool = True,
 ) -> SearchResult:
-    """Cheapest one-option-per-stage plan within ``slack_us``.
+    """Cheapest one-option-per-stage plan within ``slack_us``; of equally cheap ones, the fastest.
 
     Args:
-        stages: options per stage, each list sorted by latency (as
-            :func:`~esg_prefect.scheduling.frontier.pareto_prune` returns them).
+        stages: options per stage, in any order (each stage is sorted by
+            latency here, stably, unless it already is, as
+            :func:`~esg_prefect.scheduling.frontier.pareto_prune` returns
+            them); options need not be Pareto-pruned. Costs must be >= 0.
         slack_us: the latency budget of the whole plan, in microseconds.
         latency_blade: turn the latency blade on.
         cost_blade: turn the cost blade on (seeded with :func:`greedy_plan`).
@@ -140,60 +183,68 @@ def astar_plan(
 
     Returns:
         The plan (None if infeasible or the budget ran out before any plan
-        was found) with its total cost and latency, and the statistics.
+        was found) with its total cost and latency, and the statistics. Ties:
+        of the plans of least total cost, one of least total latency (costs
+        compare as floats summed stage by stage, so ties are exact ones).
 
     Raises:
         InvalidInputError: on no stages, an empty stage, or an unknown heuristic.
     """
-    if not stages:
-        raise InvalidInputError("astar_plan needs at least one stage")
-    for k, opts in enumerate(stages):
-        if not opts:
-            raise InvalidInputError(f"stage {k} of the search has no options")
+    stages = _sorted_stages(stages)
     if heuristic not in ("frontier", "min_cost"):
         raise InvalidInputError(f"heuristic must be 'frontier' or 'min_cost', got {heuristic!r}")
     t0 = clock() if clock is not None else 0.0
     k_count = len(stages)
     if fast_path and k_count == 1 and latency_blade and cost_blade and max_expansions >= 1:
         return _one_stage(stages[0], slack_us, clock, t0)
-    min_lat_after = _min_latency_after(stages)
-    min_cost_after = [0.0] * (k_count + 1)
+    min_lat_after = [0] * (k_count + 1)
     for k in range(k_count - 1, -1, -1):
-        min_cost_after[k] = min_cost_after[k + 1] + min(o.cost for o in stages[k])
+        min_lat_after[k] = min_lat_after[k + 1] + stages[k][0].latency_us  # sorted: the first is the fastest
+    # Lower bounds on completing stages k+1.. from a child at depth k+1, as (costs, latencies) per
+    # remaining-slack step: the frontier of their sums (exact: the cheapest completion within the slack
+    # left, and the least latency at that cost), or one step of the summed cheapest costs and least
+    # latencies (slack-blind). Either bounds the completion's (cost, latency) from below in that order.
+    levels: list[tuple[Sequence[float], Sequence[float]]]
     if heuristic == "frontier":
         front = frontiers if frontiers is not None else SuffixFrontiers(stages[1:])
         if front.stage_count != k_count - 1:
             raise InvalidInputError(f"frontiers cover {front.stage_count} stages; expected {k_count - 1} (stages[1:])")
-
-        def h(k: int, rem: float) -> float:
-            # Exact: the cheapest completion of stages k..K-1 within rem (inf if none).
-            return front.cheapest_within(k - 1, rem)
+        levels = [front.level(k) for k in range(k_count)]
     else:
-
-        def h(k: int, rem: float) -> float:
-            # Slack-blind: the sum of the remaining stages' cheapest options.
-            return min_cost_after[k]
+        levels = [([-math.inf], [0.0])] * k_count
+        c = 0.0
+        for k in range(k_count - 1, 0, -1):
+            c += min(o.cost for o in stages[k])
+            levels[k - 1] = ([-math.inf], [c])
+    frontier = heuristic == "frontier"
 
     best_plan: tuple[Option, ...] | None = None
     best_cost = math.inf
+    best_lat: float = math.inf
     if cost_blade:
-        best_plan = greedy_plan(stages, slack_us)
+        best_plan = _greedy(stages, slack_us, min_lat_after)
         if best_plan is not None:
             best_cost = sum(o.cost for o in best_plan)
+            best_lat = sum(o.latency_us for o in best_plan)
 
     expansions = generated = cut_lat = cut_cost = 0
     budget_hit = False
     counter = itertools.count()
-    # Heap entries: (f, tie-break counter, depth, latency, cost, path); the counter keeps
-    # entries with equal f from ever comparing the paths.
-    heap: list[tuple[float, int, int, int, float, tuple[Option, ...]]] = [(0.0, next(counter), 0, 0, 0.0, ())]
+    bisect_right = bisect.bisect_right
+    push = heapq.heappush
+    # Heap entries: (f, latency bound, tie-break counter, depth, latency, cost, path): popped by least
+    # (cost, latency) bound; the counter keeps entries with equal bounds from ever comparing the paths.
+    heap: list[tuple[float, float, int, int, int, float, tuple[Option, ...]]] = [(0.0, 0, next(counter), 0, 0, 0.0, ())]
     found: tuple[Option, ...] | None = None
     while heap:
-        f, _, k, lat, cost, path = heapq.heappop(heap)
-        if cost_blade and f >= best_cost:
-            break  # nothing left can beat the incumbent: it is optimal
+        f, fl, _, k, lat, cost, path = heapq.heappop(heap)
+        # Nothing left can beat the incumbent: it is optimal. The root (bound (0, 0)) stops only on a
+        # zero-cost incumbent: with costs >= 0 the greedy plan then takes each stage's fastest
+        # zero-cost option that fits, the fastest zero-cost plan there is.
+        if cost_blade and (f > best_cost or (f == best_cost and (fl >= best_lat or not k))):
+            break
         if k == k_count:
-            found = path  # first complete node popped: optimal (h admissible)
+            found = path  # first complete node popped: optimal (the bounds are admissible)
             break
         if expansions >= max_expansions:
             budget_hit = True
@@ -206,6 +257,8 @@ def astar_plan(
         opts = stages[k]
         room_after = min_lat_after[k + 1]
         last = k + 1 == k_count
+        h_lats, h_costs = levels[k]
+        h_lat_bound = room_after
         for idx, o in enumerate(opts):
             generated += 1
             nlat = lat + o.latency_us
@@ -218,19 +271,27 @@ def astar_plan(
                 if last:
                     continue  # a complete plan over the slack is not a plan
             ncost = cost + o.cost
-            nf = ncost + h(k + 1, slack_us - nlat)
-            if cost_blade and nf >= best_cost:
+            i = bisect_right(h_lats, slack_us - nlat) - 1
+            if i < 0:
+                nf = nfl = math.inf  # the exact heuristic: no completion fits the slack left
+            elif frontier:
+                nf = ncost + h_costs[i]
+                nfl = nlat + h_lats[i]
+            else:
+                nf = ncost + h_costs[0]
+                nfl = nlat + h_lat_bound
+            if cost_blade and (nf > best_cost or (nf == best_cost and nfl >= best_lat)):
                 cut_cost += 1
                 continue
             if nf == math.inf:
                 continue  # the exact heuristic proves there is no feasible completion
             npath = (*path, o)
-            if last and ncost < best_cost:
-                best_cost, best_plan = ncost, npath
-            heapq.heappush(heap, (nf, next(counter), k + 1, nlat, ncost, npath))
+            if last and (ncost < best_cost or (ncost == best_cost and nlat < best_lat)):
+                best_cost, best_lat, best_plan = ncost, nlat, npath
+            push(heap, (nf, nfl, next(counter), k + 1, nlat, ncost, npath))
     plan = found if found is not None else best_plan
     if plan is None and budget_hit:
-        plan = greedy_plan(stages, slack_us)  # still a feasible answer, if one exists
+        plan = _greedy(stages, slack_us, min_lat_after)  # still a feasible answer, if one exists
     elapsed = (clock() - t0) if clock is not None else None
     stats = SearchStats(expansions, generated, cut_lat, cut_cost, budget_hit, elapsed)
     if plan is None:
