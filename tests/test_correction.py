@@ -7,14 +7,14 @@ import math
 import pytest
 
 import esg_prefect.runtime.pool as pool_module
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import ConfigError, ProfileError
 from esg_prefect.model import Config, LatencyProfile, PriceSheet, ProfilePoint
 from esg_prefect.model.correction import MAX_FACTOR, LatencyCorrection
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import LAG, lagging_ms, lagging_profile
+from tests.toy_stages import LAG, FakeClock, lagging_ms, lagging_profile
 
 DRIFT = WorkflowDecl("drift", 5_000, ())
 
@@ -102,9 +102,16 @@ def _call(i: int) -> StageCall:
 
 
 def test_pool_predictions_follow_an_injected_2x_slowdown(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stage runs at its profiled speed, then 2x slower: the pool's predictions follow it."""
+    """The stage runs at its profiled speed, then 2x slower: the pool's predictions follow it.
+
+    Batches take their time on a controllable clock (the stage advances it instead of sleeping),
+    so what the pool measures does not depend on the machine's load.
+    """
+    clock = FakeClock()
+    monkeypatch.setattr(pool_module, "wall_ms", clock.now)
     monkeypatch.setattr(pool_module, "_REPLAN_EVERY_MS", 0.0)
     monkeypatch.setitem(LAG, "factor", 1.0)
+    monkeypatch.setitem(LAG, "clock", clock)
     settings = ESGSettings(wait_for_batch=False, reserve_overhead=False)
     pool = Pool(lagging_profile(), PriceSheet(1e-5, {}), settings=settings, backend=InlineBackend(vcpus=2))
     try:
@@ -120,9 +127,9 @@ def test_pool_predictions_follow_an_injected_2x_slowdown(monkeypatch: pytest.Mon
     # At profiled speed the factor stays near 1 (sleeps overshoot a little, the pool adds its hop).
     assert before[-1].predicted_ms == pytest.approx(base, rel=0.35)
     # After the 2x step the factor and the predictions converge to about 2x the profile.
-    (row,) = [c for c in snap.corrections if c["stage"] == "lagging"]
-    assert row["batches"] == 20
-    assert 1.7 <= row["factor"] <= 2.6
+    (row,) = [c for c in snap.corrections if c.stage == "lagging"]
+    assert row.batches == 20
+    assert 1.7 <= row.factor <= 2.6
     assert 1.7 * base <= after[-1].predicted_ms <= 2.6 * base
     assert after[-1].predicted_ms > 1.5 * after[0].predicted_ms
     # The prediction now matches what the batches take.

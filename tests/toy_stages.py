@@ -6,6 +6,7 @@ Worker processes import this module by path (``tests.toy_stages``), so it must s
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,24 @@ def heavy(model: dict[str, Any], items: list[int]) -> list[int]:
 
 
 drift = Pipeline("drift", slo_ms=5_000)
-LAG = {"factor": 1.0}  # how much slower than its profile the "lagging" stage runs (inline backend: same process)
+# How much slower than its profile the "lagging" stage runs (inline backend: same process), and, when a
+# test sets "clock", the controllable clock it advances instead of sleeping (so nothing depends on load).
+LAG: dict[str, Any] = {"factor": 1.0, "clock": None}
+
+
+class FakeClock:
+    """Milliseconds that move only when told: a test patches the pool's ``wall_ms`` with :meth:`now`."""
+
+    def __init__(self, start_ms: float = 1.7e12) -> None:
+        self.ms = start_ms
+        self._lock = threading.Lock()
+
+    def now(self) -> float:
+        return self.ms
+
+    def advance(self, ms: float) -> None:
+        with self._lock:
+            self.ms += ms
 
 
 def lagging_ms(batch: int) -> float:
@@ -109,7 +127,11 @@ def lagging_ms(batch: int) -> float:
 @drift.stage(load=load_inc, name="lagging")
 def lagging(model: dict[str, Any], items: list[int]) -> list[int]:
     """Runs LAG["factor"] times its profiled time: a test sets the factor to inject a slowdown."""
-    time.sleep(LAG["factor"] * lagging_ms(len(items)) / 1000.0)
+    ms = LAG["factor"] * lagging_ms(len(items))
+    if LAG["clock"] is not None:
+        LAG["clock"].advance(ms)
+    else:
+        time.sleep(ms / 1000.0)
     return [x + 1 for x in items]
 
 
