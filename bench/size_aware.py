@@ -100,9 +100,9 @@ def runtime_paired(rate: float, n: int, slo_ms: float, seed: int) -> dict[bool, 
 
     Returns, per ``size_aware``: SLO hit rate, p50/p99 latency (ms), busy cost per request, mean batch size.
     """
+    from esg_prefect.control.calls import StageCall, WorkflowDecl
     from esg_prefect.examples import pipelines, text
     from esg_prefect.model import ConfigSpace, PriceSheet
-    from esg_prefect.runtime.calls import StageCall, WorkflowDecl
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import LocalProcessBackend
     from esg_prefect.scheduling import ESGSettings

@@ -23,11 +23,11 @@ Run C (txt, nightly) arrives at T0+1d: one call fails, so it never finishes.
 
 from __future__ import annotations
 
+from esg_prefect.control.calls import StageResult
+from esg_prefect.control.records import CallRecord, RunRecords
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
 from esg_prefect.model.config import Config
 from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.runtime.calls import StageResult
-from esg_prefect.runtime.pool import CallRecord, RunRecords
 
 PRICES = PriceSheet(0.5, {"T4": 4.0})
 T0 = 1714521600000.0  # 2024-05-01T00:00:00Z

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from esg_prefect import ESGTaskRunner
+from esg_prefect.control.records import RunRecords
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.integration import artifacts as art
 from esg_prefect.integration import recording
@@ -27,7 +28,7 @@ from esg_prefect.integration.artifacts import (
     run_table,
 )
 from esg_prefect.model import PriceSheet
-from esg_prefect.runtime.pool import Pool, RunRecords
+from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.store import CostStore
 from tests.cost_records import RUN_A, records_a, records_b, records_c, renamed

@@ -38,12 +38,13 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.control.records import request_records, stage_records
 from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
 from esg_prefect.model.config import ConfigSpace
 from esg_prefect.model.conformance import Tolerance, compare_reports
 from esg_prefect.model.report import Report, summarize
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
-from esg_prefect.runtime.pool import Pool, request_records, stage_records, wall_ms
+from esg_prefect.runtime.pool import Pool, wall_ms
 from esg_prefect.runtime.stages import StageSpec
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings

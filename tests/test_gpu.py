@@ -122,8 +122,8 @@ def test_backend_offers_discovered_gpus_and_says_once_that_shares_are_logical_wi
 def test_pooled_stage_runs_on_a_gpu_share() -> None:
     """The GPU path for real: ESG places batches on a half share of the first GPU, in a worker process
     that sees only that device and caps its memory; the outputs match the same model run here."""
+    from esg_prefect.control.calls import StageCall, WorkflowDecl
     from esg_prefect.model import ConfigSpace, LatencyProfile, PriceSheet, ProfilePoint
-    from esg_prefect.runtime.calls import StageCall, WorkflowDecl
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import LocalProcessBackend
     from esg_prefect.scheduling import ESGSettings
@@ -152,7 +152,7 @@ def test_pooled_stage_runs_on_a_gpu_share() -> None:
     for r, expected in zip(results, want, strict=True):
         assert (r.hardware, r.gpu_share) == (hw, 0.5)
         assert r.output == pytest.approx(expected, rel=1e-3, abs=1e-3)
-    (enforced,) = {w["enforcement"] for w in workers}
+    (enforced,) = {w.enforcement for w in workers}
     assert "CUDA_VISIBLE_DEVICES=0" in enforced and "memory fraction 0.50" in enforced
     assert ("MPS active threads 50%" in enforced) == mps_active()
     print("GPU worker:", enforced, "; batch sizes:", sorted({r.batch_size for r in results}))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PURE_PACKAGES = ("model", "scheduling")
+PURE_PACKAGES = ("model", "scheduling", "control")
 # Heavy or I/O dependencies that the pure layers must not load, even indirectly.
 FORBIDDEN_LOADED = ("prefect", "torch", "asyncio", "httpx", "starlette", "uvicorn", "sqlmodel")
 # The same, plus the clock modules: the pure layers get time injected, never read it.
@@ -26,7 +26,7 @@ FORBIDDEN_IMPORTS = (*FORBIDDEN_LOADED, "time", "datetime")
 
 PROBE = """
 import json, sys
-import esg_prefect.model, esg_prefect.scheduling
+import esg_prefect.model, esg_prefect.scheduling, esg_prefect.control.calls, esg_prefect.control.records
 print(json.dumps({"file": esg_prefect.__file__, "modules": sorted(sys.modules)}))
 """
 
@@ -135,3 +135,69 @@ def test_the_scan_catches_forbidden_imports(line: str) -> None:
 )
 def test_the_scan_allows_other_imports(line: str) -> None:
     assert forbidden_imports(line) == []
+
+
+# ---- the whole package order ------------------------------------------------------
+
+# ARCHITECTURE.md's layers, bottom up: a package imports only packages of a lower rank (and
+# itself). Packages of one rank are siblings and must not import each other.
+RANKS = {
+    "exceptions": 0,
+    "model": 1,
+    "scheduling": 2,
+    "workload": 2,
+    "control": 3,
+    "runtime": 4,
+    "simulator": 4,
+    "service": 5,
+    "store": 5,
+    "integration": 6,
+    "profiler": 6,
+    "examples": 7,
+    "cli": 8,
+}
+# Known upward imports still to be removed, each with its reason; a new one fails the test.
+KNOWN_UPWARD = {
+    ("profiler", "examples"): "the profiler's 'examples' targets trace the example pipelines for their inputs",
+}
+
+
+def package_imports() -> list[tuple[str, str, str]]:
+    """Every ``esg_prefect.<pkg>`` import in the package, as (importing package, imported package, where)."""
+    found = []
+    for path in sorted((ROOT / "esg_prefect").rglob("*.py")):
+        parts = path.relative_to(ROOT / "esg_prefect").parts
+        if len(parts) == 1:
+            continue  # the top-level __init__ (the public names, imported lazily) and exceptions.py
+        src = parts[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                bits = name.split(".")
+                if bits[0] == "esg_prefect" and len(bits) > 1 and bits[1] != src:
+                    found.append((src, bits[1], f"{path.relative_to(ROOT)}:{node.lineno}"))
+    return found
+
+
+def test_every_package_has_a_rank() -> None:
+    packages = {p.name for p in (ROOT / "esg_prefect").iterdir() if (p / "__init__.py").exists()}
+    assert packages <= set(RANKS), sorted(packages - set(RANKS))
+
+
+def test_dependencies_point_down_the_layers() -> None:
+    upward = [
+        f"{where}: {src} -> {dst}"
+        for src, dst, where in package_imports()
+        if RANKS.get(dst, 0) >= RANKS[src] and (src, dst) not in KNOWN_UPWARD
+    ]
+    assert upward == [], "imports against the layer order (ARCHITECTURE.md):\n" + "\n".join(upward)
+
+
+def test_the_known_upward_imports_still_exist() -> None:
+    # Once one is removed, take it off KNOWN_UPWARD so that it cannot come back.
+    seen = {(src, dst) for src, dst, _ in package_imports()}
+    assert set(KNOWN_UPWARD) <= seen

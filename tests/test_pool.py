@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import (
     InvalidInputError,
     PoolClosedError,
@@ -21,7 +22,6 @@ from esg_prefect.model import PriceSheet, attribute_costs
 from esg_prefect.model.cluster import Device
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling import (
@@ -388,7 +388,7 @@ def test_a_prewarm_start_loads_a_worker_that_then_serves_warm() -> None:
         snap = pool.snapshot()
     finally:
         pool.close()
-    assert [w["worker_id"] for w in snap.workers] == ["w1"]
+    assert [w.worker_id for w in snap.workers] == ["w1"]
     # While it loaded, the scheduler saw it busy and starting (it may also have seen it busy running).
     assert sched.seen_starting[:1] == [True]
     # The load ran before the first batch and is billed as the worker's idle time from its start.

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import (
     CallConflictError,
     InvalidInputError,
@@ -23,7 +24,6 @@ from esg_prefect.exceptions import (
 from esg_prefect.model import PriceSheet
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime import pool as pool_module
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import input_size, resolve_stage
 from esg_prefect.runtime.workers import (
@@ -84,8 +84,8 @@ def test_two_workflows_with_a_stage_of_one_name_run_their_own_code(pool: Pool) -
         assert c.result is not None
         by_worker.setdefault(c.result.worker_id, set()).add(c.workflow)
     assert all(len(wfs) == 1 for wfs in by_worker.values()), by_worker  # no worker served both codes
-    assert {w["stage"] for w in snap.workers} <= {"classify", "classify@speech", "classify@vision"}
-    assert len({w["stage"] for w in snap.workers}) == 2
+    assert {w.stage for w in snap.workers} <= {"classify", "classify@speech", "classify@vision"}
+    assert len({w.stage for w in snap.workers}) == 2
 
 
 def test_workflows_sharing_one_stage_code_share_its_workers(pool: Pool) -> None:
@@ -93,7 +93,7 @@ def test_workflows_sharing_one_stage_code_share_its_workers(pool: Pool) -> None:
     for i in range(6):
         assert pool.submit(mk(i, "inc", wf=TOY)).result(60).output == i + 1
         assert pool.submit(mk(i, "inc", wf=other)).result(60).output == i + 1
-    assert {w["stage"] for w in pool.snapshot().workers} == {"inc"}  # consolidated, one name
+    assert {w.stage for w in pool.snapshot().workers} == {"inc"}  # consolidated, one name
 
 
 def test_a_stage_name_bound_to_other_code_in_its_workflow_is_refused(pool: Pool) -> None:
@@ -167,7 +167,7 @@ def test_a_workflows_slo_and_graph_are_fixed_by_its_first_call(pool: Pool) -> No
     with pytest.raises(CallConflictError, match="was declared with edges"):
         pool.submit(mk(3, "inc", wf=WorkflowDecl("toy", 800, (("inc", "double"),)))).result(10)
     assert pool.submit(mk(4, "inc")).result(60).output == 5
-    assert pool.snapshot().requests["r4"]["slo_ms"] == 800
+    assert pool.snapshot().requests["r4"].slo_ms == 800
 
 
 # ---- 4. a worker killed while loading is a crash, not the stage's failure --------------------

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime import ray_backend
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.ray_backend import RayBackend
 from esg_prefect.runtime.workers import WorkerLoadError, WorkerSpec
@@ -167,7 +167,7 @@ def test_pool_on_ray_batches_calls_of_many_runs(ray_pool: Pool) -> None:
     snap = ray_pool.snapshot()
     assert sum(len(b.items) for b in snap.batches) == 60  # every call ran exactly once
     assert max(len(b.items) for b in snap.batches) > 1  # and they were batched
-    assert snap.workers and all(w["enforcement"].startswith("Ray actor on node") for w in snap.workers)
+    assert snap.workers and all(w.enforcement.startswith("Ray actor on node") for w in snap.workers)
 
 
 def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
@@ -180,7 +180,7 @@ def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.Log
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(not f.done() for f in futs):
             actors = backend.actors()
-            running = [w["worker_id"] for w in ray_pool.snapshot().workers if w["stage"] == "slow" and w["busy"]]
+            running = [w.worker_id for w in ray_pool.snapshot().workers if w.stage == "slow" and w.busy]
             if running and running[0] in actors:
                 time.sleep(0.05)  # into the batch's 0.2 s
                 ray.kill(actors[running[0]])

@@ -13,9 +13,9 @@ from prefect import flow
 from prefect.states import State
 
 from esg_prefect import ESGTaskRunner
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings

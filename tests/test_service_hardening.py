@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService, check_bind, check_token

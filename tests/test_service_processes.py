@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.service.client import PoolClient
 
 pytestmark = [pytest.mark.service, pytest.mark.usefixtures("prefect_harness")]

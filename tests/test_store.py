@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, inspect, select, text
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.control.records import RunRecords
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model import PriceSheet, attribute_costs
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
-from esg_prefect.runtime.pool import Pool, RunRecords
+from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import (

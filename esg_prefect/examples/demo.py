@@ -199,7 +199,7 @@ def run_esg(
     from esg_prefect.model.attribution import attribute_costs
 
     costs = attribute_costs(snap.batches, snap.idles, pool.prices, pool.settings.cost_split, pool.settings.idle_billing)
-    wf_of = {r["run_id"]: r["workflow"] for r in snap.requests.values()}
+    wf_of = {r.run_id: r.workflow for r in snap.requests.values()}
     measured = {rid for i, rid in run_ids.items() if i >= 0}  # the warm-up runs are not billed to the workload
     per_run = tuple(
         sorted(

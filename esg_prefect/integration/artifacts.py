@@ -41,8 +41,9 @@ from esg_prefect.model.config import CPU
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
 
-    from esg_prefect.runtime.calls import StageResult
-    from esg_prefect.runtime.pool import Pool, RunRecords
+    from esg_prefect.control.calls import StageResult
+    from esg_prefect.control.records import RunRecords
+    from esg_prefect.runtime.pool import Pool
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from esg_prefect.control.calls import StagePool
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.integration.recording import attach_recorders, check_store_option, remember_run
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.runtime.calls import StagePool
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling.settings import ESGSettings

@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
 

@@ -45,10 +45,21 @@ import sys
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from esg_prefect.control.calls import StageCall, StageResult
+from esg_prefect.control.records import (
+    CallRecord,
+    CorrectionRow,
+    PoolSnapshot,
+    RequestRow,
+    RunListener,
+    RunRecords,
+    WorkerRow,
+    request_records,
+    stage_records,
+)
 from esg_prefect.exceptions import (
     CallConflictError,
     InvalidInputError,
@@ -65,12 +76,10 @@ from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
-from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.report import Report, summarize
 from esg_prefect.model.size_model import SizeModel
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.runtime.bindings import StageBindings
-from esg_prefect.runtime.calls import StageCall, StageResult
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
     BatchOutcome,
@@ -180,84 +189,9 @@ class _Request:
     at_risk: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class CallRecord:
-    """One finished call, for reports and artifacts."""
-
-    call_id: str
-    request_id: str
-    run_id: str
-    workflow: str
-    stage: str
-    ready_ms: float
-    start_ms: float
-    end_ms: float
-    ok: bool
-    result: StageResult | None
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
-    """Copies of a pool's records, taken on its loop so they are consistent."""
-
-    calls: tuple[CallRecord, ...]
-    batches: tuple[BatchRecord, ...]
-    idles: tuple[IdleRecord, ...]
-    decisions: tuple[DecisionStats, ...]
-    requests: dict[str, dict[str, Any]]
-    queue_depths: dict[str, int]
-    workers: tuple[dict[str, Any], ...]
-    corrections: tuple[dict[str, Any], ...] = ()
-
-
 DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
 DEFAULT_SIZE_SAMPLES = "profiler_examples_cpu_samples.csv"
 """Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecords:
-    """What one flow run did in the pool, handed to run listeners when the run ends.
-
-    Attributes:
-        run_id: the flow run.
-        workflow: its workflow (of its first request).
-        calls: its stage calls, in completion order.
-        batches: the batches its calls ran in (with the other runs' items: costs are shares).
-        arrival_ms, finish_ms: first arrival and last stage end of its requests (wall clock).
-        slo_ms: the workflow's SLO.
-        prices: the price sheet in force.
-        cost_split: how batch costs are split among jobs.
-        new_idles: warm idle intervals of any worker closed since the previous run ended,
-            so that a listener storing them sees each exactly once.
-    """
-
-    run_id: str
-    workflow: str
-    calls: tuple[CallRecord, ...]
-    batches: tuple[BatchRecord, ...]
-    arrival_ms: float
-    finish_ms: float | None
-    slo_ms: float
-    prices: PriceSheet
-    cost_split: str
-    new_idles: tuple[IdleRecord, ...] = ()
-
-    def busy_cost(self) -> float:
-        """This run's share of its batches' cost (idle time is attributed later, by the cost store)."""
-        from esg_prefect.model.attribution import split_weights
-
-        total = 0.0
-        for b in self.batches:
-            cost = self.prices.batch_cost(b.config, b.hardware, b.duration_ms)
-            for item, w in zip(b.items, split_weights(b.items, self.cost_split), strict=True):  # type: ignore[arg-type]
-                if item.run_id == self.run_id:
-                    total += cost * w
-        return total
-
-
-RunListener = Callable[[RunRecords], None]
 
 
 def load_default_profile(
@@ -998,27 +932,28 @@ class Pool:
             if not ws.busy and ws.idle_since_ms is not None and now > ws.idle_since_ms:
                 s = ws.spec
                 idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, ws.idle_since_ms, now))
+        slo = {name: wf.slo_ms for name, wf in self._registry.current().items()}
         requests = {
-            rid: {
-                "run_id": r.run_id,
-                "workflow": r.workflow,
-                "arrival_ms": r.arrival_ms,
-                "finish_ms": r.last_end_ms if r.open_calls <= 0 and not r.failed else None,
-                "slo_ms": self._registry.current()[r.workflow].slo_ms,
-                "at_risk": r.at_risk,
-            }
+            rid: RequestRow(
+                r.run_id,
+                r.workflow,
+                r.arrival_ms,
+                r.last_end_ms if r.open_calls <= 0 and not r.failed else None,
+                slo[r.workflow],
+                r.at_risk,
+            )
             for rid, r in self._requests.items()
         }
         workers = tuple(
-            {
-                "worker_id": wid,
-                "stage": ws.stage,
-                "busy": ws.busy,
-                "vcpus": ws.spec.vcpus,
-                "gpu_share": ws.spec.gpu_share,
-                "hardware": ws.spec.hardware,
-                "enforcement": getattr(ws.handle, "enforcement", ""),
-            }
+            WorkerRow(
+                wid,
+                ws.stage,
+                ws.busy,
+                ws.spec.vcpus,
+                ws.spec.gpu_share,
+                ws.spec.hardware,
+                str(getattr(ws.handle, "enforcement", "")),
+            )
             for wid, ws in self._workers.items()
         )
         return PoolSnapshot(
@@ -1032,18 +967,18 @@ class Pool:
             self._corrections(),
         )
 
-    def _corrections(self) -> tuple[dict[str, Any], ...]:
+    def _corrections(self) -> tuple[CorrectionRow, ...]:
         """The online correction's learned factors, and the ones the scheduler plans with now."""
         if self.correction is None:
             return ()
         return tuple(
-            {
-                "stage": stage,
-                "hardware": hw,
-                "factor": round(f, 4),
-                "applied": round(self._applied.get((stage, hw), 1.0), 4),
-                "batches": self.correction.observations(stage, hw),
-            }
+            CorrectionRow(
+                stage,
+                hw,
+                round(f, 4),
+                round(self._applied.get((stage, hw), 1.0), 4),
+                self.correction.observations(stage, hw),
+            )
             for (stage, hw), f in sorted(self.correction.factors().items())
         )
 
@@ -1102,39 +1037,3 @@ def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.
             dst.set_result(f.result())
 
     src.add_done_callback(_copy)
-
-
-def request_records(snap: PoolSnapshot) -> list[RequestRecord]:
-    """One record per request the pool saw (unfinished or failed ones have no finish time)."""
-    return [
-        RequestRecord(rid, r["run_id"], r["workflow"], r["arrival_ms"], r["finish_ms"], r["slo_ms"], r["at_risk"])
-        for rid, r in snap.requests.items()
-    ]
-
-
-def stage_records(snap: PoolSnapshot) -> list[StageRecord]:
-    """One record per stage call that produced its output."""
-    out = []
-    for c in snap.calls:
-        res = c.result
-        if not c.ok or res is None:
-            continue
-        out.append(
-            StageRecord(
-                c.call_id,
-                c.request_id,
-                c.workflow,
-                c.stage,
-                res.batch_id,
-                res.batch_size,
-                res.worker_id,
-                res.hardware,
-                res.gpu_share,
-                res.vcpus,
-                c.ready_ms,
-                c.start_ms,
-                c.end_ms,
-                res.predicted_ms,
-            )
-        )
-    return out

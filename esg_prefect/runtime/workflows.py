@@ -22,9 +22,9 @@ from collections import OrderedDict
 
 import networkx as nx
 
+from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import CallConflictError
 from esg_prefect.model.workflow import Workflow
-from esg_prefect.runtime.calls import StageCall, WorkflowDecl
 
 logger = logging.getLogger(__name__)
 

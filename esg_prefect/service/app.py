@@ -29,6 +29,7 @@ get ``429`` with a jittered ``Retry-After``; while closing, ``503``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -42,6 +43,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from esg_prefect.control.calls import StageCall
 from esg_prefect.exceptions import (
     CallConflictError,
     InvalidInputError,
@@ -49,7 +51,6 @@ from esg_prefect.exceptions import (
     StageCallError,
     UnknownStageError,
 )
-from esg_prefect.runtime.calls import StageCall
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.results import ResultCache
@@ -166,8 +167,8 @@ class PoolService:
                 "paused": self.pool.paused,
                 "calls_in_flight": len(self._inflight),
                 "stored_result_bytes": self.results.stored_bytes(),
-                "workers": list(snap.workers),
-                "profile_corrections": list(snap.corrections),
+                "workers": [dataclasses.asdict(w) for w in snap.workers],
+                "profile_corrections": [dataclasses.asdict(c) for c in snap.corrections],
                 "recent_batches": len(sizes),
                 "mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
                 "decision_ms_p50": times[len(times) // 2] if times else None,

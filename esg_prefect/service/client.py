@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
+from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.exceptions import CallConflictError, InvalidInputError, PoolClosedError, StageRejectedError
-from esg_prefect.runtime.calls import StageCall, StageResult
 from esg_prefect.service.wire import call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]

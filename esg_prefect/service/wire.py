@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import (
     CallConflictError,
     InvalidInputError,
@@ -25,7 +26,6 @@ from esg_prefect.exceptions import (
     StageRejectedError,
     WorkerCrashedError,
 )
-from esg_prefect.runtime.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.service.codec import decode, encode
 
 _ERRORS: dict[str, type[StageCallError]] = {

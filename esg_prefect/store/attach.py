@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from esg_prefect.store.cost_store import CostStore
 
 if TYPE_CHECKING:
-    from esg_prefect.runtime.pool import Pool, RunRecords
+    from esg_prefect.control.records import RecordSource, RunRecords
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,9 @@ class StoreAttachment:
     its life, and two equal scopes would merge their batches.
     """
 
-    def __init__(self, pool: Pool, store: CostStore, deployment_of: Callable[[str], str | None] | None = None) -> None:
+    def __init__(
+        self, pool: RecordSource, store: CostStore, deployment_of: Callable[[str], str | None] | None = None
+    ) -> None:
         self.pool = pool
         self.store = store
         self.scope = uuid.uuid4().hex[:16]
@@ -58,7 +60,7 @@ class StoreAttachment:
 
 
 def attach_store(
-    pool: Pool, store: CostStore, *, deployment_of: Callable[[str], str | None] | None = None
+    pool: RecordSource, store: CostStore, *, deployment_of: Callable[[str], str | None] | None = None
 ) -> StoreAttachment:
     """Record every flow run that ends in ``pool`` into ``store``.
 

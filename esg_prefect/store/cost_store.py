@@ -51,8 +51,8 @@ from esg_prefect.store.tables import (
 )
 
 if TYPE_CHECKING:
+    from esg_prefect.control.records import RunRecords
     from esg_prefect.model.attribution import IdleRecord
-    from esg_prefect.runtime.pool import RunRecords
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow
 
 if TYPE_CHECKING:
-    from esg_prefect.runtime.pool import RunRecords
+    from esg_prefect.control.records import RunRecords
 
 
 def scoped(scope: str, local_id: str) -> str:

@@ -1,0 +1,176 @@
+"""What a pool records of the calls it served: typed rows that the store, artifacts and reports read.
+
+Records keep no outputs (only sizes, times, placements and outcomes), so they
+stay small however large the stage outputs are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from esg_prefect.control.calls import StageResult
+from esg_prefect.model.attribution import BatchRecord, IdleRecord, split_weights
+from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.records import RequestRecord, StageRecord
+from esg_prefect.scheduling.base import DecisionStats
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One finished call, for reports and artifacts (``result`` carries no output)."""
+
+    call_id: str
+    request_id: str
+    run_id: str
+    workflow: str
+    stage: str
+    ready_ms: float
+    start_ms: float
+    end_ms: float
+    ok: bool
+    result: StageResult | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One request (workflow instance) the pool saw; ``finish_ms`` is None until it finished well."""
+
+    run_id: str
+    workflow: str
+    arrival_ms: float
+    finish_ms: float | None
+    slo_ms: float
+    at_risk: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    """One live worker: what it holds and serves, and how its share is enforced."""
+
+    worker_id: str
+    stage: str
+    busy: bool
+    vcpus: int
+    gpu_share: float
+    hardware: str
+    enforcement: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CorrectionRow:
+    """The online correction of one (stage, hardware): learned factor, factor planned with, batches seen."""
+
+    stage: str
+    hardware: str
+    factor: float
+    applied: float
+    batches: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSnapshot:
+    """Copies of a pool's records, taken at one instant so they are consistent."""
+
+    calls: tuple[CallRecord, ...]
+    batches: tuple[BatchRecord, ...]
+    idles: tuple[IdleRecord, ...]
+    decisions: tuple[DecisionStats, ...]
+    requests: dict[str, RequestRow]
+    queue_depths: dict[str, int]
+    workers: tuple[WorkerRow, ...]
+    corrections: tuple[CorrectionRow, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecords:
+    """What one flow run did in the pool, handed to run listeners when the run ends.
+
+    Attributes:
+        run_id: the flow run.
+        workflow: its workflow (of its first request).
+        calls: its stage calls, in completion order.
+        batches: the batches its calls ran in (with the other runs' items: costs are shares).
+        arrival_ms, finish_ms: first arrival and last stage end of its requests (wall clock).
+        slo_ms: the workflow's SLO.
+        prices: the price sheet in force.
+        cost_split: how batch costs are split among jobs.
+        new_idles: warm idle intervals of any worker closed since the previous run ended,
+            so that a listener storing them sees each exactly once.
+    """
+
+    run_id: str
+    workflow: str
+    calls: tuple[CallRecord, ...]
+    batches: tuple[BatchRecord, ...]
+    arrival_ms: float
+    finish_ms: float | None
+    slo_ms: float
+    prices: PriceSheet
+    cost_split: str
+    new_idles: tuple[IdleRecord, ...] = ()
+
+    def busy_cost(self) -> float:
+        """This run's share of its batches' cost (idle time is attributed later, by the cost store)."""
+        total = 0.0
+        for b in self.batches:
+            cost = self.prices.batch_cost(b.config, b.hardware, b.duration_ms)
+            for item, w in zip(b.items, split_weights(b.items, self.cost_split), strict=True):  # type: ignore[arg-type]
+                if item.run_id == self.run_id:
+                    total += cost * w
+        return total
+
+
+RunListener = Callable[[RunRecords], None]
+
+
+class RecordSource(Protocol):
+    """What keeps records for listeners: a pool (the store and the artifacts need only this)."""
+
+    prices: PriceSheet
+
+    def snapshot(self, timeout_s: float = 30.0) -> PoolSnapshot:
+        """Consistent copies of the records so far."""
+        ...
+
+    def add_run_listener(self, listener: RunListener) -> None:
+        """Call ``listener(records)`` each time a flow run ends."""
+        ...
+
+
+def request_records(snap: PoolSnapshot) -> list[RequestRecord]:
+    """One record per request the pool saw (unfinished or failed ones have no finish time)."""
+    return [
+        RequestRecord(rid, r.run_id, r.workflow, r.arrival_ms, r.finish_ms, r.slo_ms, r.at_risk)
+        for rid, r in snap.requests.items()
+    ]
+
+
+def stage_records(snap: PoolSnapshot) -> list[StageRecord]:
+    """One record per stage call that produced its output."""
+    out = []
+    for c in snap.calls:
+        res = c.result
+        if not c.ok or res is None:
+            continue
+        out.append(
+            StageRecord(
+                c.call_id,
+                c.request_id,
+                c.workflow,
+                c.stage,
+                res.batch_id,
+                res.batch_size,
+                res.worker_id,
+                res.hardware,
+                res.gpu_share,
+                res.vcpus,
+                c.ready_ms,
+                c.start_ms,
+                c.end_ms,
+                res.predicted_ms,
+            )
+        )
+    return out
