@@ -13,10 +13,18 @@ def register(app: typer.Typer) -> None:
     """Add the ``schedulers`` command."""
 
     @app.command("schedulers")
-    def schedulers(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    def schedulers(
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        markdown: bool = typer.Option(False, "--markdown", help="Print docs/settings.md: every knob explained."),
+    ) -> None:
         """List schedulers by name, and the default ESG settings (the knobs)."""
         from esg_prefect.scheduling import ESGSettings, describe_schedulers
 
+        if markdown:
+            from esg_prefect.scheduling.settings_doc import settings_markdown
+
+            typer.echo(settings_markdown(), nl=False)
+            return
         names = describe_schedulers()
         knobs = ESGSettings().to_dict()
         if as_json:

@@ -82,12 +82,16 @@ class ESGPriceSheet(Block):
         return PriceSheet(self.vcpu, dict(self.gpu))
 
 
+_DEFAULTS = ESGSettings().to_dict()
+
+
 def _knob(name: str) -> Any:
-    return ESGSettings.__dataclass_fields__[name].default
+    """ESGSettings' default of ``name``: the block writes no default of its own."""
+    return _DEFAULTS[name]
 
 
 class ESGSchedulerSettings(Block):
-    """Every ESG knob, with ESG-SPEC's defaults (see the README, "Where esg-prefect fills gaps in the paper").
+    """Every ESG knob, with ESGSettings' defaults (docs/settings.md says what each decides).
 
     Examples:
         Load saved settings:
@@ -101,42 +105,62 @@ class ESGSchedulerSettings(Block):
     _logo_url: ClassVar[Any] = _LOGO
     _documentation_url: ClassVar[Any] = _DOCS
 
-    batches: list[int] = Field(default=[1, 2, 4, 8, 16, 32], description="Candidate batch sizes.")
-    vcpus: list[int] = Field(default=[1, 2, 4], description="Candidate vCPU counts.")
+    batches: list[int] = Field(default=_knob("config_space")["batches"], description="Candidate batch sizes.")
+    vcpus: list[int] = Field(default=_knob("config_space")["vcpus"], description="Candidate vCPU counts.")
     gpu_shares: list[float] = Field(
-        default=[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], description="Candidate GPU shares (0 = CPU)."
+        default=_knob("config_space")["gpu_shares"], description="Candidate GPU shares (0 = CPU)."
     )
     tick_ms: float = Field(default=_knob("tick_ms"), gt=0, description="Period of the controller's timer round.")
     max_expansions: int = Field(default=_knob("max_expansions"), ge=1, description="A* expansion budget per decision.")
     time_budget_ms: float = Field(default=_knob("time_budget_ms"), gt=0, description="A* time budget per decision.")
-    latency_blade: bool = Field(default=True, description="Prune plans that cannot finish within the slack.")
-    cost_blade: bool = Field(default=True, description="Prune plans that cannot beat the best complete plan.")
-    heuristic: Literal["frontier", "min_cost"] = Field(default="frontier", description="A* heuristic.")
+    latency_blade: bool = Field(
+        default=_knob("latency_blade"), description="Prune plans that cannot finish within the slack."
+    )
+    cost_blade: bool = Field(
+        default=_knob("cost_blade"), description="Prune plans that cannot beat the best complete plan."
+    )
+    heuristic: Literal["frontier", "min_cost"] = Field(default=_knob("heuristic"), description="A* heuristic.")
     search_horizon: Literal["segment", "workflow"] = Field(
-        default="segment", description="Plan to the end of the SLO segment, or of the workflow."
+        default=_knob("search_horizon"), description="Plan to the end of the SLO segment, or of the workflow."
     )
-    percentile: Literal["p95", "mean"] = Field(default="p95", description="Profile statistic planned with.")
-    wait_for_batch: bool = Field(default=True, description="Hold a queue for a fuller batch while feasible.")
-    rate_ewma_alpha: float = Field(default=0.2, gt=0, le=1, description="Weight of the newest arrival gap.")
+    percentile: Literal["p95", "mean"] = Field(
+        default=_knob("percentile"), description="Profile statistic planned with."
+    )
+    wait_for_batch: bool = Field(
+        default=_knob("wait_for_batch"), description="Hold a queue for a fuller batch while feasible."
+    )
+    rate_ewma_alpha: float = Field(
+        default=_knob("rate_ewma_alpha"), gt=0, le=1, description="Weight of the newest arrival gap."
+    )
     infeasible_policy: Literal["best_effort", "reject"] = Field(
-        default="best_effort", description="What to do when no plan meets the slack."
+        default=_knob("infeasible_policy"), description="What to do when no plan meets the slack."
     )
-    keep_alive_s: float = Field(default=60.0, gt=0, description="How long idle warm workers are kept.")
+    keep_alive_s: float = Field(default=_knob("keep_alive_s"), gt=0, description="How long idle warm workers are kept.")
     keep_alive_by_price: bool = Field(
         default=_knob("keep_alive_by_price"),
         description="Dearer GPU types keep idle workers for less: the cheapest type's price over theirs.",
     )
-    redistribute_slack: bool = Field(default=True, description="Recompute later deadlines from real finish times.")
-    cost_split: Literal["equal", "input_size"] = Field(default="equal", description="Batch cost split among jobs.")
-    idle_billing: Literal["attribute", "separate"] = Field(
-        default="attribute", description="Bill idle time to the runs served before it, or on its own line."
+    redistribute_slack: bool = Field(
+        default=_knob("redistribute_slack"), description="Recompute later deadlines from real finish times."
     )
-    allow_eviction: bool = Field(default=True, description="Stop idle workers of other stages to make room.")
+    cost_split: Literal["equal", "input_size"] = Field(
+        default=_knob("cost_split"), description="Batch cost split among jobs."
+    )
+    idle_billing: Literal["attribute", "separate"] = Field(
+        default=_knob("idle_billing"), description="Bill idle time to the runs served before it, or on its own line."
+    )
+    allow_eviction: bool = Field(
+        default=_knob("allow_eviction"), description="Stop idle workers of other stages to make room."
+    )
     reserve_overhead: bool = Field(
-        default=True, description="Plan jobs to leave the caller's measured time between stages free."
+        default=_knob("reserve_overhead"),
+        description="Plan jobs to leave the caller's measured time between stages free.",
     )
     correction_alpha: float = Field(
-        default=0.25, ge=0, le=1, description="Weight of the newest batch in the online profile correction; 0: off."
+        default=_knob("correction_alpha"),
+        ge=0,
+        le=1,
+        description="Weight of the newest batch in the online profile correction; 0: off.",
     )
     best_effort_tolerance: float = Field(
         default=_knob("best_effort_tolerance"),
@@ -144,32 +168,39 @@ class ESGSchedulerSettings(Block):
         description="Best effort takes the cheapest option at most this fraction slower than the fastest; 0: fastest.",
     )
     wait_for_busy_warm: bool = Field(
-        default=True, description="Best effort waits for a busy warm worker rather than evict idle ones to start one."
+        default=_knob("wait_for_busy_warm"),
+        description="Best effort waits for a busy warm worker rather than evict idle ones to start one.",
     )
     prewarm: bool = Field(
-        default=True,
+        default=_knob("prewarm"),
         description="Start a cheaper worker off the requests' path when a queue is served by an overpriced warm one.",
     )
     prewarm_saving: float = Field(
-        default=0.2, gt=0, lt=1, description="Least relative saving per job that justifies a pre-warm start."
+        default=_knob("prewarm_saving"),
+        gt=0,
+        lt=1,
+        description="Least relative saving per job that justifies a pre-warm start.",
     )
     size_aware: bool = Field(
-        default=True,
+        default=_knob("size_aware"),
         description="Cypress: pack batches by their items' predicted time where the profile has a size model.",
     )
     hardware_selection: bool = Field(
-        default=False,
+        default=_knob("hardware_selection"),
         description="PALDIA: each stage uses the cheapest hardware type whose pool carries its arrival rate in time.",
     )
     hardware_utilization: float = Field(
-        default=0.7, gt=0, le=1, description="Fraction of a hardware pool's throughput the selector plans to use."
+        default=_knob("hardware_utilization"),
+        gt=0,
+        le=1,
+        description="Fraction of a hardware pool's throughput the selector plans to use.",
     )
     hybrid_sharing: bool = Field(
-        default=False,
+        default=_knob("hybrid_sharing"),
         description="PALDIA: co-run beside busy tenants (paying the slowdown) or wait for them, the cheaper in time.",
     )
     corun_table: str = Field(
-        default="default", description="Co-run table for hybrid sharing: 'default' (shipped) or a CSV path."
+        default=_knob("corun_table"), description="Co-run table for hybrid sharing: 'default' (shipped) or a CSV path."
     )
 
     def to_settings(self) -> ESGSettings:

@@ -1,7 +1,9 @@
 """ESG's knobs: every choice ESG-SPEC leaves to the project, with its default.
 
-The README lists these under "Where esg-prefect fills gaps in the paper". The
-scheduler block (Prefect integration) mirrors this dataclass field by field.
+docs/settings.md lists them, grouped by who reads them (generated from this
+module by :mod:`esg_prefect.scheduling.settings_doc`). The scheduler block
+(Prefect integration) mirrors this dataclass field by field and takes its
+defaults from here.
 """
 
 from __future__ import annotations
@@ -61,32 +63,22 @@ class ESGSettings:
             serve in time.
         best_effort_tolerance: how much slower than the fastest option a best-effort
             dispatch may be, as a fraction of the fastest's latency: the cheapest
-            option within it goes (default 0.1; 0 is the spec's "fastest", kept as
-            the ``esg-fastest`` ablation; not in the paper). A best-effort batch is
+            option within it goes (0 is the spec's "fastest", kept as the
+            ``esg-fastest`` ablation; not in the paper). A best-effort batch is
             already late, and the fastest option is often a cold start on the
-            dearest GPU that stays warm, and billed idle, for the keep-alive time;
-            past capacity it stops idle workers to make room and feeds a
-            cold-start storm (600 requests/s on the standard case: 63 % of the
-            SLOs met at 0, 99.8 % at 0.1; bursty LLM code trace, three seeds, +11
-            to +27 points); below capacity 0.1 costs a few percent of batch cost
-            at the standard SLOs and 18 % on average at SLOs of 2-3x the batch-1
-            path, where 0 is the cheaper choice for a workload that never runs
-            past capacity (docs/results.md, "Best effort: the cheapest option
-            near the fastest").
+            dearest GPU that stays warm, and billed idle, for the keep-alive;
+            past capacity such starts stop idle workers and feed a cold-start
+            storm. At tight SLOs on a workload that never runs past capacity, 0
+            is cheaper (docs/results.md, "Best effort").
         keep_alive_s: how long an idle warm worker is kept.
         keep_alive_by_price: the platform's keep-alive depends on the GPU type: an
             idle worker on the cheapest type present keeps ``keep_alive_s``, one on
             a dearer type that times the cheapest type's price over its own
-            (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`; on the
-            default sheet 60 s on a T4, 8.5 s on a V100, 5.7 s on an A100). Applied
-            by the simulator and the runtime pool to every scheduler (not in the
-            paper, where idle time is not billed; on by default since 2026-11-24:
-            over loads of 150-600 requests/s, steady and bursty traces and tight
-            SLOs, ESG's total cost with idle billed fell 0-55 % (29 % on average
-            over 21 runs) for a batch cost within 1.5 % and SLO hits within 0.7
-            points; a cluster of one GPU type is unaffected; docs/results.md,
-            "Idle cost"). Off keeps every idle worker ``keep_alive_s`` whatever it
-            costs.
+            (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`).
+            Applied by the simulator and the runtime pool to every scheduler (not
+            in the paper, which bills no idle time; docs/results.md, "Idle
+            cost"); a cluster of one GPU type is unaffected. Off keeps every idle
+            worker ``keep_alive_s`` whatever it costs.
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it, or
@@ -112,10 +104,9 @@ class ESGSettings:
             resources the queue could use warm within the same slack cost at
             least ``prewarm_saving`` less per job, none of that kind is idle for
             the stage and no start for the stage is under way (not in the
-            paper, whose ESG starts workers only with jobs on them: as a cold
-            start never fits a tight slack, it kept serving queues from the
-            warm-up's workers, e.g. resnet50 on V100 shares at 5x a T4 share's
-            cost per job; docs/results.md, "Pre-warming").
+            paper, whose ESG starts workers only with jobs on them, so a queue
+            kept being served by the dear workers of its warm-up;
+            docs/results.md, "Pre-warming").
         prewarm_saving: the least relative saving per job that justifies a
             start, in (0, 1).
         size_aware: when the profile carries an input-size model (Cypress,

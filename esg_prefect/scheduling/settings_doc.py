@@ -1,0 +1,106 @@
+"""docs/settings.md, generated from :class:`ESGSettings`: each knob's default and what it decides.
+
+The descriptions are the dataclass docstring's ``Attributes`` entries and the
+defaults are the dataclass's own, so the page cannot drift from the code
+(``esg-prefect schedulers --markdown`` prints it; a test compares it with the file).
+Knobs are grouped by who reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+
+from esg_prefect.scheduling.settings import ESGSettings
+
+KNOB_GROUPS: dict[str, tuple[str, ...]] = {
+    "Search (ESG's A* and its dispatch rules)": (
+        "config_space",
+        "max_expansions",
+        "time_budget_ms",
+        "latency_blade",
+        "cost_blade",
+        "heuristic",
+        "search_horizon",
+        "percentile",
+        "wait_for_batch",
+        "infeasible_policy",
+        "best_effort_tolerance",
+        "redistribute_slack",
+        "wait_for_busy_warm",
+        "prewarm",
+        "prewarm_saving",
+    ),
+    "Platform (the runtime pool and the simulator, every scheduler)": (
+        "tick_ms",
+        "rate_ewma_alpha",
+        "keep_alive_s",
+        "keep_alive_by_price",
+        "allow_eviction",
+        "reserve_overhead",
+        "correction_alpha",
+        "cost_split",
+        "idle_billing",
+    ),
+    "Cypress (input sizes)": ("size_aware",),
+    "PALDIA (heterogeneous hardware)": (
+        "hardware_selection",
+        "hardware_utilization",
+        "hybrid_sharing",
+        "corun_table",
+    ),
+}
+
+
+def knob_descriptions() -> dict[str, str]:
+    """Each knob's description, from the ``Attributes`` section of :class:`ESGSettings`' docstring."""
+    doc = ESGSettings.__doc__ or ""
+    section = doc.split("Attributes:", 1)[1]
+    out: dict[str, str] = {}
+    name = ""
+    for line in section.splitlines():
+        head = re.match(r"^ {8}(\w+): (.*)$", line)
+        if head:
+            name = head.group(1)
+            out[name] = head.group(2).strip()
+        elif line.startswith(" " * 12) and name:
+            out[name] += " " + line.strip()
+    return out
+
+
+def _default(value: object) -> str:
+    if isinstance(value, dict):  # the configuration space
+        return "; ".join(f"{k} {list(v)}" for k, v in value.items())  # type: ignore[call-overload]
+    return repr(value)
+
+
+def _rst_to_md(text: str) -> str:
+    """Sphinx roles and literals as Markdown code."""
+    text = re.sub(r":(?:class|meth|mod|func):`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def settings_markdown() -> str:
+    """The whole of docs/settings.md."""
+    defaults = ESGSettings().to_dict()
+    described = knob_descriptions()
+    lines = [
+        "# Settings",
+        "",
+        "Every knob of `ESGSettings` (`esg_prefect.scheduling.settings`), with its default. The same",
+        "knobs are fields of the `ESGSchedulerSettings` Prefect block, and `esg-prefect simulate --set",
+        "KEY=VALUE` and `esg-prefect compare --set KEY=VALUE` override them for a run. This page is",
+        "generated from the code (`esg-prefect schedulers --markdown > docs/settings.md`); figures",
+        "behind the defaults are in [results.md](results.md).",
+        "",
+    ]
+    for group, names in KNOB_GROUPS.items():
+        lines += [f"## {group}", "", "| knob | default | what it decides |", "|---|---|---|"]
+        for name in names:
+            desc = _rst_to_md(described[name]).replace("|", "\\|")
+            lines.append(f"| `{name}` | `{_default(defaults[name])}` | {desc} |")
+        lines.append("")
+    missing = [f.name for f in fields(ESGSettings) if not any(f.name in g for g in KNOB_GROUPS.values())]
+    if missing:
+        raise AssertionError(f"knobs in no group of KNOB_GROUPS: {missing}")
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""docs/settings.md is generated from ESGSettings and kept in step with it; the block takes its defaults."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from esg_prefect.integration.blocks import ESGSchedulerSettings
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling.settings_doc import KNOB_GROUPS, knob_descriptions, settings_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_knob_is_described_and_in_exactly_one_group() -> None:
+    names = [f.name for f in fields(ESGSettings)]
+    grouped = [n for group in KNOB_GROUPS.values() for n in group]
+    assert sorted(grouped) == sorted(names)  # each once, none unknown
+    described = knob_descriptions()
+    assert set(described) == set(names) and all(len(described[n]) > 10 for n in names)
+
+
+def test_docs_settings_md_is_what_the_code_generates() -> None:
+    on_disk = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert on_disk == settings_markdown(), "run: esg-prefect schedulers --markdown > docs/settings.md"
+
+
+def test_the_block_takes_every_default_from_the_dataclass() -> None:
+    block = ESGSchedulerSettings()
+    assert block.to_settings() == ESGSettings()
+    source = (ROOT / "esg_prefect" / "integration" / "blocks.py").read_text(encoding="utf-8")
+    knobs = source[source.index("class ESGSchedulerSettings") : source.index("def to_settings")]
+    assert "default=_knob(" in knobs and "default=True" not in knobs and "default=False" not in knobs
