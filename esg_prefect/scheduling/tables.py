@@ -292,35 +292,24 @@ class CandidateTables:
         return opt
 
     def prepare(self, workflow: Workflow, hardware: frozenset[str]) -> None:
-        """Build ahead what decisions on ``workflow`` read, so that none of them pays for it.
+        """Build ahead the tables decisions on ``workflow`` read (e.g. when it is registered).
 
-        Each stage's horizon tables (:meth:`suffix`) and its first-stage
-        options at every queue length up to the largest batch, on every
-        resource of the space, warm and cold, pruned per size for the
-        resources of an uncrowded cluster. Decisions build what they miss
-        either way (the same values); this moves the one-time cost up front,
-        e.g. when a workflow is registered.
+        Each stage's horizon tables and first-stage options at every queue
+        length, every resource warm and cold; decisions build what they miss
+        either way (the same values), so this only moves the one-time cost.
 
         Raises:
             MissingProfileError: when a stage has no profiled configuration on ``hardware``.
         """
-        top = self.settings.config_space.max_batch
-        stride = top + 1
         for stage in workflow.stages:
             self.suffix(workflow, stage, hardware)
-            kinds = tuple(
-                (hw, v, s)
-                for hw in sorted(hardware & self.profile.hardware_types(stage))
-                for v, s in self.resources(hw)
-            )
-            for b in range(1, top + 1):
-                for hw, v, s in kinds:
-                    self.single_option(stage, (hw, v, s, False), b)
-                    self.single_option(stage, (hw, v, s, True), b)
-                self._cold_front(stage, b, kinds, stride)
-            cold = tuple((hw, v, s, False) for hw, v, s in kinds)
-            for n in range(1, top + 1):
-                self._build_now(stage, n, cold)
+            hws = sorted(hardware & self.profile.hardware_types(stage))
+            warm = tuple((hw, v, s, True) for hw in hws for v, s in self.resources(hw))
+            cold = tuple((hw, v, s, False) for hw, v, s, _ in warm)
+            for n in range(1, self.settings.config_space.max_batch + 1):
+                self._build_now(stage, n, cold)  # every cold option at sizes up to n, and their fronts
+                for r in warm:
+                    self.single_option(stage, r, n)
 
     def first_options(
         self, stage: str, n: int, resources: tuple[Resource, ...], rate_per_s: float
@@ -483,17 +472,12 @@ class CandidateTables:
     def _pruned_over(self, stage: str, sizes: tuple[int, ...], resources: tuple[Resource, ...]) -> tuple[Option, ...]:
         """``pareto_prune`` of the option of every resource at every size (resource-major): the same list.
 
-        The placeable resources change with the warm workers, most of them
-        only in which few are warm, so pruning every option anew would redo
-        the same work. A warm resource's option dominates its cold twin's
-        (the same configuration without the cold start: no slower, no dearer,
-        and placed first on a tie), and pruning a union equals pruning one
-        part's frontier with the other part (an option pruned away is matched
-        by one before it that prunes whatever it would). So the cold options of
-        every resource kind present, warm or not, are pruned per (stage, size,
-        kinds) and per (stage, sizes, kinds) and kept, and each call prunes
-        that with the few warm options. Positions (resource, size, warm before
-        cold) keep ``pareto_prune``'s tie-break: the first given of equal options.
+        Resources change mostly in which few are warm. A warm option dominates
+        its cold twin (no slower, no dearer, first on a tie), and pruning a
+        union equals pruning one part's frontier with the other part; so the
+        cold options of every kind present are pruned once per (stage, sizes,
+        kinds) and each call adds the warm ones. Positions (resource, size,
+        warm first) keep ``pareto_prune``'s tie-break.
         """
         kinds = tuple([r[:3] for r in resources])
         stride = self.settings.config_space.max_batch + 1  # sizes never exceed the largest batch
