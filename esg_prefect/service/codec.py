@@ -164,4 +164,6 @@ def _array(value: dict[str, Any], tag: str) -> Any:
 
     if len(data) != count * 2:
         raise CodecError(f"payload of {len(data)} bytes does not hold {count} bfloat16 values")
+    if count == 0:  # frombuffer refuses an empty buffer
+        return torch.empty(shape, dtype=torch.bfloat16)
     return torch.frombuffer(bytearray(data), dtype=torch.bfloat16).reshape(shape).clone()
