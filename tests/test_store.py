@@ -475,3 +475,47 @@ def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
     assert all(w.startswith(f"{attachment.scope}:w") for _, _, w in ok)
     assert all(r.slo_met + r.slo_missed == 1 for r in store.costs("run") if not r.idle)
     assert snap.idles  # the invariant covered idle time too
+
+
+def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_batch(store: CostStore) -> None:
+    """A pool killed mid-run (its runs never end) has still stored every batch it finished, each once."""
+    import time
+
+    prices = PriceSheet(1e-5, {})
+    pool = Pool(toy_profile(), prices, backend=InlineBackend())
+    attach_store(pool, store)
+    decl = WorkflowDecl("toy", 800, (("double", "inc"),))
+    try:
+        futs = [
+            pool.submit(StageCall(f"k{i}", "inc", "tests.toy_stages:inc", decl, f"q{i}", f"run{i % 2}", i))
+            for i in range(12)
+        ]
+        assert [f.result(60).output for f in futs] == [i + 1 for i in range(12)]
+        snap = pool.snapshot()
+        give_up = time.monotonic() + 60  # the listener thread writes them: wait for it, on a condition
+        while count(store, StageCallRow) < 12 and time.monotonic() < give_up:
+            time.sleep(0.05)
+        # No run has ended: everything below was written batch by batch (the runs as provisional rows).
+        with store.engine.connect() as conn:
+            finished = conn.execute(select(RunRow.run_id, RunRow.finish_ms)).all()  # type: ignore[call-overload]
+        assert sorted(finished) == [("run0", None), ("run1", None)]
+        assert count(store, StageCallRow) == 12 and count(store, BatchRow) == len(snap.batches)
+        assert count(store, BatchItemRow) == sum(len(b.items) for b in snap.batches) == 12
+        busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)
+        by_run = costs_by_key(store, idle_billing="separate")
+        assert by_run.keys() >= {"run0", "run1"} and by_run["run0"] > 0 and by_run["run1"] > 0
+        assert by_run["run0"] + by_run["run1"] == pytest.approx(busy, rel=1e-9)
+        pool.end_run("run0")  # the run's records, stored again when it ends, add no row but the run's own
+        def run0_finished() -> bool:
+            with store.engine.connect() as conn:
+                row = conn.execute(select(RunRow.finish_ms).where(RunRow.run_id == "run0")).scalar_one()  # type: ignore[call-overload]
+            return row is not None
+
+        give_up = time.monotonic() + 60
+        while not run0_finished() and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert run0_finished() and count(store, RunRow) == 2
+        assert count(store, BatchRow) == len(snap.batches) and count(store, BatchItemRow) == 12
+        assert costs_by_key(store, idle_billing="separate")["run0"] == pytest.approx(by_run["run0"], rel=1e-9)
+    finally:
+        pool.close()

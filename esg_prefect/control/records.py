@@ -126,6 +126,42 @@ class RunRecords:
 RunListener = Callable[[RunRecords], None]
 
 
+@dataclass(frozen=True, slots=True)
+class RunStub:
+    """What is known of a run before it ends: enough for the store to file its calls under it."""
+
+    run_id: str
+    workflow: str
+    arrival_ms: float
+    slo_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """One batch as it completes, handed to batch listeners (the cost store keeps it at once).
+
+    Attributes:
+        batch: the batch (every item, with its run).
+        calls: the calls it finished (calls re-queued after a crash come with a later batch).
+        workflow: the workflow of its queue.
+        stage: the stage of its queue (the pool's name for it).
+        prices: the price sheet in force.
+        runs: the runs of ``calls``, as known so far.
+        new_idles: idle intervals of any worker closed since the previous batch was handed over.
+    """
+
+    batch: BatchRecord
+    calls: tuple[CallRecord, ...]
+    workflow: str
+    stage: str
+    prices: PriceSheet
+    runs: tuple[RunStub, ...] = ()
+    new_idles: tuple[IdleRecord, ...] = ()
+
+
+BatchListener = Callable[[BatchDone], None]
+
+
 class RecordSource(Protocol):
     """What keeps records for listeners: a pool (the store and the artifacts need only this)."""
 
@@ -137,6 +173,10 @@ class RecordSource(Protocol):
 
     def add_run_listener(self, listener: RunListener) -> None:
         """Call ``listener(records)`` each time a flow run ends."""
+        ...
+
+    def add_batch_listener(self, listener: BatchListener) -> None:
+        """Call ``listener(done)`` each time a batch completes."""
         ...
 
 

@@ -45,17 +45,21 @@ import sys
 import threading
 import time
 from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.control.records import (
+    BatchDone,
+    BatchListener,
     CallRecord,
     CorrectionRow,
     PoolSnapshot,
     RequestRow,
     RunListener,
     RunRecords,
+    RunStub,
     WorkerRow,
     request_records,
     stage_records,
@@ -301,7 +305,9 @@ class Pool:
         self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _calls
         self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _batches
         self._listeners: list[RunListener] = []
+        self._batch_listeners: list[BatchListener] = []
         self._idle_cursor = 0  # idle records already handed to run listeners
+        self._batch_idle_cursor = 0  # ... and to batch listeners
         self._notifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esg-run-listeners")
 
     # ---- thread-safe API -------------------------------------------------------------------
@@ -319,6 +325,14 @@ class Pool:
     def add_run_listener(self, listener: RunListener) -> None:
         """Call ``listener(records)`` on a background thread each time a flow run ends (artifacts, cost store)."""
         self._listeners.append(listener)
+
+    def add_batch_listener(self, listener: BatchListener) -> None:
+        """Call ``listener(done)`` on the listeners' thread each time a batch completes.
+
+        For records that must survive the pool's process being killed: the cost
+        store writes each batch as it completes, not only when its runs end.
+        """
+        self._batch_listeners.append(listener)
 
     def end_run(self, run_id: str) -> None:
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
@@ -556,6 +570,19 @@ class Pool:
         for listener in self._listeners:
             self._notifier.submit(_call_listener, listener, records)
 
+    def _hand_batch(self, done: BatchDone) -> None:
+        idles = tuple(self._idles[self._batch_idle_cursor :])
+        self._batch_idle_cursor = len(self._idles)
+        slo = {name: wf.slo_ms for name, wf in self._registry.current().items()}
+        runs: dict[str, RunStub] = {}
+        for c in done.calls:
+            req = self._requests.get(c.request_id)
+            if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
+                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo.get(req.workflow, 0.0))
+        done = dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
+        for listener in self._batch_listeners:
+            self._notifier.submit(_call_listener, listener, done)
+
     async def _set_paused(self, paused: bool) -> None:
         self._paused = paused
         if not paused:
@@ -773,6 +800,7 @@ class Pool:
             )
         )
         runs = len({p.call.run_id for p in pendings})
+        first_call = len(self._calls)
         requeue: list[_Pending] = []
         for i, p in enumerate(pendings):
             if i in results:
@@ -812,6 +840,9 @@ class Pool:
             else:
                 p.solo = True
                 requeue.append(p)
+        if self._batch_listeners:
+            calls = tuple(self._calls[first_call:])
+            self._hand_batch(BatchDone(self._batches[-1], calls, d.queue.workflow, d.queue.stage, self.prices))
         if requeue:
             self._queues[d.queue] = requeue + self._queues.get(d.queue, [])
         if died is not None:
@@ -1019,11 +1050,11 @@ def _stages_after(workflow: Workflow, stage: str) -> int:
     return 1 + max(_stages_after(workflow, s) for s in succ) if succ else 0
 
 
-def _call_listener(listener: RunListener, records: RunRecords) -> None:
+def _call_listener(listener: Callable[[Any], None], records: RunRecords | BatchDone) -> None:
     try:
         listener(records)
     except Exception:  # a listener's failure must not stop the pool or the other listeners
-        logger.exception("run listener %r failed for run %s", listener, records.run_id)
+        logger.exception("listener %r failed for %s", listener, getattr(records, "run_id", "a batch"))
 
 
 def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:

@@ -1,4 +1,8 @@
-"""Attaching a cost store to a pool: a run listener with a scope of its own.
+"""Attaching a cost store to a pool: a run and batch listener with a scope of its own.
+
+Each batch is stored as it completes and each run again when it ends (same
+rows, idempotent), so that a pool killed mid-run loses only the batches it had
+not yet handed to its listener thread.
 
 The pool numbers batches and workers from 1 (``b1``, ``w1``) in every process;
 each attachment draws a random scope that prefixes them in the store, so that
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING
 from esg_prefect.store.cost_store import CostStore
 
 if TYPE_CHECKING:
-    from esg_prefect.control.records import RecordSource, RunRecords
+    from esg_prefect.control.records import BatchDone, RecordSource, RunRecords
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,10 @@ class StoreAttachment:
                 logger.debug("no deployment name for run %s: %s", records.run_id, exc)
         self.store.record(records, scope=self.scope, deployment=deployment)
 
+    def on_batch(self, done: BatchDone) -> None:
+        """Record one batch as it completes (called by the pool on its listener thread)."""
+        self.store.record_batch(done, scope=self.scope)
+
     def flush(self, timeout_s: float = 30.0) -> None:
         """Store the pool's idle intervals up to now, open ones included.
 
@@ -75,4 +83,5 @@ def attach_store(
     """
     attachment = StoreAttachment(pool, store, deployment_of)
     pool.add_run_listener(attachment)
+    pool.add_batch_listener(attachment.on_batch)
     return attachment

@@ -51,7 +51,7 @@ from esg_prefect.store.tables import (
 )
 
 if TYPE_CHECKING:
-    from esg_prefect.control.records import RunRecords
+    from esg_prefect.control.records import BatchDone, RunRecords
     from esg_prefect.model.attribution import IdleRecord
 
 logger = logging.getLogger(__name__)
@@ -147,14 +147,31 @@ class CostStore:
             scope: prefix of the pool's batch and worker ids (see :func:`attach_store`).
             deployment: the run's deployment name, if known (a known one is never erased by None).
         """
-        batches, items = R.batch_rows(records, scope)
+        batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
             _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
-            _upsert(conn, StageCallRow, R.call_rows(records, scope), ("call_id",))
+            _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+
+    def record_batch(self, done: BatchDone, *, scope: str = "") -> None:
+        """Store one batch as it completes: its row, its items, its calls, idle intervals closed since.
+
+        So that a pool killed mid-run loses at most the batches not yet handed
+        over, not every batch of its unfinished runs. Idempotent: the run's
+        records, stored when it ends, write the same rows again.
+        """
+        batches, items = R.batch_rows([done.batch], done.calls, done.prices, scope, (done.workflow, done.stage))
+        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _upsert(conn, PriceSheetRow, [R.sheet_row(done.prices)], ("sheet_id",), update=False)
+            stubs = [R.run_stub_row(r, self.cost_split) for r in done.runs]
+            _upsert(conn, RunRow, stubs, ("run_id",), update=False)  # the run's end writes the real row
+            _upsert(conn, BatchRow, batches, ("batch_id",))
+            _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
+            _upsert(conn, StageCallRow, R.call_rows(done.calls, scope), ("call_id",))
+            _upsert(conn, IdleRow, R.idle_rows(done.new_idles, done.prices, scope), ("idle_id",))
 
     def record_idles(self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "") -> None:
         """Store idle intervals (e.g. a pool's still-open ones before it closes); idempotent like :meth:`record`."""

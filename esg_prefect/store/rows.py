@@ -17,7 +17,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow
 
 if TYPE_CHECKING:
-    from esg_prefect.control.records import RunRecords
+    from esg_prefect.control.records import CallRecord, RunRecords, RunStub
 
 
 def scoped(scope: str, local_id: str) -> str:
@@ -70,10 +70,25 @@ def run_row(records: RunRecords, deployment: str | None) -> dict[str, Any]:
     }
 
 
-def call_rows(records: RunRecords, scope: str) -> list[dict[str, Any]]:
-    """The ``stage_calls`` rows of a run (failed calls keep their error and no batch)."""
+def run_stub_row(stub: RunStub, cost_split: str) -> dict[str, Any]:
+    """A provisional ``runs`` row for a run whose calls are stored before it ends (no finish yet)."""
+    return {
+        "run_id": stub.run_id,
+        "workflow": stub.workflow,
+        "deployment": None,
+        "arrival_ms": stub.arrival_ms,
+        "finish_ms": None,
+        "slo_ms": stub.slo_ms,
+        "slo_met": False,
+        "day": utc_day(stub.arrival_ms),
+        "cost_split": cost_split,
+    }
+
+
+def call_rows(calls: Iterable[CallRecord], scope: str) -> list[dict[str, Any]]:
+    """The ``stage_calls`` rows of some calls (failed calls keep their error and no batch)."""
     out = []
-    for c in records.calls:
+    for c in calls:
         r = c.result
         out.append(
             {
@@ -104,15 +119,24 @@ def call_rows(records: RunRecords, scope: str) -> list[dict[str, Any]]:
     return out
 
 
-def batch_rows(records: RunRecords, scope: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``batches`` rows of a run's batches, and their ``batch_items`` rows (every run's items)."""
-    stage_of = {c.result.batch_id: (c.workflow, c.stage) for c in records.calls if c.result is not None}
-    sid = sheet_id(records.prices)
+def batch_rows(
+    batches_done: Iterable[BatchRecord],
+    calls: Iterable[CallRecord],
+    prices: PriceSheet,
+    scope: str,
+    where: tuple[str | None, str | None] = (None, None),
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``batches`` rows of some batches, and their ``batch_items`` rows (every run's items).
+
+    A batch's workflow and stage come from its calls, else from ``where``.
+    """
+    stage_of = {c.result.batch_id: (c.workflow, c.stage) for c in calls if c.result is not None}
+    sid = sheet_id(prices)
     batches: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
-    for b in records.batches:
+    for b in batches_done:
         bid = scoped(scope, b.batch_id)
-        workflow, stage = stage_of.get(b.batch_id, (None, None))
+        workflow, stage = stage_of.get(b.batch_id, where)
         batches.append(
             {
                 "batch_id": bid,
