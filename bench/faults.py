@@ -9,6 +9,10 @@ which logs every execution. Client processes send the calls through
 :class:`~esg_prefect.service.client.PoolClient` (retries with the same call id)
 while this process SIGKILLs worker processes at random moments and SIGKILLs and
 restarts the service. 1 % of inputs are poison (the stage raises on them).
+Runs of five calls each end through the client; the service keeps costs in a
+cost store (a SQLite file, or ``--store URL`` such as PostgreSQL), checked at
+the end against the execution log: no answered call missing, no batch billed
+more often than it ran.
 
 Counted from the clients' answers and the execution log: lost (answered with
 neither the output nor the stage's own error), hung (no answer by the end),
@@ -23,6 +27,7 @@ Loopback only; bounded in calls and time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -40,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "chaos-bench-token-0123456789abcdef"
 STAGE = "chaos_stages:chaos"
+RUN_CALLS = 5  # calls per flow run
 
 
 def poisoned(cid: str) -> bool:
@@ -74,8 +80,16 @@ def client_main(idx: int, n: int, url: str, out: str, threads: int, deadline_s: 
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
 
+    left = {f"r{idx}-{k}": min(RUN_CALLS, n - k * RUN_CALLS) for k in range((n + RUN_CALLS - 1) // RUN_CALLS)}
+
     def done(cid: str, x: int, t0: float, fut: Any) -> None:
         sem.release()
+        run = f"r{idx}-{x // RUN_CALLS}"
+        with lock:
+            left[run] -= 1
+            ended = left[run] == 0
+        if ended:
+            client.end_run(run)  # the service stores the run's costs (its batches are stored already)
         row: dict[str, Any] = {"id": cid, "x": x, "ms": (time.monotonic() - t0) * 1000.0}
         try:
             res = fut.result()
@@ -90,12 +104,13 @@ def client_main(idx: int, n: int, url: str, out: str, threads: int, deadline_s: 
     for i in range(n):
         cid = f"c{idx}-{i}"
         item = {"id": cid, "x": i, "poison": poisoned(cid)}
-        call = StageCall(cid, "chaos", STAGE, wf, cid, f"r{idx}-{i // 5}", item)
+        call = StageCall(cid, "chaos", STAGE, wf, cid, f"r{idx}-{i // RUN_CALLS}", item)
         sem.acquire()
         t0 = time.monotonic()
         client.submit(call).add_done_callback(lambda f, cid=cid, x=i, t0=t0: done(cid, x, t0, f))
     for _ in range(threads):  # every call answered (or the client's deadline hit)
         sem.acquire()
+    time.sleep(1.0)  # the last run-end notices go out in the background
     with open(out, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
@@ -112,13 +127,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(port: int, work: Path, env: dict[str, str], max_pending: int) -> subprocess.Popen[bytes]:
+def start_service(
+    port: int, work: Path, env: dict[str, str], max_pending: int, store: str
+) -> subprocess.Popen[bytes]:
     import httpx
 
     cmd = [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "chaos_stages"]
     cmd += ["--port", str(port), "--backend", "process", "--profile", str(work / "profile.csv")]
     cmd += ["--results-db", str(work / "results.db"), "--max-pending", str(max_pending)]
-    cmd += ["--store", "off", "--no-artifacts"]
+    cmd += ["--store", store, "--no-artifacts"]
     log = open(work / "service.log", "ab")  # noqa: SIM115 (kept open for the child's life)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
     for _ in range(600):
@@ -228,6 +245,36 @@ def analyse(log: Path, rows: list[dict[str, Any]], sent: list[str]) -> dict[str,
     }
 
 
+def check_store(url: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The cost store after the faults: no answered call missing, no batch stored twice, every run costed.
+
+    A dispatch whose worker died (idle, loading or mid-batch) is billed for the
+    worker time it took, and its calls again in the batch that served them:
+    two real costs, not one counted twice. Counted twice would be one batch
+    stored under two ids (the same worker and times).
+    """
+    from sqlalchemy import select
+
+    from esg_prefect.store import IDLE_KEY, CostStore
+    from esg_prefect.store.tables import BatchRow, StageCallRow
+
+    with CostStore(url) as store, store.engine.connect() as conn:
+        ok_rows = {r[0] for r in conn.execute(select(StageCallRow.call_id).where(StageCallRow.ok))}  # type: ignore[arg-type]
+        batches = list(conn.execute(select(BatchRow.worker_id, BatchRow.start_ms, BatchRow.end_ms)))  # type: ignore[call-overload]
+        report = store.costs("run", idle_billing="separate")
+    answered = {r["id"] for r in rows if r["kind"] == "ok"}
+    runs_answered = {f"r{r['id'][1:].split('-')[0]}-{r['x'] // RUN_CALLS}" for r in rows if r["kind"] == "ok"}
+    costed = {r.key for r in report if r.key != IDLE_KEY and r.cost > 0}
+    return {
+        "store": url.split(":", 1)[0],
+        "cost_calls_lost": len(answered - ok_rows),
+        "cost_batches_double": len(batches) - len({tuple(b) for b in batches}),
+        "cost_runs_missing": len(runs_answered - costed),
+        "cost_runs_stored": len(costed),
+        "cost_total": sum(r.cost for r in report),
+    }
+
+
 # ---- the run -------------------------------------------------------------------------------------
 
 
@@ -241,6 +288,7 @@ def main() -> int:
     ap.add_argument("--max-pending", type=int, default=64)
     ap.add_argument("--time-limit-s", type=float, default=900.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--store", default="", help="cost store URL (default: a SQLite file in the work folder)")
     ap.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
     opts = ap.parse_args()
     if opts.client:
@@ -250,6 +298,7 @@ def main() -> int:
     rng = random.Random(opts.seed)
     work = Path(tempfile.mkdtemp(prefix="esg-faults-"))
     log = work / "executions.log"
+    store_url = opts.store or f"sqlite:///{work / 'costs.db'}"
     from esg_prefect.model import LatencyProfile, ProfilePoint
 
     batches = (1, 2, 4, 8, 16, 32)
@@ -260,7 +309,7 @@ def main() -> int:
     env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN, "ESG_CHAOS_LOG": str(log)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), str(ROOT), env.get("PYTHONPATH", "")])
     began = time.monotonic()
-    service = start_service(port, work, env, opts.max_pending)
+    service = start_service(port, work, env, opts.max_pending, store_url)
     peak_rss = 0.0
     per = [opts.calls // opts.clients + (1 if i < opts.calls % opts.clients else 0) for i in range(opts.clients)]
     sent = [f"c{i}-{k}" for i in range(opts.clients) for k in range(per[i])]
@@ -285,7 +334,7 @@ def main() -> int:
             service.wait()
             restarts += 1
             time.sleep(0.5)
-            service = start_service(port, work, env, opts.max_pending)
+            service = start_service(port, work, env, opts.max_pending, store_url)
             continue
         pids = worker_pids(log, service.pid)
         if kills < opts.kills and pids:
@@ -302,7 +351,11 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             c.kill()
     peak_rss = max(peak_rss, rss_mb(service.pid))
-    os.killpg(service.pid, signal.SIGKILL)
+    service.send_signal(signal.SIGINT)  # the end of the run is a normal shutdown: the store is drained
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        service.wait(timeout=120)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(service.pid, signal.SIGKILL)
     service.wait()
     rows: list[dict[str, Any]] = []
     rejected = 0
@@ -316,6 +369,7 @@ def main() -> int:
                 else:
                     rows.append(row)
     figures = analyse(log, rows, sent)
+    figures.update(check_store(store_url, rows))
     figures.update(
         worker_kills=kills,
         service_restarts=restarts,
@@ -330,7 +384,9 @@ def main() -> int:
         f"RESULT lost={figures['lost']} duplicated_executions={figures['duplicated_executions']} "
         f"wrong={figures['wrong']} poison_leaks={figures['poison_leaks']} hung={figures['hung']} "
         f"rerun_after_service_kill={figures['rerun_after_service_kill']} worker_kills={kills} "
-        f"service_restarts={restarts} http_429={rejected}"
+        f"service_restarts={restarts} http_429={rejected} cost_calls_lost={figures['cost_calls_lost']} "
+        f"cost_batches_double={figures['cost_batches_double']} "
+        f"cost_runs_missing={figures['cost_runs_missing']}"
     )
     return 0
 

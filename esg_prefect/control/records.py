@@ -6,7 +6,7 @@ stay small however large the stage outputs are.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,7 +159,7 @@ class BatchDone:
     new_idles: tuple[IdleRecord, ...] = ()
 
 
-BatchListener = Callable[[BatchDone], None]
+BatchListener = Callable[[Sequence[BatchDone]], None]  # the batches completed since its previous call
 
 
 class RecordSource(Protocol):
@@ -176,7 +176,7 @@ class RecordSource(Protocol):
         ...
 
     def add_batch_listener(self, listener: BatchListener) -> None:
-        """Call ``listener(done)`` each time a batch completes."""
+        """Call ``listener(batches)`` with the batches completed since its previous call."""
         ...
 
 

@@ -308,6 +308,10 @@ class Pool:
         self._batch_listeners: list[BatchListener] = []
         self._idle_cursor = 0  # idle records already handed to run listeners
         self._batch_idle_cursor = 0  # ... and to batch listeners
+        self._backlog: list[BatchDone] = []  # completed batches not yet handed to batch listeners
+        self._backlog_lock = threading.Lock()  # the loop appends, the listeners' thread drains
+        self._drain_scheduled = False
+        self._recorded: dict[str, concurrent.futures.Future[None]] = {}  # batch id -> done once listened to
         self._notifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esg-run-listeners")
 
     # ---- thread-safe API -------------------------------------------------------------------
@@ -327,10 +331,12 @@ class Pool:
         self._listeners.append(listener)
 
     def add_batch_listener(self, listener: BatchListener) -> None:
-        """Call ``listener(done)`` on the listeners' thread each time a batch completes.
+        """Call ``listener(batches)`` on the listeners' thread with the batches completed since its last call.
 
         For records that must survive the pool's process being killed: the cost
-        store writes each batch as it completes, not only when its runs end.
+        store writes batches as they complete, not only when their runs end.
+        Batches that complete while the listener is busy come together in its
+        next call, so a slow listener (a remote database) does not fall behind.
         """
         self._batch_listeners.append(listener)
 
@@ -580,8 +586,35 @@ class Pool:
             if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
                 runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo.get(req.workflow, 0.0))
         done = dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
+        with self._backlog_lock:
+            self._backlog.append(done)
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._notifier.submit(self._drain_batches)
+
+    def _drain_batches(self) -> None:
+        """On the listeners' thread: hand every batch completed so far to each batch listener, at once."""
+        with self._backlog_lock:
+            batches, self._backlog = self._backlog, []
+            self._drain_scheduled = False
         for listener in self._batch_listeners:
-            self._notifier.submit(_call_listener, listener, done)
+            _call_listener(listener, batches)
+        with self._backlog_lock:
+            recorded = [self._recorded.pop(b.batch.batch_id, None) for b in batches]
+        for fut in recorded:
+            if fut is not None:
+                fut.set_result(None)
+
+    def recorded(self, batch_id: str) -> concurrent.futures.Future[None] | None:
+        """A future done once batch ``batch_id`` was handed to the batch listeners (None: it was, or none listen).
+
+        The pool service waits for it before it stores and sends a call's answer,
+        so that a call answered is a call whose cost is in the store, even if the
+        service is killed right after.
+        """
+        with self._backlog_lock:
+            return self._recorded.get(batch_id)
 
     async def _set_paused(self, paused: bool) -> None:
         self._paused = paused
@@ -801,6 +834,9 @@ class Pool:
         )
         runs = len({p.call.run_id for p in pendings})
         first_call = len(self._calls)
+        if self._batch_listeners:  # before any caller hears of the batch: it may wait for its records
+            with self._backlog_lock:
+                self._recorded[batch_id] = concurrent.futures.Future()
         requeue: list[_Pending] = []
         for i, p in enumerate(pendings):
             if i in results:
@@ -1050,11 +1086,11 @@ def _stages_after(workflow: Workflow, stage: str) -> int:
     return 1 + max(_stages_after(workflow, s) for s in succ) if succ else 0
 
 
-def _call_listener(listener: Callable[[Any], None], records: RunRecords | BatchDone) -> None:
+def _call_listener(listener: Callable[[Any], None], records: RunRecords | list[BatchDone]) -> None:
     try:
         listener(records)
     except Exception:  # a listener's failure must not stop the pool or the other listeners
-        logger.exception("listener %r failed for %s", listener, getattr(records, "run_id", "a batch"))
+        logger.exception("listener %r failed for %s", listener, getattr(records, "run_id", "batches"))
 
 
 def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:

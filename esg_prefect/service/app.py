@@ -29,6 +29,7 @@ get ``429`` with a jittered ``Retry-After``; while closing, ``503``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import json
@@ -301,6 +302,18 @@ class PoolService:
         self._tasks.add(task)  # the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
 
+    async def _recorded(self, batch_id: str, timeout_s: float = 30.0) -> None:
+        """Wait until the call's batch is in the cost store (if one listens), so an answer implies its cost.
+
+        Without it, a service killed between answering and storing would leave
+        answered calls (served again from the result file after a restart) with
+        no cost. Bounded: a store slower than ``timeout_s`` delays no answer more.
+        """
+        fut = self.pool.recorded(batch_id)
+        if fut is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+
     async def _run(self, call: StageCall, fut: asyncio.Future[dict[str, Any]], digest: str) -> None:
         """Run one call and answer everyone waiting on it, whatever happens on the way.
 
@@ -313,6 +326,7 @@ class PoolService:
             store = True
             try:
                 res = await asyncio.wrap_future(self.pool.submit(call))
+                await self._recorded(res.batch_id)
                 body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
             except CallConflictError as exc:
                 body, store = {**error_body(exc), "conflict": True}, False

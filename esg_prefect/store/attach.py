@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from esg_prefect.store.cost_store import CostStore
@@ -51,9 +51,9 @@ class StoreAttachment:
                 logger.debug("no deployment name for run %s: %s", records.run_id, exc)
         self.store.record(records, scope=self.scope, deployment=deployment)
 
-    def on_batch(self, done: BatchDone) -> None:
-        """Record one batch as it completes (called by the pool on its listener thread)."""
-        self.store.record_batch(done, scope=self.scope)
+    def on_batches(self, done: Sequence[BatchDone]) -> None:
+        """Record batches as they complete (called by the pool on its listener thread)."""
+        self.store.record_batches(done, scope=self.scope)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Store the pool's idle intervals up to now, open ones included.
@@ -83,5 +83,5 @@ def attach_store(
     """
     attachment = StoreAttachment(pool, store, deployment_of)
     pool.add_run_listener(attachment)
-    pool.add_batch_listener(attachment.on_batch)
+    pool.add_batch_listener(attachment.on_batches)
     return attachment

@@ -156,22 +156,36 @@ class CostStore:
             _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
-    def record_batch(self, done: BatchDone, *, scope: str = "") -> None:
-        """Store one batch as it completes: its row, its items, its calls, idle intervals closed since.
+    def record_batches(self, done: Sequence[BatchDone], *, scope: str = "") -> None:
+        """Store batches as they complete, in one transaction: rows, items, calls, idle intervals closed since.
 
         So that a pool killed mid-run loses at most the batches not yet handed
-        over, not every batch of its unfinished runs. Idempotent: the run's
-        records, stored when it ends, write the same rows again.
+        over, not every batch of its unfinished runs. A run's calls are filed
+        under a provisional run row until its end writes the real one.
+        Idempotent: the run's records, stored when it ends, write the same rows again.
         """
-        batches, items = R.batch_rows([done.batch], done.calls, done.prices, scope, (done.workflow, done.stage))
+        if not done:
+            return
+        batches: list[dict[str, Any]] = []
+        items: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        idles: list[dict[str, Any]] = []
+        stubs: dict[str, dict[str, Any]] = {}
+        for d in done:
+            b, i = R.batch_rows([d.batch], d.calls, d.prices, scope, (d.workflow, d.stage))
+            batches += b
+            items += i
+            calls += R.call_rows(d.calls, scope)
+            idles += R.idle_rows(d.new_idles, d.prices, scope)
+            stubs.update((r.run_id, R.run_stub_row(r, self.cost_split)) for r in d.runs if r.run_id not in stubs)
+        sheets = {R.sheet_row(d.prices)["sheet_id"]: R.sheet_row(d.prices) for d in done}
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            _upsert(conn, PriceSheetRow, [R.sheet_row(done.prices)], ("sheet_id",), update=False)
-            stubs = [R.run_stub_row(r, self.cost_split) for r in done.runs]
-            _upsert(conn, RunRow, stubs, ("run_id",), update=False)  # the run's end writes the real row
+            _upsert(conn, PriceSheetRow, list(sheets.values()), ("sheet_id",), update=False)
+            _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
-            _upsert(conn, StageCallRow, R.call_rows(done.calls, scope), ("call_id",))
-            _upsert(conn, IdleRow, R.idle_rows(done.new_idles, done.prices, scope), ("idle_id",))
+            _upsert(conn, StageCallRow, calls, ("call_id",))
+            _upsert(conn, IdleRow, idles, ("idle_id",))
 
     def record_idles(self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "") -> None:
         """Store idle intervals (e.g. a pool's still-open ones before it closes); idempotent like :meth:`record`."""
