@@ -377,3 +377,29 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_an_answer_leaves_only_once_its_batch_is_in_the_cost_store() -> None:
+    """A service killed right after answering must not leave an answered call without its cost."""
+    import threading
+
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    stored: list[str] = []
+    gate = threading.Event()
+
+    def slow_store(batches: Any) -> None:
+        gate.wait(10)  # a store that takes its time
+        stored.extend(c.call_id for b in batches for c in b.calls)
+
+    pool.add_batch_listener(slow_store)
+    try:
+        service = PoolService(pool, ["tests"], TOKEN)
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            fut = ex.submit(lambda: http(service).post("/v1/calls", json=body(7, cid="durable")))
+            with pytest.raises(concurrent.futures.TimeoutError):
+                fut.result(0.5)  # held while the store has not got it
+            gate.set()
+            resp = fut.result(30)
+        assert resp.status_code == 200 and parse_result(resp.json()).output == 8 and "durable" in stored
+    finally:
+        pool.close()
