@@ -133,3 +133,23 @@ def test_parse_since() -> None:
     assert parse_since("1w", now_s=T0 / 1000 + 604800) == T0
     with pytest.raises(InvalidInputError, match="'5 days'"):
         parse_since("5 days")
+
+
+def test_limit_shows_the_last_groups_and_the_total_of_all(store_path: str) -> None:
+    code, out = invoke("--url", store_path, "--format", "json", "--limit", "1")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert [r["key"] for r in doc["rows"]] == [RUN_C, IDLE_KEY]  # the last run, then the idle line
+    assert doc["total"] == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
+    code, out = invoke("--url", store_path, "--limit", "2")
+    assert code == 0 and "(1 earlier groups not shown)" in out and RUN_A not in out
+    code, out = invoke("--url", store_path, "--limit", "-1")
+    assert code == 2 and "--limit" in out
+
+
+def test_the_demo_keeps_its_own_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from esg_prefect.examples.demo import demo_store_path
+    from esg_prefect.store.engine import default_store_path
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    assert demo_store_path() != default_store_path() and demo_store_path().parent == default_store_path().parent

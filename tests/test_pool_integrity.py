@@ -247,3 +247,9 @@ def test_records_keep_no_outputs_and_finished_calls_are_bounded(
 def test_the_stage_paths_used_here_resolve() -> None:
     assert resolve_stage("tests.toy_stages:classify_vision").name == "classify"
     assert resolve_stage("tests.toy_stages:classify_speech").name == "classify"
+
+
+def test_log_lines_count_items_and_runs_in_plain_english() -> None:
+    one = StageResult("c", 1, "b1", 1, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 1)
+    many = StageResult("c", 1, "b2", 4, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 3)
+    assert "(1 item from 1 run)" in one.describe() and "(4 items from 3 runs)" in many.describe()

@@ -77,6 +77,7 @@ def register(app: typer.Typer) -> None:
         idle_billing: str | None = typer.Option(
             None, "--idle-billing", help="Idle time: attribute (default) to the runs served before it, or separate."
         ),
+        limit: int = typer.Option(0, "--limit", help="Show only the last N groups (the total counts all); 0: all."),
     ) -> None:
         """Costs of flow runs from the cost store; the last line is idle time attributed to no run."""
         from esg_prefect.store import CostStore, resolve_url
@@ -84,6 +85,8 @@ def register(app: typer.Typer) -> None:
 
         if fmt not in FORMATS:
             raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}; got {fmt!r}", param_hint="--format")
+        if limit < 0:
+            raise typer.BadParameter(f"must be 0 (all) or more, got {limit}", param_hint="--limit")
         try:
             store = CostStore(url, create=False)
             try:
@@ -93,17 +96,26 @@ def register(app: typer.Typer) -> None:
         except ESGError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(1) from None
-        records = [r.as_dict() for r in rows]
+        total = sum(r.cost for r in rows)
+        shown = _last(rows, limit)
+        records = [r.as_dict() for r in shown]
         if fmt == "json":
-            total = sum(r.cost for r in rows)
             typer.echo(json.dumps({"group_by": by, "rows": records, "total": total}, indent=2))
         elif fmt == "csv":
             typer.echo(rows_as_csv(records), nl=False)
         else:
-            _print_table(by, rows, safe_url(resolve_url(url)))
+            _print_table(by, shown, safe_url(resolve_url(url)), total, len(rows) - len(shown))
 
 
-def _print_table(by: str, rows: list[Any], where: str) -> None:
+def _last(rows: list[Any], limit: int) -> list[Any]:
+    """The last ``limit`` groups and the idle line (all of them for 0)."""
+    groups = [r for r in rows if not r.idle]
+    if limit == 0 or len(groups) <= limit:
+        return rows
+    return [*groups[-limit:], *(r for r in rows if r.idle)]
+
+
+def _print_table(by: str, rows: list[Any], where: str, total: float, hidden: int = 0) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -117,7 +129,9 @@ def _print_table(by: str, rows: list[Any], where: str) -> None:
         else:
             table.add_row(r.key, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), f"{r.cost:.6g}")
     table.add_section()
-    table.add_row("total", "", "", "", "", f"{sum(r.cost for r in rows):.6g}", style="bold")
+    if hidden:
+        table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", style="dim")
+    table.add_row("total", "", "", "", "", f"{total:.6g}", style="bold")
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
         console = Console(width=160)

@@ -161,3 +161,9 @@ def register(app: typer.Typer) -> None:
             )
         if len(runs) == 2 and runs[0].cost_total > 0:
             console.print(d.cost_ratio_line(runs[0], runs[1]))
+        console.print(
+            f"ESG's runs are in the demo's own cost store: esg-prefect costs --url {d.demo_store_path()}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )

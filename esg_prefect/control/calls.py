@@ -169,11 +169,17 @@ class StageResult:
         """One log line: which batch, its size, the worker and share, waits and latencies."""
         where = f"{self.hardware} share {self.gpu_share:.2f}" if self.hardware != "cpu" else "cpu"
         return (
-            f"batch {self.batch_id} ({self.batch_size} items from {self.co_batched_runs} run(s)) on worker "
+            f"batch {self.batch_id} ({_count(self.batch_size, 'item')} from {_count(self.co_batched_runs, 'run')}) "
+            f"on worker "
             f"{self.worker_id} [{where}, {self.vcpus} vCPU]{' cold start' if self.cold_start else ''}; "
             f"queue wait {self.queue_wait_ms:.1f} ms; predicted {self.predicted_ms:.1f} ms, "
             f"actual {self.actual_ms:.1f} ms{'; AT RISK of missing the SLO' if self.at_risk else ''}"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 item``, ``2 items``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def batch_ids(results: Sequence[StageResult]) -> set[str]:

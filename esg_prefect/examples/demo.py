@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from esg_prefect.examples.driver import RequestOutcome, run_workload
@@ -175,7 +176,7 @@ def run_esg(
     from esg_prefect.model.profile import LatencyProfile
 
     pool = Pool(LatencyProfile.from_csv(profile) if profile else None, backend=be, switch_interval_s=0.001)
-    runner: Any = ESGTaskRunner(pool=pool)
+    runner: Any = ESGTaskRunner(pool=pool, store=str(demo_store_path()))
     flows = {wf: f.with_options(task_runner=runner) for wf, f in FLOWS.items()}
     run_ids: dict[int, str] = {}
 
@@ -210,6 +211,13 @@ def run_esg(
     busy = attribute_costs(snap.batches, (), pool.prices, pool.settings.cost_split, "separate").per_run
     busy_total = sum(c for rid, c in busy.items() if rid in measured)
     return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total)
+
+
+def demo_store_path() -> Path:
+    """The demo's own cost store, beside the default one: demo runs never mix with a project's runs."""
+    from esg_prefect.store.engine import default_store_path
+
+    return default_store_path().with_name("demo-costs.db")
 
 
 def run_threadpool(
