@@ -54,3 +54,14 @@ def test_usage_errors_keep_typers_message_and_exit_2(capsys: pytest.CaptureFixtu
 def test_a_good_command_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schedulers"]) == 0
     assert "esg" in capsys.readouterr().out
+
+
+def test_a_refused_demo_leaves_this_process_as_it_was(capsys: pytest.CaptureFixture[str]) -> None:
+    # The demo quiets Prefect through the environment: a bad value must be refused before that,
+    # or a test process that ran the command would lose Prefect's run logs afterwards.
+    import os
+
+    before = dict(os.environ)
+    for argv in (["demo", "--requests", "0"], ["demo", "--rate", "-1"], ["demo", "--trace", "nope"]):
+        assert main(argv) == 2
+    assert dict(os.environ) == before

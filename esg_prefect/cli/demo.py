@@ -48,12 +48,7 @@ def register(app: typer.Typer) -> None:
 
         from esg_prefect.examples import demo as d
 
-        d.quiet_prefect()  # before prefect is imported: it reads its settings once
-
-        from esg_prefect.examples.catalog import PIPELINES
-        from esg_prefect.examples.driver import percentile
-        from esg_prefect.examples.pipelines import SLO_MS
-
+        # Every bad value is refused before quiet_prefect() changes this process's environment.
         if backend not in ("process", "inline"):
             raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
         if requests < 1:
@@ -61,8 +56,15 @@ def register(app: typer.Typer) -> None:
         if runs_shown < 0:
             raise InvalidInputError(f"--runs-shown must be 0 or more, got {runs_shown}")
         check_prefect_api(os.environ.get("PREFECT_API_URL"))
-        console = Console()
         arrivals = d.demo_arrivals(requests, rate, seed, trace)
+
+        d.quiet_prefect()  # before prefect is imported: it reads its settings once
+
+        from esg_prefect.examples.catalog import PIPELINES
+        from esg_prefect.examples.driver import percentile
+        from esg_prefect.examples.pipelines import SLO_MS
+
+        console = Console()
         console.print(
             f"[bold]esg-prefect demo[/]: {len(arrivals)} requests of image/text/video pipelines from the "
             f"{trace} trace at {rate:g}/s; end-to-end SLOs: " + ", ".join(f"{n} {ms:g} ms" for n, ms in SLO_MS.items())
