@@ -296,8 +296,9 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"{len(run.requests)} requests simulated in {wall:.1f} s ({speed:.0f} requests/s; "
             f"{in_decide:.1f} s inside the scheduler's decide over {run.rounds} rounds); "
-            f"{run.cold_starts} workers started ({run.prewarm_starts} pre-warmed, {run.at_risk_cold_starts} for "
-            f"at-risk dispatches); cost ${report.overall.cost_total:.4f} "
+            f"{run.cold_starts} workers started over the whole run, warm-up included ({run.prewarm_starts} "
+            f"pre-warmed, {run.at_risk_cold_starts} for at-risk dispatches; the table's at_risk counts requests "
+            f"after the warm-up); cost ${report.overall.cost_total:.4f} "
             f"(batches ${report.busy_cost:.4f}, idle ${report.idle_cost:.4f})"
         )
 
