@@ -473,6 +473,7 @@ class Pool:
             _chain(first, fut)
             return
         now = wall_ms()
+        size = call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6)
         self._registry.check(call.workflow)
         wf_name = call.workflow.name
         binding = self._bindings.resolve(wf_name, call.stage, call.stage_path)
@@ -498,7 +499,6 @@ class Pool:
         except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
             req.failed = True
             raise StageRejectedError(str(exc)) from None
-        size = call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6)
         self._observe_hop(workflow.name, call, now)
         reserve = self._reserve_ms(workflow, stage)
         job = Job(
