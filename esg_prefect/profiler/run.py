@@ -160,12 +160,11 @@ def configurations(request: ProfileRequest) -> tuple[list[Configuration], list[s
 
 def count_stages(specs: Sequence[str]) -> int:
     """How many stages ``specs`` name (for the progress total), without building any model."""
-    from esg_prefect.profiler.targets import example_targets, pipelines_of, resolve_targets
+    from esg_prefect.profiler.targets import targets_of
 
     n = 0
     for spec in specs:
-        examples = pipelines_of(spec)
-        n += len(example_targets(examples)) if examples else len(resolve_targets(spec))
+        n += len(targets_of(spec))
     return n
 
 

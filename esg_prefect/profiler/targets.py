@@ -5,12 +5,11 @@ start), a batch function, a generator of realistic inputs and, for stages whose
 cost depends on their input (Cypress), a size function. Targets are named by
 *spec strings*, so that a fresh worker process can rebuild them:
 
-``examples``
-    every stage of the three example pipelines (:mod:`esg_prefect.examples.catalog`);
-``examples:<pipeline>``
-    the stages of one example pipeline. Each stage is fed the real outputs of
-    its upstream stages (the pipeline runs once, stage by stage), so text
-    lengths, box counts and crop counts vary as they do in service;
+``examples``, ``examples:<pipeline>``
+    the stages of the example pipelines, or of one, from the target provider
+    registered under that name (entry point group ``esg_prefect.profile_targets``;
+    :mod:`esg_prefect.examples.profiling`): each stage is fed the real outputs of
+    its upstream stages;
 ``module:attr``
     a :class:`ProfileTarget`, a sequence of them, or a zero-argument callable
     returning them;
@@ -30,7 +29,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from esg_prefect.exceptions import InvalidInputError, UnknownStageError
 from esg_prefect.runtime.stages import SizeFn
@@ -103,7 +102,7 @@ class PreparedStage:
         return items
 
 
-def _timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float, float]:
+def timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float, float]:
     """Build the model and make the first call: ``(model, load ms, cold start ms, resident MiB the model added)``."""
     from esg_prefect.profiler.machine import current_rss_mb
 
@@ -127,43 +126,42 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def example_targets(pipelines: Sequence[str] | None = None) -> list[ProfileTarget]:
-    """Targets for the example stages; their ``samples`` is unused (see :func:`prepare`)."""
-    from esg_prefect.examples.catalog import PIPELINES, get_pipeline
-
-    names = list(pipelines) if pipelines else list(PIPELINES)
-    out = []
-    for name in names:
-        spec = get_pipeline(name)
-        for st in spec.stages:
-            out.append(ProfileTarget(st.profile_name, st.load, st.run, _no_samples, pipeline=name))
-    return out
+PROVIDERS = "esg_prefect.profile_targets"
+"""Entry-point group of target providers: a spec ``<name>`` or ``<name>:<pipeline>`` goes to the provider ``<name>``."""
 
 
-def _no_samples(rng: random.Random, n: int) -> list[Any]:
-    raise InvalidInputError("example stages get their inputs from the pipeline's upstream stages")
+class TargetProvider(Protocol):
+    """Targets the profiler gets by name from a package (the example pipelines are one such)."""
+
+    def pipelines(self, name: str | None) -> list[str]:
+        """The pipelines a spec names: all (``name`` None) or one."""
+        ...
+
+    def targets(self, pipelines: Sequence[str]) -> list[ProfileTarget]:
+        """Their stages, without building any model."""
+        ...
+
+    def prepare(self, pipeline: str, device: str, pool: int, seed: int) -> list[PreparedStage]:
+        """Their stages built, with ``pool`` real inputs each and timed cold starts."""
+        ...
 
 
-def _prepare_examples(pipeline: str, device: str, pool: int, seed: int) -> list[PreparedStage]:
-    from esg_prefect.examples.catalog import StageSpec, get_pipeline, trace_pipeline
+def provider_of(spec: str) -> tuple[TargetProvider, list[str]] | None:
+    """The provider a spec names, and the pipelines it asks for; None for other specs."""
+    from importlib.metadata import entry_points
 
-    spec = get_pipeline(pipeline)
-    rng = random.Random(f"{seed}-{pipeline}")
-    requests = [spec.make_input(rng) for _ in range(pool)]
-    timed: dict[str, tuple[Any, float, float, float]] = {}
+    name, sep, pipeline = spec.partition(":")
+    found = entry_points(group=PROVIDERS, name=name)
+    if not found or (sep and ("@" in pipeline or "." in pipeline)):
+        return None
+    provider: TargetProvider = next(iter(found)).load()
+    return provider, provider.pipelines(pipeline if sep else None)
 
-    def loader(stage: StageSpec, jobs: list[Any]) -> Any:
-        t = ProfileTarget(stage.profile_name, stage.load, stage.run, _no_samples)
-        timed[stage.name] = _timed_cold(t, device, jobs[0])
-        return timed[stage.name][0]
 
-    jobs, _ = trace_pipeline(pipeline, requests, batch_size=8, loader=loader, device=device)
-    out = []
-    for st in spec.stages:
-        model, load_ms, cold_ms, mem = timed[st.name]
-        target = ProfileTarget(st.profile_name, st.load, st.run, _no_samples, pipeline=pipeline)
-        out.append(PreparedStage(target, model, jobs[st.name], load_ms, cold_ms, mem))
-    return out
+def targets_of(spec: str) -> list[ProfileTarget]:
+    """Every target a spec names, without building any model."""
+    found = provider_of(spec)
+    return found[0].targets(found[1]) if found else resolve_targets(spec)
 
 
 def _import(path: str) -> Any:
@@ -210,19 +208,6 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
     )
 
 
-def pipelines_of(spec: str) -> list[str]:
-    """The example pipelines an ``examples`` spec names; empty for other specs."""
-    from esg_prefect.examples.catalog import PIPELINES, get_pipeline
-
-    if spec == "examples":
-        return list(PIPELINES)
-    if spec.startswith("examples:"):
-        name = spec.split(":", 1)[1]
-        get_pipeline(name)  # names the known pipelines when unknown
-        return [name]
-    return []
-
-
 def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: int = 0) -> list[PreparedStage]:
     """Build every target's model in this process, make ``pool`` real inputs each, time the cold starts.
 
@@ -234,16 +219,17 @@ def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: 
         raise InvalidInputError(f"pool must be >= 1, got {pool}")
     out: list[PreparedStage] = []
     for spec in specs:
-        examples = pipelines_of(spec)
-        if examples:
-            for name in examples:
-                out += _prepare_examples(name, device, pool, seed)
+        found = provider_of(spec)
+        if found:
+            provider, pipelines = found
+            for name in pipelines:
+                out += provider.prepare(name, device, pool, seed)
             continue
         for target in resolve_targets(spec):
             jobs = list(target.samples(random.Random(f"{seed}-{target.name}"), pool))
             if not jobs:
                 raise InvalidInputError(f"target {target.name!r}: samples returned no inputs")
-            model, load_ms, cold_ms, mem = _timed_cold(target, device, jobs[0])
+            model, load_ms, cold_ms, mem = timed_cold(target, device, jobs[0])
             out.append(PreparedStage(target, model, jobs, load_ms, cold_ms, mem))
     names = [p.name for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -182,12 +182,11 @@ def validate(
     Raises:
         InvalidInputError: when the profile covers none of the stages at these batch sizes.
     """
-    from esg_prefect.profiler.targets import example_targets, pipelines_of, resolve_targets
+    from esg_prefect.profiler.targets import targets_of
 
     names: list[str] = []
     for spec in specs:
-        ex = pipelines_of(spec)
-        names += [t.name for t in (example_targets(ex) if ex else resolve_targets(spec))]
+        names += [t.name for t in targets_of(spec)]
     plan = validation_points(profile, names, batches)
     if not plan:
         raise InvalidInputError(f"the profile covers none of the stages {names} at batch sizes {list(batches)}")
