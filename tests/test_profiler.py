@@ -369,3 +369,17 @@ def _stall_row(stage: str) -> Any:
         else:
             values[f.name] = 1.5
     return StallRow(**values)
+
+
+def test_example_targets_come_from_their_entry_point_with_real_upstream_inputs() -> None:
+    from esg_prefect.examples.profiling import EXAMPLES
+    from esg_prefect.profiler.targets import prepare, provider_of, targets_of
+
+    found = provider_of("examples:text")
+    assert found is not None and found[0] is EXAMPLES and found[1] == ["text"]
+    assert provider_of("tests.toy_stages:inc@tests.toy_stages:samples") is None
+    assert [t.name for t in targets_of("examples:text")] == ["tokenize", "encode", "classify_text", "summarize"]
+    stages = prepare(["examples:text"], pool=2)
+    assert [p.name for p in stages] == ["tokenize", "encode", "classify_text", "summarize"]
+    assert all(len(p.jobs) == 2 and p.cold_start_ms > 0 for p in stages)
+    assert isinstance(stages[1].jobs[0], type(stages[0].target.run(stages[0].model, [stages[0].jobs[0]])[0]))
