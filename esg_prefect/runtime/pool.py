@@ -579,12 +579,11 @@ class Pool:
     def _hand_batch(self, done: BatchDone) -> None:
         idles = tuple(self._idles[self._batch_idle_cursor :])
         self._batch_idle_cursor = len(self._idles)
-        slo = {name: wf.slo_ms for name, wf in self._registry.current().items()}
         runs: dict[str, RunStub] = {}
         for c in done.calls:
             req = self._requests.get(c.request_id)
             if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
-                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo.get(req.workflow, 0.0))
+                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, self._registry.slo_ms(req.workflow))
         done = dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
         with self._backlog_lock:
             self._backlog.append(done)
@@ -999,14 +998,14 @@ class Pool:
             if not ws.busy and ws.idle_since_ms is not None and now > ws.idle_since_ms:
                 s = ws.spec
                 idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, ws.idle_since_ms, now))
-        slo = {name: wf.slo_ms for name, wf in self._registry.current().items()}
+        slo = self._registry.slo_ms
         requests = {
             rid: RequestRow(
                 r.run_id,
                 r.workflow,
                 r.arrival_ms,
                 r.last_end_ms if r.open_calls <= 0 and not r.failed else None,
-                slo[r.workflow],
+                slo(r.workflow),
                 r.at_risk,
             )
             for rid, r in self._requests.items()

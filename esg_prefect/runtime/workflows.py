@@ -140,6 +140,10 @@ class WorkflowRegistry:
         wf = self._current[workflow]
         self._current[workflow] = Workflow(workflow, self._stages[workflow], sorted(self._edges[workflow]), wf.slo_ms)
 
+    def slo_ms(self, workflow: str) -> float:
+        """The SLO in force for ``workflow`` (0 when it has not been seen)."""
+        return self._slo.get(workflow, 0.0)
+
     def current(self) -> dict[str, Workflow]:
         """Every workflow's current DAG, by name."""
         return dict(self._current)

@@ -1,8 +1,8 @@
 """Attaching a cost store to a pool: a run and batch listener with a scope of its own.
 
-Each batch is stored as it completes and each run again when it ends (same
-rows, idempotent), so that a pool killed mid-run loses only the batches it had
-not yet handed to its listener thread.
+Each batch is stored as it completes, and each run's own row when it ends, so
+that a pool killed mid-run loses only the batches it had not yet handed to its
+listener thread.
 
 The pool numbers batches and workers from 1 (``b1``, ``w1``) in every process;
 each attachment draws a random scope that prefixes them in the store, so that
@@ -49,7 +49,8 @@ class StoreAttachment:
                 deployment = self.deployment_of(records.run_id)
             except Exception as exc:  # a lookup that fails must not lose the run's costs
                 logger.debug("no deployment name for run %s: %s", records.run_id, exc)
-        self.store.record(records, scope=self.scope, deployment=deployment)
+        # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
+        self.store.record_run(records, scope=self.scope, deployment=deployment)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread)."""

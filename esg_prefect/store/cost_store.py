@@ -156,13 +156,24 @@ class CostStore:
             _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
+    def record_run(self, records: RunRecords, *, scope: str = "", deployment: str | None = None) -> None:
+        """Store a run's own row and the idle intervals closed since, when its batches are stored already.
+
+        What a pool's run listener needs once :meth:`record_batches` has written
+        the run's batches and calls as they completed (see ``attach_store``).
+        """
+        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
+            _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
+            _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+
     def record_batches(self, done: Sequence[BatchDone], *, scope: str = "") -> None:
         """Store batches as they complete, in one transaction: rows, items, calls, idle intervals closed since.
 
         So that a pool killed mid-run loses at most the batches not yet handed
         over, not every batch of its unfinished runs. A run's calls are filed
-        under a provisional run row until its end writes the real one.
-        Idempotent: the run's records, stored when it ends, write the same rows again.
+        under a provisional run row until its end writes the real one
+        (:meth:`record_run`). Idempotent, like :meth:`record`.
         """
         if not done:
             return
