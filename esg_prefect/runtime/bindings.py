@@ -78,7 +78,3 @@ class StageBindings:
         """Record a binding :meth:`resolve` returned as new."""
         self._name_of[(workflow, binding.stage)] = binding.name
         self._path_of[binding.name] = binding.path
-
-    def path_of(self, name: str) -> str | None:
-        """The import path the pool's stage ``name`` runs, if bound."""
-        return self._path_of.get(name)
