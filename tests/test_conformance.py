@@ -1,214 +1,260 @@
-"""Simulator vs live runtime: one case, the same report within a stated tolerance.
+"""Exact conformance: the runtime pool and the simulator make the same decisions on the same arrivals.
 
-The case (:func:`conformance_case`) runs in the simulator
-(:func:`~esg_prefect.simulator.simulate`, mean service times) and on the live
-runtime: an in-process :class:`~esg_prefect.runtime.pool.Pool` with the ESG
-scheduler and thread workers (no Prefect), fed the same arrivals in wall-clock
-time; a request's second call is submitted when its first one's result
-arrives, as a flow would. Both reports come from the one ``summarize``, and
-``compare_reports`` must find no difference beyond
-:class:`~esg_prefect.model.conformance.Tolerance` (SLO hit rate within 5
-points, failed fraction within 2 points, median latency, batch cost per
-request and mean batch size within 25 %, request counts exact).
-
-Made to hold on a loaded 2-core CI machine:
-
-* the stages *sleep* for their profiled batch time, so the live run measures
-  the scheduler and the pool, not this machine's compute;
-* batching must not hinge on how fast a burst of calls is submitted (a busy
-  machine may run the pool's round between two submits). So the node has one
-  vCPU, and each cycle starts with a "block" request whose one stage holds it
-  for 100 ms; the four requests of the cycle arrive 10 ms later and wait in
-  their queue, whatever the submit timing, until the vCPU is free: then ESG
-  runs them as one batch, in the simulator and live alike;
-* cycles are 400 ms apart, far more than a cycle's work (about 210 ms), so no
-  delay carries over.
-
-ESG's waiting for a fuller batch is off in the main test and on in the second:
-both sides estimate arrival rates with the shared
-:class:`~esg_prefect.workload.rate.ArrivalRateEWMA` (before the runtime did,
-calls submitted microseconds apart looked like thousands per second, and the
-live pool waited where the simulator did not).
+Both drive one control core (:mod:`esg_prefect.control.core`); what could
+still differ is how each driver feeds it events and carries out its actions.
+So the live :class:`~esg_prefect.runtime.pool.Pool` runs here on a virtual
+clock: a :class:`VirtualClock` owns its timers, time jumps to the next timer
+only once the pool's asyncio loop has nothing left to do, and the pool's
+scheduling tick runs only then (as the simulator settles after all the events
+of an instant). A fake backend finishes every batch at the time the simulator
+predicts for it (mean service time, the profile's cold start on a new worker,
+no interference), and a fake caller submits each request's next stage when its
+upstream calls' results arrive, as a flow does. The two runs must produce the
+same batch records (ids, workers, jobs, configurations, hardware, start and
+end to the last bit), the same idle records, the same decision statistics and
+the same request finish times, for every registered scheduler.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from concurrent.futures import Future
+import asyncio
+import concurrent.futures
+import heapq
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
-from esg_prefect.control.records import request_records, stage_records
-from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
-from esg_prefect.model.config import ConfigSpace
-from esg_prefect.model.conformance import Tolerance, compare_reports
-from esg_prefect.model.report import Report, summarize
-from esg_prefect.runtime.pool import Pool, wall_ms
-from esg_prefect.runtime.stages import StageSpec
-from esg_prefect.runtime.workers import InlineBackend
-from esg_prefect.scheduling import ESGSettings
-from esg_prefect.simulator import Case, ClusterSpec, NodeSpec, SimSpec, WorkloadSpec, simulate
-
-CYCLES = 5
-CYCLE_MS = 400.0
-PER_CYCLE = 4
-HOLD_MS = 100.0
+from esg_prefect.model import Workflow
+from esg_prefect.model.cluster import Device, Node
+from esg_prefect.model.config import Config
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.runtime.pool import Pool, PoolClock
+from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
+from esg_prefect.scheduling.registry import scheduler_names
+from esg_prefect.simulator import Case, SimSpec, simulate
+from esg_prefect.simulator.standard import tiny_case
 
 
-def first_ms(batch: int) -> float:
-    """Profiled (and slept) batch time of stage "first": 40 ms + 5 ms per item."""
-    return 40.0 + 5.0 * batch
+class _Timer:
+    __slots__ = ("args", "callback", "cancelled")
+
+    def __init__(self, callback: Callable[..., object], args: tuple[object, ...]) -> None:
+        self.callback, self.args, self.cancelled = callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
-def second_ms(batch: int) -> float:
-    """Profiled (and slept) batch time of stage "second": 30 ms + 5 ms per item."""
-    return 30.0 + 5.0 * batch
+class VirtualClock(PoolClock):
+    """Time that moves only to the next timer, once the loop is idle; the pool's ticks run at idle points."""
+
+    deterministic = True
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._timers: list[tuple[float, int, _Timer]] = []
+        self._seq = 0
+        self._idle: list[Callable[[], object]] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def call_at(self, t_ms: float, callback: Callable[..., object], *args: object) -> _Timer:
+        timer = _Timer(callback, args)
+        self._seq += 1
+        heapq.heappush(self._timers, (max(t_ms, self.t), self._seq, timer))
+        return timer
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        self._idle.append(callback)
+
+    async def sleep_until(self, t_ms: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self.call_at(t_ms, fut.set_result, None)
+        await fut
+
+    async def run(self, at_instant_end: Callable[[float], bool]) -> None:
+        """Process timers in time order; after an instant's events, ``at_instant_end(t)`` (True: stop) and the ticks."""
+        loop = asyncio.get_running_loop()
+        while True:
+            # Let everything the last step scheduled run (the loop's ready queue is private API: a test-only peek).
+            while loop._ready:
+                await asyncio.sleep(0)
+            if self._timers and self._timers[0][0] <= self.t:
+                _, _, timer = heapq.heappop(self._timers)
+                if not timer.cancelled:
+                    timer.callback(*timer.args)
+                continue
+            if self._idle:
+                if at_instant_end(self.t):
+                    return
+                idle, self._idle = self._idle, []
+                for cb in idle:
+                    cb()
+                continue
+            if not self._timers:
+                return
+            self.t = self._timers[0][0]
 
 
-def _load(device: str) -> dict[str, Any]:
-    return {}
+class _Handle:
+    """A worker that takes exactly the simulator's predicted time (mean service time, cold start when new)."""
+
+    def __init__(self, backend: FakeBackend, spec: WorkerSpec, warm: bool) -> None:
+        self.backend, self.spec, self.fresh = backend, spec, not warm
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        b, s = self.backend, self.spec
+        cfg = Config(len(items), s.vcpus, s.gpu_share)
+        stage = s.stage_path.split(":", 1)[1]
+        exec_ms = b.profile.latency_ms(stage, cfg, s.hardware, "mean")
+        cold = b.profile.cold_start_ms(stage, s.hardware) if self.fresh else 0.0
+        self.fresh = False
+        await b.clock.sleep_until(b.clock.t + (cold + 0.0 + exec_ms))  # the simulator's sum, in its order
+        return BatchOutcome(True, [x + 1 for x in items], exec_ms)
+
+    async def stop(self) -> None:
+        return None
 
 
-def _sleeper(ms: Any) -> Any:
-    def run(model: dict[str, Any], items: list[int]) -> list[int]:
-        time.sleep(ms(len(items)) / 1000.0)
-        return [x + 1 for x in items]
+class FakeBackend:
+    """The case's nodes and devices; workers whose loads and batches take the profile's times on the clock."""
 
-    return run
+    def __init__(self, case: Case, clock: VirtualClock) -> None:
+        snap = case.cluster.snapshot()
+        self._nodes, self._devices = snap.nodes, snap.devices
+        self.profile: LatencyProfile = case.load_profile()
+        self.clock = clock
+        self.pool: Pool | None = None
 
+    def nodes(self) -> tuple[Node, ...]:
+        return self._nodes
 
-FIRST = StageSpec("first", _load, _sleeper(first_ms), "tests.test_conformance:FIRST")
-SECOND = StageSpec("second", _load, _sleeper(second_ms), "tests.test_conformance:SECOND")
-HOLD = StageSpec("hold", _load, _sleeper(lambda b: HOLD_MS), "tests.test_conformance:HOLD")
-STAGES = {"conf": (FIRST, SECOND), "block": (HOLD,)}
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices
 
+    async def start(self, spec: WorkerSpec) -> _Handle:
+        assert self.pool is not None
+        prewarm = self.pool.core.fleet.workers[spec.worker_id].starting is not None
+        if prewarm:  # a start with no batch: loading takes the cold start (a batch's start counts it itself)
+            stage = spec.stage_path.split(":", 1)[1]
+            await self.clock.sleep_until(self.clock.t + self.profile.cold_start_ms(stage, spec.hardware))
+        return _Handle(self, spec, prewarm)
 
-def conformance_profile() -> LatencyProfile:
-    """The stages' batch times on one vCPU, mean = p95 (they sleep exactly that long); no cold start."""
-    times = {"first": first_ms, "second": second_ms, "hold": lambda b: HOLD_MS}
-    return LatencyProfile(
-        [ProfilePoint(s, "cpu", b, 1, 0.0, f(b), f(b)) for s, f in times.items() for b in (1, 2, 4, 8)]
-    )
-
-
-def conformance_case(wait_for_batch: bool = False) -> Case:
-    """The case both sides run (module docstring): two workflows on one 1-vCPU node, ESG, SLO 1 s."""
-    return Case(
-        name="conformance",
-        workflows=(Workflow.chain("conf", ["first", "second"], 1000.0), Workflow.chain("block", ["hold"], 1000.0)),
-        profile=conformance_profile(),
-        prices=PriceSheet(1e-4, {}),
-        cluster=ClusterSpec((NodeSpec("inline", 1, (), max_workers=16),)),
-        workload=WorkloadSpec("poisson", 10.0),  # unused: the arrivals are given (arrivals())
-        duration_s=CYCLES * CYCLE_MS / 1000.0,
-        scheduler="esg",
-        # The CPU only, one vCPU per worker; no online latency correction (the simulator has none).
-        settings=ESGSettings(
-            config_space=ConfigSpace((1, 2, 4, 8), (1,), (0.0,)), correction_alpha=0.0, wait_for_batch=wait_for_batch
-        ),
-        sim=SimSpec(service_time="mean"),
-    )
+    async def close(self) -> None:
+        return None
 
 
-def arrivals() -> list[tuple[float, str]]:
-    """The case's requests, ``(arrival_ms, workflow)``: per cycle a "block" request, then four "conf" ones."""
-    out: list[tuple[float, str]] = []
-    for k in range(CYCLES):
-        out.append((k * CYCLE_MS, "block"))
-        out.extend((k * CYCLE_MS + 10.0, "conf") for _ in range(PER_CYCLE))
-    return out
+def run_pool(case: Case, arrivals: list[tuple[float, str]]) -> tuple[Pool, dict[str, float | None]]:
+    """The case's arrivals through a live pool on the virtual clock; the pool (closed) and each request's end."""
+    clock = VirtualClock()
+    backend = FakeBackend(case, clock)
+    pool = Pool(case.load_profile(), case.prices, case.scheduler, case.settings, backend, clock=clock)  # type: ignore[arg-type]
+    backend.pool = pool
+    workflows = case.workflow_map()
+    decls = {n: WorkflowDecl(n, wf.slo_ms, tuple(wf.edges)) for n, wf in workflows.items()}
+    ends: dict[str, float | None] = {}
+    state: dict[str, Any] = {"arrived": 0, "open": 0}
 
-
-def run_live(case: Case) -> Report:
-    """Feed the case's arrivals to an in-process pool in wall-clock time; its report once all finished.
-
-    One warm-up request per workflow runs first and is left out of the report:
-    it starts the pool's loop and a worker per stage, which takes a while on a
-    busy machine, while the simulated workers start in no time (the profile has
-    no cold start).
-    """
-    decls = {wf.name: WorkflowDecl(wf.name, wf.slo_ms, tuple(wf.edges)) for wf in case.workflows}
-    # Warm-up requests run under workflows of their own: they warm the stages' workers (a worker
-    # serves its stage in any workflow) but not the case's queues, whose arrival-rate estimates the
-    # simulator's never see either (with waiting on, a warm-up call would make the first real one
-    # look like part of a stream worth waiting for).
-    decls |= {f"warm-{wf.name}": WorkflowDecl(f"warm-{wf.name}", wf.slo_ms, tuple(wf.edges)) for wf in case.workflows}
-    pool = Pool(
-        case.load_profile(), case.prices, scheduler=case.scheduler, settings=case.settings, backend=InlineBackend(1, 16)
-    )
-    lock = threading.Lock()  # guards finals: appended to from the pool's thread
-    finals: list[Future[StageResult]] = []
-    done = threading.Condition(lock)
-
-    def submit(wf: str, k: int, rid: str, item: int, arrival: float) -> None:
-        stage = STAGES[wf][k]
-        decl = decls[f"warm-{wf}" if rid.startswith("warm-") else wf]
-        fut = pool.submit(
-            StageCall(f"{rid}-{stage.name}", stage.name, stage.import_path, decl, rid, rid, item, arrival_ms=arrival)
+    def submit(rid: str, wf: Workflow, stage: str, pending: dict[str, int], exits: list[int]) -> None:
+        preds = tuple(f"{rid}:{p}" for p in wf.predecessors(stage))
+        call = StageCall(
+            f"{rid}:{stage}",
+            stage,
+            f"stages:{stage}",
+            decls[wf.name],
+            rid,
+            rid,
+            0,
+            input_size=1.0,
+            task_run_id=f"{rid}:{stage}",
+            upstream=preds,
         )
-        if k + 1 < len(STAGES[wf]):  # the next stage when this one's result arrives
-            fut.add_done_callback(lambda f: submit(wf, k + 1, rid, f.result().output, arrival))
+        pool.submit(call).add_done_callback(lambda f: done(f, rid, wf, stage, pending, exits))
+
+    def done(
+        f: concurrent.futures.Future[StageResult],
+        rid: str,
+        wf: Workflow,
+        stage: str,
+        pending: dict[str, int],
+        exits: list[int],
+    ) -> None:
+        if f.exception() is not None:
+            if rid not in ends:
+                ends[rid] = None
+                state["open"] -= 1
             return
-        with done:
-            finals.append(fut)
-            done.notify_all()
+        if rid in ends:
+            return
+        if stage in wf.exits:
+            exits[0] -= 1
+            if exits[0] == 0:
+                ends[rid] = clock.t
+                state["open"] -= 1
+                return
+        for nxt in wf.successors(stage):
+            pending[nxt] -= 1
+            if pending[nxt] == 0:
+                submit(rid, wf, nxt, pending, exits)
 
-    def wait_for(n: int) -> None:
-        with done:
-            assert done.wait_for(lambda: len(finals) >= n, 30.0), "some request never reached its last stage"
-            pending = list(finals)
-        for f in pending:
-            f.result(30.0)
+    def arrive(name: str) -> None:
+        state["arrived"] += 1
+        state["open"] += 1
+        rid, wf = f"r{state['arrived']}", workflows[name]
+        pending = {s: len(wf.predecessors(s)) for s in wf.stages}
+        exits = [len(wf.exits)]
+        for s in wf.entries:
+            submit(rid, wf, s, pending, exits)
 
-    try:
-        for n, wf in enumerate(STAGES, start=1):
-            submit(wf, 0, f"warm-{wf}", 0, wall_ms())
-            wait_for(n)
-        warm = len(STAGES)
-        t0 = wall_ms() + 100.0
-        for i, (offset, wf) in enumerate(arrivals()):
-            delay = (t0 + offset - wall_ms()) / 1000.0
-            if delay > 0:
-                time.sleep(delay)
-            submit(wf, 0, f"{wf}-{i}", i, t0 + offset)
-        wait_for(warm + len(arrivals()))
-        snap = pool.snapshot()
-    finally:
-        pool.close()
-    return summarize(
-        [r for r in request_records(snap) if not r.request_id.startswith("warm-")],
-        [s for s in stage_records(snap) if not s.request_id.startswith("warm-")],
-        [b for b in snap.batches if not all(item.run_id.startswith("warm-") for item in b.items)],
-        snap.idles,
-        pool.prices,
-        snap.decisions,
-        case.settings.cost_split,
-        case.settings.idle_billing,
+    def finished(t: float) -> bool:  # the simulator's end of a run, checked where it checks it
+        if state["arrived"] < len(arrivals) or state["open"] or pool.core.flights:
+            return False
+        if any(w.starting is not None for w in pool.core.fleet.workers.values()):
+            return False
+        pool.core.fleet.retire_idle(t)
+        return True
+
+    async def drive() -> None:
+        for t, name in arrivals:
+            clock.call_at(t, arrive, name)
+        await clock.run(finished)
+
+    loop = pool._ensure_started()
+    asyncio.run_coroutine_threadsafe(drive(), loop).result(300)
+    pool.close()
+    return pool, ends
+
+
+def conformance_case(scheduler: str) -> Case:
+    """Two workflows (a chain and a fork-join) on one node with two T4s, 3 s of Poisson arrivals."""
+    dag = Workflow(
+        "fan",
+        ("resnet50", "bert-base", "transformer-xl"),
+        (("resnet50", "bert-base"), ("resnet50", "transformer-xl")),
+        400.0,
     )
+    chain = Workflow.chain("classify", ["resnet50", "resnext101"], 150.0)
+    case = tiny_case(scheduler, [chain, dag])
+    sim = SimSpec(service_time="mean", interference_per_corunner=0.0, round_interval_ms=0.0)
+    # No online latency correction: the simulated platform's times are the profile's (the correction
+    # is the runtime's answer to a platform that is not).
+    return replace(case, sim=sim, duration_s=3.0, settings=replace(case.settings, correction_alpha=0.0))
 
 
-def test_simulator_and_live_runtime_agree_on_one_case() -> None:
-    case = conformance_case()
-    simulated = simulate(case, 0, arrivals=arrivals()).report
-    # The simulator's side, worked by hand: per cycle the block request (alone, 100 ms), then the
-    # four conf requests as one batch at each stage, after waiting 90 ms for the vCPU.
-    o = simulated.overall
-    assert (o.count, o.failed, o.slo_hit_rate, o.batches) == (25, 0, 1.0, 15)
-    assert o.mean_batch_size == (CYCLES * 1 + 2 * CYCLES * PER_CYCLE) / (3 * CYCLES)
-    conf = next(g for g in simulated.workflows if g.name == "conf")
-    assert conf.latency_p50_ms == (HOLD_MS - 10.0) + first_ms(4) + second_ms(4)
-    live = run_live(case)
-    problems = compare_reports(simulated, live, Tolerance())
-    assert problems == [], (problems, simulated.overall, live.overall)
-
-
-def test_agreement_with_waiting_for_fuller_batches() -> None:
-    case = conformance_case(wait_for_batch=True)
-    simulated = simulate(case, 0, arrivals=arrivals()).report
-    # Waiting pairs block requests 400 ms apart (the first alone: no rate yet): 13 batches, not 15.
-    o = simulated.overall
-    assert (o.count, o.failed, o.batches) == (25, 0, 13)
-    live = run_live(case)
-    problems = compare_reports(simulated, live, Tolerance())
-    assert problems == [], (problems, simulated.overall, live.overall)
+@pytest.mark.parametrize("scheduler", scheduler_names())
+def test_pool_and_simulator_make_identical_decisions(scheduler: str) -> None:
+    case = conformance_case(scheduler)
+    arrivals = list(case.arrivals(case.seed))
+    sim = simulate(case, arrivals=arrivals)
+    pool, ends = run_pool(case, arrivals)
+    core = pool.core
+    assert len(sim.batches) > 20  # a case with something to decide
+    assert list(core.fleet.batches) == list(sim.batches)
+    assert list(core.fleet.idles) == list(sim.idles)
+    assert list(core.decisions) == list(sim.decisions)
+    assert ends == {r.request_id: r.finish_ms for r in sim.requests}
+    assert (core.rounds, core.fleet.cold_starts, core.prewarms) == (sim.rounds, sim.cold_starts, sim.prewarm_starts)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-import esg_prefect.runtime.pool as pool_module
+import esg_prefect.runtime.clock as clock_module
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import ConfigError, ProfileError
 from esg_prefect.model import Config, LatencyProfile, PriceSheet, ProfilePoint
@@ -108,12 +108,12 @@ def test_pool_predictions_follow_an_injected_2x_slowdown(monkeypatch: pytest.Mon
     so what the pool measures does not depend on the machine's load.
     """
     clock = FakeClock()
-    monkeypatch.setattr(pool_module, "wall_ms", clock.now)
-    monkeypatch.setattr(pool_module, "_REPLAN_EVERY_MS", 0.0)
+    monkeypatch.setattr(clock_module, "wall_ms", clock.now)
     monkeypatch.setitem(LAG, "factor", 1.0)
     monkeypatch.setitem(LAG, "clock", clock)
     settings = ESGSettings(wait_for_batch=False, reserve_overhead=False)
     pool = Pool(lagging_profile(), PriceSheet(1e-5, {}), settings=settings, backend=InlineBackend(vcpus=2))
+    pool.planner.replan_every_ms = 0.0
     try:
         before = [pool.submit(_call(i)).result(30) for i in range(6)]  # one at a time: batches of 1
         LAG["factor"] = 2.0

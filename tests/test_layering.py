@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE_PACKAGES = ("model", "scheduling", "control")
 # Heavy or I/O dependencies that the pure layers must not load, even indirectly.
 FORBIDDEN_LOADED = ("prefect", "torch", "asyncio", "httpx", "starlette", "uvicorn", "sqlmodel")
-# The same, plus the clock modules: the pure layers get time injected, never read it.
-FORBIDDEN_IMPORTS = (*FORBIDDEN_LOADED, "time", "datetime")
+# The same, plus the clock, thread and process modules: the pure layers get time injected, never
+# read it, and run on their caller's thread.
+FORBIDDEN_IMPORTS = (*FORBIDDEN_LOADED, "time", "datetime", "threading", "socket", "subprocess")
 
 PROBE = """
 import json, sys
 import esg_prefect.model, esg_prefect.scheduling, esg_prefect.control.calls, esg_prefect.control.records
+import esg_prefect.control.core, esg_prefect.control.fleet, esg_prefect.control.events
 print(json.dumps({"file": esg_prefect.__file__, "modules": sorted(sys.modules)}))
 """
 

@@ -257,11 +257,11 @@ def test_time_between_stages_is_measured_and_reserved() -> None:
         for r in range(4):
             _chain_request(pool, r, 0.15)
         wf = pool._registry.current()["toy"]
-        hop = pool._hops["toy"].ms
+        hop = pool.core.hop_ms("toy")
         assert hop is not None and 150 <= hop < 600, hop  # the pause, a little pool time, and a margin
         # double has one stage after it, plus the end of the run; inc only the end of the run.
-        assert pool._reserve_ms(wf, "double") == pytest.approx(2 * hop)
-        assert pool._reserve_ms(wf, "inc") == pytest.approx(hop)
+        assert pool.core.reserve_ms(wf, "double") == pytest.approx(2 * hop)
+        assert pool.core.reserve_ms(wf, "inc") == pytest.approx(hop)
     finally:
         pool.close()
 
@@ -272,8 +272,8 @@ def test_reserving_can_be_turned_off() -> None:
     try:
         for r in range(2):
             _chain_request(pool, r, 0.05)
-        assert "toy" not in pool._hops
-        assert pool._reserve_ms(pool._registry.current()["toy"], "double") == 0.0
+        assert pool.core.hop_ms("toy") is None
+        assert pool.core.reserve_ms(pool._registry.current()["toy"], "double") == 0.0
     finally:
         pool.close()
 
@@ -295,13 +295,13 @@ def test_pool_lowers_the_switch_interval_once_started_and_checks_it() -> None:
 
 
 def test_hop_estimate_adds_a_margin_for_variable_hops() -> None:
-    from esg_prefect.runtime.pool import _HopOverhead
+    from esg_prefect.control.core import HopOverhead
 
-    steady = _HopOverhead(0.2)
+    steady = HopOverhead(0.2)
     for _ in range(60):
         steady.observe(100.0)
     assert steady.ms == pytest.approx(100.0, abs=0.1)  # no variation left: no margin
-    jumpy = _HopOverhead(0.2)
+    jumpy = HopOverhead(0.2)
     for k in range(60):
         jumpy.observe(50.0 if k % 2 else 150.0)
     assert jumpy.mean_ms == pytest.approx(100.0, abs=15.0)

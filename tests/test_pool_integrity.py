@@ -233,9 +233,7 @@ def test_a_worker_process_killed_while_loading_is_replaced() -> None:
 # ---- 5. memory: records keep no outputs, finished calls are forgotten -----------------------
 
 
-def test_records_keep_no_outputs_and_finished_calls_are_bounded(
-    pool: Pool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_records_keep_no_outputs_and_finished_calls_are_bounded(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool_module, "_DONE_MEMORY", 5)
     for i in range(12):
         assert pool.submit(mk(i, "inc")).result(60).output == i + 1

@@ -11,7 +11,6 @@ import pytest
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, attribute_costs
 from esg_prefect.model.config import Config
-from esg_prefect.model.conformance import Tolerance, compare_reports
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
@@ -238,17 +237,3 @@ def test_after_warmup_keeps_the_window() -> None:
     assert [b.batch_id for b in w.batches] == ["b2"]  # b1 was dispatched at 20 ms
     # w1's idle from 120 ms stays; w2's idle 0-50 ms is cut to 30-50 ms
     assert [(i.worker_id, i.start_ms, i.end_ms) for i in w.idles] == [("w1", 120.0, 620.0), ("w2", 30.0, 50.0)]
-
-
-def test_compare_reports_within_and_beyond_tolerance() -> None:
-    requests, stages, batches, idles, decisions = worked_example()
-    rep = summarize(requests, stages, batches, idles, PRICES, decisions)
-    assert compare_reports(rep, rep) == []
-    late = [replace(r, finish_ms=r.finish_ms + 100.0) if r.finish_ms is not None else r for r in requests]
-    other = summarize(late, stages, batches, idles, PRICES, decisions)
-    problems = compare_reports(rep, other)
-    assert any("all: slo_hit_rate differs by 0.5" in p for p in problems)
-    assert any("latency p50" in p for p in problems)
-    assert compare_reports(rep, other, Tolerance(slo_hit_rate_abs=1.0, latency_p50_rel=1.0)) == []
-    fewer = summarize(requests[:3], stages, batches, idles, PRICES, decisions)
-    assert "all: 4 requests simulated, 3 live" in compare_reports(rep, fewer)

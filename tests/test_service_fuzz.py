@@ -36,12 +36,16 @@ from tests.toy_stages import toy_profile
 
 TOKEN = "fuzzing-token-0123456789abcdef"
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+
+
 def fuzz(examples: int) -> settings:
     return settings(
         max_examples=examples,
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
+
+
 DTYPES = ["float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool"]
 
 

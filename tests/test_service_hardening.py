@@ -271,8 +271,20 @@ _json = st.recursive(
     max_leaves=12,
 )
 _fields = st.sampled_from(
-    ["call_id", "stage", "stage_path", "request_id", "run_id", "item", "upstream", "arrival_ms", "input_size",
-     "task_run_id", "deployment_id", "workflow"]
+    [
+        "call_id",
+        "stage",
+        "stage_path",
+        "request_id",
+        "run_id",
+        "item",
+        "upstream",
+        "arrival_ms",
+        "input_size",
+        "task_run_id",
+        "deployment_id",
+        "workflow",
+    ]
 )
 
 
@@ -329,8 +341,23 @@ def _serve_cmd(port: int, profile: Path, *extra: str) -> list[str]:
     import sys
 
     return [
-        sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "tests", "--port", str(port),
-        "--backend", "inline", "--profile", str(profile), "--store", "off", "--no-artifacts", *extra,
+        sys.executable,
+        "-m",
+        "esg_prefect.cli",
+        "pool",
+        "serve",
+        "--allow",
+        "tests",
+        "--port",
+        str(port),
+        "--backend",
+        "inline",
+        "--profile",
+        str(profile),
+        "--store",
+        "off",
+        "--no-artifacts",
+        *extra,
     ]
 
 
@@ -352,8 +379,12 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     weak = subprocess.run(
-        _serve_cmd(port, profile), cwd=root, env={**os.environ, "ESG_PREFECT_TOKEN": "short"},
-        capture_output=True, text=True, timeout=120,
+        _serve_cmd(port, profile),
+        cwd=root,
+        env={**os.environ, "ESG_PREFECT_TOKEN": "short"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert weak.returncode == 2 and "at least 16 characters" in weak.stderr and "Traceback" not in weak.stderr
     env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN}

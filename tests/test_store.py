@@ -506,6 +506,7 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
         assert by_run.keys() >= {"run0", "run1"} and by_run["run0"] > 0 and by_run["run1"] > 0
         assert by_run["run0"] + by_run["run1"] == pytest.approx(busy, rel=1e-9)
         pool.end_run("run0")  # the run's records, stored again when it ends, add no row but the run's own
+
         def run0_finished() -> bool:
             with store.engine.connect() as conn:
                 row = conn.execute(select(RunRow.finish_ms).where(RunRow.run_id == "run0")).scalar_one()  # type: ignore[call-overload]

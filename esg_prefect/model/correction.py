@@ -111,6 +111,4 @@ class LatencyCorrection:
         batch's time is worth.
         """
         limit = math.log1p(tolerance)
-        return any(
-            abs(est.log_factor - math.log(applied.get(key, 1.0))) > limit for key, est in self._est.items()
-        )
+        return any(abs(est.log_factor - math.log(applied.get(key, 1.0))) > limit for key, est in self._est.items())

@@ -1,66 +1,50 @@
-"""The pool: AFW queues of stage calls from many flow runs, batched by a scheduler onto workers.
+"""The pool: stage calls of many flow runs, batched by the control core onto real workers.
 
 One pool serves every flow run of a process (the embedded default) or, behind
-the pool service, of many processes. Its state lives on one asyncio event
-loop in a thread of its own (the controller): callers hand it calls from any
-thread with :meth:`Pool.submit` and get a :class:`concurrent.futures.Future`.
+the pool service, of many processes. It is the runtime's driver of the control
+core (:class:`~esg_prefect.control.core.Core`, the code the simulator runs):
+queues, admission, rounds, keep-alive and records are the core's. The pool
+adds what only a live platform has: a thread-safe front (:meth:`Pool.submit`
+from any thread, a :class:`concurrent.futures.Future` back), one asyncio event
+loop in a thread of its own that feeds the core its events with the wall-clock
+time and carries out its actions, batch execution with failure isolation
+(:mod:`~esg_prefect.runtime.execution`), the online latency correction and the
+listeners.
 
-The controller runs a scheduling round (``scheduler.decide(snapshot, now_ms)``,
-the very call the simulator makes) when calls arrive, when batches finish and
-on a timer tick while calls wait. Rounds are coalesced: a burst of arrivals in
-one loop iteration costs one round. It applies the decisions: dispatches start
-batches on warm or new workers, rejections fail their calls with the reason.
-
-Failure isolation, so that nothing is lost or delivered twice:
-
-* a batch whose function raises is split in halves and each half re-run on the
-  same worker, down to single items: only the poison input's call fails, with
-  the original error type, message and traceback;
-* a worker that dies mid-batch is dropped (billed up to its death) and the
-  batch's unfinished calls go back to their queue marked *solo*: whatever
-  batch they join next, the pool runs the other calls first as one batch and
-  then each solo call alone, so an input that kills its worker twice, alone,
-  fails with :class:`~esg_prefect.exceptions.WorkerCrashedError` and the
-  others complete;
-* every call's future is resolved exactly once; a duplicate ``call_id`` (a
-  client retrying) joins the first call or gets its stored result.
-
-Costs: busy time of each batch (cold start included) and idle time of warm
-workers are recorded as :class:`~esg_prefect.model.attribution.BatchRecord`
-and :class:`~esg_prefect.model.attribution.IdleRecord`, ready for
-:func:`~esg_prefect.model.attribution.attribute_costs`.
+Nothing is lost or delivered twice: every call's future is resolved exactly
+once (an error inside its admission included); a duplicate ``call_id`` (a
+client retrying) joins the first call or gets its stored result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
-import functools
-import itertools
 import logging
-import math
 import sys
 import threading
-import time
-from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any
 
 from esg_prefect.control.calls import StageCall, StageResult
+from esg_prefect.control.core import Core
+from esg_prefect.control.events import (
+    Action,
+    BatchFinished,
+    CallArrived,
+    FailJobs,
+    StartBatch,
+    StartWorker,
+    StopWorker,
+    WakeAt,
+)
+from esg_prefect.control.fleet import Fleet, FleetWorker
 from esg_prefect.control.records import (
     BatchDone,
     BatchListener,
-    CallRecord,
-    CorrectionRow,
     PoolSnapshot,
-    RequestRow,
     RunListener,
-    RunRecords,
-    RunStub,
-    WorkerRow,
     request_records,
     stage_records,
 )
@@ -69,167 +53,44 @@ from esg_prefect.exceptions import (
     InvalidInputError,
     PoolClosedError,
     StageCallError,
-    StageFailedError,
     StageRejectedError,
-    WorkerCrashedError,
 )
-from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
-from esg_prefect.model.cluster import ClusterSnapshot, Worker
-from esg_prefect.model.config import CPU, Config, ConfigSpace
+from esg_prefect.model.config import CPU, ConfigSpace
 from esg_prefect.model.correction import LatencyCorrection
-from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.model.profile import LatencyProfile, ProfilePoint
+from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.report import Report, summarize
-from esg_prefect.model.size_model import SizeModel
-from esg_prefect.model.workflow import Workflow
 from esg_prefect.runtime.bindings import StageBindings
+from esg_prefect.runtime.clock import Cancellable, PoolClock, perf_ms, wall_ms
+from esg_prefect.runtime.execution import Pending, execute
+from esg_prefect.runtime.listeners import Listeners
+from esg_prefect.runtime.planner import Planner
+from esg_prefect.runtime.pool_records import CallBook
+from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile
 from esg_prefect.runtime.stages import input_size
-from esg_prefect.runtime.workers import (
-    BatchOutcome,
-    LocalProcessBackend,
-    WorkerBackend,
-    WorkerDiedError,
-    WorkerHandle,
-    WorkerLoadError,
-    WorkerSpec,
-)
+from esg_prefect.runtime.workers import LocalProcessBackend, WorkerBackend, WorkerDiedError, WorkerLoadError, WorkerSpec
 from esg_prefect.runtime.workflows import WorkflowRegistry
-from esg_prefect.scheduling import (
-    DecisionStats,
-    Dispatch,
-    ESGSettings,
-    Placement,
-    QueueState,
-    Snapshot,
-    Start,
-    create_scheduler,
-)
+from esg_prefect.scheduling import ESGSettings, Scheduler
 from esg_prefect.scheduling.tables import CandidateTables
-from esg_prefect.workload.rate import ArrivalRateEWMA
+
+__all__ = [
+    "DEFAULT_PROFILES",
+    "DEFAULT_SIZE_SAMPLES",
+    "Pool",
+    "PoolClock",
+    "load_default_profile",
+    "perf_ms",
+    "wall_ms",
+]
 
 logger = logging.getLogger(__name__)
 
 _DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs are held that long)
-_HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
-_LOAD_DEATHS = 3  # a call whose worker died while loading this often (no input ran) fails
-_REPLAN_EVERY_MS = 1000.0  # at most one re-plan from a corrected profile per second
-
-
-def wall_ms() -> float:
-    """Wall-clock time in ms: comparable across the processes of one machine."""
-    return time.time() * 1000.0
-
-
-def perf_ms() -> float:
-    """Monotonic time in ms, injected into the scheduler for its time budget."""
-    return time.perf_counter() * 1000.0
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A call waiting in its queue (owned by the controller loop)."""
-
-    call: StageCall
-    future: concurrent.futures.Future[StageResult]
-    job: Job
-    solo: bool = False  # after a crash: run alone, so a poison input finds itself
-    crashes: int = 0
-    load_deaths: int = 0  # workers that died loading this call's stage before any input ran
-
-
-@dataclass(slots=True)
-class _WorkerState:
-    spec: WorkerSpec
-    stage: str
-    handle: WorkerHandle | None = None
-    busy: bool = True
-    idle_since_ms: float | None = None
-    started_ms: float = 0.0
-    starting: bool = False  # loading for a pre-warm start (scheduling.base.Start), no batch yet
-
-
-@dataclass(slots=True)
-class _HopOverhead:
-    """Smoothed time between a stage call's result and its downstream call's arrival, per workflow.
-
-    Between two pooled stages of one request the caller's own machinery runs: under
-    Prefect, the upstream task run finishes and the downstream one is created and
-    started (about 0.1-0.3 s on the 2-core development machine under load). That time
-    is spent against the request's SLO but outside the pool, where the profile cannot
-    see it. The pool measures it and reserves it (see :meth:`Pool._reserve_ms`): the
-    smoothed mean plus twice the smoothed mean deviation, the estimator TCP uses for
-    its retransmission timer (RFC 6298, with a smaller multiplier), because a hop that
-    takes longer than planned is a missed SLO.
-    """
-
-    alpha: float
-    mean_ms: float | None = None
-    dev_ms: float = 0.0
-
-    def observe(self, gap_ms: float) -> None:
-        gap_ms = max(0.0, gap_ms)
-        if self.mean_ms is None:
-            self.mean_ms, self.dev_ms = gap_ms, gap_ms / 2
-            return
-        self.dev_ms = (1 - self.alpha) * self.dev_ms + self.alpha * abs(gap_ms - self.mean_ms)
-        self.mean_ms = (1 - self.alpha) * self.mean_ms + self.alpha * gap_ms
-
-    @property
-    def ms(self) -> float | None:
-        """Time to reserve per hop, or None before the first observation."""
-        return None if self.mean_ms is None else self.mean_ms + 2.0 * self.dev_ms
-
-
-@dataclass(slots=True)
-class _Request:
-    arrival_ms: float
-    run_id: str
-    workflow: str
-    segment_start: dict[int, float] = field(default_factory=dict)
-    last_end_ms: float = 0.0
-    open_calls: int = 0
-    failed: bool = False
-    at_risk: bool = False
-
-
-DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
-DEFAULT_SIZE_SAMPLES = "profiler_examples_cpu_samples.csv"
-"""Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
-
-
-def load_default_profile(
-    names: tuple[str, ...] = DEFAULT_PROFILES, size_samples: str | None = DEFAULT_SIZE_SAMPLES
-) -> LatencyProfile:
-    """The shipped latency profiles ``names`` (from ``esg_prefect/data/profiles``), merged; missing ones skipped.
-
-    The size model (Cypress) is fitted from the profiler's per-call samples
-    ``size_samples`` (the example stages on this project's CPU): a size
-    *factor* is a ratio to the typical item, so it carries over to the
-    table it rescales even though that table was measured in another run.
-    """
-    from importlib import resources
-
-    points: list[ProfilePoint] = []
-    cold: dict[tuple[str, str], float] = {}
-    folder = resources.files("esg_prefect") / "data" / "profiles"
-    for name in names:
-        entry = folder / name
-        if entry.is_file():
-            with resources.as_file(entry) as path:
-                prof = LatencyProfile.from_csv(path)
-            points.extend(prof.points)
-            for p in prof.points:
-                cold[(p.stage, p.hardware)] = prof.cold_start_ms(p.stage, p.hardware)
-    sizes = None
-    if size_samples is not None and (folder / size_samples).is_file():
-        with resources.as_file(folder / size_samples) as path:
-            sizes = SizeModel.from_samples_csv(path)
-    return LatencyProfile(points, cold, sizes)
+_DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
 class Pool:
-    """AFW queues, an ESG controller and a worker backend, shared by many flow runs.
+    """AFW queues, the control core and a worker backend, shared by many flow runs.
 
     Args:
         profile: latency model; defaults to the profiles shipped with esg-prefect.
@@ -240,11 +101,11 @@ class Pool:
             the vCPUs of one worker (``LocalProcessBackend.max_worker_vcpus``),
             configurations above the cap are left out of the settings' space.
         switch_interval_s: when the pool starts, lower the interpreter's thread
-            switch interval (``sys.setswitchinterval``, 5 ms by default) to this;
-            None (the default) leaves the process's setting alone. Worth asking
-            for where tens of flow runs share the pool's process: the pool's
-            controller waits for the GIL behind their threads on every completion
-            (``ESGTaskRunner`` asks for 1 ms; docs/results.md, "switch interval").
+            switch interval (``sys.setswitchinterval``) to this; None (the
+            default) leaves the process's setting alone. Worth asking for where
+            tens of flow runs share the pool's process (``ESGTaskRunner`` asks for 1 ms).
+        clock: the time the pool gives the core, and its timers (default: the
+            wall clock); tests drive the pool on a controllable one.
 
     Examples:
         >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
@@ -259,60 +120,44 @@ class Pool:
         settings: ESGSettings | None = None,
         backend: WorkerBackend | None = None,
         switch_interval_s: float | None = None,
+        clock: PoolClock | None = None,
     ) -> None:
         if switch_interval_s is not None and not (0 < switch_interval_s <= 1):
             raise InvalidInputError(f"switch_interval_s must be in (0, 1] seconds or None, got {switch_interval_s!r}")
         self.switch_interval_s = switch_interval_s
-        self.base_profile = profile if profile is not None else load_default_profile()
-        self.profile = self.base_profile  # the base profile rescaled by the online correction
+        self.clock = clock or PoolClock()
         self.prices = prices or PriceSheet.default()
         self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
         self.settings = _within_backend(settings or ESGSettings(), self.backend)
         self.scheduler_name = scheduler
-        self.scheduler = create_scheduler(scheduler, self.profile, self.prices, self.settings, clock=perf_ms)
-        self.tables = CandidateTables(self.profile, self.prices, self.settings)
-        alpha = self.settings.correction_alpha
-        self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None
-        self._applied: dict[tuple[str, str], float] = {}  # factors self.profile was scaled with
-        self._replanned_ms = -math.inf
+        self.planner = Planner(
+            profile if profile is not None else load_default_profile(),
+            self.prices,
+            self.settings,
+            scheduler,
+            None if self.clock.deterministic else perf_ms,
+        )
         self._start_lock = threading.Lock()  # guards starting the loop thread once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._listen = Listeners()
+        self._listeners = self._listen.runs  # (read by tests and tools)
         # Everything below is owned by the controller loop: touched only from its thread.
-        self._queues: dict[QueueKey, list[_Pending]] = {}
-        self._stage_paths: dict[QueueKey, str] = {}  # queue -> its stage's import path, for pre-warm starts
-        self._rates: dict[QueueKey, ArrivalRateEWMA] = {}  # the simulator's estimator too
-        self._workers: dict[str, _WorkerState] = {}
+        self._core: Core | None = None
+        self._resources: tuple[object, object] | None = None
+        self._pending: dict[str, Pending] = {}  # call id -> its call, queued or running
+        self._handles: dict[str, Any] = {}  # worker id -> its WorkerHandle, once started
+        self._stage_paths: dict[Any, str] = {}  # queue -> its stage's import path, for pre-warm starts
         self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
         self._done: OrderedDict[str, concurrent.futures.Future[StageResult]] = OrderedDict()
         self._identity: dict[str, tuple[str, ...]] = {}  # call id -> what it names (in flight or in _done)
         self._bindings = StageBindings()
-        self._requests: dict[str, _Request] = {}
         self._registry = WorkflowRegistry()
-        self._hops: dict[str, _HopOverhead] = {}  # workflow -> inter-stage overhead outside the pool
-        self._delivered: OrderedDict[str, float] = OrderedDict()  # task run id -> when its result went back
-        self._round_pending = False
-        self._paused = False  # dispatching held (pause/resume): calls queue, nothing is decided
-        self._keep_alive: tuple[frozenset[str], dict[str, float]] | None = None  # (types present, keep-alive ms)
-        self._tick_handle: asyncio.TimerHandle | None = None
+        self._settle_pending = False
+        self._timers: dict[float, Cancellable] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._ids = itertools.count(1)
-        self._calls: list[CallRecord] = []
-        self._batches: list[BatchRecord] = []
-        self._idles: list[IdleRecord] = []
-        self._decisions: deque[DecisionStats] = deque(maxlen=100_000)
-        self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _calls
-        self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in _batches
-        self._listeners: list[RunListener] = []
-        self._batch_listeners: list[BatchListener] = []
-        self._idle_cursor = 0  # idle records already handed to run listeners
-        self._batch_idle_cursor = 0  # ... and to batch listeners
-        self._backlog: list[BatchDone] = []  # completed batches not yet handed to batch listeners
-        self._backlog_lock = threading.Lock()  # the loop appends, the listeners' thread drains
-        self._drain_scheduled = False
-        self._recorded: dict[str, concurrent.futures.Future[None]] = {}  # batch id -> done once listened to
-        self._notifier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esg-run-listeners")
+        self._book = CallBook()
 
     # ---- thread-safe API -------------------------------------------------------------------
 
@@ -328,17 +173,23 @@ class Pool:
 
     def add_run_listener(self, listener: RunListener) -> None:
         """Call ``listener(records)`` on a background thread each time a flow run ends (artifacts, cost store)."""
-        self._listeners.append(listener)
+        self._listen.runs.append(listener)
 
     def add_batch_listener(self, listener: BatchListener) -> None:
         """Call ``listener(batches)`` on the listeners' thread with the batches completed since its last call.
 
         For records that must survive the pool's process being killed: the cost
         store writes batches as they complete, not only when their runs end.
-        Batches that complete while the listener is busy come together in its
-        next call, so a slow listener (a remote database) does not fall behind.
         """
-        self._batch_listeners.append(listener)
+        self._listen.batches.append(listener)
+
+    def recorded(self, batch_id: str) -> concurrent.futures.Future[None] | None:
+        """A future done once batch ``batch_id`` was handed to the batch listeners (None: it was, or none listen).
+
+        The pool service waits for it before it stores and sends a call's answer,
+        so that a call answered is a call whose cost is in the store.
+        """
+        return self._listen.recorded(batch_id)
 
     def end_run(self, run_id: str) -> None:
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
@@ -348,9 +199,7 @@ class Pool:
     def pause(self) -> None:
         """Hold dispatching: calls keep queueing (none is lost or failed), no batch starts until :meth:`resume`.
 
-        Batches already running finish, idle workers still expire. For an
-        operator: release a burst as one decision, or keep the queues while a
-        device is serviced or the profile replaced. Thread-safe; idempotent.
+        Batches already running finish, idle workers still expire. Thread-safe; idempotent.
         """
         self._hold(True)
 
@@ -367,7 +216,34 @@ class Pool:
     @property
     def paused(self) -> bool:
         """Whether dispatching is held (:meth:`pause`)."""
-        return self._paused
+        return self._core is not None and self._core.paused
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler planning now (replaced when the online correction re-plans)."""
+        return self.planner.scheduler
+
+    @property
+    def tables(self) -> CandidateTables:
+        """The tables that give calls their deadlines (replaced with the scheduler)."""
+        return self.planner.tables
+
+    @property
+    def profile(self) -> LatencyProfile:
+        """The profile planned with now: the base profile rescaled by the online correction."""
+        return self.planner.profile
+
+    @property
+    def correction(self) -> LatencyCorrection | None:
+        """The online latency correction (None: turned off)."""
+        return self.planner.correction
+
+    @property
+    def core(self) -> Core:
+        """The control core (created at the first call; read it on the pool's loop or after :meth:`close`)."""
+        if self._core is None:
+            raise PoolClosedError("the pool has not started")
+        return self._core
 
     def snapshot(self, timeout_s: float = 30.0) -> PoolSnapshot:
         """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers)."""
@@ -378,6 +254,7 @@ class Pool:
     def report(self, timeout_s: float = 30.0) -> Report:
         """SLO hit rate, latencies, batch sizes, costs and decision times so far (one ``summarize``)."""
         snap = self.snapshot(timeout_s)
+        s = self.settings
         return summarize(
             request_records(snap),
             stage_records(snap),
@@ -385,9 +262,17 @@ class Pool:
             snap.idles,
             self.prices,
             snap.decisions,
-            self.settings.cost_split,
-            self.settings.idle_billing,
+            s.cost_split,
+            s.idle_billing,
         )
+
+    def keep_alive_ms(self) -> dict[str, float]:
+        """How long an idle worker is kept, per hardware type present (``ESGSettings.keep_alive_by_price``)."""
+        present = frozenset({CPU, *(d.hardware for d in self.backend.devices())})
+        keep = self.settings.keep_alive_s * 1000.0
+        if not self.settings.keep_alive_by_price:
+            return dict.fromkeys(present, keep)
+        return {hw: keep * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Fail waiting calls with PoolClosedError, stop all workers and the controller."""
@@ -403,12 +288,7 @@ class Pool:
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout_s)
-            # Run listeners (cost store, artifacts) finish the runs they were handed before close
-            # returns: at interpreter exit their API clients could no longer start.
-            drained = self._notifier.submit(lambda: None)
-            with contextlib.suppress(concurrent.futures.TimeoutError):
-                drained.result(timeout_s)
-            self._notifier.shutdown(wait=False)
+            self._listen.close(timeout_s)
 
     def __enter__(self) -> Pool:
         return self
@@ -416,7 +296,7 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- controller loop -----------------------------------------------------------------------
+    # ---- the loop: events in --------------------------------------------------------------------
 
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
@@ -440,10 +320,38 @@ class Pool:
                     asyncio.run_coroutine_threadsafe(warm_up(), loop)
             return self._loop
 
-    def _spawn_task(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # keep a reference: the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
+
+    def _the_core(self) -> Core:
+        """The core, created on the loop at the first call (the backend's nodes may need the loop's thread)."""
+        if self._core is None:
+            fleet = Fleet(self.backend.nodes(), self.backend.devices(), self.settings.keep_alive_s * 1000.0)
+            self._core = Core(
+                self.planner.scheduler,
+                self.planner.tables,
+                fleet,
+                self.settings,
+                {},
+                keep_stage_records=False,
+                decision_memory=_DECISION_MEMORY,
+            )
+            self._refresh()
+        return self._core
+
+    def _refresh(self) -> None:
+        """Follow the backend's nodes and devices (a Ray cluster's can change) and their keep-alive."""
+        assert self._core is not None
+        nodes, devices = self.backend.nodes(), self.backend.devices()
+        if self._resources != (nodes, devices):
+            fleet = self._core.fleet
+            fleet.set_resources(nodes, devices)
+            present = fleet.hardware_types()
+            if self.settings.keep_alive_by_price:
+                fleet.set_keep_alive(fleet.keep_alive_ms, self.prices.keep_alive_scales(present))
+            self._resources = (nodes, devices)
 
     def _on_submit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
         try:
@@ -462,9 +370,8 @@ class Pool:
         """Queue a call; every check runs before any state changes, so a refused call leaves no trace."""
         if self._closed:
             raise PoolClosedError("the pool is closed")
-        # Idempotency: a call id seen before joins the first call, or gets its stored outcome.
         first = self._inflight.get(call.call_id) or self._done.get(call.call_id)
-        if first is not None:
+        if first is not None:  # idempotency: join the first call, or get its stored outcome
             if self._identity.get(call.call_id) != call.identity():
                 raise CallConflictError(
                     f"call id {call.call_id!r} was used for another call {self._identity.get(call.call_id)}; "
@@ -472,518 +379,192 @@ class Pool:
                 )
             _chain(first, fut)
             return
-        now = wall_ms()
+        now = self.clock.now()
         size = call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6)
         self._registry.check(call.workflow)
-        wf_name = call.workflow.name
-        binding = self._bindings.resolve(wf_name, call.stage, call.stage_path)
+        core = self._the_core()
+        binding = self._bindings.resolve(call.workflow.name, call.stage, call.stage_path)
         if binding.new:
             if binding.aliased:
                 self._alias(binding.name, call.stage)
-                self._registry.rename(wf_name, call.stage, binding.name)
-            self._bindings.commit(wf_name, binding)
-        stage = binding.name
-        workflow = self._registry.observe(call, stage)
-        req = self._requests.get(call.request_id)
-        if req is None:
-            arrival = call.arrival_ms if 0 < call.arrival_ms <= now else now
-            req = _Request(arrival, call.run_id, workflow.name)
-            self._requests[call.request_id] = req
-        key = QueueKey(workflow.name, stage)
-        hardware = frozenset({"cpu", *(d.hardware for d in self.backend.devices())})
-        try:
-            dist = self.tables.slo(workflow, hardware)
-            seg = dist.segment_of(stage)
-            start = req.segment_start.get(seg.index, now)
-            deadline = dist.deadline_after(stage, req.arrival_ms, start)
-        except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
-            req.failed = True
-            raise StageRejectedError(str(exc)) from None
-        self._observe_hop(workflow.name, call, now)
-        reserve = self._reserve_ms(workflow, stage)
-        job = Job(
+                self._registry.rename(call.workflow.name, call.stage, binding.name)
+            self._bindings.commit(call.workflow.name, binding)
+        workflow = self._registry.observe(call, binding.name)
+        core.workflows[workflow.name] = workflow
+        arrival = call.arrival_ms if call.arrival_ms > 0 else None
+        ev = CallArrived(
             call.call_id,
             call.request_id,
             call.run_id,
-            key,
-            req.arrival_ms,
-            max(now, req.arrival_ms),
-            max(now, deadline - reserve),
-            max(now, req.arrival_ms + workflow.slo_ms - reserve),
-            None,
+            workflow.name,
+            binding.name,
+            now,
             size,
+            None,
+            arrival,
+            call.task_run_id or None,
+            tuple(call.upstream),
         )
-        req.segment_start.setdefault(seg.index, start)
-        req.open_calls += 1
+        try:
+            job = core.arrive(ev)
+        except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
+            raise StageRejectedError(str(exc)) from None
         self._inflight[call.call_id] = fut
         self._identity[call.call_id] = call.identity()
-        self._queues.setdefault(key, []).append(_Pending(call, fut, job))
-        self._stage_paths[key] = call.stage_path
-        rate = self._rates.setdefault(key, ArrivalRateEWMA(self.settings.rate_ewma_alpha))
-        with contextlib.suppress(InvalidInputError):  # the wall clock stepped back: skip this one
-            rate.observe(now)
-        self._request_round()
-
-    def _alias(self, name: str, stage: str) -> None:
-        """Plan the pool's stage ``name`` with the profile of ``stage`` (a second code under one name)."""
-        self.base_profile = self.base_profile.aliased({name: stage})
-        self._replan(self.base_profile.scaled(self._applied) if self._applied else self.base_profile)
-
-    def _replan(self, profile: LatencyProfile) -> None:
-        """Plan with ``profile`` from the next round on (a new scheduler and tables; no state is lost)."""
-        self.profile = profile
-        self.scheduler = create_scheduler(self.scheduler_name, self.profile, self.prices, self.settings, clock=perf_ms)
-        self.tables = CandidateTables(self.profile, self.prices, self.settings)
-
-    def _observe_hop(self, workflow: str, call: StageCall, now: float) -> None:
-        ends = [self._delivered[u] for u in call.upstream if u in self._delivered]
-        if ends and self.settings.reserve_overhead:
-            self._hops.setdefault(workflow, _HopOverhead(self.settings.rate_ewma_alpha)).observe(now - max(ends))
-
-    def _reserve_ms(self, workflow: Workflow, stage: str) -> float:
-        """Time to keep free after ``stage`` for the caller's work between and after the pooled stages.
-
-        One measured hop per stage on the longest path after ``stage`` to the end of
-        the workflow, plus one for the end of the flow run (which the pool does not
-        see, and which costs about what a hop costs). Zero until a hop is measured.
-        """
-        hop = self._hops.get(workflow.name)
-        if hop is None or hop.ms is None:
-            return 0.0
-        return hop.ms * (1 + _stages_after(workflow, stage))
+        self._pending[call.call_id] = Pending(call, fut, job)
+        self._stage_paths[job.queue] = call.stage_path
+        self._settle_soon()
 
     def _on_end_run(self, run_id: str) -> None:
-        reqs = [req for req in self._requests.values() if req.run_id == run_id]
-        for req in reqs:
-            if req.open_calls == 0:
-                req.open_calls = -1  # closed: no more calls expected
-        if not self._listeners or not reqs:
-            return
-        workflows = self._registry.current()
-        records = RunRecords(
-            run_id,
-            reqs[0].workflow,
-            tuple(self._calls[i] for i in self._calls_of_run.pop(run_id, [])),
-            tuple(self._batches[i] for i in self._batches_of_run.pop(run_id, [])),
-            min(r.arrival_ms for r in reqs),
-            None if any(r.failed or r.open_calls > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
-            workflows[reqs[0].workflow].slo_ms,
-            self.prices,
-            self.settings.cost_split,
-            tuple(self._idles[self._idle_cursor :]),
-        )
-        self._idle_cursor = len(self._idles)
-        for listener in self._listeners:
-            self._notifier.submit(_call_listener, listener, records)
-
-    def _hand_batch(self, done: BatchDone) -> None:
-        idles = tuple(self._idles[self._batch_idle_cursor :])
-        self._batch_idle_cursor = len(self._idles)
-        runs: dict[str, RunStub] = {}
-        for c in done.calls:
-            req = self._requests.get(c.request_id)
-            if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
-                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, self._registry.slo_ms(req.workflow))
-        done = dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
-        with self._backlog_lock:
-            self._backlog.append(done)
-            if self._drain_scheduled:
-                return
-            self._drain_scheduled = True
-        self._notifier.submit(self._drain_batches)
-
-    def _drain_batches(self) -> None:
-        """On the listeners' thread: hand every batch completed so far to each batch listener, at once."""
-        with self._backlog_lock:
-            batches, self._backlog = self._backlog, []
-            self._drain_scheduled = False
-        for listener in self._batch_listeners:
-            _call_listener(listener, batches)
-        with self._backlog_lock:
-            recorded = [self._recorded.pop(b.batch.batch_id, None) for b in batches]
-        for fut in recorded:
-            if fut is not None:
-                fut.set_result(None)
-
-    def recorded(self, batch_id: str) -> concurrent.futures.Future[None] | None:
-        """A future done once batch ``batch_id`` was handed to the batch listeners (None: it was, or none listen).
-
-        The pool service waits for it before it stores and sends a call's answer,
-        so that a call answered is a call whose cost is in the store, even if the
-        service is killed right after.
-        """
-        with self._backlog_lock:
-            return self._recorded.get(batch_id)
+        reqs = self._core.end_run(run_id) if self._core is not None else []
+        if self._listen.runs and reqs:
+            slo = self._registry.slo_ms(reqs[0].workflow)
+            self._listen.run_ended(
+                self._book.run_ended(run_id, reqs, self.core, slo, self.prices, self.settings.cost_split)
+            )
 
     async def _set_paused(self, paused: bool) -> None:
-        self._paused = paused
+        self._the_core().paused = paused
         if not paused:
-            self._request_round()
+            self._settle_soon()
 
-    def _request_round(self) -> None:
-        if not self._round_pending:
-            self._round_pending = True
-            asyncio.get_running_loop().call_soon(self._round)
+    def _settle_soon(self) -> None:
+        """Hand the core a tick once this loop iteration's events are in (a burst costs one round)."""
+        if not self._settle_pending:
+            self._settle_pending = True
+            self.clock.call_soon(self._settle)
 
-    def _round(self) -> None:
-        self._round_pending = False
-        if self._closed:
+    def _on_timer(self, t: float) -> None:
+        self._timers.pop(t, None)
+        if self._core is not None:
+            self._core.tick_due(t)
+        self._settle_soon()
+
+    def _settle(self) -> None:
+        self._settle_pending = False
+        if self._closed or self._core is None:
             return
-        now = wall_ms()
-        self._expire_idle(now)
-        if self._paused:  # resume() asks for the next round; no timer meanwhile
-            return
-        queues = tuple(
-            QueueState(key, tuple(p.job for p in pend), self._rates[key].rate_per_s(now))
-            for key, pend in self._queues.items()
-            if pend
-        )
-        if queues:
-            snapshot = Snapshot(queues, self._cluster(), self._registry.current())
-            result = self.scheduler.decide(snapshot, now)
-            self._decisions.extend(result.stats)
-            for rej in result.rejects:
-                for jid in rej.job_ids:
-                    self._fail_queued(rej.queue, jid, StageRejectedError(rej.reason))
-            for d in result.dispatches:
-                self._dispatch(d, now)
-            for st in result.starts:  # after the dispatches, in the order the scheduler placed them
-                self._prewarm(st, now)
-        if any(self._queues.values()) and self._tick_handle is None:
-            loop = asyncio.get_running_loop()
-            self._tick_handle = loop.call_later(self.settings.tick_ms / 1000.0, self._tick)
-
-    def _tick(self) -> None:
-        self._tick_handle = None
-        self._request_round()
-
-    def _cluster(self) -> ClusterSnapshot:
-        workers = [
-            Worker(
-                wid,
-                ws.spec.node,
-                ws.spec.device_id,
-                ws.spec.hardware,
-                ws.spec.vcpus,
-                ws.spec.gpu_share,
-                ws.stage,
-                busy=ws.busy,
-                idle_since_ms=ws.idle_since_ms,
-                starting=ws.starting,
-            )
-            for wid, ws in self._workers.items()
-        ]
-        return ClusterSnapshot(self.backend.nodes(), self.backend.devices(), workers)
-
-    def keep_alive_ms(self) -> dict[str, float]:
-        """How long an idle worker is kept, per hardware type present (``ESGSettings.keep_alive_by_price``)."""
-        return dict(self._keep_alive_table())
-
-    def _keep_alive_table(self) -> dict[str, float]:
-        """:meth:`keep_alive_ms`, kept while the hardware types present stay the same (read every round)."""
-        present = frozenset({CPU, *(d.hardware for d in self.backend.devices())})
-        if self._keep_alive is None or self._keep_alive[0] != present:
-            keep_ms = self.settings.keep_alive_s * 1000.0
-            if self.settings.keep_alive_by_price:
-                table = {hw: keep_ms * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
-            else:
-                table = dict.fromkeys(present, keep_ms)
-            self._keep_alive = (present, table)
-        return self._keep_alive[1]
-
-    def _expire_idle(self, now: float) -> None:
-        idle = [(wid, ws) for wid, ws in self._workers.items() if not ws.busy and ws.idle_since_ms is not None]
-        if not idle:
-            return
-        base = self.settings.keep_alive_s * 1000.0
-        keep = self._keep_alive_table()
-        for wid, ws in idle:
-            assert ws.idle_since_ms is not None
-            if now - ws.idle_since_ms > keep.get(ws.spec.hardware, base):
-                self._retire(wid, now)
-
-    def _retire(self, wid: str, now: float) -> None:
-        ws = self._workers.pop(wid)
-        if ws.idle_since_ms is not None:
-            self._record_idle(ws, ws.idle_since_ms, now)
-        if ws.handle is not None:
-            self._spawn_task(ws.handle.stop())
-
-    def _record_idle(self, ws: _WorkerState, start: float, end: float) -> None:
-        if end > start:
-            s = ws.spec
-            self._idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, start, end))
-
-    def _take(self, key: QueueKey, job_ids: tuple[str, ...]) -> list[_Pending]:
-        wanted = set(job_ids)
-        pend = self._queues.get(key, [])
-        taken = [p for p in pend if p.job.job_id in wanted]
-        self._queues[key] = [p for p in pend if p.job.job_id not in wanted]
-        return taken
-
-    def _fail_queued(self, key: QueueKey, job_id: str, exc: Exception) -> None:
-        for p in self._take(key, (job_id,)):
-            self._finish(p, None, exc, wall_ms(), wall_ms())
-
-    def _dispatch(self, d: Dispatch, now: float) -> None:
-        pendings = self._take(d.queue, d.job_ids)
-        if not pendings:
-            return
-        self._evict(d.placement, now)
-        if d.placement.worker_id is not None and d.placement.worker_id in self._workers:
-            ws = self._workers[d.placement.worker_id]
-            if ws.idle_since_ms is not None:
-                self._record_idle(ws, ws.idle_since_ms, now)
-            ws.busy, ws.idle_since_ms = True, None
-        else:
-            ws = self._new_worker(
-                pendings[0].call.stage_path,
-                d.queue.stage,
-                d.placement.node,
-                d.placement.device_id,
-                d.hardware,
-                d.config,
-                now,
-            )
-        self._spawn_task(self._run_batch(ws, pendings, d, now))
-
-    def _prewarm(self, st: Start, now: float) -> None:
-        """Start a worker with no batch, so that it is warm when the queue next needs it.
-
-        The worker counts as busy (``starting``) while it loads; once loaded it is
-        idle and warm, its idle time counted from the start's beginning so that
-        the load is billed (as idle time: no run's batch held it). A start that
-        fails to load is dropped with a warning: no job was waiting on it.
-        """
-        path = self._stage_paths.get(st.queue)
-        if path is None or st.placement.worker_id is not None:
-            return
-        self._evict(st.placement, now)
-        ws = self._new_worker(
-            path, st.queue.stage, st.placement.node, st.placement.device_id, st.hardware, st.config, now
-        )
-        ws.starting = True
-        logger.debug("worker %s: %s", ws.spec.worker_id, st.reason)
-        self._spawn_task(self._load(ws, now))
-
-    async def _load(self, ws: _WorkerState, began: float) -> None:
+        self._refresh()
+        now = self.clock.now()
         try:
-            ws.handle = await self.backend.start(ws.spec)
+            actions = self._core.settle(now)
+        except Exception as exc:  # a scheduler's bug: every waiting call is answered, none hangs
+            logger.exception("scheduling round failed")
+            for job in self._core.drain():
+                self._fail(job.job_id, StageRejectedError(f"scheduler {self.scheduler_name!r} failed: {exc!r}"), now)
+            return
+        self._apply(actions, now)
+
+    # ---- the loop: actions out ------------------------------------------------------------------
+
+    def _apply(self, actions: list[Action], now: float) -> None:
+        for a in actions:
+            if isinstance(a, StartBatch):
+                self._spawn(self._run_batch(a, [self._pending[j.job_id] for j in a.jobs]))
+            elif isinstance(a, WakeAt):
+                if a.t not in self._timers:
+                    self._timers[a.t] = self.clock.call_at(a.t, self._on_timer, a.t)
+            elif isinstance(a, StopWorker):
+                handle = self._handles.pop(a.worker_id, None)
+                if handle is not None:
+                    self._spawn(handle.stop())
+            elif isinstance(a, FailJobs):
+                for job in a.jobs:
+                    self._fail(job.job_id, StageRejectedError(a.reason), now)
+            elif isinstance(a, StartWorker):
+                self._spawn(self._load(a))
+
+    def _fail(self, call_id: str, exc: Exception, now: float) -> None:
+        p = self._pending.pop(call_id, None)
+        if p is not None:
+            self._finish(p, None, exc, now, now)
+
+    def _spec(self, w: FleetWorker, path: str) -> WorkerSpec:
+        return WorkerSpec(w.worker_id, path, w.node, w.device_id, w.hardware, w.vcpus, w.share)
+
+    async def _load(self, a: StartWorker) -> None:
+        """A pre-warm start: load the worker off the requests' path; a start that fails is dropped."""
+        wid, path = a.worker.worker_id, self._stage_paths.get(a.queue)
+        try:
+            if path is None:
+                raise WorkerLoadError(f"no stage path known for {a.queue}")
+            handle = await self.backend.start(self._spec(a.worker, path))
         except (WorkerLoadError, WorkerDiedError) as exc:
-            self._workers.pop(ws.spec.worker_id, None)
-            logger.warning("pre-warm start of worker %s failed (%s); dropped", ws.spec.worker_id, exc)
+            logger.warning("pre-warm start of worker %s failed (%s); dropped", wid, exc)
+            self.core.worker_lost(wid)
+            self._settle_soon()
             return
-        finally:
-            ws.starting = False
-        if ws.spec.worker_id in self._workers:
-            ws.busy, ws.idle_since_ms = False, began
-        self._request_round()
+        if self._closed or wid not in self.core.fleet.workers:
+            await handle.stop()
+            return
+        self._handles[wid] = handle
+        logger.debug("worker %s: %s", wid, a.reason)
+        self.core.worker_ready(wid, self.clock.now())
+        self._settle_soon()
 
-    def _evict(self, placement: Placement, now: float) -> None:
-        """Stop the idle workers a placement makes room by stopping (one still idle; a busy one is left)."""
-        for wid in placement.evict:
-            if wid in self._workers and not self._workers[wid].busy:
-                self._retire(wid, now)
+    async def _run_batch(self, a: StartBatch, pendings: list[Pending]) -> None:
+        w, d, start = a.worker, a.dispatch, a.t
+        stage = d.queue.stage
 
-    def _new_worker(
-        self, path: str, stage: str, node: str, device: str | None, hardware: str, cfg: Config, now: float
-    ) -> _WorkerState:
-        wid = f"w{next(self._ids)}"
-        spec = WorkerSpec(wid, path, node, device, hardware, cfg.vcpus, cfg.gpu_share)
-        ws = _WorkerState(spec, stage, started_ms=now)
-        self._workers[wid] = ws
-        return ws
+        def measured(idx: list[int], ms: float) -> None:
+            self._correct(stage, w, [pendings[i].job.input_size for i in idx], ms)
 
-    async def _run_batch(self, ws: _WorkerState, pendings: list[_Pending], d: Dispatch, start: float) -> None:
-        cold = ws.handle is None
-        batch_id = f"b{next(self._ids)}"
-        results: dict[int, tuple[Any, BaseException | None]] = {}
-        running: list[int] = []  # indices on the worker right now, to blame a crash on
-        died: BaseException | None = None
-        try:
-            if ws.handle is None:
-                ws.handle = await self.backend.start(ws.spec)
-            normal = [i for i, p in enumerate(pendings) if not p.solo]
-            if normal:
-                await self._run_items(ws.handle, pendings, normal, results, running)
-            for i in (i for i, p in enumerate(pendings) if p.solo):
-                await self._run_items(ws.handle, pendings, [i], results, running)
-        except WorkerLoadError as exc:
-            for i in range(len(pendings)):
-                results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
-            died = exc
-        except WorkerDiedError as exc:
-            died = exc
-            if ws.handle is None:  # it died loading: no input ran, none is to blame
-                for p in pendings:
-                    p.load_deaths += 1
-        end = wall_ms()
-        for run in {p.call.run_id for p in pendings}:
-            self._batches_of_run[run].append(len(self._batches))
-        self._batches.append(
-            BatchRecord(
-                batch_id,
-                ws.spec.worker_id,
-                tuple(BatchItem(p.call.request_id, p.call.run_id, p.job.input_size) for p in pendings),
-                Config(len(pendings), ws.spec.vcpus, ws.spec.gpu_share),
-                ws.spec.hardware,
-                start,
-                end,
-            )
+        handle = self._handles.get(w.worker_id)
+        out = await execute(
+            self.backend, handle, self._spec(w, pendings[0].call.stage_path), pendings, self.clock.now, measured
         )
-        runs = len({p.call.run_id for p in pendings})
-        first_call = len(self._calls)
-        if self._batch_listeners:  # before any caller hears of the batch: it may wait for its records
-            with self._backlog_lock:
-                self._recorded[batch_id] = concurrent.futures.Future()
-        requeue: list[_Pending] = []
+        end = self.clock.now()
+        failed = frozenset(pendings[i].call.call_id for i, (_, err) in out.results.items() if err is not None)
+        requeue = tuple(pendings[i].call.call_id for i in out.requeue)
+        lost = out.died is not None
+        core = self.core
+        core.finished(BatchFinished(a.batch_id, end, failed, requeue, lost, out.cold_ms))
+        if lost:
+            self._handles.pop(w.worker_id, None)
+            logger.warning("worker %s lost (%s); %d call(s) requeued", w.worker_id, out.died, len(requeue))
+        elif out.handle is not None:
+            self._handles[w.worker_id] = out.handle
+        runs = {p.call.run_id for p in pendings}
+        self._book.batch(len(core.fleet.batches) - 1, runs)  # the record finished() just made
+        self._listen.expect(a.batch_id)  # before any caller hears of the batch: it may wait for its records
+        first_call = len(self._book.calls)
         for i, p in enumerate(pendings):
-            if i in results:
-                out, err = results[i]
-                res = None
-                if err is None:
-                    res = StageResult(
-                        p.call.call_id,
-                        out,
-                        batch_id,
-                        len(pendings),
-                        ws.spec.worker_id,
-                        ws.spec.hardware,
-                        ws.spec.vcpus,
-                        ws.spec.gpu_share,
-                        start - p.job.ready_ms,
-                        d.predicted_ms,
-                        end - start,
-                        cold,
-                        d.at_risk,
-                        d.reason,
-                        runs,
-                    )
-                self._finish(p, res, err, start, end)
-                continue
-            # Not finished on a worker that died: back to the queue, to run alone next time.
-            if p.solo and running == [i]:
-                p.crashes += 1  # it was alone on the worker when it died
-            if p.crashes >= 2 or p.load_deaths >= _LOAD_DEATHS:
-                what = (
-                    "twice while running this input alone"
-                    if p.crashes >= 2
-                    else f"{p.load_deaths} times while loading the stage's model"
+            if i not in out.results:
+                continue  # back in its queue (solo)
+            value, err = out.results[i]
+            res = None
+            if err is None:
+                res = StageResult(
+                    p.call.call_id,
+                    value,
+                    a.batch_id,
+                    len(pendings),
+                    w.worker_id,
+                    w.hardware,
+                    w.vcpus,
+                    w.share,
+                    start - p.job.ready_ms,
+                    d.predicted_ms,
+                    end - start,
+                    a.cold,
+                    d.at_risk,
+                    d.reason,
+                    len(runs),
                 )
-                crash = WorkerCrashedError(f"stage {p.call.stage!r}: the worker died {what} ({died})")
-                self._finish(p, None, crash, start, end)
-            else:
-                p.solo = True
-                requeue.append(p)
-        if self._batch_listeners:
-            calls = tuple(self._calls[first_call:])
-            self._hand_batch(BatchDone(self._batches[-1], calls, d.queue.workflow, d.queue.stage, self.prices))
-        if requeue:
-            self._queues[d.queue] = requeue + self._queues.get(d.queue, [])
-        if died is not None:
-            self._workers.pop(ws.spec.worker_id, None)
-            logger.warning("worker %s lost (%s); %d call(s) requeued", ws.spec.worker_id, died, len(requeue))
-        else:
-            ws.busy, ws.idle_since_ms = False, end
-        self._request_round()
+            self._pending.pop(p.call.call_id, None)
+            self._finish(p, res, err, start, end)
+        if self._listen.batches:
+            calls = tuple(self._book.calls[first_call:])
+            done = BatchDone(core.fleet.batches[-1], calls, d.queue.workflow, stage, self.prices)
+            self._listen.batch_done(self._book.batch_done(done, core, self._registry.slo_ms))
+        self._settle_soon()
 
-    async def _run_items(
-        self,
-        handle: WorkerHandle,
-        pendings: list[_Pending],
-        idx: list[int],
-        results: dict[int, tuple[Any, BaseException | None]],
-        running: list[int],
-    ) -> None:
-        """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
-        running[:] = idx
-        began = wall_ms()
-        outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
-        running.clear()
-        if outcome.ok:
-            sizes = [pendings[i].job.input_size for i in idx]
-            self._correct(pendings[idx[0]].job.queue.stage, handle.spec, sizes, wall_ms() - began)
-            for i, out in zip(idx, outcome.outputs, strict=True):
-                results[i] = (out, None)
-            return
-        if len(idx) == 1:
-            stage = pendings[idx[0]].call.stage
-            results[idx[0]] = (
-                None,
-                StageFailedError(
-                    f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}",
-                    outcome.error_type,
-                    outcome.error_traceback,
-                ),
-            )
-            return
-        mid = len(idx) // 2
-        await self._run_items(handle, pendings, idx[:mid], results, running)
-        await self._run_items(handle, pendings, idx[mid:], results, running)
-
-    def _correct(self, stage: str, spec: WorkerSpec, sizes: list[float], actual_ms: float) -> None:
-        """Fold a batch's time as the pool saw it into the online correction; re-plan on drift.
-
-        The time is taken around the worker call (inputs sent, batch run, outputs
-        back), not the worker's own compute time: that is what the plan's batch
-        latency has to cover. The prediction it is compared with accounts for the
-        items' sizes where the profile has a size model, so that a batch of long
-        prompts is not mistaken for a slower machine. Re-planning (a rescaled profile, a new scheduler and
-        tables) happens when a factor moved by more than 10 % from the one in use,
-        at most once a second; the scheduler keeps no state between rounds that
-        this would lose (arrival rates live in the pool).
-        """
-        if self.correction is None:
-            return
-        cfg = Config(len(sizes), spec.vcpus, spec.gpu_share)
-        predicted = self.base_profile.try_latency_ms(stage, cfg, spec.hardware, "mean")
-        if predicted is None:
-            return
-        predicted *= self.base_profile.size_factor(stage, cfg, spec.hardware, sizes)
-        self.correction.observe(stage, spec.hardware, predicted, actual_ms)
-        now = wall_ms()
-        if now - self._replanned_ms >= _REPLAN_EVERY_MS and self.correction.drifted(self._applied):
-            self._replanned_ms = now
-            self._applied = self.correction.factors()
-            self._replan(self.base_profile.scaled(self._applied))
-            logger.info(
-                "profile corrected from measured batches: %s",
-                ", ".join(f"{st}@{hw} x{f:.2f}" for (st, hw), f in sorted(self._applied.items())),
-            )
-
-    def _finish(
-        self, p: _Pending, res: StageResult | None, err: BaseException | None, start: float, end: float
-    ) -> None:
+    def _finish(self, p: Pending, res: StageResult | None, err: BaseException | None, start: float, end: float) -> None:
         self._inflight.pop(p.call.call_id, None)
         self._done[p.call.call_id] = p.future
         if len(self._done) > _DONE_MEMORY:
             self._identity.pop(self._done.popitem(last=False)[0], None)
-        req = self._requests.get(p.call.request_id)
-        if req is not None:
-            req.open_calls -= 1
-            req.last_end_ms = max(req.last_end_ms, end)
-            req.failed |= err is not None
-            req.at_risk |= bool(res and res.at_risk)
-        self._calls_of_run[p.call.run_id].append(len(self._calls))
-        self._calls.append(
-            CallRecord(
-                p.call.call_id,
-                p.call.request_id,
-                p.call.run_id,
-                p.call.workflow.name,
-                p.call.stage,
-                p.job.ready_ms,
-                start,
-                end,
-                err is None,
-                None if res is None else dataclasses.replace(res, output=None),  # records keep no outputs
-                "" if err is None else str(err),
-            )
-        )
-        if p.call.task_run_id:
-            self._delivered[p.call.task_run_id] = wall_ms()
-            if len(self._delivered) > _HOP_MEMORY:
-                self._delivered.popitem(last=False)
+        self._book.call(p.call, p.job.ready_ms, res, err, start, end)
         if not p.future.done():  # exactly once
             if err is None:
                 assert res is not None
@@ -991,80 +572,48 @@ class Pool:
             else:
                 p.future.set_exception(err)
 
-    async def _snapshot(self) -> PoolSnapshot:
-        now = wall_ms()
-        idles = list(self._idles)
-        for ws in self._workers.values():  # idle time so far, not yet closed
-            if not ws.busy and ws.idle_since_ms is not None and now > ws.idle_since_ms:
-                s = ws.spec
-                idles.append(IdleRecord(s.worker_id, s.vcpus, s.gpu_share, s.hardware, ws.idle_since_ms, now))
-        slo = self._registry.slo_ms
-        requests = {
-            rid: RequestRow(
-                r.run_id,
-                r.workflow,
-                r.arrival_ms,
-                r.last_end_ms if r.open_calls <= 0 and not r.failed else None,
-                slo(r.workflow),
-                r.at_risk,
-            )
-            for rid, r in self._requests.items()
-        }
-        workers = tuple(
-            WorkerRow(
-                wid,
-                ws.stage,
-                ws.busy,
-                ws.spec.vcpus,
-                ws.spec.gpu_share,
-                ws.spec.hardware,
-                str(getattr(ws.handle, "enforcement", "")),
-            )
-            for wid, ws in self._workers.items()
-        )
-        return PoolSnapshot(
-            tuple(self._calls),
-            tuple(self._batches),
-            tuple(idles),
-            tuple(self._decisions),
-            requests,
-            {str(k): len(v) for k, v in self._queues.items()},
-            workers,
-            self._corrections(),
-        )
+    # ---- the online correction ------------------------------------------------------------------
 
-    def _corrections(self) -> tuple[CorrectionRow, ...]:
-        """The online correction's learned factors, and the ones the scheduler plans with now."""
-        if self.correction is None:
-            return ()
-        return tuple(
-            CorrectionRow(
-                stage,
-                hw,
-                round(f, 4),
-                round(self._applied.get((stage, hw), 1.0), 4),
-                self.correction.observations(stage, hw),
-            )
-            for (stage, hw), f in sorted(self.correction.factors().items())
+    def _alias(self, name: str, stage: str) -> None:
+        """Plan the pool's stage ``name`` with the profile of ``stage`` (a second code under one name)."""
+        self.planner.alias(name, stage)
+        self._replanned()
+
+    def _replanned(self) -> None:
+        if self._core is not None:
+            self._core.replan(self.planner.scheduler, self.planner.tables)
+
+    def _correct(self, stage: str, w: FleetWorker, sizes: list[float], actual_ms: float) -> None:
+        """Fold a batch's time as the pool saw it into the online correction; re-plan on drift."""
+        if self.planner.correct(stage, w.hardware, w.vcpus, w.share, sizes, actual_ms, self.clock.now()):
+            self._replanned()
+
+    # ---- reading and closing --------------------------------------------------------------------
+
+    async def _snapshot(self) -> PoolSnapshot:
+        if self._core is None:
+            return PoolSnapshot((), (), (), (), {}, {}, ())
+        enforcement = {wid: str(getattr(h, "enforcement", "")) for wid, h in self._handles.items()}
+        return self._book.snapshot(
+            self._core, self.clock.now(), self._registry.slo_ms, enforcement, self.planner.corrections()
         )
 
     async def _shutdown(self) -> None:
-        for pend in self._queues.values():
-            for p in pend:
-                if not p.future.done():
-                    p.future.set_exception(PoolClosedError("the pool closed before this call ran"))
-        self._queues.clear()
-        now = wall_ms()
-        for ws in self._workers.values():
-            if not ws.busy and ws.idle_since_ms is not None:
-                self._record_idle(ws, ws.idle_since_ms, now)
-        self._workers.clear()
+        now = self.clock.now()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if self._core is not None:
+            for job in self._core.drain():
+                self._fail(job.job_id, PoolClosedError("the pool closed before this call ran"), now)
+            self._core.fleet.retire_idle(now)
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for p_fut in self._inflight.values():
-            if not p_fut.done():
-                p_fut.set_exception(PoolClosedError("the pool closed while this call ran"))
+        self._handles.clear()  # the backend stops its workers as it closes
+        for fut in self._inflight.values():
+            if not fut.done():
+                fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
 
 
@@ -1076,20 +625,6 @@ def _within_backend(settings: ESGSettings, backend: WorkerBackend) -> ESGSetting
         return settings
     kept = tuple(v for v in space.vcpus if v <= cap) or (min(space.vcpus),)
     return dataclasses.replace(settings, config_space=ConfigSpace(space.batches, kept, space.gpu_shares))
-
-
-@functools.lru_cache(maxsize=4096)
-def _stages_after(workflow: Workflow, stage: str) -> int:
-    """Stages on the longest path from ``stage`` (excluded) to an exit of ``workflow``."""
-    succ = workflow.successors(stage)
-    return 1 + max(_stages_after(workflow, s) for s in succ) if succ else 0
-
-
-def _call_listener(listener: Callable[[Any], None], records: RunRecords | list[BatchDone]) -> None:
-    try:
-        listener(records)
-    except Exception:  # a listener's failure must not stop the pool or the other listeners
-        logger.exception("listener %r failed for %s", listener, getattr(records, "run_id", "batches"))
 
 
 def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:

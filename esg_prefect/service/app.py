@@ -366,4 +366,3 @@ def check_bind(host: str, token: str | None) -> None:
             "(--token-env VAR, with the token in that environment variable)"
         )
     check_token(token)
-

@@ -26,6 +26,7 @@ from esg_prefect.service.wire import call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]
 
+
 class PoolClient:
     """Talks to ``esg-prefect pool serve``.
 

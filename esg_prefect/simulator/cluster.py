@@ -1,19 +1,10 @@
-"""The simulated cluster: workers with keep-alive, cold starts, service times and billing.
+"""The simulated cluster: the control core's fleet, plus service times and GPU interference.
 
-It holds what the live runtime's worker backend holds (nodes, GPU devices,
-worker processes bound to ``(device, gpu_share, vcpus)`` with one stage's
-model warm) and bills them as ESG-SPEC section 6 says: a batch's record spans
-its dispatch to its end (a cold start included); a warm worker's idle time
-between batches, and after its last batch until its keep-alive runs out, is an
-idle record. It applies a scheduler's placements exactly as given and raises
-when one does not fit, so a scheduler bug cannot pass unnoticed.
-
-Capacity follows :class:`~esg_prefect.model.cluster.Node`: a worker's vCPUs
-are taken only while it runs a batch (an idle worker sleeps), its worker slot
-on the node (``max_workers``), its GPU share and its MPS client slot for its
-whole life.
-
-Service time of a batch (ESG-SPEC section 2, plus what the profile leaves out)::
+Worker bookkeeping, capacity, keep-alive and billing are the fleet's
+(:class:`~esg_prefect.control.fleet.Fleet`, the same code the runtime pool
+runs); this module adds only what a real platform would measure instead: how
+long a batch takes. Service time of a batch (ESG-SPEC section 2, plus what the
+profile leaves out)::
 
     cold start (if a new worker)  +  input transfer (if any input is on another node)
       +  L(stage, config, hardware) * (1 + interference * other busy workers on the GPU)
@@ -29,14 +20,12 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from esg_prefect.control.fleet import Fleet, FleetWorker
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.attribution import BatchRecord, IdleRecord
-from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
 from esg_prefect.model.config import Config
 from esg_prefect.model.interference import CoRunModel
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.unchecked import unchecked
-from esg_prefect.scheduling.base import Placement
 from esg_prefect.simulator.case import ClusterSpec, SimSpec
 
 _Z95 = 1.6448536269514722  # standard normal 95th percentile
@@ -62,92 +51,7 @@ def lognormal_params(mean_ms: float, p95_ms: float | None) -> tuple[float, float
     return math.log(mean_ms) - sigma * sigma / 2.0, sigma
 
 
-def _unchecked_snapshot(
-    nodes: tuple[Node, ...], devices: tuple[Device, ...], workers: tuple[Worker, ...]
-) -> ClusterSnapshot:
-    """A :class:`ClusterSnapshot` built without its O(workers) consistency check.
-
-    The simulated cluster checks every placement as it applies it (and raises
-    on any that does not fit), so its state is consistent by construction;
-    repeating the snapshot's check after every change of a cluster with
-    hundreds of warm workers cost more than the scheduling itself. Tests build
-    checked snapshots from the same state (``ClusterSnapshot(...)``) and
-    compare.
-    """
-    snap = object.__new__(ClusterSnapshot)
-    object.__setattr__(snap, "nodes", nodes)
-    object.__setattr__(snap, "devices", devices)
-    object.__setattr__(snap, "workers", workers)
-    object.__setattr__(snap, "_index", {})
-    return snap
-
-
-# Views and records built from the cluster's own state, consistent by construction: without their
-# checks (esg_prefect.model.unchecked).
-_worker = unchecked(Worker)
-_idle_record = unchecked(IdleRecord)
-
-
-class SimWorker:
-    """A worker process as the simulated cluster tracks it (mutable; snapshots copy it)."""
-
-    __slots__ = (
-        "device_id",
-        "expiry_token",
-        "hardware",
-        "idle_since_ms",
-        "last_batch_end_ms",
-        "node",
-        "share",
-        "stage",
-        "starting",
-        "vcpus",
-        "view",
-        "worker_id",
-    )
-
-    def __init__(
-        self, worker_id: str, node: str, device_id: str | None, hardware: str, vcpus: int, share: float, stage: str
-    ) -> None:
-        self.worker_id = worker_id
-        self.node = node
-        self.device_id = device_id
-        self.hardware = hardware
-        self.vcpus = vcpus
-        self.share = share
-        self.stage = stage
-        self.idle_since_ms: float | None = None  # None while busy (or starting)
-        self.starting: float | None = None  # when a pre-warm start began, while it loads
-        self.expiry_token = 0
-        self.last_batch_end_ms = 0.0
-        self.view: Worker | None = None  # the immutable view, until the state changes
-
-    @property
-    def busy(self) -> bool:
-        """Whether it runs (or is starting for) a batch."""
-        return self.idle_since_ms is None
-
-    def as_worker(self) -> Worker:
-        """The immutable view the scheduler sees (cached until the worker changes)."""
-        if self.view is None:
-            self.view = self._build()
-        return self.view
-
-    def _build(self) -> Worker:
-        # Built without Worker's checks: they held when the worker started (its share comes from a
-        # checked Config, already on the 1/100 grid), and a worker's view is rebuilt at every change.
-        return _worker(
-            self.worker_id,
-            self.node,
-            self.device_id,
-            self.hardware,
-            self.vcpus,
-            self.share,
-            self.stage,
-            self.idle_since_ms is None,
-            self.idle_since_ms,
-            self.starting is not None,
-        )
+SimWorker = FleetWorker  # the simulator's name for the fleet's worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +71,8 @@ class BatchTiming:
 _batch_timing = unchecked(BatchTiming)
 
 
-class SimCluster:
-    """Nodes, devices and workers; billing records; service times.
+class SimCluster(Fleet):
+    """The fleet of a simulated cluster, with service times and GPU interference.
 
     Args:
         spec: the cluster.
@@ -190,173 +94,15 @@ class SimCluster:
         keep_alive_scales: Mapping[str, float] | None = None,
     ) -> None:
         base = spec.snapshot()
-        self.nodes = base.nodes
-        self.devices = {d.device_id: d for d in base.devices}
-        self._device_tuple = tuple(base.devices)
+        super().__init__(base.nodes, base.devices, keep_alive_ms, keep_alive_scales)
         self.profile = profile
         self.sim = sim
-        self.keep_alive_ms = keep_alive_ms
-        self._keep_alive_scales = dict(keep_alive_scales or {})
         self.rng = rng
-        self.workers: dict[str, SimWorker] = {}
-        self.batches: list[BatchRecord] = []
-        self.idles: list[IdleRecord] = []
         self._busy_on_device: dict[str, int] = {d: 0 for d in self.devices}
-        self._free_vcpus = {n.name: n.vcpus for n in self.nodes}  # vCPUs not used by busy workers
-        self._max_workers = {n.name: n.max_workers for n in self.nodes}
-        self._workers_on = {n.name: 0 for n in self.nodes}
-        self._free_share = {d: 100 for d in self.devices}
-        self._clients = {d: 0 for d in self.devices}
-        self._snapshot: ClusterSnapshot | None = base
-        self._next_worker = 0
         self._lat: dict[tuple[str, str, int, int, float], tuple[float, tuple[float, float] | None]] = {}
-        self.cold_starts = 0
         # PALDIA's co-run model, only where the case uses one (SimSpec.corun): otherwise the linear
         # interference_per_corunner, so that runs without it are unchanged.
         self._corun = CoRunModel.load(sim.corun) if sim.corun is not None else None
-
-    # ---- the scheduler's view ----------------------------------------------------
-
-    def snapshot(self) -> ClusterSnapshot:
-        """The cluster now, rebuilt only after a change."""
-        if self._snapshot is None:
-            self._snapshot = _unchecked_snapshot(
-                self.nodes, self._device_tuple, tuple([w.as_worker() for w in self.workers.values()])
-            )
-        return self._snapshot
-
-    def hardware_types(self) -> frozenset[str]:
-        """``"cpu"`` and every GPU type present."""
-        return self.snapshot().hardware_types()
-
-    # ---- applying a placement ------------------------------------------------------
-
-    def acquire(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> SimWorker:
-        """The worker a dispatch runs on: an idle warm one, or a new one (after evictions).
-
-        Raises:
-            InvalidInputError: when the placement names a missing, busy or
-                mismatched worker, or does not fit the free capacity.
-        """
-        for wid in placement.evict:
-            victim = self.workers.get(wid)
-            if victim is None or victim.busy:
-                raise InvalidInputError(f"placement evicts {wid!r}, which is {'busy' if victim else 'unknown'}")
-            self._retire(victim, now_ms)
-        if placement.worker_id is not None:
-            w = self.workers.get(placement.worker_id)
-            if w is None or w.busy:
-                raise InvalidInputError(
-                    f"dispatch to worker {placement.worker_id!r}, which is {'busy' if w else 'unknown'}"
-                )
-            if not (
-                w.stage == stage and w.vcpus == config.vcpus and w.share == config.gpu_share and w.hardware == hardware
-            ):
-                raise InvalidInputError(
-                    f"dispatch of {stage} with {config} on {hardware} to worker {w.worker_id}, which holds "
-                    f"{w.stage} with vcpus={w.vcpus} share={w.share} on {w.hardware}"
-                )
-            assert w.idle_since_ms is not None
-            if self._free_vcpus[w.node] < w.vcpus:
-                raise InvalidInputError(
-                    f"dispatch to worker {w.worker_id} needs {w.vcpus} vCPUs on {w.node}, "
-                    f"{self._free_vcpus[w.node]} free"
-                )
-            self._free_vcpus[w.node] -= w.vcpus
-            self._close_idle(w, now_ms)
-            w.idle_since_ms = None
-            w.expiry_token += 1
-            w.view = None
-            self._snapshot = None
-            return w
-        return self._start(placement, stage, config, hardware)
-
-    def prewarm(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> SimWorker:
-        """Start a worker with no batch (a :class:`~esg_prefect.scheduling.base.Start`); :meth:`warmed` ends it.
-
-        It holds its vCPUs and GPU share while it loads, like a batch's cold
-        start, but does not count as a busy co-runner on its GPU (loading
-        weights is a copy, not compute).
-
-        Raises:
-            InvalidInputError: when the placement names a worker or does not fit.
-        """
-        if placement.worker_id is not None:
-            raise InvalidInputError(f"a pre-warm start names worker {placement.worker_id!r}; it must place a new one")
-        w = self.acquire(placement, stage, config, hardware, now_ms)
-        w.starting = now_ms
-        return w
-
-    def warmed(self, w: SimWorker) -> int:
-        """A pre-warm start is done: the worker is idle and warm; returns the token its expiry must carry.
-
-        Its idle time is counted from the start's beginning, so the load is billed
-        (as idle time: no run's batch held it).
-        """
-        if w.starting is None:
-            raise InvalidInputError(f"worker {w.worker_id} is not starting")
-        since, w.starting = w.starting, None
-        return self._to_idle(w, since)
-
-    def _to_idle(self, w: SimWorker, since_ms: float) -> int:
-        """Give back the vCPUs ``w`` held while busy and count it idle from ``since_ms``; its new expiry token."""
-        self._free_vcpus[w.node] += w.vcpus
-        w.idle_since_ms = since_ms
-        w.expiry_token += 1
-        w.view = None
-        self._snapshot = None
-        return w.expiry_token
-
-    def _start(self, placement: Placement, stage: str, config: Config, hardware: str) -> SimWorker:
-        node, dev = placement.node, placement.device_id
-        need = round(config.gpu_share * 100)
-        if node not in self._free_vcpus:
-            raise InvalidInputError(f"placement on unknown node {node!r}")
-        if self._free_vcpus[node] < config.vcpus:
-            raise InvalidInputError(
-                f"placement of {stage} needs {config.vcpus} vCPUs on {node}, {self._free_vcpus[node]} free"
-            )
-        limit = self._max_workers[node]
-        if limit is not None and self._workers_on[node] >= limit:
-            raise InvalidInputError(f"placement of {stage} on {node}: all {limit} worker slots are taken")
-        if (dev is None) != (need == 0):
-            raise InvalidInputError(f"placement device {dev!r} does not fit gpu_share {config.gpu_share}")
-        if dev is not None:
-            d = self.devices.get(dev)
-            if d is None or d.node != node or d.hardware != hardware:
-                raise InvalidInputError(f"placement names device {dev!r}, not a {hardware} on node {node}")
-            if self._free_share[dev] < need or self._clients[dev] >= d.max_clients:
-                raise InvalidInputError(
-                    f"placement of {stage} needs share {config.gpu_share} of {dev}: "
-                    f"{self._free_share[dev] / 100:.2f} free, {self._clients[dev]} clients"
-                )
-            self._free_share[dev] -= need
-            self._clients[dev] += 1
-        self._free_vcpus[node] -= config.vcpus
-        self._workers_on[node] += 1
-        self._next_worker += 1
-        w = SimWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage)
-        self.workers[w.worker_id] = w
-        self.cold_starts += 1
-        self._snapshot = None
-        return w
-
-    def _retire(self, w: SimWorker, now_ms: float) -> None:
-        """Stop an idle worker now (eviction or keep-alive expiry)."""
-        self._close_idle(w, now_ms)
-        del self.workers[w.worker_id]
-        self._workers_on[w.node] -= 1
-        if w.device_id is not None:
-            self._free_share[w.device_id] += round(w.share * 100)
-            self._clients[w.device_id] -= 1
-        self._snapshot = None
-
-    def _close_idle(self, w: SimWorker, now_ms: float) -> None:
-        start = w.idle_since_ms
-        if start is not None and now_ms > start:
-            self.idles.append(_idle_record(w.worker_id, w.vcpus, w.share, w.hardware, start, now_ms))
-
-    # ---- batches ------------------------------------------------------------------------
 
     def timing(
         self,
@@ -413,31 +159,7 @@ class SimCluster:
         if w.device_id is not None:
             self._busy_on_device[w.device_id] += 1
 
-    def finish(self, w: SimWorker, record: BatchRecord, now_ms: float) -> int:
-        """End a batch: bill it, make the worker idle; returns the token its expiry must carry."""
-        self.batches.append(record)
+    def end(self, w: SimWorker) -> None:
+        """``w``'s batch ended: it no longer slows its GPU's other workers."""
         if w.device_id is not None:
             self._busy_on_device[w.device_id] -= 1
-        w.last_batch_end_ms = now_ms
-        return self._to_idle(w, now_ms)
-
-    def keep_alive_of(self, w: SimWorker) -> float:
-        """How long ``w`` is kept once idle, in ms."""
-        return self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
-
-    def expire(self, worker_id: str, token: int, now_ms: float) -> bool:
-        """Retire an idle worker whose keep-alive ran out; False if it was used (or stopped) since."""
-        w = self.workers.get(worker_id)
-        if w is None or w.expiry_token != token or w.busy:
-            return False
-        self._retire(w, now_ms)
-        return True
-
-    def retire_idle(self, now_ms: float) -> None:
-        """Stop every idle worker now (the end of a run), billing its idle time up to ``now_ms``."""
-        for w in [w for w in self.workers.values() if not w.busy]:
-            self._retire(w, now_ms)
-
-    def busy_workers(self) -> int:
-        """Workers running or starting a batch."""
-        return sum(1 for w in self.workers.values() if w.busy)

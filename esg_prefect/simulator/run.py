@@ -137,8 +137,8 @@ def simulate(
             raise InvalidInputError(f"request size must be a finite number > 0, got {size!r} (arrival {i})")
     ctl.request_sizes = sizes
     duration_ms = case.duration_s * 1000.0
-    ctl.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
-    ctl.round_interval_ms = case.sim.round_interval_ms
+    ctl.core.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
+    ctl.core.round_interval_ms = case.sim.round_interval_ms
     with _cyclic_gc_paused() if pause_gc else nullcontext():
         if progress is None:
             loop.run(ctl.handle, ctl.settle)
@@ -150,7 +150,7 @@ def simulate(
             loop.run(ctl.handle, ctl.settle)
         ctl.close()
         window = after_warmup(
-            ctl.request_records, ctl.stage_records, cluster.batches, cluster.idles, case.warmup_s * 1000.0
+            ctl.request_records, ctl.core.stage_records, cluster.batches, cluster.idles, case.warmup_s * 1000.0
         )
         report = summarize(
             window.requests,
@@ -158,24 +158,24 @@ def simulate(
             window.batches,
             window.idles,
             case.prices,
-            ctl.decisions,
+            ctl.core.decisions,
             split=settings.cost_split,
             idle_billing=settings.idle_billing,
         )
     return SimRun(
         report,
         tuple(ctl.request_records),
-        tuple(ctl.stage_records),
+        tuple(ctl.core.stage_records),
         tuple(cluster.batches),
         tuple(cluster.idles),
-        tuple(ctl.decisions),
-        ctl.rounds,
+        tuple(ctl.core.decisions),
+        ctl.core.rounds,
         loop.events,
         loop.now_ms,
         cluster.cold_starts,
-        tuple(ctl.decide_ms),
-        ctl.at_risk_cold_starts,
-        ctl.prewarms,
+        tuple(ctl.core.decide_ms),
+        ctl.core.at_risk_cold_starts,
+        ctl.core.prewarms,
     )
 
 

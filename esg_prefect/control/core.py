@@ -1,0 +1,607 @@
+"""The control core: queues, admission, rounds, worker lifecycle and records, once for every driver.
+
+The runtime's asyncio pool and the simulator's event loop both drive one
+:class:`Core`. It has no clock, no threads and no I/O: events come in with
+their time (:mod:`esg_prefect.control.events`), actions come out, and the
+records (batches, idle time, stage calls, decisions) are read from it.
+
+What it owns:
+
+* one AFW queue per (workflow, stage) with its :class:`ArrivalRateEWMA`;
+* admission: a call becomes a :class:`Job` carrying the deadline of its SLO
+  segment (with slack redistribution, ``ESGSettings.redistribute_slack``) less
+  the measured hop reserve (the caller's own time between pooled stages);
+* rounds: ``scheduler.decide(snapshot, now)`` after the events of an instant,
+  at most one per ``round_interval_ms``, and on a ``tick_ms`` timer while any
+  job waits; never when none does, none while paused;
+* applying the decisions: rejects fail the request's queued jobs, dispatches
+  start batches (after their evictions), starts pre-warm workers;
+* workers through :class:`~esg_prefect.control.fleet.Fleet`: keep-alive,
+  expiry at the exact time its keep-alive runs out, billing records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, MutableMapping
+from contextlib import suppress
+from dataclasses import dataclass
+
+from esg_prefect.control.events import (
+    Action,
+    BatchFinished,
+    CallArrived,
+    Event,
+    FailJobs,
+    RunEnded,
+    StartBatch,
+    StartWorker,
+    StopWorker,
+    Tick,
+    WakeAt,
+    WorkerLost,
+    WorkerReady,
+)
+from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.attribution import BatchItem, BatchRecord
+from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.model.records import StageRecord
+from esg_prefect.model.slo import SLODistribution
+from esg_prefect.model.unchecked import unchecked
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.base import DecisionStats, Dispatch, Placement, QueueState, Scheduler, Snapshot
+from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.scheduling.tables import CandidateTables
+from esg_prefect.workload.rate import ArrivalRateEWMA
+
+# The core builds its jobs, states and records from values it made or checked itself (finite times in
+# order, its own queue keys, rates from ArrivalRateEWMA): it skips their checks (model.unchecked).
+_job = unchecked(Job)
+_stage_record = unchecked(StageRecord)
+_batch_item = unchecked(BatchItem)
+_batch_record = unchecked(BatchRecord)
+_queue_state = unchecked(QueueState)
+_snapshot = unchecked(Snapshot)
+
+_HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
+
+
+class _Plan:
+    """What the core precomputes per workflow (for the tables and hardware in use)."""
+
+    __slots__ = ("dist", "keys", "region", "segment", "workflow")
+
+    def __init__(self, workflow: Workflow, dist: SLODistribution) -> None:
+        self.workflow = workflow
+        self.dist = dist
+        self.segment = {s: dist.segment_of(s).index for s in workflow.stages}
+        self.region = {s: dist.segment_of(s).is_region for s in workflow.stages}
+        self.keys = {s: QueueKey(workflow.name, s) for s in workflow.stages}
+
+
+class Request:
+    """A request (workflow instance) as the core tracks it."""
+
+    __slots__ = (
+        "arrival_ms",
+        "at_risk",
+        "closed",
+        "failed",
+        "last_end_ms",
+        "open",
+        "queued",
+        "request_id",
+        "run_id",
+        "seg_start",
+        "workflow",
+    )
+
+    def __init__(self, request_id: str, run_id: str, workflow: str, arrival_ms: float) -> None:
+        self.request_id = request_id
+        self.run_id = run_id
+        self.workflow = workflow
+        self.arrival_ms = arrival_ms
+        self.seg_start: dict[int, float] = {}
+        self.at_risk = False
+        self.failed = False
+        self.closed = False  # its run ended: no more calls
+        self.open = 0  # jobs admitted and not finished
+        self.last_end_ms = 0.0
+        self.queued: dict[str, QueueKey] = {}  # job id -> queue, while it waits
+
+
+class _Queue:
+    """An AFW queue: waiting jobs (in arrival order) and the arrival-rate estimate."""
+
+    __slots__ = ("jobs", "key", "rate", "state")
+
+    def __init__(self, key: QueueKey, alpha: float) -> None:
+        self.key = key
+        self.jobs: dict[str, Job] = {}
+        self.rate = ArrivalRateEWMA(alpha)
+        self.state: QueueState | None = None
+
+
+@dataclass(slots=True)
+class Flight:
+    """A batch in flight."""
+
+    batch_id: str
+    worker: FleetWorker
+    jobs: tuple[Job, ...]
+    dispatch: Dispatch
+    start_ms: float
+
+
+@dataclass(slots=True)
+class HopOverhead:
+    """Smoothed time between a stage call's result and its downstream call's arrival, per workflow.
+
+    Between two pooled stages of one request the caller's own machinery runs
+    (under Prefect, the upstream task run finishes and the downstream one is
+    created and started). That time is spent against the SLO outside the pool.
+    The core reserves the smoothed mean plus twice the smoothed mean deviation
+    (RFC 6298's estimator, with a smaller multiplier): a hop that takes longer
+    than planned is a missed SLO.
+    """
+
+    alpha: float
+    mean_ms: float | None = None
+    dev_ms: float = 0.0
+
+    def observe(self, gap_ms: float) -> None:
+        """Fold one measured hop in."""
+        gap_ms = max(0.0, gap_ms)
+        if self.mean_ms is None:
+            self.mean_ms, self.dev_ms = gap_ms, gap_ms / 2
+            return
+        self.dev_ms = (1 - self.alpha) * self.dev_ms + self.alpha * abs(gap_ms - self.mean_ms)
+        self.mean_ms = (1 - self.alpha) * self.mean_ms + self.alpha * gap_ms
+
+    @property
+    def ms(self) -> float | None:
+        """Time to reserve per hop, or None before the first observation."""
+        return None if self.mean_ms is None else self.mean_ms + 2.0 * self.dev_ms
+
+
+class Core:
+    """Queues -> ``scheduler.decide`` -> actions, with the workers' lifecycle and the records.
+
+    Args:
+        scheduler: the scheduler (any registered one).
+        tables: the tables that give jobs their deadlines (the scheduler's profile and prices).
+        fleet: the workers and their capacity.
+        settings: tick, EWMA alpha, slack redistribution, hop reserve.
+        workflows: workflows by name (a driver may add to it as calls declare new ones).
+        round_interval_ms: least time between two rounds (0: react at every instant).
+        cutoff_ms: no round after this time (a simulated run's drain limit).
+        timer: a wall clock in ms to time each ``decide`` call (None: not timed).
+        keep_stage_records: keep a :class:`StageRecord` per finished job.
+        decision_memory: keep only this many newest decision stats (None: all).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tables: CandidateTables,
+        fleet: Fleet,
+        settings: ESGSettings,
+        workflows: MutableMapping[str, Workflow],
+        *,
+        round_interval_ms: float = 0.0,
+        cutoff_ms: float = math.inf,
+        timer: Callable[[], float] | None = None,
+        keep_stage_records: bool = True,
+        decision_memory: int | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.tables = tables
+        self.fleet = fleet
+        self.settings = settings
+        self.workflows = workflows
+        self.round_interval_ms = round_interval_ms
+        self.cutoff_ms = cutoff_ms
+        self.timer = timer
+        self.keep_stage_records = keep_stage_records
+        self.paused = False
+        self.queues: dict[QueueKey, _Queue] = {}
+        self.requests: dict[str, Request] = {}
+        self.flights: dict[str, Flight] = {}
+        self.stage_records: list[StageRecord] = []
+        self.decisions: deque[DecisionStats] = deque(maxlen=decision_memory)
+        self.decide_ms: list[float] = []
+        self.rounds = 0
+        self.prewarms = 0  # workers started without jobs (Start decisions)
+        self.at_risk_cold_starts = 0  # new workers started for best-effort (at-risk) dispatches
+        self.waiting = 0
+        self._plans: dict[str, _Plan] = {}
+        self._job_req: dict[str, Request] = {}
+        self._hops: dict[str, HopOverhead] = {}
+        # task run id -> when its result went back, and the node that holds it
+        self._delivered: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._task_of: dict[str, str] = {}  # job id -> its task run id, while it is open
+        self._dirty = False
+        self._last_round_ms = -math.inf
+        self._wake_at: float | None = None  # the pending round timer
+        self._expiry_wake: float | None = None  # the pending wake-up for a keep-alive
+        self._batches = 0
+
+    # ---- events ---------------------------------------------------------------------------
+
+    def on(self, event: Event) -> list[Action]:
+        """Handle one event; a :class:`Tick` returns the actions due (the others return none)."""
+        if isinstance(event, Tick):
+            return self.settle(event.t)
+        if isinstance(event, CallArrived):
+            self.arrive(event)
+        elif isinstance(event, BatchFinished):
+            self.finished(event)
+        elif isinstance(event, WorkerReady):
+            self.worker_ready(event.worker_id, event.t)
+        elif isinstance(event, WorkerLost):
+            self.worker_lost(event.worker_id)
+        elif isinstance(event, RunEnded):
+            self.end_run(event.run_id)
+        return []
+
+    def arrive(self, ev: CallArrived) -> Job:
+        """Admit a call: it waits in its queue with its segment's deadline; the next round sees it.
+
+        Raises:
+            KeyError: for a workflow the core was not given.
+            WorkflowError: when a stage has no latency profile on the fleet's hardware.
+        """
+        t = ev.t
+        req = self.requests.get(ev.request_id)
+        if req is None:
+            arrival = ev.arrival_ms if ev.arrival_ms is not None and ev.arrival_ms <= t else t
+            req = Request(ev.request_id, ev.run_id, ev.workflow, arrival)
+        plan = self._plan(ev.workflow)
+        stage = ev.stage
+        seg = plan.segment[stage]
+        if self.settings.redistribute_slack:
+            start = req.seg_start.get(seg, t) if plan.region[stage] else t
+            deadline = plan.dist.deadline_after(stage, req.arrival_ms, start)
+        else:
+            start = t
+            deadline = plan.dist.deadline_ms(stage, req.arrival_ms)
+        e2e = req.arrival_ms + plan.workflow.slo_ms
+        if ev.upstream:
+            reserve = self._reserve(ev, plan.workflow, t)
+            if reserve > 0:  # never before now, for the reserve's sake
+                deadline = max(min(deadline, t), deadline - reserve)
+                e2e = max(min(e2e, t), e2e - reserve)
+        home = ev.home
+        if home is None and ev.upstream:
+            home = home_node([self._delivered[u][1] for u in ev.upstream if u in self._delivered])
+        key = plan.keys[stage]
+        job = _job(ev.job_id, req.request_id, req.run_id, key, req.arrival_ms, t, deadline, e2e, home, ev.input_size)
+        # Every check passed: change state.
+        self.requests[ev.request_id] = req
+        if plan.region[stage]:
+            req.seg_start.setdefault(seg, start)
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
+        q.jobs[ev.job_id] = job
+        q.state = None
+        with suppress(InvalidInputError):  # a clock that stepped back: skip this gap
+            q.rate.observe(t)
+        req.queued[ev.job_id] = key
+        req.open += 1
+        self._job_req[ev.job_id] = req
+        if ev.task_run_id:
+            self._task_of[ev.job_id] = ev.task_run_id
+        self.waiting += 1
+        self._dirty = True
+        return job
+
+    def finished(self, ev: BatchFinished) -> Flight:
+        """A batch ended: bill it, free or drop its worker, close or re-queue its jobs; returns the flight."""
+        fl = self.flights.pop(ev.batch_id)
+        d, w, t = fl.dispatch, fl.worker, ev.t
+        requeue = set(ev.requeue)
+        done = [j for j in fl.jobs if j.job_id not in requeue]
+        record = _batch_record(
+            fl.batch_id,
+            w.worker_id,
+            tuple([_batch_item(j.request_id, j.run_id, j.input_size) for j in fl.jobs]),
+            d.config,
+            d.hardware,
+            fl.start_ms,
+            t,
+        )
+        if ev.lost:
+            self.fleet.lose(w, record)
+        else:
+            self._expiring(self.fleet.finish(w, record, t))
+        stage = d.queue.stage
+        size = len(fl.jobs)
+        keep = self.keep_stage_records
+        for job in done:
+            req = self._job_req.pop(job.job_id)
+            req.open -= 1
+            if t > req.last_end_ms:
+                req.last_end_ms = t
+            if job.job_id in ev.failed:
+                req.failed = True
+            task = self._task_of.pop(job.job_id, None) if self._task_of else None
+            if task is not None:
+                self._delivered[task] = (t, w.node)
+                if len(self._delivered) > _HOP_MEMORY:
+                    self._delivered.popitem(last=False)
+            if keep:
+                self.stage_records.append(
+                    _stage_record(
+                        job.job_id,
+                        job.request_id,
+                        d.queue.workflow,
+                        stage,
+                        fl.batch_id,
+                        size,
+                        w.worker_id,
+                        d.hardware,
+                        d.config.gpu_share,
+                        d.config.vcpus,
+                        job.ready_ms,
+                        fl.start_ms,
+                        t,
+                        d.predicted_ms,
+                        ev.cold_ms,
+                        ev.transfer_ms,
+                    )
+                )
+        if requeue:
+            q = self.queues[d.queue]
+            back = {j.job_id: j for j in fl.jobs if j.job_id in requeue}
+            q.jobs = {**back, **q.jobs}
+            q.state = None
+            for jid, job in back.items():
+                self._job_req[jid].queued[jid] = job.queue
+            self.waiting += len(back)
+        self._dirty = True
+        return fl
+
+    def worker_ready(self, worker_id: str, t: float) -> None:
+        """A pre-warm start finished loading: the worker is idle and warm (its load billed as idle time)."""
+        w = self.fleet.workers.get(worker_id)
+        if w is not None and w.starting is not None:
+            self._expiring(self.fleet.warmed(w))
+            self._dirty = True
+
+    def worker_lost(self, worker_id: str) -> None:
+        """A worker with no batch running died (or failed to load): its capacity is free."""
+        w = self.fleet.workers.get(worker_id)
+        if w is not None:
+            self.fleet.lose(w)
+            self._dirty = True
+
+    def end_run(self, run_id: str) -> list[Request]:
+        """A flow run ended: its requests are closed; returns them."""
+        reqs = [r for r in self.requests.values() if r.run_id == run_id]
+        for r in reqs:
+            r.closed = True
+        return reqs
+
+    def _expiring(self, at: float) -> None:
+        if self._expiry_wake is None or at < self._expiry_wake:
+            self._expiry_wake = None  # settle() asks for the earlier wake-up
+
+    # ---- admission helpers ----------------------------------------------------------------------
+
+    def _plan(self, workflow: str) -> _Plan:
+        wf = self.workflows[workflow]
+        plan = self._plans.get(workflow)
+        if plan is None or plan.workflow is not wf:
+            plan = self._plans[workflow] = _Plan(wf, self.tables.slo(wf, self.fleet.hardware_types()))
+        return plan
+
+    def _reserve(self, ev: CallArrived, workflow: Workflow, t: float) -> float:
+        ends = [self._delivered[u][0] for u in ev.upstream if u in self._delivered]
+        if ends and self.settings.reserve_overhead:
+            self._hops.setdefault(workflow.name, HopOverhead(self.settings.rate_ewma_alpha)).observe(t - max(ends))
+        return self.reserve_ms(workflow, ev.stage)
+
+    def reserve_ms(self, workflow: Workflow, stage: str) -> float:
+        """Time kept free after ``stage`` for the caller's work between and after the pooled stages.
+
+        One measured hop per stage on the longest path after ``stage`` to the end
+        of the workflow, plus one for the end of the flow run (which the pool does
+        not see). Zero until a hop is measured.
+        """
+        hop = self._hops.get(workflow.name)
+        if hop is None or hop.ms is None:
+            return 0.0
+        return hop.ms * (1 + _stages_after(workflow, stage))
+
+    def hop_ms(self, workflow: str) -> float | None:
+        """The measured hop of ``workflow`` (None before the first)."""
+        hop = self._hops.get(workflow)
+        return None if hop is None else hop.ms
+
+    def replan(self, scheduler: Scheduler, tables: CandidateTables) -> None:
+        """Plan with another scheduler and tables from the next round on (a corrected profile); no state is lost."""
+        self.scheduler, self.tables = scheduler, tables
+        self._plans.clear()
+
+    # ---- rounds ----------------------------------------------------------------------------------
+
+    def settle(self, now: float) -> list[Action]:
+        """After the events of an instant: expiries, a round if one is due, and the next wake-up."""
+        actions: list[Action] = []
+        fleet = self.fleet
+        if fleet._expiries and fleet._expiries[0][0] <= now:
+            actions.extend([StopWorker(w.worker_id, now) for w in fleet.expire(now)])
+            self._expiry_wake = None
+        if self.waiting and not self.paused and now <= self.cutoff_ms:
+            if self._dirty:  # something changed: decide now, or as soon as the core may
+                due = max(now, self._last_round_ms + self.round_interval_ms)
+            else:  # the timer
+                due = self._last_round_ms + self.settings.tick_ms
+            if due <= now:
+                self._dirty = False
+                self._round(now, actions)
+                if self.waiting:
+                    self._wake(now + self.settings.tick_ms, actions)
+            else:
+                self._wake(due, actions)
+        else:
+            self._dirty = False
+        if self._expiry_wake is None or self._expiry_wake <= now:
+            nxt = fleet.next_expiry_ms()
+            self._expiry_wake = nxt
+            if nxt is not None:
+                actions.append(WakeAt(nxt))
+        return actions
+
+    def tick_due(self, t: float) -> bool:
+        """Whether ``t`` is the pending round timer (a driver may drop older wake-ups)."""
+        if t == self._wake_at:
+            self._wake_at = None
+            return True
+        return False
+
+    def _wake(self, t: float, actions: list[Action]) -> None:
+        if t <= self.cutoff_ms and (self._wake_at is None or t < self._wake_at):
+            self._wake_at = t
+            actions.append(WakeAt(t))
+
+    def _round(self, now: float, actions: list[Action]) -> None:
+        states = []
+        for q in self.queues.values():
+            if not q.jobs:
+                continue
+            rate = q.rate.rate_per_s(now)
+            if q.state is None:
+                q.state = _queue_state(q.key, tuple(q.jobs.values()), rate)
+            elif q.state.arrival_rate_per_s != rate:  # same jobs: the same tuple (schedulers key caches on it)
+                q.state = _queue_state(q.key, q.state.jobs, rate)
+            states.append(q.state)
+        snapshot = _snapshot(tuple(states), self.fleet.snapshot(), self.workflows)
+        self.rounds += 1
+        self._last_round_ms = now
+        if self.timer is not None:
+            t0 = self.timer()
+            result = self.scheduler.decide(snapshot, now)
+            self.decide_ms.append(self.timer() - t0)
+        else:
+            result = self.scheduler.decide(snapshot, now)
+        self.decisions.extend(result.stats)
+        gone: set[str] = set()  # jobs failed this round with their request (a reject may name several)
+        for r in result.rejects:
+            for job_id in r.job_ids:
+                req = self._job_req.get(job_id)
+                if req is not None:
+                    gone.update(self._fail_request(req, r.reason, actions))
+                elif job_id not in gone:
+                    raise InvalidInputError(f"scheduler {self.scheduler.name!r} rejected unknown job {job_id!r}")
+        for d in result.dispatches:
+            self._dispatch(d, now, actions)
+        for st in result.starts:  # placed after the round's dispatches, as the scheduler placed them
+            if st.queue not in self.queues:
+                raise InvalidInputError(
+                    f"scheduler {self.scheduler.name!r} started a worker for unknown queue {st.queue}"
+                )
+            w = self.fleet.prewarm(
+                self._evictions(st.placement, now, actions), st.queue.stage, st.config, st.hardware, now
+            )
+            self.prewarms += 1
+            actions.append(StartWorker(w, st.queue, now, st.reason))
+
+    def _evictions(self, placement: Placement, now: float, actions: list[Action]) -> Placement:
+        """Stop the idle workers a placement makes room by stopping; the placement left to apply."""
+        if not placement.evict:
+            return placement
+        for wid in placement.evict:
+            victim = self.fleet.workers.get(wid)
+            if victim is None or victim.busy:
+                raise InvalidInputError(f"placement evicts {wid!r}, which is {'busy' if victim else 'unknown'}")
+            self.fleet.retire(victim, now)
+            actions.append(StopWorker(wid, now))
+        return dataclasses.replace(placement, evict=())
+
+    def _fail_request(self, req: Request, reason: str, actions: list[Action]) -> list[str]:
+        """Fail a request: its queued jobs leave their queues and are answered with ``reason``; their ids."""
+        req.failed = True
+        gone = []
+        for job_id, key in req.queued.items():
+            q = self.queues[key]
+            job = q.jobs.pop(job_id, None)
+            if job is not None:
+                q.state = None
+                self.waiting -= 1
+                gone.append(job)
+            self._job_req.pop(job_id, None)
+            req.open -= 1
+        ids = list(req.queued)
+        req.queued.clear()
+        if gone:
+            actions.append(FailJobs(tuple(gone), reason))
+        return ids
+
+    def _dispatch(self, d: Dispatch, now: float, actions: list[Action]) -> None:
+        q = self.queues.get(d.queue)
+        if q is None:
+            raise InvalidInputError(f"scheduler {self.scheduler.name!r} dispatched from unknown queue {d.queue}")
+        if len(d.job_ids) != d.config.batch:
+            raise InvalidInputError(f"dispatch of {len(d.job_ids)} jobs with config.batch={d.config.batch}")
+        jobs = []
+        for job_id in d.job_ids:
+            job = q.jobs.get(job_id)
+            if job is None:
+                raise InvalidInputError(
+                    f"scheduler {self.scheduler.name!r} dispatched job {job_id!r}, not waiting in {d.queue}"
+                )
+            jobs.append(job)
+        w = self.fleet.acquire(self._evictions(d.placement, now, actions), d.queue.stage, d.config, d.hardware, now)
+        for job in jobs:  # the placement fitted: the jobs leave their queue
+            del q.jobs[job.job_id]
+            req = self._job_req[job.job_id]
+            del req.queued[job.job_id]
+            if d.at_risk:
+                req.at_risk = True
+        q.state = None
+        self.waiting -= len(jobs)
+        cold = d.placement.cold
+        if cold and d.at_risk:
+            self.at_risk_cold_starts += 1
+        self._batches += 1
+        batch_id = f"b{self._batches}"
+        fl = Flight(batch_id, w, tuple(jobs), d, now)
+        self.flights[batch_id] = fl
+        actions.append(StartBatch(batch_id, w, fl.jobs, d, cold, now))
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def drain(self) -> list[Job]:
+        """Take every waiting job out of its queue (a pool closing); returns them."""
+        jobs = [j for q in self.queues.values() for j in q.jobs.values()]
+        for q in self.queues.values():
+            q.jobs.clear()
+            q.state = None
+        self.waiting = 0
+        return jobs
+
+    def queue_lengths(self) -> dict[str, int]:
+        """Waiting jobs per queue, by ``str(QueueKey)``."""
+        return {str(k): len(q.jobs) for k, q in self.queues.items() if q.jobs}
+
+    def request_of(self, job_id: str) -> Request | None:
+        """The request of a job still open."""
+        return self._job_req.get(job_id)
+
+
+def home_node(nodes: list[str]) -> str | None:
+    """Where a call's inputs mostly are: the node holding most of its upstream results (ties: by name)."""
+    return max(sorted(set(nodes)), key=nodes.count) if nodes else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _stages_after(workflow: Workflow, stage: str) -> int:
+    """Stages on the longest path from ``stage`` (excluded) to an exit of ``workflow``."""
+    succ = workflow.successors(stage)
+    return 1 + max(_stages_after(workflow, s) for s in succ) if succ else 0

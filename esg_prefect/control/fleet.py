@@ -1,0 +1,375 @@
+"""The workers of a pool: placement, capacity, keep-alive, expiry and their billing records.
+
+One bookkeeping for the runtime and the simulator. It holds what a worker
+backend holds (nodes, GPU devices, worker processes bound to ``(device,
+gpu_share, vcpus)`` with one stage's model warm) and bills them as ESG-SPEC
+section 6 says: a batch's record spans its dispatch to its end (a cold start
+included); a warm worker's idle time between batches, and after its last batch
+until its keep-alive runs out, is an idle record. It applies a scheduler's
+placements exactly as given and raises when one does not fit, so a scheduler
+bug cannot pass unnoticed.
+
+Capacity follows :class:`~esg_prefect.model.cluster.Node`: a worker's vCPUs
+are taken only while it runs a batch (an idle worker sleeps), its worker slot
+on the node (``max_workers``), its GPU share and its MPS client slot for its
+whole life. No clock: every change carries its time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.attribution import BatchRecord, IdleRecord
+from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
+from esg_prefect.model.config import Config
+from esg_prefect.model.unchecked import unchecked
+from esg_prefect.scheduling.base import Placement
+
+
+def _unchecked_snapshot(
+    nodes: tuple[Node, ...], devices: tuple[Device, ...], workers: tuple[Worker, ...]
+) -> ClusterSnapshot:
+    """A :class:`ClusterSnapshot` built without its O(workers) consistency check.
+
+    The fleet checks every placement as it applies it (and raises on any that
+    does not fit), so its state is consistent by construction; repeating the
+    snapshot's check after every change of a fleet with hundreds of warm
+    workers cost more than the scheduling itself. Tests build checked
+    snapshots from the same state (``ClusterSnapshot(...)``) and compare.
+    """
+    snap = object.__new__(ClusterSnapshot)
+    object.__setattr__(snap, "nodes", nodes)
+    object.__setattr__(snap, "devices", devices)
+    object.__setattr__(snap, "workers", workers)
+    object.__setattr__(snap, "_index", {})
+    return snap
+
+
+# Views and records built from the fleet's own state, consistent by construction: without their
+# checks (esg_prefect.model.unchecked).
+_worker = unchecked(Worker)
+_idle_record = unchecked(IdleRecord)
+
+
+class FleetWorker:
+    """A worker process as the fleet tracks it (mutable; snapshots copy it)."""
+
+    __slots__ = (
+        "device_id",
+        "expiry_token",
+        "hardware",
+        "idle_since_ms",
+        "last_batch_end_ms",
+        "node",
+        "share",
+        "stage",
+        "starting",
+        "vcpus",
+        "view",
+        "worker_id",
+    )
+
+    def __init__(
+        self, worker_id: str, node: str, device_id: str | None, hardware: str, vcpus: int, share: float, stage: str
+    ) -> None:
+        self.worker_id = worker_id
+        self.node = node
+        self.device_id = device_id
+        self.hardware = hardware
+        self.vcpus = vcpus
+        self.share = share
+        self.stage = stage
+        self.idle_since_ms: float | None = None  # None while busy (or starting)
+        self.starting: float | None = None  # when a pre-warm start began, while it loads
+        self.expiry_token = 0
+        self.last_batch_end_ms = 0.0
+        self.view: Worker | None = None  # the immutable view, until the state changes
+
+    @property
+    def busy(self) -> bool:
+        """Whether it runs (or is starting for) a batch."""
+        return self.idle_since_ms is None
+
+    def as_worker(self) -> Worker:
+        """The immutable view the scheduler sees (cached until the worker changes)."""
+        if self.view is None:
+            # Built without Worker's checks: they held when the worker started (its share comes from
+            # a checked Config, already on the 1/100 grid), and the view is rebuilt at every change.
+            self.view = _worker(
+                self.worker_id,
+                self.node,
+                self.device_id,
+                self.hardware,
+                self.vcpus,
+                self.share,
+                self.stage,
+                self.idle_since_ms is None,
+                self.idle_since_ms,
+                self.starting is not None,
+            )
+        return self.view
+
+
+class Fleet:
+    """Nodes, devices and workers; their billing records; keep-alive expiry.
+
+    Args:
+        nodes: the machines.
+        devices: their GPUs.
+        keep_alive_ms: how long an idle worker is kept.
+        keep_alive_scales: per hardware type, the fraction of ``keep_alive_ms`` its
+            idle workers get (``ESGSettings.keep_alive_by_price``); None: all of it.
+    """
+
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        devices: Iterable[Device],
+        keep_alive_ms: float,
+        keep_alive_scales: Mapping[str, float] | None = None,
+    ) -> None:
+        self.keep_alive_ms = keep_alive_ms
+        self._keep_alive_scales = dict(keep_alive_scales or {})
+        self.workers: dict[str, FleetWorker] = {}
+        self.batches: list[BatchRecord] = []
+        self.idles: list[IdleRecord] = []
+        self.cold_starts = 0
+        self._next_worker = 0
+        self._expiries: list[tuple[float, int, str, int]] = []  # (at, seq, worker id, token): a heap
+        self._expiry_seq = 0
+        self.nodes: tuple[Node, ...] = ()
+        self.set_resources(nodes, devices)
+
+    def set_keep_alive(self, keep_alive_ms: float, scales: Mapping[str, float] | None = None) -> None:
+        """Keep-alive from now on (workers already idle keep the expiry they were given)."""
+        self.keep_alive_ms = keep_alive_ms
+        self._keep_alive_scales = dict(scales or {})
+
+    def set_resources(self, nodes: Iterable[Node], devices: Iterable[Device]) -> None:
+        """The machines and GPUs now (a backend's nodes can come and go); live workers keep what they hold."""
+        base = ClusterSnapshot(tuple(nodes), tuple(devices), ())
+        self.nodes = base.nodes
+        self.devices = {d.device_id: d for d in base.devices}
+        self._device_tuple = tuple(base.devices)
+        self._free_vcpus = {n.name: n.vcpus for n in self.nodes}  # vCPUs not used by busy workers
+        self._max_workers = {n.name: n.max_workers for n in self.nodes}
+        self._workers_on = {n.name: 0 for n in self.nodes}
+        self._free_share = {d: 100 for d in self.devices}
+        self._clients = {d: 0 for d in self.devices}
+        for w in self.workers.values():
+            if w.node in self._free_vcpus:
+                self._workers_on[w.node] += 1
+                if w.busy:
+                    self._free_vcpus[w.node] -= w.vcpus
+            if w.device_id in self._free_share:
+                self._free_share[w.device_id] -= round(w.share * 100)
+                self._clients[w.device_id] += 1
+        self._snapshot: ClusterSnapshot | None = None
+        self._hardware = base.hardware_types()
+
+    # ---- the scheduler's view ----------------------------------------------------
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The fleet now, rebuilt only after a change."""
+        if self._snapshot is None:
+            self._snapshot = _unchecked_snapshot(
+                self.nodes, self._device_tuple, tuple([w.as_worker() for w in self.workers.values()])
+            )
+        return self._snapshot
+
+    def hardware_types(self) -> frozenset[str]:
+        """``"cpu"`` and every GPU type present."""
+        return self._hardware
+
+    def keep_alive_of(self, w: FleetWorker) -> float:
+        """How long ``w`` is kept once idle, in ms."""
+        return self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
+
+    # ---- applying a placement ------------------------------------------------------
+
+    def acquire(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> FleetWorker:
+        """The worker a dispatch runs on: an idle warm one, or a new one (after evictions).
+
+        Raises:
+            InvalidInputError: when the placement names a missing, busy or
+                mismatched worker, or does not fit the free capacity.
+        """
+        for wid in placement.evict:
+            victim = self.workers.get(wid)
+            if victim is None or victim.busy:
+                raise InvalidInputError(f"placement evicts {wid!r}, which is {'busy' if victim else 'unknown'}")
+            self.retire(victim, now_ms)
+        if placement.worker_id is not None:
+            w = self.workers.get(placement.worker_id)
+            if w is None or w.busy:
+                raise InvalidInputError(
+                    f"dispatch to worker {placement.worker_id!r}, which is {'busy' if w else 'unknown'}"
+                )
+            if not (
+                w.stage == stage and w.vcpus == config.vcpus and w.share == config.gpu_share and w.hardware == hardware
+            ):
+                raise InvalidInputError(
+                    f"dispatch of {stage} with {config} on {hardware} to worker {w.worker_id}, which holds "
+                    f"{w.stage} with vcpus={w.vcpus} share={w.share} on {w.hardware}"
+                )
+            free = self._free_vcpus.get(w.node, 0)
+            if free < w.vcpus:
+                raise InvalidInputError(
+                    f"dispatch to worker {w.worker_id} needs {w.vcpus} vCPUs on {w.node}, {free} free"
+                )
+            self._free_vcpus[w.node] = free - w.vcpus
+            self._close_idle(w, now_ms)
+            w.idle_since_ms = None
+            w.expiry_token += 1
+            w.view = None
+            self._snapshot = None
+            return w
+        return self._start(placement, stage, config, hardware)
+
+    def prewarm(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> FleetWorker:
+        """Start a worker with no batch (a :class:`~esg_prefect.scheduling.base.Start`); :meth:`warmed` ends it.
+
+        It holds its vCPUs and GPU share while it loads, like a batch's cold start.
+
+        Raises:
+            InvalidInputError: when the placement names a worker or does not fit.
+        """
+        if placement.worker_id is not None:
+            raise InvalidInputError(f"a pre-warm start names worker {placement.worker_id!r}; it must place a new one")
+        w = self.acquire(placement, stage, config, hardware, now_ms)
+        w.starting = now_ms
+        return w
+
+    def warmed(self, w: FleetWorker) -> float:
+        """A pre-warm start is done: the worker is idle and warm; returns when its keep-alive runs out.
+
+        Its idle time is counted from the start's beginning, so the load is billed
+        (as idle time: no run's batch held it).
+        """
+        if w.starting is None:
+            raise InvalidInputError(f"worker {w.worker_id} is not starting")
+        since, w.starting = w.starting, None
+        return self._to_idle(w, since)
+
+    def finish(self, w: FleetWorker, record: BatchRecord, now_ms: float) -> float:
+        """End a batch: bill it, make the worker idle; returns when its keep-alive runs out."""
+        self.batches.append(record)
+        w.last_batch_end_ms = now_ms
+        return self._to_idle(w, now_ms)
+
+    def lose(self, w: FleetWorker, record: BatchRecord | None = None) -> None:
+        """A worker died (its batch, if any, billed up to its death): its capacity is free, no idle time."""
+        if record is not None:
+            self.batches.append(record)
+        if self.workers.pop(w.worker_id, None) is None:
+            return
+        if w.node in self._workers_on:
+            self._workers_on[w.node] -= 1
+            if w.busy:
+                self._free_vcpus[w.node] += w.vcpus
+        self._free_gpu(w)
+        self._snapshot = None
+
+    def _to_idle(self, w: FleetWorker, since_ms: float) -> float:
+        """Give back the vCPUs ``w`` held while busy and count it idle from ``since_ms``; its expiry time."""
+        if w.node in self._free_vcpus:
+            self._free_vcpus[w.node] += w.vcpus
+        w.idle_since_ms = since_ms
+        w.expiry_token += 1
+        w.view = None
+        self._snapshot = None
+        at = since_ms + self.keep_alive_of(w)
+        self._expiry_seq += 1
+        heapq.heappush(self._expiries, (at, self._expiry_seq, w.worker_id, w.expiry_token))
+        return at
+
+    def _start(self, placement: Placement, stage: str, config: Config, hardware: str) -> FleetWorker:
+        node, dev = placement.node, placement.device_id
+        need = round(config.gpu_share * 100)
+        if node not in self._free_vcpus:
+            raise InvalidInputError(f"placement on unknown node {node!r}")
+        if self._free_vcpus[node] < config.vcpus:
+            raise InvalidInputError(
+                f"placement of {stage} needs {config.vcpus} vCPUs on {node}, {self._free_vcpus[node]} free"
+            )
+        limit = self._max_workers[node]
+        if limit is not None and self._workers_on[node] >= limit:
+            raise InvalidInputError(f"placement of {stage} on {node}: all {limit} worker slots are taken")
+        if (dev is None) != (need == 0):
+            raise InvalidInputError(f"placement device {dev!r} does not fit gpu_share {config.gpu_share}")
+        if dev is not None:
+            d = self.devices.get(dev)
+            if d is None or d.node != node or d.hardware != hardware:
+                raise InvalidInputError(f"placement names device {dev!r}, not a {hardware} on node {node}")
+            if self._free_share[dev] < need or self._clients[dev] >= d.max_clients:
+                raise InvalidInputError(
+                    f"placement of {stage} needs share {config.gpu_share} of {dev}: "
+                    f"{self._free_share[dev] / 100:.2f} free, {self._clients[dev]} clients"
+                )
+            self._free_share[dev] -= need
+            self._clients[dev] += 1
+        self._free_vcpus[node] -= config.vcpus
+        self._workers_on[node] += 1
+        self._next_worker += 1
+        w = FleetWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage)
+        self.workers[w.worker_id] = w
+        self.cold_starts += 1
+        self._snapshot = None
+        return w
+
+    def _free_gpu(self, w: FleetWorker) -> None:
+        if w.device_id is not None and w.device_id in self._free_share:
+            self._free_share[w.device_id] += round(w.share * 100)
+            self._clients[w.device_id] -= 1
+
+    def retire(self, w: FleetWorker, now_ms: float) -> None:
+        """Stop an idle worker now (eviction, keep-alive expiry or the end of a run)."""
+        self._close_idle(w, now_ms)
+        del self.workers[w.worker_id]
+        if w.node in self._workers_on:
+            self._workers_on[w.node] -= 1
+        self._free_gpu(w)
+        self._snapshot = None
+
+    def _close_idle(self, w: FleetWorker, now_ms: float) -> None:
+        start = w.idle_since_ms
+        if start is not None and now_ms > start:
+            self.idles.append(_idle_record(w.worker_id, w.vcpus, w.share, w.hardware, start, now_ms))
+
+    # ---- keep-alive ----------------------------------------------------------------------
+
+    def expire(self, now_ms: float) -> list[FleetWorker]:
+        """Retire every idle worker whose keep-alive ran out at or before ``now_ms``; the workers retired."""
+        heap = self._expiries
+        gone: list[FleetWorker] = []
+        while heap and heap[0][0] <= now_ms:
+            at, _, wid, token = heapq.heappop(heap)
+            w = self.workers.get(wid)
+            if w is not None and w.expiry_token == token and not w.busy:
+                self.retire(w, at)
+                gone.append(w)
+        return gone
+
+    def next_expiry_ms(self) -> float | None:
+        """When the next keep-alive may run out (None: no idle worker)."""
+        heap = self._expiries
+        while heap:
+            _, _, wid, token = heap[0]
+            w = self.workers.get(wid)
+            if w is not None and w.expiry_token == token:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
+
+    def retire_idle(self, now_ms: float) -> list[FleetWorker]:
+        """Stop every idle worker now (the end of a run), billing its idle time up to ``now_ms``."""
+        idle = [w for w in self.workers.values() if not w.busy]
+        for w in idle:
+            self.retire(w, now_ms)
+        return idle
+
+    def busy_workers(self) -> int:
+        """Workers running or starting a batch."""
+        return sum(1 for w in self.workers.values() if w.busy)

@@ -1,0 +1,148 @@
+"""Running one batch on a worker so that a poison input or a dying worker costs only its own call.
+
+* a batch whose function raises is split in halves and each half re-run on the
+  same worker, down to single items: only the poison input's call fails, with
+  the original error type, message and traceback;
+* a worker that dies mid-batch is reported lost, and the batch's unfinished
+  calls go back to their queue marked *solo*: whatever batch they join next,
+  the other calls run first as one batch and then each solo call alone, so an
+  input that kills its worker twice, alone, fails with
+  :class:`~esg_prefect.exceptions.WorkerCrashedError` and the others complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from esg_prefect.control.calls import StageCall, StageResult
+from esg_prefect.exceptions import StageFailedError, WorkerCrashedError
+from esg_prefect.model.jobs import Job
+from esg_prefect.runtime.workers import (
+    BatchOutcome,
+    WorkerBackend,
+    WorkerDiedError,
+    WorkerHandle,
+    WorkerLoadError,
+    WorkerSpec,
+)
+
+LOAD_DEATHS = 3  # a call whose worker died while loading this often (no input ran) fails
+
+
+@dataclass(slots=True)
+class Pending:
+    """A call the pool holds (queued or running), with its future and its crash history."""
+
+    call: StageCall
+    future: concurrent.futures.Future[StageResult]
+    job: Job
+    solo: bool = False  # after a crash: run alone, so a poison input finds itself
+    crashes: int = 0
+    load_deaths: int = 0  # workers that died loading this call's stage before any input ran
+
+
+@dataclass(slots=True)
+class Executed:
+    """What became of a batch's calls: ``results[i]`` is (output, None) or (None, error); the rest go back."""
+
+    handle: WorkerHandle | None
+    results: dict[int, tuple[Any, BaseException | None]] = field(default_factory=dict)
+    requeue: list[int] = field(default_factory=list)
+    died: BaseException | None = None
+    cold_ms: float = 0.0
+
+
+Measured = Callable[[list[int], float], None]  # (indices run together, their time in ms) of a batch that succeeded
+
+
+async def execute(
+    backend: WorkerBackend,
+    handle: WorkerHandle | None,
+    spec: WorkerSpec,
+    pendings: list[Pending],
+    clock: Callable[[], float],
+    measured: Measured,
+) -> Executed:
+    """Run ``pendings`` on the worker ``spec`` (starting it when ``handle`` is None) with isolation."""
+    out = Executed(handle)
+    running: list[int] = []  # indices on the worker right now, to blame a crash on
+    try:
+        if out.handle is None:
+            began = clock()
+            out.handle = await backend.start(spec)
+            out.cold_ms = clock() - began
+        normal = [i for i, p in enumerate(pendings) if not p.solo]
+        if normal:
+            await _run_items(out.handle, pendings, normal, out.results, running, clock, measured)
+        for i in (i for i, p in enumerate(pendings) if p.solo):
+            await _run_items(out.handle, pendings, [i], out.results, running, clock, measured)
+    except WorkerLoadError as exc:
+        for i in range(len(pendings)):
+            out.results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
+        out.died = exc
+    except WorkerDiedError as exc:
+        out.died = exc
+        if out.handle is None:  # it died loading: no input ran, none is to blame
+            for p in pendings:
+                p.load_deaths += 1
+    except Exception as exc:  # a backend's bug: every call of the batch is answered, none hangs
+        for i in range(len(pendings)):
+            out.results.setdefault(
+                i, (None, StageFailedError(f"running the batch failed: {exc!r}", type(exc).__name__))
+            )
+    for i, p in enumerate(pendings):
+        if i in out.results:
+            continue
+        # Not finished on a worker that died: back to the queue, to run alone next time.
+        if p.solo and running == [i]:
+            p.crashes += 1  # it was alone on the worker when it died
+        if p.crashes >= 2 or p.load_deaths >= LOAD_DEATHS:
+            what = (
+                "twice while running this input alone"
+                if p.crashes >= 2
+                else f"{p.load_deaths} times while loading the stage's model"
+            )
+            crash = WorkerCrashedError(f"stage {p.call.stage!r}: the worker died {what} ({out.died})")
+            out.results[i] = (None, crash)
+        else:
+            p.solo = True
+            out.requeue.append(i)
+    return out
+
+
+async def _run_items(
+    handle: WorkerHandle,
+    pendings: list[Pending],
+    idx: list[int],
+    results: dict[int, tuple[Any, BaseException | None]],
+    running: list[int],
+    clock: Callable[[], float],
+    measured: Measured,
+) -> None:
+    """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
+    running[:] = idx
+    began = clock()
+    outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
+    running.clear()
+    if outcome.ok:
+        measured(idx, clock() - began)
+        for i, value in zip(idx, outcome.outputs, strict=True):
+            results[i] = (value, None)
+        return
+    if len(idx) == 1:
+        stage = pendings[idx[0]].call.stage
+        results[idx[0]] = (
+            None,
+            StageFailedError(
+                f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}",
+                outcome.error_type,
+                outcome.error_traceback,
+            ),
+        )
+        return
+    mid = len(idx) // 2
+    await _run_items(handle, pendings, idx[:mid], results, running, clock, measured)
+    await _run_items(handle, pendings, idx[mid:], results, running, clock, measured)

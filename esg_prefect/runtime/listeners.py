@@ -1,0 +1,84 @@
+"""The pool's listeners: run listeners (a flow run ended) and batch listeners (batches completed).
+
+Listeners run on one background thread of their own, never on the pool's
+controller loop: a slow cost store or API client must not hold up scheduling.
+Batches completed while the batch listeners are busy are handed over together
+in their next call, so a slow listener (a remote database) does not fall behind.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from esg_prefect.control.records import BatchDone, BatchListener, RunListener, RunRecords
+
+logger = logging.getLogger(__name__)
+
+
+class Listeners:
+    """Run and batch listeners, the background thread they run on, and which batches they have seen."""
+
+    def __init__(self) -> None:
+        self.runs: list[RunListener] = []
+        self.batches: list[BatchListener] = []
+        self._backlog: list[BatchDone] = []  # completed batches not yet handed to batch listeners
+        self._lock = threading.Lock()  # the pool's loop appends, the listeners' thread drains
+        self._drain_scheduled = False
+        self._recorded: dict[str, concurrent.futures.Future[None]] = {}  # batch id -> done once listened to
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="esg-run-listeners")
+
+    def run_ended(self, records: RunRecords) -> None:
+        """Hand a finished run's records to every run listener."""
+        for listener in self.runs:
+            self._thread.submit(_call, listener, records)
+
+    def expect(self, batch_id: str) -> None:
+        """Before any caller hears of batch ``batch_id``: it may wait for the batch's records (:meth:`recorded`)."""
+        if self.batches:
+            with self._lock:
+                self._recorded[batch_id] = concurrent.futures.Future()
+
+    def batch_done(self, done: BatchDone) -> None:
+        """Queue a completed batch for the batch listeners."""
+        with self._lock:
+            self._backlog.append(done)
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._thread.submit(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batches, self._backlog = self._backlog, []
+            self._drain_scheduled = False
+        for listener in self.batches:
+            _call(listener, batches)
+        with self._lock:
+            recorded = [self._recorded.pop(b.batch.batch_id, None) for b in batches]
+        for fut in recorded:
+            if fut is not None:
+                fut.set_result(None)
+
+    def recorded(self, batch_id: str) -> concurrent.futures.Future[None] | None:
+        """A future done once batch ``batch_id`` was handed to the batch listeners (None: it was, or none listen)."""
+        with self._lock:
+            return self._recorded.get(batch_id)
+
+    def close(self, timeout_s: float) -> None:
+        """Let the listeners finish what they were handed (at interpreter exit their clients could not start)."""
+        drained = self._thread.submit(lambda: None)
+        with contextlib.suppress(concurrent.futures.TimeoutError):
+            drained.result(timeout_s)
+        self._thread.shutdown(wait=False)
+
+
+def _call(listener: Callable[[Any], None], records: RunRecords | list[BatchDone]) -> None:
+    try:
+        listener(records)
+    except Exception:  # a listener's failure must not stop the pool or the other listeners
+        logger.exception("listener %r failed for %s", listener, getattr(records, "run_id", "batches"))

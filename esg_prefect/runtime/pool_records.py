@@ -1,0 +1,143 @@
+"""The pool's call records and what it hands its listeners: per-run records, completed batches, snapshots.
+
+Batches, idle time and decisions are the control core's records; this adds
+the live platform's own: one :class:`CallRecord` per answered call (its result
+without the output, or its error), indexed by flow run, so that a run's end
+hands its listeners exactly its calls, batches and the idle time since.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+
+from esg_prefect.control.calls import StageCall, StageResult
+from esg_prefect.control.core import Core, Request
+from esg_prefect.control.records import (
+    BatchDone,
+    CallRecord,
+    CorrectionRow,
+    PoolSnapshot,
+    RequestRow,
+    RunRecords,
+    RunStub,
+    WorkerRow,
+)
+from esg_prefect.model.attribution import IdleRecord
+from esg_prefect.model.pricing import PriceSheet
+
+
+class CallBook:
+    """Call records, and which calls and batches belong to each flow run not yet ended."""
+
+    def __init__(self) -> None:
+        self.calls: list[CallRecord] = []
+        self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in calls
+        self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in the batches
+        self._idle_cursor = 0  # idle records already handed to run listeners
+        self._batch_idle_cursor = 0  # ... and to batch listeners
+
+    def call(
+        self,
+        c: StageCall,
+        ready_ms: float,
+        res: StageResult | None,
+        err: BaseException | None,
+        start: float,
+        end: float,
+    ) -> None:
+        """Record an answered call (records keep no outputs)."""
+        self._calls_of_run[c.run_id].append(len(self.calls))
+        result = None if res is None else dataclasses.replace(res, output=None)
+        error = "" if err is None else str(err)
+        self.calls.append(
+            CallRecord(
+                c.call_id,
+                c.request_id,
+                c.run_id,
+                c.workflow.name,
+                c.stage,
+                ready_ms,
+                start,
+                end,
+                err is None,
+                result,
+                error,
+            )
+        )
+
+    def batch(self, index: int, runs: set[str]) -> None:
+        """The core's batch record ``index`` served these runs."""
+        for run in runs:
+            self._batches_of_run[run].append(index)
+
+    def run_ended(
+        self, run_id: str, reqs: list[Request], core: Core, slo_ms: float, prices: PriceSheet, split: str
+    ) -> RunRecords:
+        """A run's records: its calls and batches, its outcome, and the idle time since the last run ended."""
+        fleet = core.fleet
+        records = RunRecords(
+            run_id,
+            reqs[0].workflow,
+            tuple(self.calls[i] for i in self._calls_of_run.pop(run_id, [])),
+            tuple(fleet.batches[i] for i in self._batches_of_run.pop(run_id, [])),
+            min(r.arrival_ms for r in reqs),
+            None if any(r.failed or r.open > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
+            slo_ms,
+            prices,
+            split,  # type: ignore[arg-type]
+            tuple(fleet.idles[self._idle_cursor :]),
+        )
+        self._idle_cursor = len(fleet.idles)
+        return records
+
+    def batch_done(self, done: BatchDone, core: Core, slo: Callable[[str], float]) -> BatchDone:
+        """A completed batch as the batch listeners get it: with its runs and the idle time since the last one."""
+        idles = tuple(core.fleet.idles[self._batch_idle_cursor :])
+        self._batch_idle_cursor = len(core.fleet.idles)
+        runs: dict[str, RunStub] = {}
+        for c in done.calls:
+            req = core.requests.get(c.request_id)
+            if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
+                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo(req.workflow))
+        return dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
+
+    def snapshot(
+        self,
+        core: Core,
+        now: float,
+        slo: Callable[[str], float],
+        enforcement: Mapping[str, str],
+        corrections: tuple[CorrectionRow, ...],
+    ) -> PoolSnapshot:
+        """Consistent copies of every record, with the idle time of idle workers counted up to ``now``."""
+        idles = list(core.fleet.idles)
+        for w in core.fleet.workers.values():  # idle time so far, not yet closed
+            if not w.busy and w.idle_since_ms is not None and now > w.idle_since_ms:
+                idles.append(IdleRecord(w.worker_id, w.vcpus, w.share, w.hardware, w.idle_since_ms, now))
+        requests = {
+            rid: RequestRow(
+                r.run_id,
+                r.workflow,
+                r.arrival_ms,
+                r.last_end_ms if r.open <= 0 and not r.failed else None,
+                slo(r.workflow),
+                r.at_risk,
+            )
+            for rid, r in core.requests.items()
+        }
+        workers = tuple(
+            WorkerRow(wid, w.stage, w.busy, w.vcpus, w.share, w.hardware, enforcement.get(wid, ""))
+            for wid, w in core.fleet.workers.items()
+        )
+        return PoolSnapshot(
+            tuple(self.calls),
+            tuple(core.fleet.batches),
+            tuple(idles),
+            tuple(core.decisions),
+            requests,
+            core.queue_lengths(),
+            workers,
+            corrections,
+        )

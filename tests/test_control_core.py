@@ -1,0 +1,189 @@
+"""The control core on its own: events in, actions out, no clock, no loop, times worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from esg_prefect.control.core import Core, home_node
+from esg_prefect.control.events import (
+    BatchFinished,
+    CallArrived,
+    FailJobs,
+    StartBatch,
+    StartWorker,
+    StopWorker,
+    Tick,
+    WakeAt,
+    WorkerReady,
+)
+from esg_prefect.control.fleet import Fleet
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
+from esg_prefect.model.cluster import Node
+from esg_prefect.model.config import Config, ConfigSpace
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling.base import Dispatch, Placement, Reject, SchedulingResult, Snapshot, Start
+from esg_prefect.scheduling.tables import CandidateTables
+
+KEEP_MS = 1000.0
+CHAIN = Workflow.chain("wf", ["a", "b"], 500.0)
+PROFILE = LatencyProfile([ProfilePoint(s, "cpu", b, 1, 0.0, 10.0 + b, 10.0 + b) for s in ("a", "b") for b in (1, 2, 4)])
+SETTINGS = ESGSettings(config_space=ConfigSpace((1, 2, 4), (1,), (0.0,)), tick_ms=5.0, keep_alive_s=KEEP_MS / 1000)
+
+
+class Simple:
+    """Every waiting queue as one batch: on an idle worker of its stage, else a new one (or as told)."""
+
+    name = "simple"
+
+    def __init__(self) -> None:
+        self.reject: set[str] = set()  # stages whose jobs are rejected
+        self.prewarm: set[str] = set()  # stages that get a pre-warm start instead of a dispatch
+        self.bogus = False  # dispatch a job that is not waiting
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        dispatches, rejects, starts = [], [], []
+        for q in snapshot.queues:
+            ids = tuple(j.job_id for j in q.jobs)
+            if q.key.stage in self.reject:
+                rejects.append(Reject(q.key, ids[:1], "too late"))
+                continue
+            if q.key.stage in self.prewarm:
+                self.prewarm.discard(q.key.stage)
+                starts.append(Start(q.key, Config(1, 1, 0.0), "cpu", Placement("n0", None, None, 4), "warm up"))
+                continue
+            if self.bogus:
+                ids = ("nobody",)
+            idle = [w for w in snapshot.cluster.workers if w.stage == q.key.stage and not w.busy]
+            wid = idle[0].worker_id if idle else None
+            cfg = Config(len(ids), 1, 0.0)
+            dispatches.append(Dispatch(q.key, ids, cfg, "cpu", Placement("n0", None, wid, 1), 10.0 + len(ids)))
+        return SchedulingResult(tuple(dispatches), (), tuple(rejects), (), tuple(starts))
+
+
+def make_core(**kw: object) -> tuple[Core, Simple]:
+    sched = Simple()
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), KEEP_MS)
+    tables = CandidateTables(PROFILE, PriceSheet(1e-5, {}), SETTINGS)
+    return Core(sched, tables, fleet, SETTINGS, {"wf": CHAIN}, **kw), sched  # type: ignore[arg-type]
+
+
+def call(job: str, t: float, stage: str = "a", req: str = "r1", **kw: object) -> CallArrived:
+    return CallArrived(job, req, req, "wf", stage, t, **kw)  # type: ignore[arg-type]
+
+
+def kinds(actions: list[object]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_a_call_is_dispatched_at_the_next_tick_and_its_worker_expires_on_time() -> None:
+    core, _ = make_core()
+    assert core.on(call("j1", 0.0)) == []  # events change state; a tick returns the actions
+    (start,) = core.on(Tick(0.0))
+    assert isinstance(start, StartBatch) and start.cold and [j.job_id for j in start.jobs] == ["j1"]
+    core.on(BatchFinished(start.batch_id, 12.0))
+    assert core.on(Tick(12.0)) == [WakeAt(12.0 + KEEP_MS)]  # the keep-alive's end
+    assert core.on(Tick(500.0)) == []
+    assert core.on(Tick(1012.0)) == [StopWorker("w1", 1012.0)]
+    fleet = core.fleet
+    assert [(b.start_ms, b.end_ms) for b in fleet.batches] == [(0.0, 12.0)]
+    assert [(i.start_ms, i.end_ms) for i in fleet.idles] == [(12.0, 1012.0)]
+    assert core.stage_records[0].end_ms == 12.0 and core.requests["r1"].open == 0
+
+
+def test_a_warm_worker_is_reused_and_its_old_expiry_no_longer_holds() -> None:
+    core, _ = make_core()
+    core.arrive(call("j1", 0.0))
+    (a1,) = core.settle(0.0)
+    core.finished(BatchFinished(a1.batch_id, 12.0))  # type: ignore[union-attr]
+    assert core.settle(12.0) == [WakeAt(1012.0)]
+    core.arrive(call("j2", 800.0, req="r2"))
+    (a2,) = core.settle(800.0)
+    assert isinstance(a2, StartBatch) and not a2.cold and a2.worker.worker_id == "w1"
+    core.finished(BatchFinished(a2.batch_id, 811.0))
+    assert core.settle(811.0) == []  # the wake-up at 1012 is pending and comes first
+    assert core.settle(1012.0) == [WakeAt(1811.0)]  # nothing expired: w1 was used since
+    assert core.settle(1811.0) == [StopWorker("w1", 1811.0)]
+    assert [(i.start_ms, i.end_ms) for i in core.fleet.idles] == [(12.0, 800.0), (811.0, 1811.0)]
+
+
+def test_a_reject_fails_the_requests_other_queued_calls_too() -> None:
+    core, sched = make_core()
+    sched.reject.add("a")
+    core.arrive(call("j1", 0.0))
+    core.arrive(call("j2", 0.0, stage="b"))  # the same request, another queue (as a fork would)
+    sched.reject.add("b")
+    actions = core.settle(0.0)
+    (fail,) = [a for a in actions if isinstance(a, FailJobs)]
+    assert sorted(j.job_id for j in fail.jobs) == ["j1", "j2"] and fail.reason == "too late"
+    assert core.waiting == 0 and core.requests["r1"].failed and core.requests["r1"].open == 0
+
+
+def test_requeued_jobs_go_back_to_the_front_of_their_queue() -> None:
+    core, _ = make_core()
+    core.arrive(call("j1", 0.0))
+    core.arrive(call("j2", 0.0, req="r2"))
+    (a1,) = core.settle(0.0)
+    core.arrive(call("j3", 1.0, req="r3"))
+    core.finished(BatchFinished(a1.batch_id, 5.0, requeue=("j2",), lost=True))  # type: ignore[union-attr]
+    assert core.fleet.workers == {} and core.waiting == 2
+    actions = core.settle(5.0)
+    (a2,) = [a for a in actions if isinstance(a, StartBatch)]
+    assert [j.job_id for j in a2.jobs] == ["j2", "j3"] and a2.cold  # first back, first served; a new worker
+    assert [[i.request_id for i in b.items] for b in core.fleet.batches] == [["r1", "r2"]]  # billed to its death
+
+
+def test_pause_holds_rounds_and_a_round_interval_spaces_them() -> None:
+    core, _ = make_core(round_interval_ms=1.0)
+    core.paused = True
+    core.arrive(call("j1", 0.0))
+    assert core.settle(0.0) == [] and core.waiting == 1
+    core.paused = False
+    assert kinds(core.settle(0.2)) == ["StartBatch"]
+    core.arrive(call("j2", 0.5, req="r2"))
+    assert core.settle(0.5) == [WakeAt(1.2)]  # not before round_interval_ms after the last round
+    assert core.tick_due(1.2)
+    assert kinds(core.settle(1.2)) == ["StartBatch"]
+
+
+def test_a_prewarm_start_bills_its_load_as_idle_time() -> None:
+    core, sched = make_core()
+    sched.prewarm.add("a")
+    core.arrive(call("j1", 0.0))
+    actions = core.settle(0.0)
+    (start,) = [a for a in actions if isinstance(a, StartWorker)]
+    assert start.worker.starting == 0.0 and core.prewarms == 1
+    core.on(WorkerReady(start.worker.worker_id, 40.0))
+    (batch,) = [a for a in core.settle(40.0) if isinstance(a, StartBatch)]
+    assert not batch.cold and batch.worker is start.worker
+    assert [(i.start_ms, i.end_ms) for i in core.fleet.idles] == [(0.0, 40.0)]
+
+
+def test_a_scheduler_that_dispatches_a_job_not_waiting_is_refused() -> None:
+    core, sched = make_core()
+    sched.bogus = True
+    core.arrive(call("j1", 0.0))
+    with pytest.raises(InvalidInputError, match="dispatched job 'nobody'"):
+        core.settle(0.0)
+
+
+def test_the_hop_after_an_upstream_result_is_reserved_and_its_node_is_home() -> None:
+    core, _ = make_core()
+    core.arrive(call("a1", 0.0, task_run_id="t-a1"))
+    (s1,) = core.settle(0.0)
+    core.finished(BatchFinished(s1.batch_id, 12.0))  # type: ignore[union-attr]
+    plain = core.arrive(call("b0", 112.0, stage="b", req="r0"))  # no upstream: no reserve
+    job = core.arrive(call("b1", 112.0, stage="b", upstream=("t-a1",)))
+    hop = core.hop_ms("wf")
+    assert hop == pytest.approx(200.0)  # the first hop of 100 ms, plus twice its first deviation (half of it)
+    assert job.input_node == "n0" and plain.input_node is None
+    # b is the last stage: one hop reserved for the end of the flow run.
+    assert job.e2e_deadline_ms == pytest.approx(500.0 - hop)
+    assert home_node(["n1", "n0", "n1"]) == "n1" and home_node(["n1", "n0"]) == "n0" and home_node([]) is None
+
+
+def test_unknown_workflows_and_bad_stages_are_refused_before_any_state_changes() -> None:
+    core, _ = make_core()
+    with pytest.raises(KeyError):
+        core.arrive(CallArrived("j", "r", "r", "nope", "a", 0.0))
+    assert core.requests == {} and core.waiting == 0
