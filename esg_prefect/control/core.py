@@ -27,7 +27,6 @@ import functools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
-from contextlib import suppress
 from dataclasses import dataclass
 
 from esg_prefect.control.events import (
@@ -66,6 +65,8 @@ _batch_item = unchecked(BatchItem)
 _batch_record = unchecked(BatchRecord)
 _queue_state = unchecked(QueueState)
 _snapshot = unchecked(Snapshot)
+_start_batch = unchecked(StartBatch)
+_wake = unchecked(WakeAt)
 
 _HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
 
@@ -289,8 +290,10 @@ class Core:
             q = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
         q.jobs[ev.job_id] = job
         q.state = None
-        with suppress(InvalidInputError):  # a clock that stepped back: skip this gap
+        try:  # noqa: SIM105 (suppress() costs a context manager per call)
             q.rate.observe(t)
+        except InvalidInputError:  # a clock that stepped back: skip this gap
+            pass
         req.queued[ev.job_id] = key
         req.open += 1
         self._job_req[ev.job_id] = req
@@ -305,7 +308,7 @@ class Core:
         fl = self.flights.pop(ev.batch_id)
         d, w, t = fl.dispatch, fl.worker, ev.t
         requeue = set(ev.requeue)
-        done = [j for j in fl.jobs if j.job_id not in requeue]
+        done = [j for j in fl.jobs if j.job_id not in requeue] if requeue else fl.jobs
         record = _batch_record(
             fl.batch_id,
             w.worker_id,
@@ -327,7 +330,7 @@ class Core:
             req.open -= 1
             if t > req.last_end_ms:
                 req.last_end_ms = t
-            if job.job_id in ev.failed:
+            if ev.failed and job.job_id in ev.failed:
                 req.failed = True
             task = self._task_of.pop(job.job_id, None) if self._task_of else None
             if task is not None:
@@ -455,7 +458,7 @@ class Core:
             nxt = fleet.next_expiry_ms()
             self._expiry_wake = nxt
             if nxt is not None:
-                actions.append(WakeAt(nxt))
+                actions.append(_wake(nxt))
         return actions
 
     def tick_due(self, t: float) -> bool:
@@ -468,7 +471,7 @@ class Core:
     def _wake(self, t: float, actions: list[Action]) -> None:
         if t <= self.cutoff_ms and (self._wake_at is None or t < self._wake_at):
             self._wake_at = t
-            actions.append(WakeAt(t))
+            actions.append(_wake(t))
 
     def _round(self, now: float, actions: list[Action]) -> None:
         states = []
@@ -573,7 +576,7 @@ class Core:
         batch_id = f"b{self._batches}"
         fl = Flight(batch_id, w, tuple(jobs), d, now)
         self.flights[batch_id] = fl
-        actions.append(StartBatch(batch_id, w, fl.jobs, d, cold, now))
+        actions.append(_start_batch(batch_id, w, fl.jobs, d, cold, now))
 
     # ---- reading -------------------------------------------------------------------------------
 
