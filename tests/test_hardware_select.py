@@ -206,7 +206,7 @@ def test_knobs_off_is_the_paper_esg() -> None:
     s = ESGSettings()
     assert (s.hardware_selection, s.hybrid_sharing) == (False, False)
     sched = ESGScheduler(LatencyProfile([ProfilePoint("m", "cpu", 1, 1, 0.0, 1.0)]), PRICES, s)
-    assert sched._hardware is None and sched._hybrid is None
+    assert sched._hardware is None and sched._review is None and sched._packing is None
     case = tiny_case()
     explicit = case.with_(settings=replace(case.settings, hardware_selection=False, hybrid_sharing=False))
     assert simulate(case).report == simulate(explicit).report

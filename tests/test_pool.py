@@ -340,7 +340,7 @@ def test_pool_runs_with_paldia_features_on() -> None:
         assert max(r.batch_size for r in results if isinstance(r, StageResult)) > 1
         esg = pool.scheduler
         assert isinstance(esg, ESGScheduler)
-        assert esg._hardware is not None and esg._hybrid is not None
+        assert esg._hardware is not None and esg._review is not None
         sel = esg._hardware.selection(QueueKey("toy", "inc"))
         assert sel is not None and sel.hardware == "cpu"  # the only type present, chosen from the observed load
     finally:

@@ -75,21 +75,6 @@ class _Static:
         self.hardware = cluster.hardware_types()
 
 
-_STATIC: dict[tuple[int, int], tuple[object, object, _Static]] = {}
-
-
-def _static_of(cluster: ClusterSnapshot) -> _Static:
-    """The :class:`_Static` of ``cluster``'s nodes and devices, kept while the same objects are given."""
-    nodes, devices = cluster.nodes, cluster.devices
-    key = (id(nodes), id(devices))
-    got = _STATIC.get(key)
-    if got is None or got[0] is not nodes or got[1] is not devices:
-        if len(_STATIC) >= 64:
-            _STATIC.clear()
-        got = _STATIC[key] = (nodes, devices, _Static(cluster))
-    return got[2]
-
-
 _ColdPlace = tuple[tuple[int, int, str], tuple[str, str | None, tuple[str, ...]]]
 """A place a new worker fits: (rank, (node, device, idle workers to evict))."""
 
@@ -110,11 +95,13 @@ class ClusterView:
     Args:
         cluster: the snapshot to start from.
         allow_eviction: whether idle workers may be stopped to make room.
+        static: what the cluster's nodes and devices give, when the caller keeps it (:class:`ViewCache`).
     """
 
-    def __init__(self, cluster: ClusterSnapshot, allow_eviction: bool = True) -> None:
+    def __init__(self, cluster: ClusterSnapshot, allow_eviction: bool = True, static: _Static | None = None) -> None:
         self.allow_eviction = allow_eviction
-        static = _static_of(cluster)
+        if static is None:
+            static = _Static(cluster)
         self.node_order = static.node_order
         self.devices = static.devices
         self._by_hardware = static.by_hardware
@@ -530,10 +517,11 @@ class ViewCache:
     not on the order its lists were filled in).
     """
 
-    __slots__ = ("_base", "_by_id", "_snapshot", "allow_eviction")
+    __slots__ = ("_base", "_by_id", "_snapshot", "_static", "allow_eviction")
 
     def __init__(self, allow_eviction: bool = True) -> None:
         self.allow_eviction = allow_eviction
+        self._static: tuple[object, object, _Static] | None = None  # (nodes, devices, what they give)
         self._snapshot: ClusterSnapshot | None = None
         self._base: ClusterView | None = None
         self._by_id: dict[int, Worker] = {}  # the base's workers by id() (holding them keeps the ids unique)
@@ -558,7 +546,10 @@ class ViewCache:
                 came = [w for i, w in by_id.items() if i not in prev]
                 base._update(gone, came)
             else:
-                base = self._base = ClusterView(cluster, self.allow_eviction)
+                st = self._static
+                if st is None or st[0] is not cluster.nodes or st[1] is not cluster.devices:
+                    st = self._static = (cluster.nodes, cluster.devices, _Static(cluster))
+                base = self._base = ClusterView(cluster, self.allow_eviction, st[2])
             self._by_id = by_id
             self._snapshot = cluster
         return base.copy()

@@ -38,6 +38,11 @@ docs/results.md). Where a new worker fits without evicting, it still starts:
 holding then would keep queues on whatever warm workers the warm-up left.
 The knob ``wait_for_busy_warm`` turns this off (the paper's behaviour).
 
+After ESG_1Q, a dispatch goes through packing (Cypress), placement, hardware
+review (PALDIA) and commit, and pre-warm starts follow every queue's
+dispatches: one fixed order of small policies, each on only with its knob
+(:mod:`~esg_prefect.scheduling.esg_round`).
+
 Pre-warming (``prewarm``, not in the paper): since a cold start rarely fits a
 slack, a scheduler that starts workers only with jobs on them keeps serving
 each queue from whatever warm workers it has, e.g. those the warm-up's best
@@ -83,8 +88,9 @@ from esg_prefect.scheduling.base import (
     search_stats,
 )
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
+from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Packing, Prewarm
 from esg_prefect.scheduling.frontier import Option
-from esg_prefect.scheduling.packing import pack, packs
+from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
@@ -97,7 +103,7 @@ __all__ = ["ESGScheduler", "QueueDecision"]
 class QueueDecision:
     """The outcome of one ESG_1Q call, before placement."""
 
-    kind: str  # "dispatch", "wait", "none" (nothing placeable), "busy" (wait for a busy warm worker), "reject"
+    kind: DecisionKind
     choice: Choice | None
     plan: tuple[Choice, ...]
     at_risk: bool
@@ -150,7 +156,7 @@ class _Kept:
         hi_us: float,
         stats: DecisionStats,
         feasible: bool,
-        kind: str,
+        kind: DecisionKind,
         choice: Choice | None,
         best: Option | None,
     ) -> None:
@@ -197,25 +203,16 @@ class ESGScheduler:
         self.settings = settings or ESGSettings()
         self.tables = CandidateTables(profile, prices, self.settings)
         self.clock = clock
-        # Per (stage, hardware present): its (hardware, vcpus) kinds, and the space as
-        # (hw, vcpus, share, share in hundredths, kind).
-        self._stage_candidates: dict[
-            tuple[str, frozenset[str]],
-            tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int, float, int, int], ...]],
-        ] = {}
         self._views = ViewCache(self.settings.allow_eviction)
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
-        self._hardware, self._hybrid = paldia_features(self.tables)
-        self._placeable_memo: dict[
-            tuple[str, frozenset[str], tuple[int, ...], frozenset[tuple[str, int, float]]], tuple[Resource, ...]
-        ] = {}
-        self._sorted: dict[QueueKey, tuple[tuple[Job, ...], list[Job]]] = {}  # queue -> (its jobs, EDF order)
-        self._kept: dict[QueueKey, _Kept] = {}  # queue -> its latest one-stage answer (decide_queue)
-        self._packs = packs(self.tables)
-        # (stage, id(resources), batch) -> (resources, their cold options once warm), for pre-warming.
-        self._warm_memo: dict[
-            tuple[str, int, int], tuple[tuple[Resource, ...], tuple[tuple[float, float, int, Choice], ...]]
-        ] = {}
+        self._hardware, hybrid = paldia_features(self.tables)
+        self._packing = Packing.of(self.tables)
+        self._review = HardwareReview(hybrid) if hybrid is not None else None
+        # Every answer kept between rounds (scheduling.memo): per (stage, hardware present) its
+        # resource kinds; per capacity state the placeable resources; per queue its EDF order and
+        # latest one-stage answer; per cold-resource tuple their options once warm.
+        self._memo = Memo()
+        self._prewarm = Prewarm(self.tables, self._hardware, self._memo) if self.settings.prewarm else None
 
     # ---- the round ---------------------------------------------------------
 
@@ -224,8 +221,8 @@ class ESGScheduler:
         view = self._views.view(snapshot.cluster)
         if self._hardware is not None:
             self._hardware.observe(snapshot, now_ms)
-        if self._hybrid is not None:
-            self._hybrid.begin_round(snapshot.cluster, now_ms)
+        if self._review is not None:
+            self._review.hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []
         holds: list[Hold] = []
         rejects: list[Reject] = []
@@ -245,22 +242,22 @@ class ESGScheduler:
                     rejects.append(Reject(q.key, tuple(j.job_id for j in jobs), str(exc)))
                     break
                 stats.append(dec.stats)
-                if dec.kind == "reject":
+                if dec.kind is DecisionKind.REJECT:
                     gone, jobs = jobs[: dec.reject_count], jobs[dec.reject_count :]
                     rejects.append(
                         Reject(q.key, tuple(j.job_id for j in gone), "no configuration can meet the deadline")
                     )
                     continue
-                if dec.kind == "busy":
+                if dec.kind is DecisionKind.BUSY:
                     holds.append(
                         Hold(q.key, "no plan meets the slack; a busy warm worker frees up before a cold start")
                     )
                     break
-                if dec.kind == "none" or dec.choice is None:
+                if dec.kind is DecisionKind.NONE or dec.choice is None:
                     holds.append(Hold(q.key, "no capacity for any configuration; jobs stay queued"))
                     break
                 c = dec.choice
-                if dec.kind == "wait":
+                if dec.kind is DecisionKind.WAIT:
                     holds.append(
                         Hold(
                             q.key,
@@ -268,10 +265,10 @@ class ESGScheduler:
                         )
                     )
                     break
-                if self._packs:  # Cypress: re-size the batch by its items' predicted time
-                    top = self.settings.config_space.max_batch
+                # The fixed order after ESG_1Q (scheduling.esg_round): packing, placement, review, commit.
+                if self._packing is not None:
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
-                    c = pack(self.tables, c, [j.input_size for j in jobs[:top]], top, None if dec.at_risk else left)
+                    c = self._packing.shape(c, [j.input_size for j in jobs], None if dec.at_risk else left)
                 batch, jobs = jobs[: c.config.batch], jobs[c.config.batch :]
                 placement = view.place(
                     c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in batch)
@@ -280,14 +277,13 @@ class ESGScheduler:
                     holds.append(Hold(q.key, "no capacity for the chosen configuration"))
                     break
                 predicted_ms = c.latency_ms
-                if self._hybrid is not None:  # PALDIA: co-run beside busy tenants now, or wait for them
+                if self._review is not None:
                     due = self._deadline(batch[0]) - sum(p.latency_ms for p in dec.plan)
-                    verdict = self._hybrid.review(c, placement, view, now_ms, due)
-                    if verdict.wait:
-                        holds.append(Hold(q.key, verdict.reason))
+                    verdict = self._review.review(c, placement, view, now_ms, due)
+                    if isinstance(verdict, str):
+                        holds.append(Hold(q.key, verdict))
                         break
-                    placement, predicted_ms = verdict.placement, verdict.latency_ms
-                    self._hybrid.committed(placement, now_ms, predicted_ms)
+                    placement, predicted_ms = verdict
                 view.commit(placement, c.config.vcpus, c.config.gpu_share)
                 dispatches.append(
                     Dispatch(
@@ -302,94 +298,24 @@ class ESGScheduler:
                         self._reason(c, dec, placement.rule),
                     )
                 )
-                if self.settings.prewarm and not dec.at_risk and not placement.cold:
+                if self._prewarm is not None and not dec.at_risk and not placement.cold:
                     left = self._deadline(batch[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
                     candidates.append((q.key, c, left))
         # Pre-warm starts take what the round's dispatches left: every queue is served first.
         for key, c, left in candidates:
-            start = self._prewarm(key, c, left, view, starts)
+            assert self._prewarm is not None
+            start = self._prewarm.start(key, c, left, view, self.placeable_resources(key.stage, view), starts)
             if start is not None:
                 starts.append(start)
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
 
-    def _prewarm(
-        self, key: QueueKey, c: Choice, left_ms: float, view: ClusterView, starts: list[Start]
-    ) -> Start | None:
-        """A worker to start off the requests' path, or None (``ESGSettings.prewarm``).
-
-        ``c`` has just been dispatched on a warm worker within ``left_ms``. If
-        resources that could run the same batch within ``left_ms`` once warm
-        cost at least ``prewarm_saving`` less per job, have room without
-        stopping anyone, and none of that kind is idle for the stage, the
-        cheapest of them is started now: the next rounds find it warm and the
-        search moves the queue onto it; the overpriced worker serves only what
-        the cheap one cannot take, and expires once the queue stops needing
-        it. One start per stage at a time (none while a worker of the
-        stage is still starting), so a queue's demand is met one worker after
-        another, as it proves to need them.
-        """
-        stage = key.stage
-        if any(w.starting for w in view.busy_by_stage.get(stage, ())) or any(s.queue.stage == stage for s in starts):
-            return None
-        batch = c.config.batch
-        prices = self.tables.prices
-        ceiling = (1.0 - self.settings.prewarm_saving) * prices.batch_cost(c.config, c.hardware, c.latency_ms) / batch
-        resources = self.placeable_resources(stage, view)
-        if self._hardware is not None:
-            resources = self._hardware.restrict(key, resources)
-        # The cheapest (then fastest, then first) of the cold resources' options once warm within the
-        # slack, if it costs at most the ceiling.
-        fitting = (e for e in self._warm_options(stage, resources, batch) if e[1] <= left_ms)
-        found = next(fitting, None)
-        if found is None or found[0] > ceiling:
-            return None
-        per_job, best = found[0], found[3]
-        cfg, hw, lat = best.config, best.hardware, best.latency_ms
-        if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
-            return None
-        placement = view.place(stage, cfg.vcpus, cfg.gpu_share, hw, ())
-        if placement is None or not placement.cold or placement.evict:
-            return None
-        view.commit(placement, cfg.vcpus, cfg.gpu_share)
-        reason = (
-            f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
-            f"{per_job:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
-        )
-        return Start(key, cfg, hw, placement, reason)
-
-    def _warm_options(
-        self, stage: str, resources: tuple[Resource, ...], batch: int
-    ) -> tuple[tuple[float, float, int, Choice], ...]:
-        """Each cold resource's option for ``batch`` once warm, as (cost, latency, position, choice), cheapest first.
-
-        Cached per placeable-resources tuple (the same few recur round after
-        round); kept with the tuple itself, so a recycled ``id`` never matches.
-        """
-        key = (stage, id(resources), batch)
-        got = self._warm_memo.get(key)
-        if got is not None and got[0] is resources:
-            return got[1]
-        out = []
-        for i, (hw, vcpus, share, warm) in enumerate(resources):
-            if warm:
-                continue
-            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
-            if o is not None:
-                assert isinstance(o.payload, Choice)
-                out.append((o.cost, o.payload.latency_ms, i, o.payload))
-        if len(self._warm_memo) >= 4096:
-            self._warm_memo.clear()  # bounded memory; entries are cheap to rebuild
-        options = tuple(sorted(out, key=lambda e: e[:3]))
-        self._warm_memo[key] = (resources, options)
-        return options
-
     def _edf(self, q: QueueState) -> list[Job]:
         """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""
-        got = self._sorted.get(q.key)
-        if got is None or got[0] is not q.jobs:
-            got = (q.jobs, sorted(q.jobs, key=self._edf_key))
-            self._sorted[q.key] = got
-        return list(got[1])
+        key = ("edf", q.key)
+        got: list[Job] | None = self._memo.get(key, q.jobs)
+        if got is None:
+            got = self._memo.put(key, sorted(q.jobs, key=self._edf_key), q.jobs)
+        return list(got)
 
     def _edf_key(self, job: Job) -> tuple[float, float, str]:
         return (self._deadline(job), job.ready_ms, job.job_id)
@@ -418,31 +344,28 @@ class ESGScheduler:
 
     def _placeable(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
         hardware = view.hardware
-        got = self._stage_candidates.get((stage, hardware))
+        got = self._memo.get(("kinds", stage, hardware))
         if got is None:
             usable = hardware & self.tables.profile.hardware_types(stage)
             space = [(hw, v, s) for hw in sorted(usable) for v, s in self.tables.resources(hw)]
             kinds = tuple(dict.fromkeys((hw, v) for hw, v, _ in space))
             got = (kinds, tuple((hw, v, s, round(s * 100), kinds.index((hw, v))) for hw, v, s in space))
-            self._stage_candidates[(stage, hardware)] = got
+            self._memo.put(("kinds", stage, hardware), got)
         kinds, flat = got
         rooms = tuple([view.max_room(v, hw) for hw, v in kinds])  # one capacity question per (hardware, vcpus)
         warm = view.warm_resources(stage)
         # The answer depends on nothing else, and the same few answers recur round after round.
-        key = (stage, hardware, rooms, frozenset(warm))
-        cached = self._placeable_memo.get(key)
+        key = ("placeable", stage, hardware, rooms, frozenset(warm))
+        cached: tuple[Resource, ...] | None = self._memo.get(key)
         if cached is not None:
             return cached
-        if len(self._placeable_memo) >= 4096:
-            self._placeable_memo.clear()  # bounded memory; entries are cheap to rebuild
         out: list[Resource] = []
         for hw, v, s, need, kind in flat:  # the space's order: hardware, then share, then vcpus
             if warm and (hw, v, s) in warm:
                 out.append((hw, v, s, True))
             elif need <= rooms[kind]:
                 out.append((hw, v, s, False))
-        result = self._placeable_memo[key] = tuple(out)
-        return result
+        return self._memo.put(key, tuple(out))  # type: ignore[no-any-return]
 
     def decide_queue(
         self, queue: QueueState, jobs: list[Job], workflow: Workflow, view: ClusterView, now_ms: float
@@ -469,7 +392,7 @@ class ESGScheduler:
         n = len(jobs)
         rate = queue.arrival_rate_per_s
         slack_us = to_us(self._deadline(jobs[0]) - now_ms)
-        kept = self._kept.get(queue.key)
+        kept: _Kept | None = self._memo.get(("kept", queue.key))
         if (
             kept is not None
             and kept.lo_us <= slack_us < kept.hi_us
@@ -511,7 +434,7 @@ class ESGScheduler:
             pick = self.tables.first_pick(stage, len(jobs), resources, rate, slack_us)
             if not pick.count:
                 st = DecisionStats(queue.key, feasible=False, horizon=1, decision_ms=self._since(t0))
-                return QueueDecision("none", None, (), False, st)
+                return QueueDecision(DecisionKind.NONE, None, (), False, st)
             found = pick.best
             if found is not None and found.cost <= 0.0:  # the root already matches the greedy seed
                 stats = DecisionStats(queue.key, decision_ms=self._since(t0), feasible=True, options=pick.count)
@@ -531,14 +454,14 @@ class ESGScheduler:
             if found is not None:
                 head = found.payload
                 assert isinstance(head, Choice)
-                kind = "wait" if head.wait_ms > 0 else "dispatch"
+                kind = DecisionKind.WAIT if head.wait_ms > 0 else DecisionKind.DISPATCH
                 self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head, None)
                 return QueueDecision(kind, head, (), False, stats)
             return self._infeasible(queue, jobs, workflow, view, now_ms, resources, None, rest_opts, stats, pick)
         first = self.tables.first_options(stage, len(jobs), resources, rate)
         if not first:
             st = DecisionStats(queue.key, feasible=False, horizon=1 + len(rest_opts), decision_ms=self._since(t0))
-            return QueueDecision("none", None, (), False, st)
+            return QueueDecision(DecisionKind.NONE, None, (), False, st)
         result = astar_plan(
             [first, *rest_opts],
             slack_us,
@@ -567,7 +490,9 @@ class ESGScheduler:
             head = result.plan[0].payload
             assert isinstance(head, Choice)
             plan = tuple(o.payload for o in result.plan[1:] if isinstance(o.payload, Choice))
-            return QueueDecision("wait" if head.wait_ms > 0 else "dispatch", head, plan, False, stats)
+            return QueueDecision(
+                DecisionKind.WAIT if head.wait_ms > 0 else DecisionKind.DISPATCH, head, plan, False, stats
+            )
         return self._infeasible(queue, jobs, workflow, view, now_ms, resources, first, rest_opts, stats, None)
 
     def _infeasible(
@@ -598,7 +523,7 @@ class ESGScheduler:
             fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
             late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
             if late:
-                return QueueDecision("reject", None, (), False, stats, reject_count=late)
+                return QueueDecision(DecisionKind.REJECT, None, (), False, stats, reject_count=late)
         # Best effort: the largest batch the queue fills now, on the fastest resources (or the
         # cheapest within ``best_effort_tolerance`` of the fastest's latency).
         top = min(len(jobs), s.config_space.max_batch)
@@ -613,7 +538,18 @@ class ESGScheduler:
                 first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
             best = first[0]
         if pick is not None and s.infeasible_policy == "best_effort":
-            self._keep(queue, len(jobs), workflow, frozenset(view.hardware), resources, pick, stats, "", None, best)
+            self._keep(
+                queue,
+                len(jobs),
+                workflow,
+                frozenset(view.hardware),
+                resources,
+                pick,
+                stats,
+                DecisionKind.NONE,
+                None,
+                best,
+            )  # kind unread: infeasible
         return self._best_effort(stage, view, jobs, best, stats)
 
     def _best_effort(
@@ -631,8 +567,8 @@ class ESGScheduler:
         ):
             # The cluster is full (the start would stop idle workers) and a worker warm for the stage,
             # busy now, finishes its batch and this one sooner than a cold start: wait for it.
-            return QueueDecision("busy", None, (), True, stats)
-        return QueueDecision("dispatch" if c.wait_ms == 0 else "wait", c, (), True, stats)
+            return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
+        return QueueDecision(DecisionKind.DISPATCH if c.wait_ms == 0 else DecisionKind.WAIT, c, (), True, stats)
 
     def _keep(
         self,
@@ -643,7 +579,7 @@ class ESGScheduler:
         resources: tuple[Resource, ...],
         pick: FirstPick,
         stats: DecisionStats,
-        kind: str,
+        kind: DecisionKind,
         choice: Choice | None,
         best: Option | None,
     ) -> None:
@@ -655,21 +591,22 @@ class ESGScheduler:
         every slack from the latency of the last option that fits up to (not
         including) that of the first one that does not (``pick.lo_us``, ``pick.hi_us``).
         """
-        if len(self._kept) >= 4096:
-            self._kept.clear()  # bounded memory (queues come and go in a long-lived runtime)
-        self._kept[queue.key] = _Kept(
-            n_jobs,
-            queue.arrival_rate_per_s,
-            resources,
-            workflow,
-            hardware,
-            pick.lo_us,
-            pick.hi_us,
-            stats if stats.decision_ms is None else _timed(stats, None),
-            choice is not None or best is None,
-            kind,
-            choice,
-            best,
+        self._memo.put(
+            ("kept", queue.key),
+            _Kept(
+                n_jobs,
+                queue.arrival_rate_per_s,
+                resources,
+                workflow,
+                hardware,
+                pick.lo_us,
+                pick.hi_us,
+                stats if stats.decision_ms is None else _timed(stats, None),
+                choice is not None or best is None,
+                kind,
+                choice,
+                best,
+            ),
         )
 
     @staticmethod

@@ -1,0 +1,154 @@
+"""ESG's round after ESG_1Q: small policies run in one fixed order, each on only when its knob is.
+
+For each queue, most urgent first (EDF across queues), ESG_1Q decides
+(:class:`DecisionKind`): dispatch, wait for a fuller batch, hold for a busy
+warm worker, hold for lack of capacity, or reject. A dispatch then goes
+through, in this order:
+
+1. **Packing** (Cypress, ``size_aware``): the batch re-sized by its items'
+   predicted time within the time its plan leaves (:mod:`~esg_prefect.scheduling.packing`).
+2. **Placement** (ESG_Dispatch): a warm worker on the inputs' node, any warm
+   worker, a cold start on the inputs' node, best fit
+   (:class:`~esg_prefect.scheduling.dispatch.ClusterView`).
+3. **Hardware review** (PALDIA, ``hybrid_sharing``): co-run beside the
+   device's busy tenants now, on a less busy device of the type, or hold the
+   queue until they finish (:mod:`~esg_prefect.scheduling.hybrid`).
+4. **Commit**: the round's view takes the capacity; the dispatch is emitted.
+
+After every queue was served, **pre-warm** (``prewarm``) starts cheaper workers
+with the capacity the round left (:class:`Prewarm`).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from esg_prefect.model.jobs import QueueKey
+from esg_prefect.scheduling.base import Placement, Start
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.hardware import HardwareSelector
+from esg_prefect.scheduling.hybrid import HybridSharing
+from esg_prefect.scheduling.memo import Memo
+from esg_prefect.scheduling.packing import pack, packs
+from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
+
+
+class DecisionKind(StrEnum):
+    """What ESG_1Q decided for a queue."""
+
+    DISPATCH = "dispatch"
+    WAIT = "wait"  # for a fuller batch
+    NONE = "none"  # nothing placeable
+    BUSY = "busy"  # wait for a busy warm worker
+    REJECT = "reject"
+
+
+class Packing:
+    """Cypress: re-size a dispatch's batch by its items' predicted time (None when the knob is off)."""
+
+    def __init__(self, tables: CandidateTables) -> None:
+        self.tables = tables
+        self.max_batch = tables.settings.config_space.max_batch
+
+    @classmethod
+    def of(cls, tables: CandidateTables) -> Packing | None:
+        """The policy when ``size_aware`` is on and the profile has a size model, else None."""
+        return cls(tables) if packs(tables) else None
+
+    def shape(self, c: Choice, sizes: list[float], budget_ms: float | None) -> Choice:
+        """``c`` re-sized to the jobs (EDF order) whose predicted time fits ``budget_ms`` (None: at risk)."""
+        return pack(self.tables, c, sizes[: self.max_batch], self.max_batch, budget_ms)
+
+
+class HardwareReview:
+    """PALDIA's hybrid sharing: run a dispatch beside busy tenants now, elsewhere, or hold it."""
+
+    def __init__(self, hybrid: HybridSharing) -> None:
+        self.hybrid = hybrid
+
+    def review(
+        self, c: Choice, placement: Placement, view: ClusterView, now_ms: float, due_ms: float
+    ) -> tuple[Placement, float] | str:
+        """The placement and predicted time to commit, or the reason to hold the queue."""
+        verdict = self.hybrid.review(c, placement, view, now_ms, due_ms)
+        if verdict.wait:
+            return verdict.reason
+        self.hybrid.committed(verdict.placement, now_ms, verdict.latency_ms)
+        return verdict.placement, verdict.latency_ms
+
+
+class Prewarm:
+    """Start a cheaper worker off the requests' path after a dispatch onto a dear warm one (``prewarm``).
+
+    If resources that could run the same batch within the same slack once warm
+    cost at least ``prewarm_saving`` less per job, have room without stopping
+    anyone, and none of that kind is idle for the stage, the cheapest of them
+    is started: the next rounds find it warm and the search moves the queue
+    onto it; the dear worker then serves only what the cheap one cannot take,
+    and expires once the queue stops needing it. One start per stage at a time
+    (none while a worker of the stage is still starting), so a queue's demand
+    is met one worker after another, as it proves to need them.
+    """
+
+    def __init__(self, tables: CandidateTables, hardware: HardwareSelector | None, memo: Memo) -> None:
+        self.tables, self.hardware, self.memo = tables, hardware, memo
+        self.saving = tables.settings.prewarm_saving
+
+    def start(
+        self,
+        key: QueueKey,
+        c: Choice,
+        left_ms: float,
+        view: ClusterView,
+        resources: tuple[Resource, ...],
+        starts: list[Start],
+    ) -> Start | None:
+        """A worker to start for queue ``key``, just served by ``c`` within ``left_ms``, or None."""
+        stage = key.stage
+        if any(w.starting for w in view.busy_by_stage.get(stage, ())) or any(s.queue.stage == stage for s in starts):
+            return None
+        batch = c.config.batch
+        ceiling = (1.0 - self.saving) * self.tables.prices.batch_cost(c.config, c.hardware, c.latency_ms) / batch
+        if self.hardware is not None:
+            resources = self.hardware.restrict(key, resources)
+        # The cheapest (then fastest, then first) of the cold resources' options once warm within the
+        # slack, if it costs at most the ceiling.
+        found = next((e for e in self._warm_options(stage, resources, batch) if e[1] <= left_ms), None)
+        if found is None or found[0] > ceiling:
+            return None
+        per_job, best = found[0], found[3]
+        cfg, hw, lat = best.config, best.hardware, best.latency_ms
+        if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
+            return None
+        placement = view.place(stage, cfg.vcpus, cfg.gpu_share, hw, ())
+        if placement is None or not placement.cold or placement.evict:
+            return None
+        view.commit(placement, cfg.vcpus, cfg.gpu_share)
+        reason = (
+            f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
+            f"{per_job:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
+        )
+        return Start(key, cfg, hw, placement, reason)
+
+    def _warm_options(
+        self, stage: str, resources: tuple[Resource, ...], batch: int
+    ) -> tuple[tuple[float, float, int, Choice], ...]:
+        """Each cold resource's option for ``batch`` once warm, as (cost, latency, position, choice), cheapest first.
+
+        Kept per placeable-resources tuple (the same few recur round after round), anchored to it.
+        """
+        key = ("warm", stage, id(resources), batch)
+        got: tuple[tuple[float, float, int, Choice], ...] | None = self.memo.get(key, resources)
+        if got is not None:
+            return got
+        out = []
+        for i, (hw, vcpus, share, warm) in enumerate(resources):
+            if warm:
+                continue
+            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
+            if o is not None:
+                assert isinstance(o.payload, Choice)
+                out.append((o.cost, o.payload.latency_ms, i, o.payload))
+        options = tuple(sorted(out, key=lambda e: e[:3]))
+        self.memo.put(key, options, resources)
+        return options
