@@ -65,7 +65,7 @@ def make_core(**kw: object) -> tuple[Core, Simple]:
     sched = Simple()
     fleet = Fleet((Node("n0", 4, max_workers=8),), (), KEEP_MS)
     tables = CandidateTables(PROFILE, PriceSheet(1e-5, {}), SETTINGS)
-    return Core(sched, tables, fleet, SETTINGS, {"wf": CHAIN}, **kw), sched  # type: ignore[arg-type]
+    return Core(sched, tables, fleet, SETTINGS.platform, {"wf": CHAIN}, **kw), sched  # type: ignore[arg-type]
 
 
 def call(job: str, t: float, stage: str = "a", req: str = "r1", **kw: object) -> CallArrived:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from esg_prefect.integration.blocks import ESGSchedulerSettings
 from esg_prefect.scheduling import ESGSettings
-from esg_prefect.scheduling.settings_doc import KNOB_GROUPS, knob_descriptions, settings_markdown
+from esg_prefect.scheduling.settings import PaldiaSettings, PlatformSettings
+from esg_prefect.scheduling.settings_doc import knob_descriptions, knob_groups, settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_knob_is_described_and_in_exactly_one_group() -> None:
     names = [f.name for f in fields(ESGSettings)]
-    grouped = [n for group in KNOB_GROUPS.values() for n in group]
+    grouped = [n for group in knob_groups().values() for n in group]
     assert sorted(grouped) == sorted(names)  # each once, none unknown
     described = knob_descriptions()
     assert set(described) == set(names) and all(len(described[n]) > 10 for n in names)
@@ -31,3 +32,11 @@ def test_the_block_takes_every_default_from_the_dataclass() -> None:
     source = (ROOT / "esg_prefect" / "integration" / "blocks.py").read_text(encoding="utf-8")
     knobs = source[source.index("class ESGSchedulerSettings") : source.index("def to_settings")]
     assert "default=_knob(" in knobs and "default=True" not in knobs and "default=False" not in knobs
+
+
+def test_the_groups_carry_the_settings_values() -> None:
+    s = ESGSettings(tick_ms=2.0, keep_alive_s=9.0, hybrid_sharing=True, size_aware=False)
+    assert s.platform.tick_ms == 2.0 and s.platform.keep_alive_s == 9.0
+    assert s.paldia.hybrid_sharing and not s.cypress.size_aware
+    # The groups have no defaults of their own: a default is written once, in ESGSettings.
+    assert all(f.default is MISSING for g in (PlatformSettings, PaldiaSettings) for f in fields(g))

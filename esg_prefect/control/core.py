@@ -53,7 +53,7 @@ from esg_prefect.model.slo import SLODistribution
 from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Placement, QueueState, Scheduler, Snapshot
-from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.scheduling.settings import PlatformSettings
 from esg_prefect.scheduling.tables import CandidateTables
 from esg_prefect.workload.rate import ArrivalRateEWMA
 
@@ -176,7 +176,7 @@ class Core:
         scheduler: the scheduler (any registered one).
         tables: the tables that give jobs their deadlines (the scheduler's profile and prices).
         fleet: the workers and their capacity.
-        settings: tick, EWMA alpha, slack redistribution, hop reserve.
+        settings: the platform's knobs (tick, EWMA alpha, slack redistribution, hop reserve).
         workflows: workflows by name (a driver may add to it as calls declare new ones).
         round_interval_ms: least time between two rounds (0: react at every instant).
         cutoff_ms: no round after this time (a simulated run's drain limit).
@@ -190,7 +190,7 @@ class Core:
         scheduler: Scheduler,
         tables: CandidateTables,
         fleet: Fleet,
-        settings: ESGSettings,
+        settings: PlatformSettings,
         workflows: MutableMapping[str, Workflow],
         *,
         round_interval_ms: float = 0.0,

@@ -333,7 +333,7 @@ class Pool:
                 self.planner.scheduler,
                 self.planner.tables,
                 fleet,
-                self.settings,
+                self.settings.platform,
                 {},
                 keep_stage_records=False,
                 decision_memory=_DECISION_MEMORY,

@@ -195,6 +195,21 @@ class ESGSettings:
             raise ConfigError(f"corun_table must be 'default' or a CSV path, got {self.corun_table!r}")
 
     @property
+    def platform(self) -> PlatformSettings:
+        """The knobs the platform reads (the control core, its drivers, the cost reports)."""
+        return PlatformSettings(**{f.name: getattr(self, f.name) for f in fields(PlatformSettings)})
+
+    @property
+    def paldia(self) -> PaldiaSettings:
+        """The knobs PALDIA's hardware selection and hybrid sharing read."""
+        return PaldiaSettings(**{f.name: getattr(self, f.name) for f in fields(PaldiaSettings)})
+
+    @property
+    def cypress(self) -> CypressSettings:
+        """The knobs Cypress's size-aware packing reads."""
+        return CypressSettings(**{f.name: getattr(self, f.name) for f in fields(CypressSettings)})
+
+    @property
     def pruning(self) -> bool:
         """Whether any pruning is on (both blades and the slack-aware heuristic)."""
         return self.latency_blade or self.cost_blade or self.heuristic == "frontier"
@@ -225,3 +240,60 @@ class ESGSettings:
             cs = kw["config_space"]
             kw["config_space"] = ConfigSpace(tuple(cs["batches"]), tuple(cs["vcpus"]), tuple(cs["gpu_shares"]))
         return cls(**kw)
+
+
+# ---- the knobs by who reads them -----------------------------------------------------------------
+# ESGSettings is the one object users set (blocks, case files, --set); these are its knobs grouped by
+# the code that reads them. They have no defaults of their own: each is built from an ESGSettings
+# (ESGSettings.platform, .paldia, .cypress), so a default is written once. The knobs in none of them
+# are the search's (ESG_1Q and its dispatch rules).
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformSettings:
+    """The platform's knobs: rounds, rate estimation, admission deadlines, keep-alive, billing.
+
+    Read by the control core (:mod:`esg_prefect.control.core`) and its drivers for every scheduler.
+    """
+
+    tick_ms: float
+    rate_ewma_alpha: float
+    redistribute_slack: bool
+    reserve_overhead: bool
+    keep_alive_s: float
+    keep_alive_by_price: bool
+    allow_eviction: bool
+    correction_alpha: float
+    cost_split: Literal["equal", "input_size"]
+    idle_billing: Literal["attribute", "separate"]
+
+
+@dataclass(frozen=True, slots=True)
+class PaldiaSettings:
+    """PALDIA's knobs: per-stage hardware selection and hybrid spatio-temporal sharing."""
+
+    hardware_selection: bool
+    hardware_utilization: float
+    hybrid_sharing: bool
+    corun_table: str
+
+
+@dataclass(frozen=True, slots=True)
+class CypressSettings:
+    """Cypress's knob: batches packed by their items' predicted time."""
+
+    size_aware: bool
+
+
+SETTINGS_GROUPS: dict[str, type] = {
+    "Platform (the control core and its drivers, every scheduler)": PlatformSettings,
+    "Cypress (input sizes)": CypressSettings,
+    "PALDIA (heterogeneous hardware)": PaldiaSettings,
+}
+"""Groups of knobs by reader; the search's are the rest."""
+
+
+def search_knobs() -> tuple[str, ...]:
+    """The knobs only the search reads: those in no group of :data:`SETTINGS_GROUPS`."""
+    grouped = {f.name for group in SETTINGS_GROUPS.values() for f in fields(group)}
+    return tuple(f.name for f in fields(ESGSettings) if f.name not in grouped)

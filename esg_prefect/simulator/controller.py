@@ -64,7 +64,7 @@ class Controller:
                         f"{sorted(hardware)} (profiled on {sorted(profile.hardware_types(s)) or 'nothing'})"
                     )
         self.loop, self.cluster = loop, cluster
-        self.core = Core(scheduler, tables, cluster, settings, dict(workflows), timer=clock)
+        self.core = Core(scheduler, tables, cluster, settings.platform, dict(workflows), timer=clock)
         sizes = profile.sizes  # each stage's typical item, to turn relative sizes into its unit
         typical = {
             s: (sizes.typical_item_size(s) or 1.0) if sizes else 1.0 for w in workflows.values() for s in w.stages
