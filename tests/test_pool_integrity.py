@@ -23,7 +23,6 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.model import PriceSheet
 from esg_prefect.model.cluster import Device, Node
-from esg_prefect.runtime import pool as pool_module
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import input_size, resolve_stage
 from esg_prefect.runtime.workers import (
@@ -125,7 +124,7 @@ def test_a_fault_while_queueing_answers_the_call_and_frees_its_place(
         pool.submit(mk(1, "inc")).result(10)
     monkeypatch.undo()
     assert pool.submit(mk(2, "inc")).result(60).output == 3
-    assert pool._inflight == {}  # nothing left holding a place
+    assert pool._ids.inflight == {}  # nothing left holding a place
 
 
 @pytest.mark.parametrize("field", ["call_id", "stage", "request_id", "run_id", "stage_path"])
@@ -234,12 +233,12 @@ def test_a_worker_process_killed_while_loading_is_replaced() -> None:
 
 
 def test_records_keep_no_outputs_and_finished_calls_are_bounded(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool_module, "_DONE_MEMORY", 5)
+    monkeypatch.setattr(pool._ids, "memory", 5)
     for i in range(12):
         assert pool.submit(mk(i, "inc")).result(60).output == i + 1
     snap = pool.snapshot()
     assert len(snap.calls) == 12 and all(c.result is not None and c.result.output is None for c in snap.calls)
-    assert len(pool._done) == 5 and len(pool._identity) == 5
+    assert len(pool._ids.done) == 5 and len(pool._ids.identity) == 5
 
 
 def test_the_stage_paths_used_here_resolve() -> None:

@@ -24,7 +24,6 @@ import dataclasses
 import logging
 import sys
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from esg_prefect.control.calls import StageCall, StageResult
@@ -49,7 +48,6 @@ from esg_prefect.control.records import (
     stage_records,
 )
 from esg_prefect.exceptions import (
-    CallConflictError,
     InvalidInputError,
     PoolClosedError,
     StageCallError,
@@ -61,6 +59,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.report import Report, summarize
 from esg_prefect.runtime.bindings import StageBindings
+from esg_prefect.runtime.call_ids import CallIds
 from esg_prefect.runtime.clock import Cancellable, PoolClock, perf_ms, wall_ms
 from esg_prefect.runtime.execution import Pending, execute
 from esg_prefect.runtime.listeners import Listeners
@@ -149,9 +148,7 @@ class Pool:
         self._pending: dict[str, Pending] = {}  # call id -> its call, queued or running
         self._handles: dict[str, Any] = {}  # worker id -> its WorkerHandle, once started
         self._stage_paths: dict[Any, str] = {}  # queue -> its stage's import path, for pre-warm starts
-        self._inflight: dict[str, concurrent.futures.Future[StageResult]] = {}
-        self._done: OrderedDict[str, concurrent.futures.Future[StageResult]] = OrderedDict()
-        self._identity: dict[str, tuple[str, ...]] = {}  # call id -> what it names (in flight or in _done)
+        self._ids = CallIds(_DONE_MEMORY)
         self._bindings = StageBindings()
         self._registry = WorkflowRegistry()
         self._settle_pending = False
@@ -357,9 +354,7 @@ class Pool:
         try:
             self._admit(call, fut)
         except Exception as exc:  # whatever goes wrong, this call is answered and holds no place
-            if self._inflight.get(call.call_id) is fut:
-                self._inflight.pop(call.call_id, None)
-                self._identity.pop(call.call_id, None)
+            self._ids.forget(call.call_id, fut)
             if not fut.done():
                 if not isinstance(exc, StageCallError):
                     logger.exception("call %s could not be queued", call.call_id)
@@ -370,14 +365,7 @@ class Pool:
         """Queue a call; every check runs before any state changes, so a refused call leaves no trace."""
         if self._closed:
             raise PoolClosedError("the pool is closed")
-        first = self._inflight.get(call.call_id) or self._done.get(call.call_id)
-        if first is not None:  # idempotency: join the first call, or get its stored outcome
-            if self._identity.get(call.call_id) != call.identity():
-                raise CallConflictError(
-                    f"call id {call.call_id!r} was used for another call {self._identity.get(call.call_id)}; "
-                    f"this one is {call.identity()}"
-                )
-            _chain(first, fut)
+        if self._ids.join(call, fut):  # a retry: the first call's outcome
             return
         now = self.clock.now()
         size = call.input_size if call.input_size is not None else max(input_size(call.item), 1e-6)
@@ -392,25 +380,14 @@ class Pool:
         workflow = self._registry.observe(call, binding.name)
         core.workflows[workflow.name] = workflow
         arrival = call.arrival_ms if call.arrival_ms > 0 else None
-        ev = CallArrived(
-            call.call_id,
-            call.request_id,
-            call.run_id,
-            workflow.name,
-            binding.name,
-            now,
-            size,
-            None,
-            arrival,
-            call.task_run_id or None,
-            tuple(call.upstream),
-        )
+        c = call
+        ev = CallArrived(c.call_id, c.request_id, c.run_id, workflow.name, binding.name, now, size, None, arrival,
+                         c.task_run_id or None, tuple(c.upstream))  # fmt: skip
         try:
             job = core.arrive(ev)
         except Exception as exc:  # e.g. a stage with no profile: its calls are rejected with the reason
             raise StageRejectedError(str(exc)) from None
-        self._inflight[call.call_id] = fut
-        self._identity[call.call_id] = call.identity()
+        self._ids.start(call, fut)
         self._pending[call.call_id] = Pending(call, fut, job)
         self._stage_paths[job.queue] = call.stage_path
         self._settle_soon()
@@ -560,10 +537,7 @@ class Pool:
         self._settle_soon()
 
     def _finish(self, p: Pending, res: StageResult | None, err: BaseException | None, start: float, end: float) -> None:
-        self._inflight.pop(p.call.call_id, None)
-        self._done[p.call.call_id] = p.future
-        if len(self._done) > _DONE_MEMORY:
-            self._identity.pop(self._done.popitem(last=False)[0], None)
+        self._ids.finish(p.call.call_id, p.future)
         self._book.call(p.call, p.job.ready_ms, res, err, start, end)
         if not p.future.done():  # exactly once
             if err is None:
@@ -611,7 +585,7 @@ class Pool:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._handles.clear()  # the backend stops its workers as it closes
-        for fut in self._inflight.values():
+        for fut in self._ids.inflight.values():
             if not fut.done():
                 fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
@@ -625,16 +599,3 @@ def _within_backend(settings: ESGSettings, backend: WorkerBackend) -> ESGSetting
         return settings
     kept = tuple(v for v in space.vcpus if v <= cap) or (min(space.vcpus),)
     return dataclasses.replace(settings, config_space=ConfigSpace(space.batches, kept, space.gpu_shares))
-
-
-def _chain(src: concurrent.futures.Future[StageResult], dst: concurrent.futures.Future[StageResult]) -> None:
-    def _copy(f: concurrent.futures.Future[StageResult]) -> None:
-        if dst.done():
-            return
-        exc = f.exception()
-        if exc is not None:
-            dst.set_exception(exc)
-        else:
-            dst.set_result(f.result())
-
-    src.add_done_callback(_copy)
