@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from esg_prefect.model import (
@@ -34,6 +36,7 @@ from esg_prefect.scheduling.baselines import (
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.simulator import run_case, simulate, standard_case, tiny_case
+from esg_prefect.simulator.run import SimRun
 
 # Stage m on a T4: whole GPU L(b) = 12, 14, 18, 26 ms for b = 1, 2, 4, 8; half a GPU 14, 18, 30, 50 ms.
 # A whole T4 costs 1 per second, vCPUs nothing: cost per request = share * L / 1000 / b.
@@ -174,10 +177,14 @@ def test_default_best_effort_avoids_the_cold_start_storm_past_capacity() -> None
     ESG's default (the cheapest option within 10 % of the fastest) keeps its SLOs with fewer.
     Measured when the default changed: ESG 96.6 % with 714 workers, esg-fastest 19.3 % with 2,040
     (10 s: 99.3 % with 285 against 44.3 % with 2,681). Short, to keep the suite's load down."""
-    runs = {
-        name: simulate(standard_case(name, rate_per_s=600.0, duration_s=6.0, warmup_s=2.0, seed=0))
-        for name in ("esg", "esg-fastest")
-    }
+
+    def run(name: str) -> SimRun:
+        case = standard_case(name, rate_per_s=600.0, duration_s=6.0, warmup_s=2.0, seed=0)
+        if name == "esg-fastest":  # the spec's rule alone: busy-time objective, no waiting for a warm worker
+            case = replace(case, settings=replace(case.settings, idle_aware=False, wait_for_busy_warm=False))
+        return simulate(case)
+
+    runs = {name: run(name) for name in ("esg", "esg-fastest")}
     esg, fastest = runs["esg"], runs["esg-fastest"]
     assert esg.report.overall.slo_hit_rate >= 0.9
     assert esg.cold_starts < 1000

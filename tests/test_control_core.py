@@ -81,7 +81,9 @@ def test_a_call_is_dispatched_at_the_next_tick_and_its_worker_expires_on_time() 
     assert core.on(call("j1", 0.0)) == []  # events change state; a tick returns the actions
     (start,) = core.on(Tick(0.0))
     assert isinstance(start, StartBatch) and start.cold and [j.job_id for j in start.jobs] == ["j1"]
+    assert start.worker.as_worker().free_at_ms == 11.0  # now + the dispatch's predicted time
     core.on(BatchFinished(start.batch_id, 12.0))
+    assert start.worker.as_worker().free_at_ms is None
     assert core.on(Tick(12.0)) == [WakeAt(12.0 + KEEP_MS)]  # the keep-alive's end
     assert core.on(Tick(500.0)) == []
     assert core.on(Tick(1012.0)) == [StopWorker("w1", 1012.0)]

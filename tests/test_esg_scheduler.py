@@ -197,9 +197,13 @@ def test_best_effort_waits_for_a_busy_warm_worker_rather_than_evict() -> None:
     res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], full), 0.0)
     assert res.dispatches == () and len(res.holds) == 1 and "busy warm worker" in res.holds[0].reason
     assert [st.feasible for st in res.stats] == [False]
-    # With a free slot the new worker starts without evicting anyone: best effort as before.
+    # With a free slot, idle-aware ESG still waits (a new worker would then idle); on the busy-time
+    # objective the new worker starts without evicting anyone.
     roomy = ClusterSnapshot([Node("node0", 4, max_workers=3)], [], [busy, other])
     res = s.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], roomy), 0.0)
+    assert res.dispatches == () and "busy warm worker" in res.holds[0].reason
+    busy_only = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=100.0, idle_aware=False)
+    res = busy_only.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 4, 60.0))], roomy), 0.0)
     assert [(d.placement.cold, d.placement.evict, d.at_risk) for d in res.dispatches] == [(True, (), True)]
     # And a cold start quicker than the busy worker's bound goes even when it evicts (10 + 18 < 36).
     quick = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, cold_ms=10.0)
@@ -281,7 +285,8 @@ def random_case(seed: int) -> tuple[ESGScheduler, Workflow, list[str], list[Job]
                     points.append(ProfilePoint(st, hw, b, v, share, round(lat, 3)))
             cold[(st, hw)] = round(rng.uniform(0, 30), 3)
     prices = PriceSheet(rng.uniform(1e-6, 2e-5), {"T4": rng.uniform(5e-5, 5e-4)})
-    settings = ESGSettings(config_space=space, search_horizon=rng.choice(["segment", "workflow"]))
+    # The busy-time objective the brute force computes (the paper's; idle_aware adds a keep-alive term).
+    settings = ESGSettings(config_space=space, search_horizon=rng.choice(["segment", "workflow"]), idle_aware=False)
     sched = ESGScheduler(LatencyProfile(points, cold), prices, settings)
     entry = names[0] if shape == "chain" else rng.choice(["a", "b1", "c"])
     n = rng.randint(1, 6)

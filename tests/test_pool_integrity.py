@@ -119,7 +119,7 @@ def test_a_fault_while_queueing_answers_the_call_and_frees_its_place(
         raise RuntimeError("slo table exploded")
 
     assert pool.submit(mk(0, "inc")).result(60).output == 1
-    monkeypatch.setattr(pool.tables, "slo", broken)
+    monkeypatch.setattr(pool.core, "arrive", broken)  # admission into the control core fails
     with pytest.raises(StageRejectedError, match="slo table exploded"):
         pool.submit(mk(1, "inc")).result(10)
     monkeypatch.undo()

@@ -512,6 +512,7 @@ class Core:
             w = self.fleet.prewarm(
                 self._evictions(st.placement, now, actions), st.queue.stage, st.config, st.hardware, now
             )
+            w.free_at_ms = now + self.tables.profile.cold_start_ms(st.queue.stage, st.hardware)
             self.prewarms += 1
             actions.append(StartWorker(w, st.queue, now, st.reason))
 
@@ -561,6 +562,7 @@ class Core:
                 )
             jobs.append(job)
         w = self.fleet.acquire(self._evictions(d.placement, now, actions), d.queue.stage, d.config, d.hardware, now)
+        w.free_at_ms, w.view = now + d.predicted_ms, None
         for job in jobs:  # the placement fitted: the jobs leave their queue
             del q.jobs[job.job_id]
             req = self._job_req[job.job_id]

@@ -59,6 +59,7 @@ class FleetWorker:
     __slots__ = (
         "device_id",
         "expiry_token",
+        "free_at_ms",
         "hardware",
         "idle_since_ms",
         "last_batch_end_ms",
@@ -84,6 +85,7 @@ class FleetWorker:
         self.idle_since_ms: float | None = None  # None while busy (or starting)
         self.starting: float | None = None  # when a pre-warm start began, while it loads
         self.expiry_token = 0
+        self.free_at_ms: float | None = None  # while busy: when its batch or load is predicted to end
         self.last_batch_end_ms = 0.0
         self.view: Worker | None = None  # the immutable view, until the state changes
 
@@ -108,6 +110,7 @@ class FleetWorker:
                 self.idle_since_ms is None,
                 self.idle_since_ms,
                 self.starting is not None,
+                self.free_at_ms,
             )
         return self.view
 
@@ -277,6 +280,7 @@ class Fleet:
         if w.node in self._free_vcpus:
             self._free_vcpus[w.node] += w.vcpus
         w.idle_since_ms = since_ms
+        w.free_at_ms = None
         w.expiry_token += 1
         w.view = None
         self._snapshot = None

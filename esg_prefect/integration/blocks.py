@@ -171,6 +171,10 @@ class ESGSchedulerSettings(Block):
         default=_knob("wait_for_busy_warm"),
         description="Best effort waits for a busy warm worker rather than evict idle ones to start one.",
     )
+    idle_aware: bool = Field(
+        default=_knob("idle_aware"),
+        description="Price a new worker with the keep-alive it will idle through (the whole bill, not busy time only).",
+    )
     prewarm: bool = Field(
         default=_knob("prewarm"),
         description="Start a cheaper worker off the requests' path when a queue is served by an overpriced warm one.",

@@ -85,6 +85,7 @@ class Worker:
         idle_since_ms: when it became idle (for keep-alive), if idle.
         starting: busy loading its model for a pre-warm start, with no batch
             (:class:`~esg_prefect.scheduling.base.Start`); warm and idle after.
+        free_at_ms: while busy, when its batch (or load) is predicted to end, if known.
     """
 
     worker_id: str
@@ -97,6 +98,7 @@ class Worker:
     busy: bool = False
     idle_since_ms: float | None = None
     starting: bool = False
+    free_at_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.worker_id or not self.node:

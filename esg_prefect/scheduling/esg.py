@@ -265,6 +265,14 @@ class ESGScheduler:
                         )
                     )
                     break
+                if (
+                    self.settings.idle_aware
+                    and c.cold
+                    and not dec.at_risk
+                    and self._warm_soon(c, dec, jobs, view, now_ms)
+                ):
+                    holds.append(Hold(q.key, "a busy warm worker frees up within the slack: no new worker"))
+                    break
                 # The fixed order after ESG_1Q (scheduling.esg_round): packing, placement, review, commit.
                 if self._packing is not None:
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
@@ -407,7 +415,7 @@ class ESGScheduler:
             if kept.feasible:
                 return QueueDecision(kept.kind, kept.choice, (), False, stats)  # one stage: no plan after it
             assert kept.best is not None
-            return self._best_effort(stage, view, jobs, kept.best, stats)
+            return self._best_effort(stage, view, jobs, kept.best, stats, now_ms)
         return self._decide_queue(queue, jobs, workflow, view, now_ms, t0, resources, slack_us)
 
     def _decide_queue(
@@ -550,10 +558,10 @@ class ESGScheduler:
                 None,
                 best,
             )  # kind unread: infeasible
-        return self._best_effort(stage, view, jobs, best, stats)
+        return self._best_effort(stage, view, jobs, best, stats, now_ms)
 
     def _best_effort(
-        self, stage: str, view: ClusterView, jobs: list[Job], best: Option, stats: DecisionStats
+        self, stage: str, view: ClusterView, jobs: list[Job], best: Option, stats: DecisionStats, now_ms: float
     ) -> QueueDecision:
         """No plan meets the slack: ``best`` (the fastest option), or a hold for a busy warm worker."""
         assert isinstance(best.payload, Choice)
@@ -562,11 +570,12 @@ class ESGScheduler:
         if (
             self.settings.wait_for_busy_warm
             and c.cold
-            and self._evicts(c, view, jobs[:top])
-            and self._warm_soon_us(stage, view, top) < best.latency_us
+            and (self.settings.idle_aware or self._evicts(c, view, jobs[:top]))
+            and self._warm_soon_us(stage, view, top, len(jobs), now_ms) <= best.latency_us
         ):
-            # The cluster is full (the start would stop idle workers) and a worker warm for the stage,
-            # busy now, finishes its batch and this one sooner than a cold start: wait for it.
+            # A worker warm for the stage (or starting), busy now, finishes its batch and then this
+            # queue no later than a cold start would: wait for it rather than start a worker that then
+            # idles (idle_aware), or that stops idle ones (the cluster is full).
             return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
         return QueueDecision(DecisionKind.DISPATCH if c.wait_ms == 0 else DecisionKind.WAIT, c, (), True, stats)
 
@@ -615,24 +624,39 @@ class ESGScheduler:
         p = view.place(c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in jobs))
         return p is not None and bool(p.evict)
 
-    def _warm_soon_us(self, stage: str, view: ClusterView, batch: int) -> float:
-        """Upper bound on when a busy worker warm for ``stage`` could have run ``batch`` jobs; inf if none.
+    def _warm_soon_us(self, stage: str, view: ClusterView, batch: int, queued: int, now_ms: float) -> float:
+        """Upper bound on when a busy worker warm for ``stage`` could have run the ``queued`` jobs; inf if none.
 
-        Its current batch is at most the space's largest, so it ends within that
-        batch's latency on its resources (a worker still starting, within its
-        cold start); ours follows.
+        Its current batch ends when the platform predicts (``Worker.free_at_ms``),
+        or else within the space's largest batch's latency on its resources (a
+        worker still starting, within its cold start); the queue follows in
+        batches of ``batch``.
         """
         top = self.settings.config_space.max_batch
+        turns = -(-queued // batch)
         best = math.inf
         for w in view.busy_by_stage.get(stage, ()):
-            if w.starting:
-                now_lat: float | None = self.tables.profile.cold_start_ms(stage, w.hardware)
+            if w.free_at_ms is not None:
+                now_lat: float | None = max(0.0, w.free_at_ms - now_ms)
+            elif w.starting:
+                now_lat = self.tables.profile.cold_start_ms(stage, w.hardware)
             else:
                 now_lat = self.tables.latency_ms(stage, top, w.vcpus, w.gpu_share, w.hardware)
             ours = self.tables.latency_ms(stage, batch, w.vcpus, w.gpu_share, w.hardware)
             if now_lat is not None and ours is not None:
-                best = min(best, to_us(now_lat + ours))
+                best = min(best, to_us(now_lat + turns * ours))
         return best
+
+    def _warm_soon(self, c: Choice, dec: QueueDecision, jobs: list[Job], view: ClusterView, now_ms: float) -> bool:
+        """Whether a busy worker warm for ``c``'s stage could run its batch once free and still meet the slack."""
+        left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
+        for w in view.busy_by_stage.get(c.stage, ()):
+            if w.free_at_ms is None:
+                continue
+            lat = self.tables.latency_ms(c.stage, c.config.batch, w.vcpus, w.gpu_share, w.hardware)
+            if lat is not None and max(0.0, w.free_at_ms - now_ms) + lat <= left:
+                return True
+        return False
 
     def _since(self, t0: float | None) -> float | None:
         return None if t0 is None or self.clock is None else self.clock() - t0

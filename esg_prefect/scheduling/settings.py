@@ -99,6 +99,12 @@ class ESGSettings:
             for a busy worker warm for the stage if it would finish them sooner
             (not in the paper; without it an overloaded cluster falls into a
             cold-start storm, see :mod:`esg_prefect.scheduling.esg`).
+        idle_aware: price a new worker's options with the keep-alive it will
+            idle through at least once after its last batch (the whole bill:
+            a worker holding a share is paid for while it idles), so that the
+            search starts a worker only where warm ones cannot serve the queue
+            within its slack, and then the one whose idle time costs least (not
+            in the paper, whose cost model bills busy time only).
         prewarm: after a dispatch onto a warm worker, start a worker off the
             requests' path (:class:`~esg_prefect.scheduling.base.Start`) when
             resources the queue could use warm within the same slack cost at
@@ -152,6 +158,7 @@ class ESGSettings:
     reserve_overhead: bool = True
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
+    idle_aware: bool = True
     prewarm: bool = True
     prewarm_saving: float = 0.2
     size_aware: bool = True
@@ -177,7 +184,8 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        for name in (*bools, "reserve_overhead", "wait_for_busy_warm", "size_aware", "prewarm", "keep_alive_by_price"):
+        more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm", "keep_alive_by_price")
+        for name in (*bools, *more):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs

@@ -286,10 +286,24 @@ class CandidateTables:
             cold_ms = 0.0 if warm else self.profile.cold_start_ms(stage, hw)
             busy = lat + cold_ms
             cfg = self._config(batch, v, share)
-            cost = self.prices.batch_cost(cfg, hw, busy) / batch
+            cost = self.prices.batch_cost(cfg, hw, busy + (0.0 if warm else self._idle_after_ms(stage, hw))) / batch
             opt = _option(to_us(busy), cost, _choice(stage, cfg, hw, busy, 0.0, cold_ms > 0))
         self._single[key] = opt
         return opt
+
+    def _idle_after_ms(self, stage: str, hardware: str) -> float:
+        """The idle time a new worker is billed for at least once, after its last batch (``idle_aware``).
+
+        Its keep-alive, as the platform gives it on ``hardware`` (scaled by
+        price among the types the stage is profiled on, with ``keep_alive_by_price``).
+        """
+        s = self.settings
+        if not s.idle_aware:
+            return 0.0
+        keep = s.keep_alive_s * 1000.0
+        if s.keep_alive_by_price:
+            keep *= self.prices.keep_alive_scales(self.profile.hardware_types(stage)).get(hardware, 1.0)
+        return keep
 
     def prepare(self, workflow: Workflow, hardware: frozenset[str]) -> None:
         """Build ahead the tables decisions on ``workflow`` read (e.g. when it is registered).
