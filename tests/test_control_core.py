@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from esg_prefect.control.core import Core, home_node
+from esg_prefect.control.core import Core
 from esg_prefect.control.events import (
     BatchFinished,
     CallArrived,
@@ -17,6 +17,7 @@ from esg_prefect.control.events import (
     WorkerReady,
 )
 from esg_prefect.control.fleet import Fleet
+from esg_prefect.control.state import home_node
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
 from esg_prefect.model.cluster import Node

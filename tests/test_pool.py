@@ -295,7 +295,7 @@ def test_pool_lowers_the_switch_interval_once_started_and_checks_it() -> None:
 
 
 def test_hop_estimate_adds_a_margin_for_variable_hops() -> None:
-    from esg_prefect.control.core import HopOverhead
+    from esg_prefect.control.state import HopOverhead
 
     steady = HopOverhead(0.2)
     for _ in range(60):

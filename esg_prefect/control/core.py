@@ -23,11 +23,9 @@ What it owns:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 
 from esg_prefect.control.events import (
     Action,
@@ -44,18 +42,17 @@ from esg_prefect.control.events import (
     WorkerLost,
     WorkerReady,
 )
-from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.control.fleet import Fleet
+from esg_prefect.control.state import Flight, HopOverhead, Plan, Queue, Request, home_node, stages_after
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.records import StageRecord
-from esg_prefect.model.slo import SLODistribution
 from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Placement, QueueState, Scheduler, Snapshot
 from esg_prefect.scheduling.settings import PlatformSettings
 from esg_prefect.scheduling.tables import CandidateTables
-from esg_prefect.workload.rate import ArrivalRateEWMA
 
 # The core builds its jobs, states and records from values it made or checked itself (finite times in
 # order, its own queue keys, rates from ArrivalRateEWMA): it skips their checks (model.unchecked).
@@ -69,104 +66,6 @@ _start_batch = unchecked(StartBatch)
 _wake = unchecked(WakeAt)
 
 _HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
-
-
-class _Plan:
-    """What the core precomputes per workflow (for the tables and hardware in use)."""
-
-    __slots__ = ("dist", "keys", "region", "segment", "workflow")
-
-    def __init__(self, workflow: Workflow, dist: SLODistribution) -> None:
-        self.workflow = workflow
-        self.dist = dist
-        self.segment = {s: dist.segment_of(s).index for s in workflow.stages}
-        self.region = {s: dist.segment_of(s).is_region for s in workflow.stages}
-        self.keys = {s: QueueKey(workflow.name, s) for s in workflow.stages}
-
-
-class Request:
-    """A request (workflow instance) as the core tracks it."""
-
-    __slots__ = (
-        "arrival_ms",
-        "at_risk",
-        "closed",
-        "failed",
-        "last_end_ms",
-        "open",
-        "queued",
-        "request_id",
-        "run_id",
-        "seg_start",
-        "workflow",
-    )
-
-    def __init__(self, request_id: str, run_id: str, workflow: str, arrival_ms: float) -> None:
-        self.request_id = request_id
-        self.run_id = run_id
-        self.workflow = workflow
-        self.arrival_ms = arrival_ms
-        self.seg_start: dict[int, float] = {}
-        self.at_risk = False
-        self.failed = False
-        self.closed = False  # its run ended: no more calls
-        self.open = 0  # jobs admitted and not finished
-        self.last_end_ms = 0.0
-        self.queued: dict[str, QueueKey] = {}  # job id -> queue, while it waits
-
-
-class _Queue:
-    """An AFW queue: waiting jobs (in arrival order) and the arrival-rate estimate."""
-
-    __slots__ = ("jobs", "key", "rate", "state")
-
-    def __init__(self, key: QueueKey, alpha: float) -> None:
-        self.key = key
-        self.jobs: dict[str, Job] = {}
-        self.rate = ArrivalRateEWMA(alpha)
-        self.state: QueueState | None = None
-
-
-@dataclass(slots=True)
-class Flight:
-    """A batch in flight."""
-
-    batch_id: str
-    worker: FleetWorker
-    jobs: tuple[Job, ...]
-    dispatch: Dispatch
-    start_ms: float
-
-
-@dataclass(slots=True)
-class HopOverhead:
-    """Smoothed time between a stage call's result and its downstream call's arrival, per workflow.
-
-    Between two pooled stages of one request the caller's own machinery runs
-    (under Prefect, the upstream task run finishes and the downstream one is
-    created and started). That time is spent against the SLO outside the pool.
-    The core reserves the smoothed mean plus twice the smoothed mean deviation
-    (RFC 6298's estimator, with a smaller multiplier): a hop that takes longer
-    than planned is a missed SLO.
-    """
-
-    alpha: float
-    mean_ms: float | None = None
-    dev_ms: float = 0.0
-
-    def observe(self, gap_ms: float) -> None:
-        """Fold one measured hop in."""
-        gap_ms = max(0.0, gap_ms)
-        if self.mean_ms is None:
-            self.mean_ms, self.dev_ms = gap_ms, gap_ms / 2
-            return
-        self.dev_ms = (1 - self.alpha) * self.dev_ms + self.alpha * abs(gap_ms - self.mean_ms)
-        self.mean_ms = (1 - self.alpha) * self.mean_ms + self.alpha * gap_ms
-
-    @property
-    def ms(self) -> float | None:
-        """Time to reserve per hop, or None before the first observation."""
-        return None if self.mean_ms is None else self.mean_ms + 2.0 * self.dev_ms
 
 
 class Core:
@@ -209,7 +108,7 @@ class Core:
         self.timer = timer
         self.keep_stage_records = keep_stage_records
         self.paused = False
-        self.queues: dict[QueueKey, _Queue] = {}
+        self.queues: dict[QueueKey, Queue] = {}
         self.requests: dict[str, Request] = {}
         self.flights: dict[str, Flight] = {}
         self.stage_records: list[StageRecord] = []
@@ -219,7 +118,7 @@ class Core:
         self.prewarms = 0  # workers started without jobs (Start decisions)
         self.at_risk_cold_starts = 0  # new workers started for best-effort (at-risk) dispatches
         self.waiting = 0
-        self._plans: dict[str, _Plan] = {}
+        self._plans: dict[str, Plan] = {}
         self._job_req: dict[str, Request] = {}
         self._hops: dict[str, HopOverhead] = {}
         # task run id -> when its result went back, and the node that holds it
@@ -287,7 +186,7 @@ class Core:
             req.seg_start.setdefault(seg, start)
         q = self.queues.get(key)
         if q is None:
-            q = self.queues[key] = _Queue(key, self.settings.rate_ewma_alpha)
+            q = self.queues[key] = Queue(key, self.settings.rate_ewma_alpha)
         q.jobs[ev.job_id] = job
         q.state = None
         try:  # noqa: SIM105 (suppress() costs a context manager per call)
@@ -396,11 +295,11 @@ class Core:
 
     # ---- admission helpers ----------------------------------------------------------------------
 
-    def _plan(self, workflow: str) -> _Plan:
+    def _plan(self, workflow: str) -> Plan:
         wf = self.workflows[workflow]
         plan = self._plans.get(workflow)
         if plan is None or plan.workflow is not wf:
-            plan = self._plans[workflow] = _Plan(wf, self.tables.slo(wf, self.fleet.hardware_types()))
+            plan = self._plans[workflow] = Plan(wf, self.tables.slo(wf, self.fleet.hardware_types()))
         return plan
 
     def _reserve(self, ev: CallArrived, workflow: Workflow, t: float) -> float:
@@ -419,7 +318,7 @@ class Core:
         hop = self._hops.get(workflow.name)
         if hop is None or hop.ms is None:
             return 0.0
-        return hop.ms * (1 + _stages_after(workflow, stage))
+        return hop.ms * (1 + stages_after(workflow, stage))
 
     def hop_ms(self, workflow: str) -> float | None:
         """The measured hop of ``workflow`` (None before the first)."""
@@ -598,15 +497,3 @@ class Core:
     def request_of(self, job_id: str) -> Request | None:
         """The request of a job still open."""
         return self._job_req.get(job_id)
-
-
-def home_node(nodes: list[str]) -> str | None:
-    """Where a call's inputs mostly are: the node holding most of its upstream results (ties: by name)."""
-    return max(sorted(set(nodes)), key=nodes.count) if nodes else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _stages_after(workflow: Workflow, stage: str) -> int:
-    """Stages on the longest path from ``stage`` (excluded) to an exit of ``workflow``."""
-    succ = workflow.successors(stage)
-    return 1 + max(_stages_after(workflow, s) for s in succ) if succ else 0

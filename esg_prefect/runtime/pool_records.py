@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 
 from esg_prefect.control.calls import StageCall, StageResult
-from esg_prefect.control.core import Core, Request
+from esg_prefect.control.core import Core
 from esg_prefect.control.records import (
     BatchDone,
     CallRecord,
@@ -24,6 +24,7 @@ from esg_prefect.control.records import (
     RunStub,
     WorkerRow,
 )
+from esg_prefect.control.state import Request
 from esg_prefect.model.attribution import IdleRecord
 from esg_prefect.model.pricing import PriceSheet
 

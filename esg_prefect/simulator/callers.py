@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from esg_prefect.control.core import home_node
 from esg_prefect.control.events import CallArrived
+from esg_prefect.control.state import home_node
 from esg_prefect.model.records import RequestRecord
 from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
