@@ -493,7 +493,3 @@ class Core:
     def queue_lengths(self) -> dict[str, int]:
         """Waiting jobs per queue, by ``str(QueueKey)``."""
         return {str(k): len(q.jobs) for k, q in self.queues.items() if q.jobs}
-
-    def request_of(self, job_id: str) -> Request | None:
-        """The request of a job still open."""
-        return self._job_req.get(job_id)

@@ -62,7 +62,6 @@ class FleetWorker:
         "free_at_ms",
         "hardware",
         "idle_since_ms",
-        "last_batch_end_ms",
         "node",
         "share",
         "stage",
@@ -86,7 +85,6 @@ class FleetWorker:
         self.starting: float | None = None  # when a pre-warm start began, while it loads
         self.expiry_token = 0
         self.free_at_ms: float | None = None  # while busy: when its batch or load is predicted to end
-        self.last_batch_end_ms = 0.0
         self.view: Worker | None = None  # the immutable view, until the state changes
 
     @property
@@ -259,7 +257,6 @@ class Fleet:
     def finish(self, w: FleetWorker, record: BatchRecord, now_ms: float) -> float:
         """End a batch: bill it, make the worker idle; returns when its keep-alive runs out."""
         self.batches.append(record)
-        w.last_batch_end_ms = now_ms
         return self._to_idle(w, now_ms)
 
     def lose(self, w: FleetWorker, record: BatchRecord | None = None) -> None:
@@ -373,7 +370,3 @@ class Fleet:
         for w in idle:
             self.retire(w, now_ms)
         return idle
-
-    def busy_workers(self) -> int:
-        """Workers running or starting a batch."""
-        return sum(1 for w in self.workers.values() if w.busy)

@@ -55,6 +55,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.model.config import CPU, ConfigSpace
 from esg_prefect.model.correction import LatencyCorrection
+from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.report import Report, summarize
@@ -67,7 +68,14 @@ from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool_records import CallBook
 from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile
 from esg_prefect.runtime.stages import input_size
-from esg_prefect.runtime.workers import LocalProcessBackend, WorkerBackend, WorkerDiedError, WorkerLoadError, WorkerSpec
+from esg_prefect.runtime.workers import (
+    LocalProcessBackend,
+    WorkerBackend,
+    WorkerDiedError,
+    WorkerHandle,
+    WorkerLoadError,
+    WorkerSpec,
+)
 from esg_prefect.runtime.workflows import WorkflowRegistry
 from esg_prefect.scheduling import ESGSettings, Scheduler
 from esg_prefect.scheduling.tables import CandidateTables
@@ -146,8 +154,8 @@ class Pool:
         self._core: Core | None = None
         self._resources: tuple[object, object] | None = None
         self._pending: dict[str, Pending] = {}  # call id -> its call, queued or running
-        self._handles: dict[str, Any] = {}  # worker id -> its WorkerHandle, once started
-        self._stage_paths: dict[Any, str] = {}  # queue -> its stage's import path, for pre-warm starts
+        self._handles: dict[str, WorkerHandle] = {}  # worker id -> its handle, once started
+        self._stage_paths: dict[QueueKey, str] = {}  # queue -> its stage's import path, for pre-warm starts
         self._ids = CallIds(_DONE_MEMORY)
         self._bindings = StageBindings()
         self._registry = WorkflowRegistry()

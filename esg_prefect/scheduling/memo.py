@@ -42,6 +42,3 @@ class Memo:
             entries.clear()
         entries[key] = (anchor, value)
         return value
-
-    def __len__(self) -> int:
-        return len(self._entries)

@@ -67,7 +67,7 @@ _EPS_MS = 1e-6
 
 def packs(tables: CandidateTables) -> bool:
     """Whether packing by predicted time is on for these tables (knob on and a size model present)."""
-    return tables.settings.size_aware and tables.profile.sizes is not None
+    return tables.settings.cypress.size_aware and tables.profile.sizes is not None
 
 
 def pack(

@@ -22,7 +22,7 @@ def paldia_features(tables: CandidateTables) -> tuple[HardwareSelector | None, H
     Raises:
         ConfigError: when ``corun_table`` names no readable co-run table, naming it.
     """
-    s = tables.settings
+    s = tables.settings.paldia
     hardware = HardwareSelector(tables, s.hardware_utilization) if s.hardware_selection else None
     hybrid = None
     if s.hybrid_sharing:
