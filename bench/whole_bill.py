@@ -1,0 +1,708 @@
+"""The whole bill: ESG's defaults against every prior-work baseline at its best lifecycle setting.
+
+The owner of the GPUs pays for every worker for its whole life at its share's
+price: busy (batches), idle (kept warm, keep-alive) and cold starts. This bench
+runs a grid of cells and, in each, ESG (its default settings, nothing swept)
+and the prior-work baselines (``PRIOR_WORK``: per-invocation, triton, infless,
+fast-gshare, llama), each baseline at its best lifecycle setting, and prints a
+markdown table of the bill per request, split three ways, beside the SLO hit
+rates and every workflow's p99.
+
+Cells (``grid_cells``):
+  * the standard case (``esg_prefect.simulator.standard``: three workflows on
+    8 T4 + 2 V100 + 2 A100, the Azure Functions 2019 trace at 300 requests/s)
+    at seeds 0, 1 and 2;
+  * the same workflows and cluster on the Azure LLM 2023 code trace (bursty)
+    and conversation trace (steady), seed 0, each at a low, a middle and a
+    near-capacity rate: a quarter, a half and all of the trace's capacity
+    ``CAPACITY_PER_S``. Capacity is measured, not computed: climbing a ladder of
+    rates in ``CALIBRATION_STEP_PER_S`` steps (25 requests/s), the last rate
+    before the first at which no prior-work baseline at any of its lifecycle
+    settings (below) meets ``CALIBRATION_SLO`` (99 %) of the SLOs; seed 0, this
+    bench's run length. ``--calibrate`` runs that ladder and prints it (the
+    baselines only, so ESG's changes do not move the rates; the platform's do).
+
+Lifecycle settings. The platform's lifecycle knobs
+(``esg_prefect.scheduling.settings.PlatformSettings``) apply to every
+scheduler: ``keep_alive_s``, ``keep_alive_by_price``, ``allow_eviction`` (the
+baselines read it too) and, where the tree has it, ``keep_alive_policy`` (a
+keep-alive adapted to the measured idle gaps, within ``keep_alive_s``, or the
+fixed window). ``prewarm`` and ``idle_aware`` are ESG's own (only ESG returns
+``Start`` decisions), so they do not apply to the baselines. Each baseline runs
+at the platform's defaults and at a fixed keep-alive of each of
+``KEEP_ALIVE_SWEEP`` seconds (``lifecycle_sweep``; the other knobs at their
+defaults: keep-alive by price on, eviction on), and its setting in a cell is
+the cheapest whole bill among its settings whose SLO hit rate is within
+``SLO_TOLERANCE`` (0.5 points) of its best one there. The table names the
+setting that won; the sweep itself is printed after the verdicts.
+
+Bill. Over the report's window (from the end of the warm-up to the end of the
+run, as ``esg_prefect.model.report.after_warmup`` cuts it: batches dispatched
+in it, idle time in it), per request arrived in it:
+  * cold = each batch's cold start (the batch record spans dispatch to end, the
+    stage records say how much of it was the worker's start) plus each
+    pre-warm start's load (billed as the first part of the new worker's first
+    idle interval), at the worker's price;
+  * busy = the rest of the batches' time; idle = the rest of the idle time;
+  * whole = busy + idle + cold = the sum over the batch and idle records of
+    ``PriceSheet.rate_per_s(...) x duration``, checked against the run's
+    report (its busy plus idle cost) in every run (a line after the tables
+    says whether every run agreed);
+  * batch = the report's batch cost per request (the paper's cost model:
+    batches only, their cold starts included).
+The run ends when its last request ends, and idle workers are billed up to
+then (the keep-alive left after the end is not billed), as in the report.
+
+p99 per workflow: over the requests that arrived in the window, a request that
+did not finish counting as infinitely late (with no failures, the report's p99).
+
+Goal test per cell. The best baseline is the one with the lowest whole bill per
+request among the baselines (each at its chosen setting) whose SLO hit rate is
+within ``SLO_TOLERANCE`` of the highest baseline SLO hit rate in the cell. ESG
+wins the cell when (1) the best baseline's whole bill per request is at least
+``GOAL_RATIO`` (1.25) times ESG's, (2) ESG's SLO hit rate is at most
+``SLO_TOLERANCE`` below the best baseline's, and (3) every workflow's p99
+under ESG is within its SLO. A missed cell names the conditions it missed.
+
+Runs go to ``--processes`` worker processes (default: one per CPU), the
+longest first; each finished run is noted on stderr, the tables go to stdout.
+``--quick`` runs a subset (standard seed 0 and the conversation trace's
+middle rate) with tiny runs and the baselines at their defaults and one fixed
+keep-alive, as a smoke test. The plot (``--plot``, default
+docs/figures/whole_bill.png, none with ``--quick`` unless given) stacks busy,
+idle and cold cost per request per scheduler, one panel per cell.
+
+Run:  python bench/whole_bill.py [--duration S] [--warmup S] [--processes P] [--quick] [--calibrate]
+Ends with: RESULT worst_cell=<cell> whole_bill_ratio_worst=<x> cells_won=<k>/<n>
+  whole_bill_ratio_median=<m> esg_slo_min=<s> p99_misses=<cells> wall_s=<t>
+(whole_bill_ratio = best baseline's whole bill per request / ESG's; worst = the
+cell where it is lowest; esg_slo_min = ESG's lowest SLO hit rate over the
+cells; p99_misses = cells where some workflow's p99 under ESG exceeds its SLO;
+a cell with no request in its window counts as missed and is left out of
+the ratios.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from multiprocessing import get_context
+from typing import Any
+
+import esg_prefect.scheduling  # noqa: F401 - registers the baselines
+import esg_prefect.simulator.run as sim_run
+from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.simulator import simulate, standard_case
+from esg_prefect.simulator.case import Case
+from esg_prefect.simulator.cluster import SimCluster
+from esg_prefect.simulator.experiments import PRIOR_WORK
+from esg_prefect.simulator.run import SimRun
+from esg_prefect.simulator.standard import STANDARD_RATE_PER_S, STANDARD_TRACE
+
+ESG = "esg"
+SCHEDULERS: tuple[str, ...] = (ESG, *PRIOR_WORK)
+KEEP_ALIVE_SWEEP: tuple[float, ...] = (3.0, 15.0, 60.0)
+"""Fixed keep-alive windows (``keep_alive_s``) each baseline runs at, besides the defaults."""
+QUICK_KEEP_ALIVE_SWEEP: tuple[float, ...] = (3.0,)
+Setting = tuple[tuple[str, Any], ...]
+"""``ESGSettings`` fields changed from the case's settings; ``()``: the defaults."""
+LIFECYCLE_KNOBS: tuple[str, ...] = (
+    "keep_alive_s",
+    "keep_alive_by_price",
+    "keep_alive_policy",
+    "keep_alive_percentile",
+    "keep_alive_min_s",
+    "allow_eviction",
+)
+"""The platform's lifecycle knobs the header prints (those the tree has)."""
+SLO_TOLERANCE = 0.005
+"""0.5 points of SLO hit rate."""
+GOAL_RATIO = 1.25
+STANDARD_SEEDS: tuple[int, ...] = (0, 1, 2)
+TRACES: dict[str, str] = {"code": "azure_llm_code", "conv": "azure_llm_conv"}
+RATE_FRACTIONS: dict[str, float] = {"low": 0.25, "mid": 0.5, "near": 1.0}
+CAPACITY_PER_S: dict[str, float] = {"azure_llm_code": 50.0, "azure_llm_conv": 300.0}
+"""Per trace: the rate ``--calibrate`` found (module docstring), with the default run length."""
+CALIBRATION_STEP_PER_S = 25.0
+CALIBRATION_SLO = 0.99
+DURATION_S = 30.0
+WARMUP_S = 10.0
+QUICK_DURATION_S = 6.0
+QUICK_WARMUP_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One case of the grid: a trace at a rate with a seed."""
+
+    name: str
+    trace: str
+    rate_per_s: float
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One simulation: a scheduler in a cell at a lifecycle setting."""
+
+    cell: Cell
+    scheduler: str
+    setting: Setting
+    duration_s: float
+    warmup_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bill:
+    """Dollars billed in the report's window, split three ways (module docstring)."""
+
+    busy: float
+    idle: float
+    cold: float
+
+    @property
+    def whole(self) -> float:
+        """Everything billed."""
+        return self.busy + self.idle + self.cold
+
+
+def grid_cells(quick: bool = False) -> list[Cell]:
+    """The cells of the grid (module docstring); ``quick``: standard seed 0 and the conversation trace's middle rate."""
+    cells = [Cell(f"standard-s{s}", STANDARD_TRACE, STANDARD_RATE_PER_S, s) for s in STANDARD_SEEDS]
+    for short, trace in TRACES.items():
+        for level, frac in RATE_FRACTIONS.items():
+            cells.append(Cell(f"{short}-{level}", trace, CAPACITY_PER_S[trace] * frac, 0))
+    if quick:
+        return [cells[0], cells[7]]  # standard seed 0, conversation trace at its middle rate
+    return cells
+
+
+def grid_jobs(
+    cells: Sequence[Cell],
+    schedulers: Sequence[str] = SCHEDULERS,
+    sweep: Sequence[Setting] | None = None,
+    duration_s: float = DURATION_S,
+    warmup_s: float = WARMUP_S,
+) -> list[Job]:
+    """ESG once per cell at its defaults, every other scheduler once per setting of ``sweep``; longest first.
+
+    ``sweep`` defaults to :func:`lifecycle_sweep`.
+    """
+    settings = lifecycle_sweep() if sweep is None else tuple(sweep)
+    jobs = []
+    for cell in cells:
+        for s in schedulers:
+            for setting in ((),) if s == ESG else settings:
+                jobs.append(Job(cell, s, setting, duration_s, warmup_s))
+    weight = {ESG: 3.0, "per-invocation": 2.0}  # the slowest to simulate, per request
+    return sorted(jobs, key=lambda j: -j.cell.rate_per_s * weight.get(j.scheduler, 1.0))
+
+
+def job_case(job: Job) -> Case:
+    """The case a job simulates."""
+    c = job.cell
+    case = standard_case(
+        job.scheduler,
+        rate_per_s=c.rate_per_s,
+        trace=c.trace,
+        duration_s=job.duration_s,
+        warmup_s=job.warmup_s,
+        seed=c.seed,
+    )
+    if job.setting:
+        case = case.with_(settings=replace(case.settings, **dict(job.setting)))
+    return case
+
+
+def lifecycle_sweep(keep_alives: Sequence[float] = KEEP_ALIVE_SWEEP) -> tuple[Setting, ...]:
+    """The baselines' settings: the defaults, then a fixed keep-alive of each of ``keep_alives`` seconds.
+
+    A fixed window is ``keep_alive_policy="fixed"`` where the tree has that
+    knob; where it has not, every keep-alive is fixed, and the one equal to
+    the default is not run twice.
+    """
+    base = standard_case().settings
+    policy: Setting = (("keep_alive_policy", "fixed"),) if "keep_alive_policy" in _field_names() else ()
+    out: list[Setting] = [()]
+    seen = [base]
+    for ka in keep_alives:
+        setting: Setting = (*policy, ("keep_alive_s", float(ka)))
+        settings = replace(base, **dict(setting))
+        if settings not in seen:
+            seen.append(settings)
+            out.append(setting)
+    return tuple(out)
+
+
+def _field_names() -> set[str]:
+    return {f.name for f in fields(ESGSettings)}
+
+
+def simulate_recorded(case: Case) -> tuple[SimRun, dict[str, tuple[str, float]]]:
+    """Simulate ``case``; also return its pre-warm starts, worker id -> (stage, start ms).
+
+    ``SimRun`` does not say which stage a pre-warmed worker that never ran a
+    batch was started for, and its load time depends on the stage; the run's
+    cluster is wrapped to note each start (``Fleet.prewarm``), the simulation
+    itself unchanged.
+    """
+    clusters: list[_RecordingCluster] = []
+
+    class _Recording(_RecordingCluster):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            clusters.append(self)
+
+    saved = sim_run.SimCluster
+    sim_run.SimCluster = _Recording  # type: ignore[misc]
+    try:
+        run = simulate(case)
+    finally:
+        sim_run.SimCluster = saved  # type: ignore[misc]
+    return run, (clusters[0].prewarm_log if clusters else {})
+
+
+class _RecordingCluster(SimCluster):
+    """The simulated cluster, noting each pre-warm start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.prewarm_log: dict[str, tuple[str, float]] = {}
+
+    def prewarm(self, placement: Any, stage: str, config: Any, hardware: str, now_ms: float) -> Any:
+        w = super().prewarm(placement, stage, config, hardware, now_ms)
+        self.prewarm_log[w.worker_id] = (stage, now_ms)
+        return w
+
+
+def bill_split(run: SimRun, case: Case, prewarms: dict[str, tuple[str, float]]) -> Bill:
+    """Busy, idle and cold dollars of ``run`` in its report's window (module docstring)."""
+    w0 = case.warmup_s * 1000.0
+    prices, profile = case.prices, case.load_profile()
+    cold_of: dict[str, float] = {}
+    for s in run.stages:
+        if s.cold_start_ms > 0:
+            cold_of[s.batch_id] = max(cold_of.get(s.batch_id, 0.0), s.cold_start_ms)
+    busy = idle = cold = 0.0
+    for b in run.batches:
+        if b.start_ms < w0:
+            continue
+        rate = prices.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware)
+        dur = b.end_ms - b.start_ms
+        c = min(cold_of.get(b.batch_id, 0.0), dur)
+        cold += rate * c / 1000.0
+        busy += rate * (dur - c) / 1000.0
+    for i in run.idles:
+        start, end = max(i.start_ms, w0), i.end_ms
+        if end <= start:
+            continue
+        rate = prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware)
+        load = 0.0
+        p = prewarms.get(i.worker_id)
+        if p is not None and p[1] == i.start_ms:  # the worker's first idle interval begins with its load
+            load_end = i.start_ms + profile.cold_start_ms(p[0], i.hardware)
+            load = max(0.0, min(end, load_end) - start)
+        cold += rate * load / 1000.0
+        idle += rate * (end - start - load) / 1000.0
+    return Bill(busy, idle, cold)
+
+
+def p99_with_failures(latencies: Sequence[float]) -> float:
+    """The 99th percentile (the report's interpolation), ``inf`` standing for a request that did not finish."""
+    if not latencies:
+        return 0.0
+    xs = sorted(latencies)
+    pos = (len(xs) - 1) * 0.99
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    if math.isinf(xs[hi]):
+        return math.inf
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Simulate one job, timed in this process; the figures the tables need."""
+    case = job_case(job)
+    t0 = time.perf_counter()
+    run, prewarms = simulate_recorded(case)
+    wall = time.perf_counter() - t0
+    bill = bill_split(run, case, prewarms)
+    rep = run.report
+    o = rep.overall
+    report_whole = rep.busy_cost + rep.idle_cost
+    n = o.count or 1
+    w0 = case.warmup_s * 1000.0
+    lat: dict[str, list[float]] = {w.name: [] for w in case.workflows}
+    for r in run.requests:
+        if r.arrival_ms >= w0:
+            lat[r.workflow].append(math.inf if r.finish_ms is None else r.finish_ms - r.arrival_ms)
+    p99 = {w.name: (p99_with_failures(lat[w.name]), w.slo_ms) for w in case.workflows}
+    rate = case.prices.rate_per_s
+    run_total = sum(rate(b.config.vcpus, b.config.gpu_share, b.hardware) * b.duration_ms for b in run.batches)
+    run_total += sum(rate(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) for i in run.idles)
+    return {
+        "cell": job.cell.name,
+        "trace": job.cell.trace,
+        "rate_per_s": job.cell.rate_per_s,
+        "seed": job.cell.seed,
+        "scheduler": job.scheduler,
+        "setting": job.setting,
+        "requests": o.count,
+        "slo_hit_rate": o.slo_hit_rate,
+        "busy": bill.busy / n,
+        "idle": bill.idle / n,
+        "cold": bill.cold / n,
+        "whole": bill.whole / n,
+        "batch": o.batch_cost_per_request,
+        "whole_run": run_total / 1000.0 / max(len(run.requests), 1),
+        "p99": p99,
+        "workers": run.cold_starts,
+        "prewarm": run.prewarm_starts,
+        "wall_s": wall,
+        "report_agrees": math.isclose(bill.whole, report_whole, rel_tol=1e-9, abs_tol=1e-15),
+    }
+
+
+def run_jobs(jobs: Sequence[Job], processes: int, progress: bool = False) -> list[dict[str, Any]]:
+    """Every job, in ``processes`` worker processes (1: in this one); rows in the jobs' order.
+
+    ``progress`` notes each finished run on stderr.
+    """
+    rows: list[dict[str, Any] | None] = [None] * len(jobs)
+    t0 = time.perf_counter()
+
+    def note(i: int, row: dict[str, Any]) -> None:
+        rows[i] = row
+        if progress:
+            done = sum(1 for r in rows if r is not None)
+            print(
+                f"[{done}/{len(jobs)} {time.perf_counter() - t0:.0f} s] {row['cell']} {row['scheduler']} "
+                f"{setting_label(row['setting'])}: {row['wall_s']:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if processes <= 1 or len(jobs) <= 1:
+        for i, j in enumerate(jobs):
+            note(i, run_job(j))
+    else:
+        with get_context("fork").Pool(min(processes, len(jobs))) as pool:
+            for i, row in pool.imap_unordered(_indexed, list(enumerate(jobs))):
+                note(i, row)
+    return [r for r in rows if r is not None]
+
+
+def _indexed(item: tuple[int, Job]) -> tuple[int, dict[str, Any]]:
+    return item[0], run_job(item[1])
+
+
+# ---- choosing and judging --------------------------------------------------------------------
+
+
+def setting_label(setting: Setting) -> str:
+    """How a lifecycle setting prints: ``defaults``, ``fixed 3 s``..."""
+    if not setting:
+        return "defaults"
+    d = dict(setting)
+    parts = []
+    if "keep_alive_policy" in d:
+        parts.append(str(d.pop("keep_alive_policy")))
+    if "keep_alive_s" in d:
+        parts.append(f"{d.pop('keep_alive_s'):g} s")
+    parts.extend(f"{k}={v}" for k, v in d.items())
+    return " ".join(parts)
+
+
+def pick_setting(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Of one baseline's rows in one cell: the cheapest whole bill within SLO_TOLERANCE of its best SLO hit rate."""
+    rows = list(rows)
+    top = max(r["slo_hit_rate"] for r in rows)
+    ok = [r for r in rows if r["slo_hit_rate"] >= top - SLO_TOLERANCE - 1e-12]
+    return min(ok, key=lambda r: (r["whole"], -r["slo_hit_rate"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The goal test of one cell (module docstring)."""
+
+    cell: str
+    esg: dict[str, Any]
+    chosen: dict[str, dict[str, Any]]
+    best: dict[str, Any]
+    ratio: float
+    slo_delta_points: float
+    p99_over: tuple[str, ...]
+
+    @property
+    def misses(self) -> list[str]:
+        """The conditions missed, in words (empty: the cell is won)."""
+        out = []
+        if not self.esg["requests"]:
+            return ["no requests in the window"]
+        if not self.ratio >= GOAL_RATIO:
+            out.append(f"cost: whole-bill ratio {self.ratio:.2f} < {GOAL_RATIO:g}")
+        if self.slo_delta_points < -SLO_TOLERANCE * 100 - 1e-9:
+            out.append(f"SLO: {self.slo_delta_points:+.2f} points vs best baseline")
+        if self.p99_over:
+            out.append("p99 over SLO: " + ", ".join(self.p99_over))
+        return out
+
+    @property
+    def won(self) -> bool:
+        """Whether every condition holds."""
+        return not self.misses
+
+
+def judge(cell: str, rows: Sequence[dict[str, Any]]) -> Verdict:
+    """ESG against the best baseline in one cell's rows."""
+    esg = next(r for r in rows if r["scheduler"] == ESG)
+    chosen = {
+        b: pick_setting(r for r in rows if r["scheduler"] == b)
+        for b in PRIOR_WORK
+        if any(r["scheduler"] == b for r in rows)
+    }
+    top = max(r["slo_hit_rate"] for r in chosen.values())
+    near_top = [r for r in chosen.values() if r["slo_hit_rate"] >= top - SLO_TOLERANCE - 1e-12]
+    best = min(near_top, key=lambda r: (r["whole"], -r["slo_hit_rate"]))
+    ratio = best["whole"] / esg["whole"] if esg["whole"] > 0 else math.nan
+    over = tuple(f"{wf} {p:.0f}>{slo:.0f} ms" for wf, (p, slo) in esg["p99"].items() if p > slo)
+    delta = (esg["slo_hit_rate"] - best["slo_hit_rate"]) * 100.0
+    return Verdict(cell, esg, chosen, best, ratio, delta, over)
+
+
+def result_line(verdicts: Sequence[Verdict], wall_s: float) -> str:
+    """The bench's last line (module docstring)."""
+    judged = [v for v in verdicts if not math.isnan(v.ratio)] or list(verdicts)
+    worst = min(judged, key=lambda v: v.ratio)
+    won = sum(1 for v in verdicts if v.won)
+    median = statistics.median(v.ratio for v in judged)
+    slo_min = min(v.esg["slo_hit_rate"] for v in verdicts)
+    p99_miss = sum(1 for v in verdicts if v.p99_over)
+    return (
+        f"RESULT worst_cell={worst.cell} whole_bill_ratio_worst={worst.ratio:.3f} "
+        f"cells_won={won}/{len(verdicts)} whole_bill_ratio_median={median:.3f} "
+        f"esg_slo_min={slo_min:.4f} p99_misses={p99_miss} wall_s={wall_s:.0f}"
+    )
+
+
+# ---- printing --------------------------------------------------------------------------------
+
+
+def _worst_p99(p99: dict[str, tuple[float, float]]) -> str:
+    wf, (p, slo) = max(p99.items(), key=lambda kv: kv[1][0] / kv[1][1])
+    mark = " **over**" if p > slo else ""
+    shown = "inf" if math.isinf(p) else f"{p:.0f}"
+    return f"{shown}/{slo:.0f} {wf}{mark}"
+
+
+def table_rows(verdicts: Sequence[Verdict]) -> list[str]:
+    """The markdown table of every cell and scheduler."""
+    out = [
+        "| cell | rate /s | scheduler | setting | SLO hit | whole $/req | busy | idle | cold "
+        "| batch $/req (paper) | worst p99/SLO ms | workers | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        for r in (v.esg, *v.chosen.values()):
+            if r is v.esg:
+                verdict = "won" if v.won else "**missed**: " + "; ".join(v.misses)
+            else:
+                verdict = "best baseline" if r is v.best else ""
+            out.append(
+                f"| {v.cell} | {r['rate_per_s']:g} | {r['scheduler']} | {setting_label(r['setting'])} "
+                f"| {r['slo_hit_rate']:.4f} | {r['whole']:.3e} | {r['busy']:.2e} | {r['idle']:.2e} "
+                f"| {r['cold']:.2e} | {r['batch']:.3e} | {_worst_p99(r['p99'])} | {r['workers']} | {verdict} |"
+            )
+    return out
+
+
+def summary_rows(verdicts: Sequence[Verdict]) -> list[str]:
+    """One markdown row per cell: the goal test."""
+    out = [
+        "| cell | best baseline (setting) | its whole $/req | ESG whole $/req | ratio | ESG SLO | baseline SLO "
+        "| ratio incl. warm-up | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        b, e = v.best, v.esg
+        warm = b["whole_run"] / e["whole_run"] if e["whole_run"] > 0 else math.inf
+        verdict = "won" if v.won else "**missed**: " + "; ".join(v.misses)
+        out.append(
+            f"| {v.cell} | {b['scheduler']} ({setting_label(b['setting'])}) | {b['whole']:.3e} "
+            f"| {e['whole']:.3e} | {v.ratio:.2f} | {e['slo_hit_rate']:.4f} | {b['slo_hit_rate']:.4f} "
+            f"| {warm:.2f} | {verdict} |"
+        )
+    return out
+
+
+def sweep_lines(rows: Sequence[dict[str, Any]], cells: Sequence[Cell]) -> list[str]:
+    """Every baseline setting run: SLO hit rate and whole bill per request, the chosen one starred."""
+    out = []
+    for cell in cells:
+        for b in PRIOR_WORK:
+            mine = [r for r in rows if r["cell"] == cell.name and r["scheduler"] == b]
+            if not mine:
+                continue
+            pick = pick_setting(mine)
+            parts = [
+                f"{setting_label(r['setting'])}{'*' if r is pick else ''}: {r['slo_hit_rate']:.4f} / {r['whole']:.2e}"
+                for r in mine
+            ]
+            out.append(f"{cell.name:<12} {b:<15} " + "   ".join(parts))
+    return out
+
+
+def plot(verdicts: Sequence[Verdict], path: str) -> None:
+    """Stacked busy/idle/cold bars per scheduler, one panel per cell (own y axis: ranges differ)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(verdicts)
+    cols = min(3, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+    parts = (("busy", "#4c72b0"), ("idle", "#dd8452"), ("cold", "#c44e52"))
+    for ax, v in zip(axes.flat, verdicts, strict=False):
+        rows = [v.esg, *v.chosen.values()]
+        names = [r["scheduler"] + (" (best)" if r is v.best else "") for r in rows]
+        bottom = [0.0] * len(rows)
+        for key, color in parts:
+            vals = [r[key] * 1e6 for r in rows]
+            ax.bar(names, vals, bottom=bottom, color=color, label=key)
+            bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
+        ax.set_title(f"{v.cell} ({v.esg['rate_per_s']:g}/s): ratio {v.ratio:.2f}{'' if v.won else ' (missed)'}")
+        ax.set_ylabel("$ per million requests")
+        ax.tick_params(axis="x", labelrotation=35, labelsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper right", ncol=3)
+    fig.suptitle(
+        "Whole bill per request: ESG (defaults) vs prior work (each at its best lifecycle setting); "
+        "ratio = best baseline / ESG"
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- calibration -----------------------------------------------------------------------------
+
+
+def calibrate(
+    trace: str,
+    duration_s: float,
+    warmup_s: float,
+    processes: int,
+    sweep: Sequence[Setting] | None = None,
+    top_per_s: float = 1000.0,
+) -> float:
+    """The capacity of ``trace`` (module docstring); the ladder is printed as it climbs.
+
+    A rate passes as soon as one baseline at one setting of ``sweep`` (default
+    :func:`lifecycle_sweep`) meets ``CALIBRATION_SLO``; the pair that passed is
+    tried first at the next rate (the order changes only how long this takes).
+    """
+    order = [(b, s) for b in sorted(PRIOR_WORK, key=lambda b: b != "fast-gshare") for s in (sweep or lifecycle_sweep())]
+    found, rate = 0.0, CALIBRATION_STEP_PER_S
+    while rate <= top_per_s:
+        cell = Cell("calibration", trace, rate, 0)
+        best: dict[str, Any] | None = None
+        for i in range(0, len(order), processes):
+            chunk = order[i : i + processes]
+            for r in run_jobs([Job(cell, b, st, duration_s, warmup_s) for b, st in chunk], processes):
+                if best is None or r["slo_hit_rate"] > best["slo_hit_rate"]:
+                    best = r
+            if best is not None and best["slo_hit_rate"] >= CALIBRATION_SLO:
+                break
+        assert best is not None
+        print(
+            f"{trace} {rate:g}/s: best baseline {best['scheduler']} ({setting_label(best['setting'])}) "
+            f"{best['slo_hit_rate']:.4f}",
+            flush=True,
+        )
+        if best["slo_hit_rate"] < CALIBRATION_SLO:
+            break
+        found = rate
+        order.remove((best["scheduler"], best["setting"]))
+        order.insert(0, (best["scheduler"], best["setting"]))
+        rate += CALIBRATION_STEP_PER_S
+    print(f"capacity of {trace}: {found:g} requests/s", flush=True)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=None, help=f"arrival window, s (default {DURATION_S:g})")
+    parser.add_argument("--warmup", type=float, default=None, help=f"warm-up left out, s (default {WARMUP_S:g})")
+    parser.add_argument("--processes", type=int, default=0, help="worker processes (0: one per CPU; 1: in this one)")
+    parser.add_argument("--quick", action="store_true", help="a subset with tiny runs (smoke test)")
+    parser.add_argument("--calibrate", action="store_true", help="measure each trace's capacity and stop")
+    parser.add_argument("--plot", default=None, help="figure path ('' for none)")
+    args = parser.parse_args()
+    processes = args.processes or os.cpu_count() or 1
+    duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)
+    warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP_S if args.quick else WARMUP_S)
+    if args.calibrate:
+        for trace in TRACES.values():
+            calibrate(trace, duration, warmup, processes)
+        return
+    cells = grid_cells(args.quick)
+    sweep = lifecycle_sweep(QUICK_KEEP_ALIVE_SWEEP if args.quick else KEEP_ALIVE_SWEEP)
+    jobs = grid_jobs(cells, SCHEDULERS, sweep, duration, warmup)
+    lifecycle = {k: getattr(standard_case().settings, k) for k in LIFECYCLE_KNOBS if k in _field_names()}
+    print(
+        f"whole bill: {len(cells)} cells x (ESG at its defaults + {len(PRIOR_WORK)} baselines x settings "
+        f"{' | '.join(setting_label(s) for s in sweep)}) = {len(jobs)} runs of {duration:g} s ({warmup:g} s "
+        f"warm-up); {min(processes, len(jobs))} process(es)\nplatform defaults: "
+        + ", ".join(f"{k}={v}" for k, v in lifecycle.items()),
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    rows = run_jobs(jobs, processes, progress=True)
+    wall = time.perf_counter() - t0
+    verdicts = [judge(c.name, [r for r in rows if r["cell"] == c.name]) for c in cells]
+    print()
+    print("Every cell, ESG and each baseline at its chosen setting ($ per request; busy + idle + cold = whole):")
+    print()
+    print("\n".join(table_rows(verdicts)))
+    print()
+    print("The goal test per cell (ratio = best baseline's whole bill / ESG's; 'incl. warm-up': whole runs):")
+    print()
+    print("\n".join(summary_rows(verdicts)))
+    print()
+    print("Keep-alive sweep (SLO hit rate / whole $ per request; * = chosen):")
+    print("\n".join(sweep_lines(rows, cells)))
+    sim_wall = sum(r["wall_s"] for r in rows)
+    requests = sum(r["requests"] for r in rows)
+    disagree = [f"{r['cell']}/{r['scheduler']}/{setting_label(r['setting'])}" for r in rows if not r["report_agrees"]]
+    print(
+        "report check: busy + idle + cold equals the report's busy + idle cost in every run"
+        if not disagree
+        else f"report check: **{len(disagree)} runs disagree** with their report: {', '.join(disagree)}"
+    )
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    print(
+        f"{len(rows)} runs, {requests} requests in the windows; runs' own wall times {sim_wall:.0f} s; "
+        f"whole bench {wall:.0f} s over {min(processes, len(jobs))} process(es), {cpu:.0f} CPU s"
+    )
+    path = args.plot if args.plot is not None else ("" if args.quick else "docs/figures/whole_bill.png")
+    if path:
+        plot(verdicts, path)
+        print(f"plot: {path}")
+    print(result_line(verdicts, wall))
+
+
+if __name__ == "__main__":
+    main()

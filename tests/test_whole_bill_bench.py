@@ -1,0 +1,147 @@
+"""bench/whole_bill.py on a tiny cell: the bill's split adds up, and the RESULT line parses."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("whole_bill_bench", ROOT / "bench" / "whole_bill.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+wb = _bench()
+CELL = wb.Cell("tiny", "azure_functions_2019", 80.0, 0)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    sweep = wb.lifecycle_sweep((3.0,))
+    jobs = wb.grid_jobs([CELL], ("esg", "fast-gshare", "triton"), sweep, duration_s=4.0, warmup_s=1.0)
+    return wb.run_jobs(jobs, processes=1)
+
+
+def _whole_from_records(run, case) -> float:
+    """The report window's bill, straight from the batch and idle records (rate x duration)."""
+    w0 = case.warmup_s * 1000.0
+    p = case.prices
+    total = 0.0
+    for b in run.batches:
+        if b.start_ms >= w0:
+            total += p.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware) * (b.end_ms - b.start_ms)
+    for i in run.idles:
+        start = max(i.start_ms, w0)
+        if i.end_ms > start:
+            total += p.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - start)
+    return total / 1000.0
+
+
+@pytest.mark.parametrize(("scheduler", "warmup_s"), [("esg", 0.0), ("esg", 1.0), ("triton", 1.0)])
+def test_split_sums_to_the_whole_bill(scheduler: str, warmup_s: float) -> None:
+    job = wb.Job(CELL, scheduler, (), 4.0, warmup_s)
+    case = wb.job_case(job)
+    run, prewarms = wb.simulate_recorded(case)
+    bill = wb.bill_split(run, case, prewarms)
+    whole = _whole_from_records(run, case)
+    assert whole > 0
+    assert min(bill.busy, bill.idle, bill.cold) >= 0
+    assert math.isclose(bill.busy + bill.idle + bill.cold, whole, rel_tol=1e-9)
+    assert math.isclose(whole, run.report.busy_cost + run.report.idle_cost, rel_tol=1e-9)
+    if warmup_s == 0:
+        assert bill.cold > 0  # the cluster starts with no worker
+    # the cold part: every cold batch's start, at its worker's price, plus pre-warm loads (idle records)
+    cold_batches = {s.batch_id: s.cold_start_ms for s in run.stages if s.cold_start_ms > 0}
+    from_batches = sum(
+        case.prices.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware) * cold_batches[b.batch_id] / 1000.0
+        for b in run.batches
+        if b.batch_id in cold_batches and b.start_ms >= case.warmup_s * 1000.0
+    )
+    assert bill.cold >= from_batches - 1e-15
+    if not prewarms:
+        assert math.isclose(bill.cold, from_batches, rel_tol=1e-9)
+    elif warmup_s == 0:  # every pre-warm start's load is in the window, billed as cold
+        assert bill.cold > from_batches
+
+
+def test_rows_carry_the_split_per_request(rows: list[dict]) -> None:
+    assert {r["scheduler"] for r in rows} == {"esg", "fast-gshare", "triton"}
+    assert len(rows) == 5  # ESG once, each baseline at its defaults and a fixed 3 s keep-alive
+    for r in rows:
+        assert r["requests"] > 0
+        assert math.isclose(r["busy"] + r["idle"] + r["cold"], r["whole"], rel_tol=1e-9)
+        assert r["report_agrees"]
+        assert set(r["p99"]) == {"image-classify", "image-tag", "voice-reply"}
+
+
+def test_verdict_and_result_line(rows: list[dict]) -> None:
+    v = wb.judge(CELL.name, rows)
+    assert v.best["scheduler"] in ("fast-gshare", "triton")
+    assert math.isclose(v.ratio, v.best["whole"] / v.esg["whole"])
+    assert v.won == (not v.misses)
+    line = wb.result_line([v], 1.0)
+    m = re.fullmatch(
+        r"RESULT worst_cell=(\S+) whole_bill_ratio_worst=(\d+\.\d{3}) cells_won=(\d+)/(\d+) "
+        r"whole_bill_ratio_median=(\d+\.\d{3}) esg_slo_min=(\d\.\d{4}) p99_misses=(\d+) wall_s=(\d+)",
+        line,
+    )
+    assert m, line
+    assert m.group(1) == "tiny" and m.group(4) == "1"
+    assert int(m.group(3)) == int(v.won)
+    assert "\n" not in line
+    table = wb.table_rows([v])
+    assert len(table) == 2 + 1 + 2  # header, rule, ESG and the two baselines at their chosen settings
+    assert all(t.startswith("|") and t.endswith("|") for t in table)
+
+
+def test_pick_setting_prefers_the_cheaper_within_half_a_point() -> None:
+    rows = [
+        {"slo_hit_rate": 0.999, "whole": 3.0, "setting": ()},
+        {"slo_hit_rate": 0.996, "whole": 2.0, "setting": (("keep_alive_s", 15.0),)},
+        {"slo_hit_rate": 0.990, "whole": 1.0, "setting": (("keep_alive_s", 3.0),)},
+    ]
+    assert wb.pick_setting(rows)["setting"] == (("keep_alive_s", 15.0),)
+    assert wb.setting_label(()) == "defaults"
+    assert wb.setting_label((("keep_alive_policy", "fixed"), ("keep_alive_s", 3.0))) == "fixed 3 s"
+
+
+def test_the_sweep_starts_at_the_defaults_and_runs_no_setting_twice() -> None:
+    sweep = wb.lifecycle_sweep((3.0, 60.0))
+    assert sweep[0] == ()
+    assert all(dict(s)["keep_alive_s"] in (3.0, 60.0) for s in sweep[1:])
+    base = wb.standard_case().settings
+    built = [wb.replace(base, **dict(s)) for s in sweep]
+    assert len(built) == len({repr(b) for b in built})
+
+
+def test_simulator_bench_result_line() -> None:
+    """bench/simulator.py ends with its RESULT line, whole bill and p99 ratios included."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "simulator.py"), "--duration", "3", "--rate", "60", "--processes", "1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    num = r"(\d+\.\d{3}|inf)"
+    assert re.fullmatch(
+        rf"RESULT slo_gain_vs_best_baseline={num} cost_ratio_best_baseline_over_esg={num} "
+        rf"whole_bill_ratio_best_baseline_over_esg={num} p99_ratio_esg_over_best_baseline={num} "
+        r"sim_requests_per_s=\d+",
+        last,
+    ), last
