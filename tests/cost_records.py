@@ -14,7 +14,7 @@ b3     w3        1 vCPU cpu  C                                           T0+1d+1
 Idle: w1 T0+500..1500 (2.5), w2 T0+700..900 (0.2), w4 T0+1d..+1000 (0.5, no batch before it).
 
 Equal split, idle attributed: A = 0.5 + 0.2 + 1.25 + 0.2 = 2.15; B = 0.5 + 1.25 = 1.75;
-C = 0.05; idle line 0.5; total 4.45 = every worker second times its rate.
+C = 0.05; idle line 0.5 (w4 never ran a batch); total 4.45 = every worker second times its rate.
 
 Run A (workflow img, deployment nightly) arrives at T0, ends at T0+700: SLO 1000 met.
 Run B (img, no deployment) arrives at T0+50, ends at T0+500: SLO 300 missed by 150.
@@ -108,6 +108,15 @@ def records_c() -> RunRecords:
         call("c-embed-2", RUN_C, "txt", "embed", None, None),
     )
     return RunRecords(RUN_C, "txt", calls, (B3,), T0 + DAY, None, 500.0, PRICES, "equal", (IDLE_W4,))
+
+
+def settled(rec: RunRecords) -> RunRecords:
+    """A run's records as the publisher posts them once its cost is final: with the idle time its batches caused."""
+    import dataclasses
+
+    ids = {b.batch_id for b in rec.batches}
+    caused = tuple(i for b, i in ((B1, IDLE_W1), (B2, IDLE_W2)) if b.batch_id in ids)
+    return dataclasses.replace(rec, caused_idles=caused, settled=True)
 
 
 def all_records() -> list[RunRecords]:

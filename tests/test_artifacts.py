@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,23 +31,25 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.store import CostStore
-from tests.cost_records import RUN_A, records_a, records_b, records_c, renamed
+from tests.cost_records import EXPECTED_PER_RUN, RUN_A, records_a, records_b, records_c, renamed, settled
 from tests.toy_stages import double, inc, toy_profile
 
 NONE_ROW = dict.fromkeys(TABLE_COLUMNS)
 
 
 def _with_split(rec: RunRecords, split: str) -> RunRecords:
-    return RunRecords(
-        rec.run_id, rec.workflow, rec.calls, rec.batches, rec.arrival_ms, rec.finish_ms, rec.slo_ms, rec.prices,
-        split, rec.new_idles,
-    )  # fmt: skip
+    return dataclasses.replace(rec, cost_split=split)
+
+
+def _costs(rec: RunRecords) -> dict[str, tuple[float, float]]:
+    return {k: (c.busy, c.idle) for k, c in call_costs(rec).items()}
 
 
 # ---- pure builders -----------------------------------------------------------------------------
 
 
 def test_table_of_run_a() -> None:
+    """Once its cost is final: busy shares of b1 and b2, and of the idle time after each (w1's 2.5, w2's 0.2)."""
     detect = {
         "stage": "detect",
         "status": "ok",
@@ -61,7 +63,10 @@ def test_table_of_run_a() -> None:
         "queue_wait_ms": 100.0,
         "predicted_ms": 380.0,
         "actual_ms": 400.0,
-        "cost": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
+        "busy_cost": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
+        "idle_cost": 1.25,  # w1 idle after b1: 2.5 per s x 1 s = 2.5, half of it
+        "cost": 1.75,
+        "unit": "$",
     }
     classify = {
         "stage": "classify",
@@ -76,41 +81,53 @@ def test_table_of_run_a() -> None:
         "queue_wait_ms": 0.0,
         "predicted_ms": 190.0,
         "actual_ms": 200.0,
-        "cost": 0.2,  # 2 vCPU x 0.5 per s x 0.2 s
+        "busy_cost": 0.2,  # 2 vCPU x 0.5 per s x 0.2 s
+        "idle_cost": 0.2,  # w2 idle after b2: 1.0 per s x 0.2 s, all A's
+        "cost": 0.4,
+        "unit": "$",
     }
-    total = NONE_ROW | {"stage": "total", "status": "", "cost": 0.7}
-    rows = run_table(records_a())
+    total = NONE_ROW | {"stage": "total", "status": "", "busy_cost": 0.7, "idle_cost": 1.45, "cost": 2.15, "unit": "$"}
+    rows = run_table(settled(records_a()))
+    assert rows[-1]["cost"] == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
     assert rows == [detect, classify, total]
     assert [list(r) for r in rows] == [list(TABLE_COLUMNS)] * 3  # column order
     json.dumps(rows)  # what the artifact carries
 
 
 def test_table_of_a_run_with_a_failed_call() -> None:
-    rows = run_table(records_c())
+    rows = run_table(settled(records_c()))
     assert [(r["stage"], r["status"], r["batch_id"], r["cost"]) for r in rows] == [
         ("embed", "ok", "b3", 0.05),
         ("embed", "failed: boom", None, 0.0),
         ("total", "", None, 0.05),
     ]
-    assert rows[1] == NONE_ROW | {"stage": "embed", "status": "failed: boom", "cost": 0.0}
+    no_cost = {"busy_cost": 0.0, "idle_cost": 0.0, "cost": 0.0, "unit": "$"}
+    assert rows[1] == NONE_ROW | {"stage": "embed", "status": "failed: boom"} | no_cost
 
 
 def test_cost_shares_follow_the_split() -> None:
-    assert call_costs(records_a()) == pytest.approx({"a-detect": 0.5, "a-classify": 0.2}, rel=1e-12)
-    by_size = _with_split(records_a(), "input_size")  # A is size 1 of 4 in b1
-    assert call_costs(by_size) == pytest.approx({"a-detect": 0.25, "a-classify": 0.2}, rel=1e-12)
-    assert run_table(by_size)[-1]["cost"] == 0.45
-    assert call_costs(_with_split(records_b(), "input_size")) == pytest.approx({"b-detect": 0.75}, rel=1e-12)
+    a = settled(records_a())
+    assert _costs(a) == {"a-detect": pytest.approx((0.5, 1.25)), "a-classify": pytest.approx((0.2, 0.2))}
+    by_size = _with_split(a, "input_size")  # A is size 1 of 4 in b1: of its 1.0 and of w1's idle 2.5
+    assert _costs(by_size) == {"a-detect": pytest.approx((0.25, 0.625)), "a-classify": pytest.approx((0.2, 0.2))}
+    assert run_table(by_size)[-1]["cost"] == 1.275
+    b = _with_split(settled(records_b()), "input_size")
+    assert _costs(b) == {"b-detect": pytest.approx((0.75, 1.875))}
+    # before the idle time is known: the busy part alone, said not to be final
+    assert _costs(records_a()) == {"a-detect": pytest.approx((0.5, 0.0)), "a-classify": pytest.approx((0.2, 0.0))}
 
 
 def test_summary_of_run_a() -> None:
-    assert run_summary(records_a()) == (
+    assert run_summary(settled(records_a())) == (
         "### ESG pool: flow run `9b6f0c1e` of workflow `img`\n"
         "\n"
         "**SLO met**: 700.0 ms end to end, 300.0 ms inside the 1000 ms SLO.\n"
         "\n"
-        "**Cost**: $0.7, this run's share of 2 batches (1 shared with other flow runs; equal split of each "
-        "batch's cost). Warm idle time is billed by the cost store: `esg-prefect costs`.\n"
+        "**Cost**: $2.15 (busy $0.7 + idle $1.45), this run's share of 2 batches (1 shared with other flow runs; "
+        "equal split of each batch's cost) and, split the same way, of the warm idle time those batches caused: "
+        "a worker's idle time goes to the batch that ended just before it, a worker's idle time before its first "
+        "batch to that batch. Final: the idle time after each of its batches has closed; `esg-prefect costs` shows "
+        "the same.\n"
         "\n"
         "#### Why the batches were this size\n"
         "\n"
@@ -129,7 +146,11 @@ def test_summary_of_run_a() -> None:
 def test_summary_says_by_how_much_the_slo_was_missed() -> None:
     lines = run_summary(records_b()).splitlines()
     assert lines[2] == "**SLO missed** by 150.0 ms: 450.0 ms end to end against a 300 ms SLO."
-    assert lines[4].startswith("**Cost**: $0.5, this run's share of 1 batch (1 shared with other flow runs;")
+    assert lines[4].startswith("**Cost**: $0.5 (busy $0.5 + idle $0), this run's share of 1 batch (1 shared with")
+    assert lines[4].endswith("Not final yet: idle time after its batches was still open.")
+    assert run_summary(settled(records_b())).splitlines()[4].startswith("**Cost**: $1.75 (busy $0.5 + idle $1.25)")
+    separate = dataclasses.replace(records_b(), settled=True, idle_billing="separate")
+    assert "billed on its own line, to no run (idle billing `separate`). Final:" in run_summary(separate)
     lines = run_summary(records_c()).splitlines()
     assert lines[2] == "**Did not finish**: 1 of 2 stage calls failed, so the run counts as missing its 500 ms SLO."
     assert lines[-1] == (
@@ -153,8 +174,8 @@ def test_publisher_warns_once_when_the_api_is_unreachable(
     monkeypatch.setattr(art, "publish_run", down)
     publisher = RunPublisher()
     with caplog.at_level(logging.DEBUG, logger=art.__name__):
-        publisher(records_a())
-        publisher(records_b())
+        publisher.publish(records_a())
+        publisher.publish(records_b())
     mine = [r for r in caplog.records if r.name == art.__name__]
     assert [r.levelname for r in mine] == ["WARNING", "DEBUG"]
     assert "ESGTaskRunner(artifacts=False)" in mine[0].getMessage() and "connection refused" in mine[0].getMessage()
@@ -283,19 +304,25 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
             return str(ctx.flow_run.id)
 
         run_id = toy_flow(4)
-        deadline = time.monotonic() + 30
-        found: list[Any] = []
-        while time.monotonic() < deadline and len(found) < 2:  # published on the pool's listener thread
-            found = read_artifacts(uuid.UUID(run_id))
-            time.sleep(0.2)
+        # Its workers idle for their 60 s keep-alive: the run's cost is not final, nothing is published yet.
+        assert read_artifacts(uuid.UUID(run_id)) == []
+        pool.close()  # the idle time closes: the publisher posts the run's artifacts before close returns
+        found = read_artifacts(uuid.UUID(run_id))
         assert [a.type for a in found] == ["markdown", "table"]
         rows = json.loads(found[1].data)
         assert [r["stage"] for r in rows] == ["double", "inc", "total"]
         assert "**SLO met**" in found[0].data or "**SLO missed**" in found[0].data
-        with CostStore(url) as store:  # the store's listener ran before the publisher, on the same thread
-            busy = {r.key: r.cost for r in store.costs("run", idle_billing="separate") if not r.idle}
-        assert list(busy) == [run_id]
-        assert rows[-1]["cost"] == pytest.approx(busy[run_id], rel=1e-5) and busy[run_id] > 0
+        assert "Final: the idle time after each of its batches has closed" in found[0].data
+        with CostStore(url) as store:  # the same figure, and split, as the store's
+            (row,) = [r for r in store.costs("run") if not r.idle]
+        assert row.key == run_id and row.idle_cost > 0 and row.busy_cost > 0
+        total = rows[-1]
+        assert (total["cost"], total["busy_cost"], total["idle_cost"], total["unit"]) == (
+            pytest.approx(row.cost, rel=1e-5),
+            pytest.approx(row.busy_cost, rel=1e-5),
+            pytest.approx(row.idle_cost, rel=1e-5),
+            row.unit,
+        )
     finally:
         pool.close()
         recording.close_stores()

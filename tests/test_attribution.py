@@ -90,14 +90,16 @@ def test_idle_goes_to_the_batch_that_ended_last_before_it() -> None:
     assert rep.idle_unattributed == 0.0
 
 
-def test_idle_with_no_batch_before_it_is_unattributed() -> None:
+def test_idle_before_a_workers_first_batch_goes_to_that_batch() -> None:
+    b1 = batch("b1", "w1", [BatchItem("r1", "A", 1.0), BatchItem("r2", "B", 3.0)], 200.0, 1200.0)  # 2.5
     idles = [
-        idle("w1", 0.0, 200.0),  # w1's batch ends at 1000, after this idle starts: 0.2 s * 2.5 = 0.5
-        idle("w2", 0.0, 800.0),  # w2 never ran a batch: 0.8 s * 2.5 = 2.0
+        idle("w1", 0.0, 200.0),  # w1 started (pre-warmed) at 0, idle until b1: 0.2 s * 2.5 = 0.5, to b1
+        idle("w2", 0.0, 800.0),  # w2 never ran a batch: 0.8 s * 2.5 = 2.0, the idle line
     ]
-    rep = attribute_costs([two_runs()], idles, PRICES, idle_billing="attribute")
-    assert rep.per_run == {"A": 1.25, "B": 1.25}
-    assert (rep.idle_total, rep.idle_unattributed) == (2.5, 2.5)
+    rep = attribute_costs([b1], idles, PRICES, idle_billing="attribute")
+    assert rep.per_run == {"A": 1.5, "B": 1.5}
+    assert (rep.per_run_busy, rep.per_run_idle) == ({"A": 1.25, "B": 1.25}, {"A": 0.25, "B": 0.25})
+    assert (rep.idle_total, rep.idle_unattributed) == (2.5, 2.0)
 
 
 def test_a_request_in_several_batches_sums_its_shares() -> None:

@@ -26,7 +26,9 @@ from tests.cost_records import (
 )
 
 runner = CliRunner()
-HEADER = ["group_by", "key", "runs", "stage_calls", "slo_met", "slo_missed", "cost", "idle"]
+HEADER = [
+    "group_by", "key", "runs", "stage_calls", "slo_met", "slo_missed", "cost", "idle", "busy_cost", "idle_cost", "unit"
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -57,6 +59,14 @@ def test_csv_by_run(store_path: str) -> None:
     costs = [float(r[6]) for r in rows[1:]]
     expected = [EXPECTED_PER_RUN[RUN_A], EXPECTED_PER_RUN[RUN_B], EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE]
     assert costs == pytest.approx(expected, rel=1e-12)
+    # busy/idle split and unit: A = 0.7 + 1.45, B = 0.5 + 1.25, C = 0.05 + 0, the idle line all idle
+    split = [(float(r[8]), float(r[9]), r[10]) for r in rows[1:]]
+    assert split == [
+        (pytest.approx(0.7), pytest.approx(1.45), "$"),
+        (pytest.approx(0.5), pytest.approx(1.25), "$"),
+        (pytest.approx(0.05), 0.0, "$"),
+        (0.0, pytest.approx(0.5), "$"),
+    ]
 
 
 def test_json_by_workflow(store_path: str) -> None:
@@ -72,6 +82,8 @@ def test_json_by_workflow(store_path: str) -> None:
     img = EXPECTED_PER_RUN[RUN_A] + EXPECTED_PER_RUN[RUN_B]
     assert [r["cost"] for r in doc["rows"]] == pytest.approx([img, EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE])
     assert doc["total"] == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
+    assert doc["total_split"] == {"busy": pytest.approx(1.25), "idle": pytest.approx(3.2)}
+    assert doc["unit"] == "$"
     assert set(doc["rows"][0]) == set(HEADER)
 
 
@@ -81,12 +93,12 @@ def test_table_by_deployment_is_the_default_format(store_path: str) -> None:
     assert "ESG costs by deployment" in out
     lines = [line.replace("┃", "│") for line in out.splitlines() if "│" in line or "┃" in line]
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
-    assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "cost"]
+    assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "busy $", "idle $", "cost $"]
     assert cells[1:] == [
-        ["(no deployment)", "1", "1", "0", "1", "1.75"],
-        ["nightly", "2", "4", "1", "1", "2.2"],
-        [IDLE_KEY, "", "", "", "", "0.5"],
-        ["total", "", "", "", "", "4.45"],
+        ["(no deployment)", "1", "1", "0", "1", "0.5", "1.25", "1.75"],
+        ["nightly", "2", "4", "1", "1", "0.75", "1.45", "2.2"],
+        [IDLE_KEY, "", "", "", "", "0", "0.5", "0.5"],
+        ["total", "", "", "", "", "1.25", "3.2", "4.45"],
     ]
     assert f"store: sqlite:///{store_path}" in out
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, attribute_costs
+from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, attribute_costs, split_weights
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -54,7 +54,7 @@ def worked_example() -> tuple[
     ]
     idles = [
         IdleRecord("w1", 1, 0.5, "T4", 120.0, 620.0),  # 0.006 * 0.5 = 0.003, to r1 and r2 (after b1)
-        IdleRecord("w2", 2, 0.0, "cpu", 0.0, 50.0),  # 0.002 * 0.05 = 0.0001, before any batch: unattributed
+        IdleRecord("w2", 2, 0.0, "cpu", 0.0, 50.0),  # 0.002 * 0.05 = 0.0001, w2 warm before its first batch: to b2
     ]
     decisions: list[object] = [
         DecisionStats(QueueKey("x", "s1"), expansions=4, decision_ms=1.0),
@@ -127,8 +127,8 @@ def test_summarize_worked_example_overall() -> None:
     assert (o.name, o.count, o.completed, o.failed, o.slo_met, o.at_risk) == ("all", 4, 3, 1, 2, 1)
     assert o.slo_hit_rate == 0.5
     assert (o.latency_p50_ms, o.latency_p95_ms, o.latency_p99_ms) == (190.0, approx(217.0), approx(219.4))
-    # busy 0.0006 + 0.0004; idle 0.003 + 0.0001
-    assert (rep.busy_cost, rep.idle_cost, rep.idle_unattributed) == (approx(0.001), approx(0.0031), approx(0.0001))
+    # busy 0.0006 + 0.0004; idle 0.003 + 0.0001, all of it caused by a batch (w2's lead idle time by b2)
+    assert (rep.busy_cost, rep.idle_cost, rep.idle_unattributed) == (approx(0.001), approx(0.0031), 0.0)
     assert (o.cost_total, o.cost_per_request) == (approx(0.0041), approx(0.001025))
     assert (o.batch_cost_total, o.batch_cost_per_request) == (approx(0.001), approx(0.00025))
     assert (o.batches, o.mean_batch_size, o.batch_size_hist) == (2, 1.5, ((1, 1), (2, 1)))
@@ -148,8 +148,9 @@ def test_summarize_worked_example_per_workflow_and_stage() -> None:
     )
     assert (x.batches, x.mean_batch_size, x.decisions, x.decision_p50_ms) == (1, 2.0, 2, 1.0)
     assert (y.count, y.failed, y.at_risk, y.slo_hit_rate) == (2, 1, 1, 0.5)
+    # r3: b2's 0.0004 plus w2's 0.0001 warm before it
     assert (y.cost_total, y.batch_cost_total, y.decision_p50_ms, y.mean_expansions) == (
-        approx(0.0004),
+        approx(0.0005),
         approx(0.0004),
         3.0,
         2.0,
@@ -165,6 +166,13 @@ def test_summarize_worked_example_per_workflow_and_stage() -> None:
     )
     with pytest.raises(InvalidInputError, match="no workflow 'z'"):
         rep.workflow("z")
+    # per flow run, the one cost figure with its busy/idle split
+    assert {run: (c.busy, c.idle, c.unit) for run, c in rep.per_run.items()} == {
+        "A": (approx(0.0003), approx(0.0015), "$"),
+        "B": (approx(0.0003), approx(0.0015), "$"),
+        "C": (approx(0.0004), approx(0.0001), "$"),
+    }
+    assert sum(c.total for c in rep.per_run.values()) == approx(rep.overall.cost_total)  # every worker ran a batch
 
 
 def test_separate_idle_billing_keeps_workflow_costs_to_batches() -> None:
@@ -191,7 +199,8 @@ def test_duplicate_request_ids_are_refused() -> None:
 
 
 def test_grouped_attribution_equals_attribute_costs() -> None:
-    # Many batches per worker (more than one attribution group), idle gaps between them.
+    # Many batches per worker (more than one attribution group), idle gaps between them; lead idle time
+    # (w2's, before its first batch) and a never-used worker (w9), under the one-cost rules.
     rng = random.Random(3)
     batches, idles = [], []
     for w in range(3):
@@ -209,10 +218,19 @@ def test_grouped_attribution_equals_attribute_costs() -> None:
                 gap = rng.uniform(0.1, 30)
                 idles.append(IdleRecord(f"w{w}", 1, 0.5, "T4", t, t + gap))
                 t += gap
+    idles.append(IdleRecord("w9", 1, 0.5, "T4", 0.0, 40.0))  # a worker that never ran a batch
     rng.shuffle(batches)
+    never_used = 0.006 * 0.04
     for split in ("equal", "input_size"):
         for billing in ("attribute", "separate"):
             ref = attribute_costs(batches, idles, PRICES, split, billing)  # type: ignore[arg-type]
+            if billing == "attribute":  # w2's idle before its first batch went to that batch; w9's to the line
+                assert ref.idle_unattributed == approx(never_used)
+                first = min((b for b in batches if b.worker_id == "w2"), key=lambda b: b.start_ms)
+                lead = 0.006 * 0.007 * split_weights(first.items, split)[0]  # type: ignore[arg-type]
+                busy_only = attribute_costs(batches, [], PRICES, split, "separate")  # type: ignore[arg-type]
+                item = first.items[0].request_id
+                assert ref.per_request[item] - busy_only.per_request[item] >= lead * (1 - 1e-9)
             got = _attribute(batches, idles, PRICES, split, billing)  # type: ignore[arg-type]
             assert got.per_request.keys() == ref.per_request.keys()
             for k, v in ref.per_request.items():

@@ -30,6 +30,7 @@ from esg_prefect.control.records import RunRecords
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model import PriceSheet, attribute_costs
 from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import (
@@ -447,24 +448,28 @@ def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
         attachment.flush()  # the idle time after the last run ended, open intervals included
         flushed = count(store, IdleRow)
         snap = pool.snapshot()
-        store.record_idles(snap.idles, prices, scope=attachment.scope)  # again, with the snapshot compared below
+        store.record_idles(snap.idles, prices, scope=attachment.scope)  # again: the same rows
+        assert count(store, IdleRow) == flushed == len(snap.idles)
     finally:
-        pool.close()
-    assert count(store, IdleRow) == flushed == len(snap.idles)  # longer copies replaced the open intervals
-    assert snap.batches and any(len(b.items) > 1 for b in snap.batches)
-    worker_time_cost = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches) + sum(
-        prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000.0 for i in snap.idles
+        pool.close()  # the store writes the idle intervals the close ended: their closed copies
+    final = final_records(pool)
+    assert final is not None
+    batches, idles = final
+    assert count(store, IdleRow) == len(idles) == flushed  # longer copies replaced the open intervals
+    assert batches and any(len(b.items) > 1 for b in batches)
+    worker_time_cost = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in batches) + sum(
+        prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000.0 for i in idles
     )
     for billing in ("attribute", "separate"):
         rows = store.costs("run", idle_billing=billing)  # type: ignore[arg-type]
         assert math.isclose(sum(r.cost for r in rows), worker_time_cost, rel_tol=1e-9), billing
-        expected = attribute_costs(snap.batches, snap.idles, prices, "equal", billing)  # type: ignore[arg-type]
+        expected = attribute_costs(batches, idles, prices, "equal", billing)  # type: ignore[arg-type]
         got = {r.key: r.cost for r in rows if not r.idle}
         assert got == pytest.approx(expected.per_run, rel=1e-9)
         assert rows[-1].cost == pytest.approx(expected.idle_unattributed, rel=1e-9, abs=1e-18)
     # what was stored is what the pool did
-    assert count(store, BatchRow) == len(snap.batches)
-    assert count(store, BatchItemRow) == sum(len(b.items) for b in snap.batches) == 2 * n_runs
+    assert count(store, BatchRow) == len(batches)
+    assert count(store, BatchItemRow) == sum(len(b.items) for b in batches) == 2 * n_runs
     assert count(store, StageCallRow) == 2 * n_runs and count(store, RunRow) == n_runs
     busy = {r.key: r.cost for r in store.costs("run", idle_billing="separate") if not r.idle}
     for rec in ended:
@@ -474,7 +479,7 @@ def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
     assert all(o for o, _, _ in ok) and all(b.startswith(f"{attachment.scope}:b") for _, b, _ in ok)
     assert all(w.startswith(f"{attachment.scope}:w") for _, _, w in ok)
     assert all(r.slo_met + r.slo_missed == 1 for r in store.costs("run") if not r.idle)
-    assert snap.idles  # the invariant covered idle time too
+    assert idles  # the invariant covered idle time too
 
 
 def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_batch(store: CostStore) -> None:

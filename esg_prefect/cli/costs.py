@@ -1,4 +1,9 @@
-"""``esg-prefect costs``: what flow runs cost, from the cost store, per run, workflow, deployment or day."""
+"""``esg-prefect costs``: what flow runs cost, from the cost store, per run, workflow, deployment or day.
+
+A run's cost is the one figure its Prefect artifacts show (``docs/decisions/one-cost.md``):
+its shares of its batches' busy time and of the warm idle time they caused,
+shown with that busy/idle split and the price sheet's unit.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 FORMATS = ("table", "csv", "json")
+IDLE_KEY_LINE = "the idle line holds the idle time of workers that never ran a batch"
 
 
 def parse_since(text: str | None, now_s: float | None = None) -> float | None:
@@ -100,11 +106,14 @@ def register(app: typer.Typer) -> None:
         shown = _last(rows, limit)
         records = [r.as_dict() for r in shown]
         if fmt == "json":
-            typer.echo(json.dumps({"group_by": by, "rows": records, "total": total}, indent=2))
+            parts = {"busy": sum(r.busy_cost for r in rows), "idle": sum(r.idle_cost for r in rows)}
+            unit = rows[-1].unit if rows else "$"
+            doc = {"group_by": by, "rows": records, "total": total, "total_split": parts, "unit": unit}
+            typer.echo(json.dumps(doc, indent=2))
         elif fmt == "csv":
             typer.echo(rows_as_csv(records), nl=False)
         else:
-            _print_table(by, shown, safe_url(resolve_url(url)), total, len(rows) - len(shown))
+            _print_table(by, shown, rows, safe_url(resolve_url(url)), len(rows) - len(shown))
 
 
 def _last(rows: list[Any], limit: int) -> list[Any]:
@@ -115,25 +124,34 @@ def _last(rows: list[Any], limit: int) -> list[Any]:
     return [*groups[-limit:], *(r for r in rows if r.idle)]
 
 
-def _print_table(by: str, rows: list[Any], where: str, total: float, hidden: int = 0) -> None:
+def _print_table(by: str, rows: list[Any], every: list[Any], where: str, hidden: int = 0) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    unit = every[-1].unit if every else "$"
     table = Table(title=f"ESG costs by {by}")
     table.add_column(by, no_wrap=True)
-    for name in ("runs", "stage calls", "SLO met", "SLO missed", "cost"):
+    for name in ("runs", "stage calls", "SLO met", "SLO missed", f"busy {unit}", f"idle {unit}", f"cost {unit}"):
         table.add_column(name, justify="right")
     for r in rows:
+        money = (f"{r.busy_cost:.6g}", f"{r.idle_cost:.6g}", f"{r.cost:.6g}")
         if r.idle:
-            table.add_row(r.key, "", "", "", "", f"{r.cost:.6g}", style="dim")
+            table.add_row(r.key, "", "", "", "", *money, style="dim")
         else:
-            table.add_row(r.key, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), f"{r.cost:.6g}")
+            table.add_row(r.key, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), *money)
     table.add_section()
     if hidden:
-        table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", style="dim")
-    table.add_row("total", "", "", "", "", f"{total:.6g}", style="bold")
+        table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", "", "", style="dim")
+    busy, idle, total = (sum(getattr(r, k) for r in every) for k in ("busy_cost", "idle_cost", "cost"))
+    table.add_row("total", "", "", "", "", f"{busy:.6g}", f"{idle:.6g}", f"{total:.6g}", style="bold")
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
         console = Console(width=160)
     console.print(table)
+    console.print(
+        f"A run's cost: its share of its batches' busy time and of the warm idle time they caused; {IDLE_KEY_LINE}.",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
     console.print(f"store: {where}", soft_wrap=True, markup=False, highlight=False)

@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
                         if wf in {g.name for g in run.report.workflows}
                         else "-"
                     )
-                wf_cost = sum(c for _, w, c in run.per_run_cost if w == wf) if run.per_run_cost else None
+                wf_cost = sum(c.total for _, w, c in run.per_run_cost if w == wf) if run.per_run_cost else None
                 cost = wf_cost / len(outs) if wf_cost is not None else run.cost_total / len(run.outcomes)
                 table.add_row(
                     wf,
@@ -148,12 +148,18 @@ def register(app: typer.Typer) -> None:
                 )
             console.print(hist)
         if esg.per_run_cost:
-            runs_table = Table(title=f"Cost per flow run (first {runs_shown} of {len(esg.per_run_cost)})")
+            u = esg.cost_unit
+            runs_table = Table(
+                title=f"Cost per flow run (first {runs_shown} of {len(esg.per_run_cost)}): busy time of its batches "
+                "plus the warm idle time they caused, as in its Prefect artifacts and `esg-prefect costs`"
+            )
             runs_table.add_column("flow run id")
             runs_table.add_column("workflow")
-            runs_table.add_column("cost $", justify="right")
-            for rid, wf, cost in esg.per_run_cost[:runs_shown]:
-                runs_table.add_row(rid, wf, f"{cost:.3e}")
+            for name in (f"busy {u}", f"idle {u}", f"cost {u}"):
+                runs_table.add_column(name, justify="right")
+            for rid, wf, run_cost in esg.per_run_cost[:runs_shown]:
+                money = (run_cost.busy, run_cost.idle, run_cost.total)
+                runs_table.add_row(rid, wf, *(f"{m:.3e}" for m in money))
             console.print(runs_table)
         for run in runs:
             ok = sum(o.ok for o in run.outcomes)

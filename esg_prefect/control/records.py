@@ -6,12 +6,12 @@ stay small however large the stage outputs are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from esg_prefect.control.calls import StageResult
-from esg_prefect.model.attribution import BatchRecord, IdleRecord, split_weights
+from esg_prefect.model.attribution import BatchRecord, IdleRecord, RunCost, attribute_costs, split_weights
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.scheduling.base import DecisionStats
@@ -72,7 +72,13 @@ class CorrectionRow:
 
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
-    """Copies of a pool's records, taken at one instant so they are consistent."""
+    """Copies of a pool's records, taken at one instant so they are consistent.
+
+    ``idles`` holds the closed idle intervals, in the order the pool recorded
+    them, then the open ones of the workers idle now, counted up to the
+    snapshot (``closed_idles`` of them are closed; None: not known).
+    ``idle_since`` maps each worker idle now to when its idle time began.
+    """
 
     calls: tuple[CallRecord, ...]
     batches: tuple[BatchRecord, ...]
@@ -82,6 +88,8 @@ class PoolSnapshot:
     queue_depths: dict[str, int]
     workers: tuple[WorkerRow, ...]
     corrections: tuple[CorrectionRow, ...] = ()
+    closed_idles: int | None = None
+    idle_since: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +107,12 @@ class RunRecords:
         cost_split: how batch costs are split among jobs.
         new_idles: warm idle intervals of any worker closed since the previous run ended,
             so that a listener storing them sees each exactly once.
+        caused_idles: the idle intervals its batches caused (each attributed to one
+            of ``batches``, see :mod:`~esg_prefect.model.attribution`), once known:
+            the artifact publisher fills them in when the run's cost is final.
+        settled: whether ``caused_idles`` is complete, so that :meth:`cost` is final
+            (every idle interval after the run's batches has closed).
+        idle_billing: the pool's idle billing (``separate``: no idle time is the run's).
     """
 
     run_id: str
@@ -111,9 +125,27 @@ class RunRecords:
     prices: PriceSheet
     cost_split: str
     new_idles: tuple[IdleRecord, ...] = ()
+    caused_idles: tuple[IdleRecord, ...] = ()
+    settled: bool = False
+    idle_billing: str = "attribute"
+
+    def cost(self) -> RunCost:
+        """The run's cost: its shares of its batches' busy time and of the idle time they caused.
+
+        The one figure the artifacts, the cost store and the reports show
+        (:func:`~esg_prefect.model.attribution.attribute_costs` over the run's
+        batches and ``caused_idles``); final when ``settled``.
+        """
+        return attribute_costs(
+            self.batches,
+            self.caused_idles,
+            self.prices,
+            self.cost_split,  # type: ignore[arg-type]
+            self.idle_billing,  # type: ignore[arg-type]
+        ).run_cost(self.run_id)
 
     def busy_cost(self) -> float:
-        """This run's share of its batches' cost (idle time is attributed later, by the cost store)."""
+        """This run's share of its batches' busy time alone: the busy part of :meth:`cost`."""
         total = 0.0
         for b in self.batches:
             cost = self.prices.batch_cost(b.config, b.hardware, b.duration_ms)
@@ -124,6 +156,22 @@ class RunRecords:
 
 
 RunListener = Callable[[RunRecords], None]
+"""Called with each ended run's records.
+
+A run or batch listener (or the object a bound-method listener belongs to)
+that has a ``pool_closed()`` method is called once more when the pool closes,
+on the listeners' thread, after everything else it was handed: the pool's
+records are final then (read them with
+:func:`~esg_prefect.runtime.pool_records.final_records`).
+"""
+
+
+class ClosingListener(Protocol):
+    """A listener told of the pool's close (see :data:`RunListener`)."""
+
+    def pool_closed(self) -> None:
+        """The pool closed: its records are final."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +196,9 @@ class BatchDone:
         prices: the price sheet in force.
         runs: the runs of ``calls``, as known so far.
         new_idles: idle intervals of any worker closed since the previous batch was handed over.
+        batch_index: the batch's position in the pool's batch records (-1: not known).
+        idle_index: the position of ``new_idles[0]`` in the pool's idle records (-1: not known),
+            so that a listener that also reads snapshots takes each record once.
     """
 
     batch: BatchRecord
@@ -157,6 +208,8 @@ class BatchDone:
     prices: PriceSheet
     runs: tuple[RunStub, ...] = ()
     new_idles: tuple[IdleRecord, ...] = ()
+    batch_index: int = -1
+    idle_index: int = -1
 
 
 BatchListener = Callable[[Sequence[BatchDone]], None]  # the batches completed since its previous call

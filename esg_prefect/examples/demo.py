@@ -11,7 +11,11 @@ Both runners first serve one request per workflow, unmeasured, so that models
 are loaded (and, under ESG, workers warm) before the measured workload.
 
 Costs: under ESG, each worker is billed for its busy and warm idle time at the
-price sheet's vCPU price (see :mod:`esg_prefect.model.attribution`); under the
+price sheet's vCPU price, and each flow run's cost is its one cost figure
+(:mod:`esg_prefect.model.attribution`, ``docs/decisions/one-cost.md``): its
+shares of its batches' busy time and of the idle time they caused, read once
+the pool has closed, when the last idle intervals have closed too, so that it
+is the figure the run's artifacts and ``esg-prefect costs`` show. Under the
 thread pool, each stage call is billed for its own duration times the threads
 torch uses, the per-invocation model of serverless platforms.
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.examples.driver import RequestOutcome, run_workload
+from esg_prefect.model.attribution import RunCost
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.report import Report
 
@@ -41,8 +46,9 @@ class DemoRun:
     wall_s: float
     cost_total: float
     report: Report | None = None
-    per_run_cost: tuple[tuple[str, str, float], ...] = ()  # (flow run id, workflow, cost)
+    per_run_cost: tuple[tuple[str, str, RunCost], ...] = ()  # (flow run id, workflow, its cost, busy/idle split)
     cost_busy: float = 0.0  # the busy part of cost_total: batches only, no warm idle time
+    cost_unit: str = "$"
 
 
 def cost_ratio_line(esg: DemoRun, threadpool: DemoRun) -> str:
@@ -196,21 +202,23 @@ def run_esg(
         if before_close is not None:
             before_close(pool)
     finally:
-        pool.close()
+        pool.close()  # the last idle intervals close: every run's cost is final
     from esg_prefect.model.attribution import attribute_costs
+    from esg_prefect.runtime.pool_records import final_records
 
-    costs = attribute_costs(snap.batches, snap.idles, pool.prices, pool.settings.cost_split, pool.settings.idle_billing)
+    batches, idles = final_records(pool) or ([], [])
+    costs = attribute_costs(batches, idles, pool.prices, pool.settings.cost_split, pool.settings.idle_billing)
     wf_of = {r.run_id: r.workflow for r in snap.requests.values()}
     measured = {rid for i, rid in run_ids.items() if i >= 0}  # the warm-up runs are not billed to the workload
     per_run = tuple(
         sorted(
-            ((rid, wf_of.get(rid, "?"), c) for rid, c in costs.per_run.items() if rid in measured), key=lambda x: x[0]
+            ((rid, wf_of.get(rid, "?"), costs.run_cost(rid)) for rid in costs.per_run if rid in measured),
+            key=lambda x: x[0],
         )
     )
-    total = sum(c for _, _, c in per_run) + costs.idle_unattributed
-    busy = attribute_costs(snap.batches, (), pool.prices, pool.settings.cost_split, "separate").per_run
-    busy_total = sum(c for rid, c in busy.items() if rid in measured)
-    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total)
+    total = sum(c.total for _, _, c in per_run) + costs.idle_unattributed
+    busy_total = sum(c.busy for _, _, c in per_run)
+    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total, costs.unit)
 
 
 def demo_store_path() -> Path:

@@ -6,10 +6,19 @@ embedded pools when they are created, and a ``pool=`` given to it on first
 use). Stores are opened here, lazily, never in the runner's ``__init__``: the
 runner must stay cheap to build and picklable. One :class:`CostStore` per URL
 serves every pool of the process.
+
+Both write a flow run's cost when it is final, which for the last runs is
+when the pool closes (the idle time after their batches closes then): the
+runner closes its shared pools at interpreter exit, and the pool's listeners
+write what was still pending then (``runtime/listeners.py``). A pool given
+recorders is also closed by an ``atexit`` callback registered here, at its
+first flow run: later than Prefect's own callbacks (an ephemeral API server
+stops in one), so it runs before them, while the API still answers.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import uuid
@@ -120,10 +129,20 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
             return
         _attached.add(pool)
     # The store first: listeners run in order on one thread, and costs matter more than artifacts.
-    if cost_store is not None:
-        attach_store(pool, cost_store, deployment_of=deployment_name)
+    # The publisher hands the store the idle time it learns of when it checks for expired keep-alives,
+    # so that a run's artifacts and `esg-prefect costs` show the same figure from the moment it is final.
+    attachment = attach_store(pool, cost_store, deployment_of=deployment_name) if cost_store is not None else None
     if artifacts:
-        attach_publisher(pool)
+        attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
+    if cost_store is not None or artifacts:
+        atexit.register(_close_at_exit, weakref.ref(pool))
+
+
+def _close_at_exit(ref: weakref.ref[Pool]) -> None:
+    """Close a pool at interpreter exit (idempotent), so its runs' final costs are written while the API is up."""
+    pool = ref()
+    if pool is not None:
+        pool.close()
 
 
 def close_stores() -> None:

@@ -3,21 +3,40 @@
 ESG-SPEC section 6. A worker is billed for all the time it holds resources:
 busy (running batches, cold starts included) and idle (kept warm). Each batch's
 cost is split among its jobs, equally (default) or by input size (a knob).
-Idle time is either attributed to the runs whose jobs the worker served in the
-batch just before it (the batch whose completion started the keep-alive
-window), split like that batch, or shown as a separate "idle" line (a knob).
-Idle time with no batch before it on that worker is always on the idle line.
+
+A flow run's cost is defined once, here, and every surface shows it (the
+run's Prefect artifacts, ``esg-prefect costs``, the demo, the simulator's
+reports; see ``docs/decisions/one-cost.md``): its share of the busy time of
+each batch it had calls in, plus its share, split the same way, of the warm
+idle time those batches caused:
+
+* an idle interval of a worker goes to the batch on that worker that ended
+  last before it (the batch whose completion started the keep-alive window);
+* an idle interval with no batch before it on its worker (a worker started
+  ahead of its first batch, e.g. pre-warmed, idling until that batch) goes to
+  the first batch after it on that worker (the runs that used the warm worker);
+* only the idle time of a worker that never ran a batch is left on the
+  separate "unattributed idle" line.
+
+With ``idle_billing="separate"`` every idle interval is on that line instead.
 
 Invariant (tested): ``sum(per_run.values()) + idle_unattributed`` equals the
-sum over workers of ``(busy + idle time) * price rate``.
+sum over workers of ``(busy + idle time) * price rate``; with
+``idle_billing="attribute"`` the idle line holds only the never-used workers,
+so per-run costs alone add up to the whole bill whenever every worker ran a batch.
+
+A run's cost is final once the idle interval after each of its batches has
+closed (the worker's next batch starts, its keep-alive runs out, or the pool
+closes): :class:`CostLedger` follows that for a live pool.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from esg_prefect.exceptions import InvalidInputError
@@ -27,6 +46,15 @@ from esg_prefect.model.pricing import PriceSheet
 
 CostSplit = Literal["equal", "input_size"]
 IdleBilling = Literal["attribute", "separate"]
+
+COST_UNIT = "$"
+"""The unit of costs: the price sheet's prices are dollars per second (``PriceSheet.from_hourly``: per hour)."""
+
+
+def cost_unit(prices: PriceSheet) -> str:
+    """The unit a sheet's costs are in: its ``currency`` where a sheet names one, else :data:`COST_UNIT`."""
+    unit = getattr(prices, "currency", None)
+    return unit if isinstance(unit, str) and unit else COST_UNIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +122,38 @@ class IdleRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RunCost:
+    """One flow run's cost, as every surface shows it: busy part, idle part, unit.
+
+    Attributes:
+        busy: its shares of its batches' busy time.
+        idle: its shares of the warm idle time its batches caused.
+        unit: the unit of both (:func:`cost_unit`).
+    """
+
+    busy: float
+    idle: float
+    unit: str = COST_UNIT
+
+    @property
+    def total(self) -> float:
+        """The run's cost: busy plus idle."""
+        return self.busy + self.idle
+
+
+@dataclass(frozen=True, slots=True)
 class CostReport:
     """Where the money went.
 
     Attributes:
         per_request: cost of each request (batch shares plus attributed idle).
-        per_run: cost of each run (sum of its requests).
+        per_run: cost of each run: ``per_run_busy[run] + per_run_idle[run]``.
         busy_total: cost of all batches.
         idle_total: cost of all idle time.
         idle_unattributed: idle cost shown on the separate idle line.
+        per_run_busy: each run's shares of its batches' busy time.
+        per_run_idle: each run's shares of the idle time its batches caused.
+        unit: the unit of every figure (:func:`cost_unit`).
     """
 
     per_request: dict[str, float]
@@ -110,11 +161,18 @@ class CostReport:
     busy_total: float
     idle_total: float
     idle_unattributed: float
+    per_run_busy: dict[str, float] = field(default_factory=dict)
+    per_run_idle: dict[str, float] = field(default_factory=dict)
+    unit: str = COST_UNIT
 
     @property
     def total(self) -> float:
         """Everything billed: busy plus idle."""
         return self.busy_total + self.idle_total
+
+    def run_cost(self, run_id: str) -> RunCost:
+        """The cost of run ``run_id`` with its busy/idle split (zero for a run the report does not bill)."""
+        return RunCost(self.per_run_busy.get(run_id, 0.0), self.per_run_idle.get(run_id, 0.0), self.unit)
 
 
 def split_weights(items: Sequence[BatchItem], split: CostSplit) -> list[float]:
@@ -127,66 +185,319 @@ def split_weights(items: Sequence[BatchItem], split: CostSplit) -> list[float]:
     raise InvalidInputError(f"cost split must be 'equal' or 'input_size', got {split!r}")
 
 
+def idle_owners(
+    batches: Iterable[BatchRecord], idles: Iterable[IdleRecord], prior_workers: Collection[str] = ()
+) -> list[tuple[IdleRecord, BatchRecord | None]]:
+    """The batch each idle interval is attributed to; None for the separate idle line.
+
+    The batch on the interval's worker that ended last, no later than the
+    interval's start; with none, the worker's first batch that starts at or
+    after the interval's end (the worker idled, warm, until that batch);
+    with none either (the worker never ran a batch), None.
+
+    Args:
+        batches: the batches.
+        idles: the idle intervals.
+        prior_workers: workers that ran batches before the records begin (a
+            time window's cut): an interval of theirs with no batch before it
+            in the records was caused by a batch outside them, so it goes to
+            the idle line, not to the first batch after it.
+    """
+    by_worker: dict[str, list[BatchRecord]] = defaultdict(list)
+    for b in batches:
+        by_worker[b.worker_id].append(b)
+    ends: dict[str, list[float]] = {}
+    for w, on_w in by_worker.items():
+        on_w.sort(key=lambda r: r.end_ms)
+        ends[w] = [b.end_ms for b in on_w]
+    out: list[tuple[IdleRecord, BatchRecord | None]] = []
+    for idle in idles:
+        lst = by_worker.get(idle.worker_id)
+        owner = None
+        if lst:
+            k = bisect.bisect_right(ends[idle.worker_id], idle.start_ms) - 1
+            if k >= 0:
+                owner = lst[k]
+            elif idle.worker_id not in prior_workers:
+                owner = next((b for b in lst if b.start_ms >= idle.end_ms), None)
+        out.append((idle, owner))
+    return out
+
+
 def attribute_costs(
     batches: Iterable[BatchRecord],
     idles: Iterable[IdleRecord],
     prices: PriceSheet,
     split: CostSplit = "equal",
     idle_billing: IdleBilling = "attribute",
+    *,
+    prior_workers: Collection[str] = (),
 ) -> CostReport:
-    """Attribute batch and idle costs to requests and runs.
+    """Attribute batch and idle costs to requests and runs (the module docstring's definition).
 
     Args:
         batches: finished batches.
-        idles: idle intervals of workers.
+        idles: closed idle intervals of workers.
         prices: the price sheet in force.
-        split: how a batch's cost is split among its items.
-        idle_billing: ``"attribute"`` idle to the runs served just before, or
-            ``"separate"`` to put all idle time on the idle line.
+        split: how a batch's cost (and the idle time it caused) is split among its items.
+        idle_billing: ``"attribute"`` idle time to the batch that caused it (see
+            :func:`idle_owners`), or ``"separate"`` to put all idle time on the idle line.
+        prior_workers: see :func:`idle_owners` (for records cut to a time window).
 
     Returns:
-        The per-request and per-run costs and the totals.
+        The per-request and per-run costs (with each run's busy/idle split) and the totals.
     """
     if split not in ("equal", "input_size"):
         raise InvalidInputError(f"cost split must be 'equal' or 'input_size', got {split!r}")
     if idle_billing not in ("attribute", "separate"):
         raise InvalidInputError(f"idle_billing must be 'attribute' or 'separate', got {idle_billing!r}")
+    batch_list = list(batches)
     per_request: dict[str, float] = defaultdict(float)
-    run_of: dict[str, str] = {}
+    run_busy: dict[str, float] = defaultdict(float)
+    run_idle: dict[str, float] = defaultdict(float)
     busy_total = 0.0
-    by_worker: dict[str, list[BatchRecord]] = defaultdict(list)
-    for b in batches:
+    for b in batch_list:
         cost = prices.batch_cost(b.config, b.hardware, b.duration_ms)
         busy_total += cost
         for item, w in zip(b.items, split_weights(b.items, split), strict=True):
             per_request[item.request_id] += cost * w
-            run_of[item.request_id] = item.run_id
-        by_worker[b.worker_id].append(b)
-    for lst in by_worker.values():
-        lst.sort(key=lambda r: r.end_ms)
+            run_busy[item.run_id] += cost * w
     idle_total = 0.0
     unattributed = 0.0
-    for idle in idles:
-        cost = prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms) / 1000.0
+    owners = idle_owners(batch_list, idles, prior_workers) if idle_billing == "attribute" else None
+    pairs = owners if owners is not None else [(i, None) for i in idles]
+    for idle, owner in pairs:
+        cost = idle_cost(idle, prices)
         idle_total += cost
-        before = _last_batch_before(by_worker.get(idle.worker_id, []), idle.start_ms)
-        if idle_billing == "separate" or before is None:
+        if owner is None:
             unattributed += cost
             continue
-        for item, w in zip(before.items, split_weights(before.items, split), strict=True):
+        for item, w in zip(owner.items, split_weights(owner.items, split), strict=True):
             per_request[item.request_id] += cost * w
-    per_run: dict[str, float] = defaultdict(float)
-    for req, cost in per_request.items():
-        per_run[run_of[req]] += cost
-    return CostReport(dict(per_request), dict(per_run), busy_total, idle_total, unattributed)
+            run_idle[item.run_id] += cost * w
+    return _report(per_request, run_busy, run_idle, busy_total, idle_total, unattributed, cost_unit(prices))
 
 
-def _last_batch_before(batches: list[BatchRecord], t_ms: float) -> BatchRecord | None:
-    """The batch on the same worker that ended last, no later than ``t_ms``."""
-    found = None
-    for b in batches:
-        if b.end_ms <= t_ms:
-            found = b
-        else:
-            break
-    return found
+def idle_cost(idle: IdleRecord, prices: PriceSheet) -> float:
+    """What an idle interval costs: its worker's rate times its length."""
+    return prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms) / 1000.0
+
+
+def _report(
+    per_request: Mapping[str, float],
+    run_busy: Mapping[str, float],
+    run_idle: Mapping[str, float],
+    busy_total: float,
+    idle_total: float,
+    unattributed: float,
+    unit: str,
+) -> CostReport:
+    runs = {*run_busy, *run_idle}
+    busy = {r: run_busy.get(r, 0.0) for r in runs}
+    idle = {r: run_idle.get(r, 0.0) for r in runs}
+    per_run = {r: busy[r] + idle[r] for r in runs}
+    return CostReport(dict(per_request), per_run, busy_total, idle_total, unattributed, busy, idle, unit)
+
+
+def merge_reports(reports: Iterable[CostReport]) -> CostReport:
+    """Attributions of disjoint records (other workers, other price sheets) as one."""
+    per_request: dict[str, float] = defaultdict(float)
+    run_busy: dict[str, float] = defaultdict(float)
+    run_idle: dict[str, float] = defaultdict(float)
+    busy = idle = unattributed = 0.0
+    unit = COST_UNIT
+    for rep in reports:
+        for k, v in rep.per_request.items():
+            per_request[k] += v
+        for k, v in rep.per_run_busy.items():
+            run_busy[k] += v
+        for k, v in rep.per_run_idle.items():
+            run_idle[k] += v
+        busy += rep.busy_total
+        idle += rep.idle_total
+        unattributed += rep.idle_unattributed
+        unit = rep.unit
+    return _report(per_request, run_busy, run_idle, busy, idle, unattributed, unit)
+
+
+# ---- a live pool: when a run's cost is final --------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Held:
+    """A batch the ledger holds: the idle time attributed to it so far, and whether that is all."""
+
+    batch: BatchRecord
+    runs_left: set[str]  # its runs whose costs are not yet released
+    idles: list[IdleRecord] = field(default_factory=list)
+    after: bool = False  # the idle interval after it is among ``idles``
+    settled: bool = False  # the idle interval after it has closed (recorded, or of no length)
+
+
+class CostLedger:
+    """Which ended runs' costs are final, and the idle intervals their batches caused.
+
+    The live side of :func:`attribute_costs`: a pool's records are fed in as
+    they come, and a run is *ready* once it has ended and the idle interval
+    after each of its batches has closed (its worker ran a later batch, or is
+    no longer idle since that batch: keep-alive expiry, eviction, the pool's
+    close). :meth:`ready` then hands over the idle intervals attributed to the
+    run's batches, so that ``attribute_costs(run's batches, those intervals)``
+    gives the run exactly the cost ``attribute_costs`` gives it over all the
+    pool's records. Batches are forgotten once every run in them is released.
+
+    Records must each be fed once (the owner follows the pool's record
+    indices), a batch before or with the idle interval after it. Not
+    thread-safe: its owner serialises calls.
+
+    Example:
+        >>> from esg_prefect.model.config import Config
+        >>> b = BatchRecord("b1", "w1", (BatchItem("q", "r1"),), Config(1, 1, 0.0), "cpu", 0.0, 10.0)
+        >>> ledger = CostLedger()
+        >>> ledger.add([b], [])
+        >>> ledger.watch("r1", ["b1"])
+        >>> ledger.ready()
+        []
+        >>> ledger.add([], [IdleRecord("w1", 1, 0.0, "cpu", 10.0, 60.0)])
+        >>> [(run, [(i.start_ms, i.end_ms) for i in idles]) for run, idles in ledger.ready()]
+        [('r1', [(10.0, 60.0)])]
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+        self._on_worker: dict[str, list[_Held]] = {}  # held batches of each worker, by end time
+        self._first: dict[str, BatchRecord] = {}  # each worker's first batch (kept: it dates lead idle time)
+        self._lead: dict[str, list[IdleRecord]] = {}  # idle time of workers whose first batch is not in yet
+        self._waiting: dict[str, set[str]] = {}  # ended run -> its batches not yet settled
+        self._batches_of: dict[str, list[str]] = {}  # ended run -> its held batches
+        self._ready: list[str] = []
+        self.closed = False
+
+    def add(self, batches: Iterable[BatchRecord], idles: Iterable[IdleRecord]) -> None:
+        """Take finished batches and closed idle intervals (in any order within one call)."""
+        touched: set[str] = set()
+        for b in batches:
+            if b.batch_id in self._held:
+                continue
+            h = _Held(b, {i.run_id for i in b.items})
+            self._held[b.batch_id] = h
+            lst = self._on_worker.setdefault(b.worker_id, [])
+            if not lst or lst[-1].batch.end_ms <= b.end_ms:
+                lst.append(h)
+            else:
+                bisect.insort(lst, h, key=lambda x: x.batch.end_ms)
+            first = self._first.get(b.worker_id)
+            if first is None or b.start_ms < first.start_ms:
+                self._first[b.worker_id] = b
+            touched.add(b.worker_id)
+        for i in idles:
+            w = i.worker_id
+            lst = self._on_worker.get(w, [])
+            k = bisect.bisect_right(lst, i.start_ms, key=lambda x: x.batch.end_ms) - 1
+            if k >= 0:
+                lst[k].idles.append(i)
+                lst[k].after = True
+                touched.add(w)
+                continue
+            first = self._first.get(w)
+            if first is not None and first.end_ms <= i.start_ms:
+                continue  # the batch before it was released: this interval was seen then
+            self._lead.setdefault(w, []).append(i)
+            touched.add(w)
+        for w in touched:
+            self._review(w)
+
+    def _review(self, worker: str) -> None:
+        lead, first = self._lead.get(worker), self._first.get(worker)
+        if lead and first is not None:
+            owner = self._held.get(first.batch_id)
+            if owner is not None:
+                owner.idles.extend(i for i in lead if first.start_ms >= i.end_ms)
+            del self._lead[worker]
+        lst = self._on_worker.get(worker, [])
+        for h in lst[:-1]:  # a later batch ran on the worker: the idle time between them is in
+            self._settle(h)
+        if lst and lst[-1].after:
+            self._settle(lst[-1])
+
+    def sync(self, idle_since: Mapping[str, float]) -> None:
+        """The workers idle now and since when (after :meth:`add` took every record up to now).
+
+        A worker's last batch is settled unless the worker has been idle since that batch ended.
+        """
+        for w, lst in self._on_worker.items():
+            if lst and not lst[-1].settled and idle_since.get(w) != lst[-1].batch.end_ms:
+                self._settle(lst[-1])
+
+    def close(self) -> None:
+        """The pool closed (after :meth:`add` took its last records): every idle interval has closed.
+
+        Idle time of workers that never ran a batch stays unattributed (the idle line).
+        """
+        for h in list(self._held.values()):
+            self._settle(h)
+        self._lead.clear()
+        self.closed = True
+
+    def watch(self, run_id: str, batch_ids: Iterable[str]) -> None:
+        """Run ``run_id`` ended, with its calls in these batches (ones not held are left out)."""
+        held = [bid for bid in dict.fromkeys(batch_ids) if bid in self._held]
+        if run_id in self._batches_of:  # ended again (or more calls): one watch
+            held = list(dict.fromkeys([*self._batches_of[run_id], *held]))
+        waiting = {bid for bid in held if not self._held[bid].settled}
+        self._batches_of[run_id] = held
+        self._waiting[run_id] = waiting
+        if not waiting and run_id not in self._ready:
+            self._ready.append(run_id)
+
+    def waiting(self) -> list[BatchRecord]:
+        """The batches whose open idle time keeps some ended run's cost from being final."""
+        ids = {bid for bids in self._waiting.values() for bid in bids}
+        return [self._held[bid].batch for bid in sorted(ids)]
+
+    def pending_runs(self) -> int:
+        """Ended runs whose cost is not yet final."""
+        return sum(1 for w in self._waiting.values() if w)
+
+    def ready(self) -> list[tuple[str, tuple[IdleRecord, ...]]]:
+        """The ended runs whose costs became final since the last call, each with the idle intervals
+        attributed to its batches; they are released (forgotten)."""
+        out = []
+        for run_id in self._ready:
+            held = [h for bid in self._batches_of.pop(run_id, []) if (h := self._held.get(bid)) is not None]
+            self._waiting.pop(run_id, None)
+            out.append((run_id, tuple(i for h in held for i in h.idles)))
+            for h in held:
+                self._release(h, run_id)
+        self._ready = []
+        return out
+
+    def _settle(self, h: _Held) -> None:
+        if h.settled:
+            return
+        h.settled = True
+        bid = h.batch.batch_id
+        for run_id in h.runs_left:
+            waiting = self._waiting.get(run_id)
+            if waiting and bid in waiting:
+                waiting.discard(bid)
+                if not waiting:
+                    self._ready.append(run_id)
+
+    def _release(self, h: _Held, run_id: str) -> None:
+        h.runs_left.discard(run_id)
+        if h.runs_left or not h.settled:
+            return
+        del self._held[h.batch.batch_id]
+        lst = self._on_worker[h.batch.worker_id]
+        lst.remove(h)
+        if not lst:
+            del self._on_worker[h.batch.worker_id]
+
+
+def run_deadline(batches: Iterable[BatchRecord], keep_alive_ms: Callable[[str], float]) -> float | None:
+    """When the idle time after these batches closes at the latest, if their workers run nothing else.
+
+    Keep-alive expiry: a batch's end plus its hardware's keep-alive. None for no batches.
+    """
+    return max((b.end_ms + keep_alive_ms(b.hardware) for b in batches), default=None)

@@ -13,7 +13,8 @@ with, overall and per workflow:
 * cost: the total billed (busy plus idle, ESG-SPEC section 6) and the cost per
   request, attributed by :func:`~esg_prefect.model.attribution.attribute_costs`;
   and the batch cost alone (ESG-SPEC section 2: what the paper's cost model
-  counts, the serverless bill without keep-alive);
+  counts, the serverless bill without keep-alive); per flow run, the one cost
+  figure every surface shows (:attr:`Report.per_run`: busy and idle parts);
 * batches: count, mean size and the size histogram;
 * decisions: count, decision time p50/p99 and mean A* expansions.
 
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError
@@ -46,7 +47,9 @@ from esg_prefect.model.attribution import (
     CostSplit,
     IdleBilling,
     IdleRecord,
+    RunCost,
     attribute_costs,
+    merge_reports,
 )
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
@@ -180,6 +183,9 @@ class Report:
         idle_unattributed: idle cost on the separate idle line.
         cost_split: how batch costs were split among jobs.
         idle_billing: how idle time was billed.
+        per_run: each flow run's cost with its busy/idle split, as
+            :func:`~esg_prefect.model.attribution.attribute_costs` defines it
+            (one entry per run: left out of :meth:`to_dict`).
     """
 
     overall: GroupSummary
@@ -190,6 +196,7 @@ class Report:
     idle_unattributed: float
     cost_split: str
     idle_billing: str
+    per_run: Mapping[str, RunCost] = field(default_factory=dict)
 
     def workflow(self, name: str) -> GroupSummary:
         """The summary of workflow ``name``.
@@ -333,12 +340,14 @@ def _attribute(
     prices: PriceSheet,
     split: CostSplit,
     idle_billing: IdleBilling,
+    prior_workers: Collection[str] = (),
 ) -> CostReport:
     """attribute_costs over groups of consecutive batches per worker; the same result, linear time.
 
     An idle interval is attributed to the batch of its worker that ended last
     no later than the interval's start, so it is put in the group of that
-    batch; an interval with no batch before it goes with the worker's first group.
+    batch; an interval with no batch before it goes with the worker's first
+    group, which holds the worker's first batch (the one such lead idle time goes to).
     """
     by_worker: dict[str, list[BatchRecord]] = defaultdict(list)
     for b in batches:
@@ -346,9 +355,7 @@ def _attribute(
     idle_by_worker: dict[str, list[IdleRecord]] = defaultdict(list)
     for i in idles:
         idle_by_worker[i.worker_id].append(i)
-    per_request: dict[str, float] = defaultdict(float)
-    per_run: dict[str, float] = defaultdict(float)
-    busy = idle = unattributed = 0.0
+    parts: list[CostReport] = []
     for worker in sorted(set(by_worker) | set(idle_by_worker)):
         bs = sorted(by_worker.get(worker, []), key=lambda r: r.end_ms)
         ids = sorted(idle_by_worker.get(worker, []), key=lambda r: r.start_ms)
@@ -362,16 +369,13 @@ def _attribute(
             while k + 1 < len(bs) and bs[k + 1].end_ms <= rec.start_ms:
                 k += 1
             groups_i[max(k, 0) // _ATTRIBUTION_GROUP].append(rec)
-        for gb, gi in zip(groups_b, groups_i, strict=True):
-            part = attribute_costs(gb, gi, prices, split, idle_billing)
-            for req, c in part.per_request.items():
-                per_request[req] += c
-            for run, c in part.per_run.items():
-                per_run[run] += c
-            busy += part.busy_total
-            idle += part.idle_total
-            unattributed += part.idle_unattributed
-    return CostReport(dict(per_request), dict(per_run), busy, idle, unattributed)
+        parts += (
+            attribute_costs(gb, gi, prices, split, idle_billing, prior_workers=prior_workers)
+            for gb, gi in zip(groups_b, groups_i, strict=True)
+        )
+    if not parts:
+        parts.append(attribute_costs([], [], prices, split, idle_billing))
+    return merge_reports(parts)
 
 
 # ---- a measurement window ---------------------------------------------------------------
@@ -386,12 +390,17 @@ class Window:
         stages: the stage calls of those requests.
         batches: batches dispatched at or after ``start_ms``.
         idles: idle intervals, cut to begin no earlier than ``start_ms``.
+        prior_workers: workers that ran batches dispatched before ``start_ms``: idle
+            time of theirs with no batch before it in the window was caused by a
+            batch outside it, so it is not the worker's lead idle time (pass it to
+            :func:`summarize`; see :func:`~esg_prefect.model.attribution.idle_owners`).
     """
 
     requests: tuple[RequestRecord, ...]
     stages: tuple[StageRecord, ...]
     batches: tuple[BatchRecord, ...]
     idles: tuple[IdleRecord, ...]
+    prior_workers: frozenset[str] = frozenset()
 
 
 def after_warmup(
@@ -423,11 +432,13 @@ def after_warmup(
         if i.start_ms < start_ms:
             i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms)
         cut_idles.append(i)
+    batch_list = list(batches)
     return Window(
         reqs,
         tuple(s for s in stages if s.request_id in kept),
-        tuple(b for b in batches if b.start_ms >= start_ms),
+        tuple(b for b in batch_list if b.start_ms >= start_ms),
         tuple(cut_idles),
+        frozenset(b.worker_id for b in batch_list if b.start_ms < start_ms),
     )
 
 
@@ -508,6 +519,7 @@ def summarize(
     decisions: Iterable[object],
     split: CostSplit = "equal",
     idle_billing: IdleBilling = "attribute",
+    prior_workers: Collection[str] = (),
 ) -> Report:
     """Turn a run's records into a :class:`Report`.
 
@@ -521,7 +533,9 @@ def summarize(
             objects or dicts with ``queue`` (a QueueKey, ``"workflow/stage"`` or a dict),
             ``decision_ms`` and ``expansions``.
         split: how a batch's cost is split among its jobs.
-        idle_billing: attribute idle time to the runs served before it, or keep it separate.
+        idle_billing: attribute idle time to the batches that caused it (the
+            module :mod:`~esg_prefect.model.attribution`'s definition), or keep it separate.
+        prior_workers: for a window's records, :attr:`Window.prior_workers`.
 
     Returns:
         The report; workflows appear sorted by name.
@@ -537,7 +551,7 @@ def summarize(
     stage_recs = list(stages)
     decs = _decisions(decisions)
     batch_list = list(batches)
-    costs = _attribute(batch_list, list(idles), prices, split, idle_billing)
+    costs = _attribute(batch_list, list(idles), prices, split, idle_billing, prior_workers)
     busy = _attribute(batch_list, [], prices, split, "separate")
     by_wf: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in reqs:
@@ -561,4 +575,5 @@ def summarize(
         idle_unattributed=costs.idle_unattributed,
         cost_split=split,
         idle_billing=idle_billing,
+        per_run={run: costs.run_cost(run) for run in costs.per_run},
     )

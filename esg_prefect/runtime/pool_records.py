@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.control.core import Core
@@ -25,8 +26,12 @@ from esg_prefect.control.records import (
     WorkerRow,
 )
 from esg_prefect.control.state import Request
-from esg_prefect.model.attribution import IdleRecord
+from esg_prefect.exceptions import PoolClosedError
+from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.pricing import PriceSheet
+
+if TYPE_CHECKING:
+    from esg_prefect.runtime.pool import Pool
 
 
 class CallBook:
@@ -95,14 +100,18 @@ class CallBook:
 
     def batch_done(self, done: BatchDone, core: Core, slo: Callable[[str], float]) -> BatchDone:
         """A completed batch as the batch listeners get it: with its runs and the idle time since the last one."""
-        idles = tuple(core.fleet.idles[self._batch_idle_cursor :])
+        first_idle = self._batch_idle_cursor
+        idles = tuple(core.fleet.idles[first_idle:])
         self._batch_idle_cursor = len(core.fleet.idles)
         runs: dict[str, RunStub] = {}
         for c in done.calls:
             req = core.requests.get(c.request_id)
             if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
                 runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo(req.workflow))
-        return dataclasses.replace(done, runs=tuple(runs.values()), new_idles=idles)
+        index = len(core.fleet.batches) - 1  # the pool hands a batch over as soon as the core records it
+        return dataclasses.replace(
+            done, runs=tuple(runs.values()), new_idles=idles, batch_index=index, idle_index=first_idle
+        )
 
     def snapshot(
         self,
@@ -114,9 +123,13 @@ class CallBook:
     ) -> PoolSnapshot:
         """Consistent copies of every record, with the idle time of idle workers counted up to ``now``."""
         idles = list(core.fleet.idles)
+        closed = len(idles)
+        idle_since: dict[str, float] = {}
         for w in core.fleet.workers.values():  # idle time so far, not yet closed
-            if not w.busy and w.idle_since_ms is not None and now > w.idle_since_ms:
-                idles.append(IdleRecord(w.worker_id, w.vcpus, w.share, w.hardware, w.idle_since_ms, now))
+            if not w.busy and w.idle_since_ms is not None:
+                idle_since[w.worker_id] = w.idle_since_ms
+                if now > w.idle_since_ms:
+                    idles.append(IdleRecord(w.worker_id, w.vcpus, w.share, w.hardware, w.idle_since_ms, now))
         requests = {
             rid: RequestRow(
                 r.run_id,
@@ -141,4 +154,19 @@ class CallBook:
             core.queue_lengths(),
             workers,
             corrections,
+            closed,
+            idle_since,
         )
+
+
+def final_records(pool: Pool | object) -> tuple[list[BatchRecord], list[IdleRecord]] | None:
+    """A closed pool's batches and idle intervals, all closed, in the order it recorded them (None: it never ran).
+
+    For ``pool_closed()`` listeners (see :data:`~esg_prefect.control.records.RunListener`):
+    the pool's loop has stopped, so its records no longer change.
+    """
+    try:
+        fleet = pool.core.fleet  # type: ignore[union-attr]
+    except (PoolClosedError, AttributeError):  # never started; or not a pool (a stand-in: nothing to read)
+        return None
+    return list(fleet.batches), list(fleet.idles)

@@ -2,7 +2,10 @@
 
 Each batch is stored as it completes, and each run's own row when it ends, so
 that a pool killed mid-run loses only the batches it had not yet handed to its
-listener thread.
+listener thread. Idle intervals are stored as the pool hands them over (closed
+since the previous batch or run), and when the pool closes every one still
+unstored: the idle time after the last batches, which closes only then, is
+part of their runs' costs.
 
 The pool numbers batches and workers from 1 (``b1``, ``w1``) in every process;
 each attachment draws a random scope that prefixes them in the store, so that
@@ -16,10 +19,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.store.cost_store import CostStore
 
 if TYPE_CHECKING:
     from esg_prefect.control.records import BatchDone, RecordSource, RunRecords
+    from esg_prefect.model.attribution import IdleRecord
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +45,7 @@ class StoreAttachment:
         self.store = store
         self.scope = uuid.uuid4().hex[:16]
         self.deployment_of = deployment_of
+        self._idles_seen = 0  # the pool's idle records up to here came with batches
 
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
@@ -55,6 +61,19 @@ class StoreAttachment:
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread)."""
         self.store.record_batches(done, scope=self.scope)
+        for d in done:
+            if d.idle_index >= 0:
+                self._idles_seen = max(self._idles_seen, d.idle_index + len(d.new_idles))
+
+    def store_idles(self, idles: Sequence[IdleRecord]) -> None:
+        """Store closed idle intervals learned elsewhere (the artifact publisher's settle checks)."""
+        self.store.record_idles(idles, self.pool.prices, scope=self.scope)
+
+    def pool_closed(self) -> None:
+        """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""
+        final = final_records(self.pool)
+        if final is not None:
+            self.store.record_idles(final[1][self._idles_seen :], self.pool.prices, scope=self.scope)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Store the pool's idle intervals up to now, open ones included.

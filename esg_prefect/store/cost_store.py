@@ -9,8 +9,12 @@ idle interval stored while open and again once closed, is stored once.
 Costs are not stored but computed when asked for, with
 :func:`~esg_prefect.model.attribution.attribute_costs` over the stored
 batches and idle intervals, one price sheet at a time (a worker belongs to one
-pool, a pool has one sheet, so attribution never mixes sheets). The cost split
-and idle billing are the store's settings or the caller's.
+pool, a pool has one sheet, so attribution never mixes sheets): a run's cost
+is the figure its artifacts show, busy and idle parts (``docs/decisions/one-cost.md``).
+It is final once the idle intervals after the run's batches are stored closed:
+they are stored open (``StoreAttachment.flush``), as they close (handed over
+with later batches and runs) and, for what was still open, at the pool's close.
+The cost split and idle billing are the store's settings or the caller's.
 
 Example:
     >>> from esg_prefect.store import CostStore, attach_store   # doctest: +SKIP
@@ -34,7 +38,7 @@ from sqlalchemy.engine import Connection
 from sqlmodel import Session, col
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
-from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, attribute_costs
+from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, attribute_costs, merge_reports
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import rows as R
 from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
@@ -220,7 +224,9 @@ class CostStore:
 
         ``since`` is a window on time, not on runs: costs incurred before it are
         left out, even for runs that go on after it; idle time whose preceding
-        batch started before it goes on the idle line.
+        batch started before it goes on the idle line (not to the next batch,
+        as a worker's lead idle time would: see ``prior_workers`` of
+        :func:`~esg_prefect.model.attribution.attribute_costs`).
         """
         split = split or self.cost_split
         billing = idle_billing or self.idle_billing
@@ -240,15 +246,16 @@ class CostStore:
             batch_rows: list[BatchRow] = list(s.execute(bq).scalars())
             idle_rows: list[IdleRow] = list(s.execute(iq).scalars())
             items = _items_of(s, [b.batch_id for b in batch_rows])
+            prior = _busy_before(s, sorted({i.worker_id for i in idle_rows}), start) if start is not None else set()
         by_sheet: defaultdict[str, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for b in batch_rows:
             by_sheet[b.sheet_id][0].append(R.batch_record(b, items.get(b.batch_id, [])))
         for i in idle_rows:
             by_sheet[i.sheet_id][1].append(R.idle_record(i))
-        total = CostReport({}, {}, 0.0, 0.0, 0.0)
-        for sid, (bs, ids) in sorted(by_sheet.items()):
-            total = _add(total, attribute_costs(bs, ids, sheets[sid], split, billing))
-        return total
+        return merge_reports(
+            attribute_costs(bs, ids, sheets[sid], split, billing, prior_workers=prior)
+            for sid, (bs, ids) in sorted(by_sheet.items())
+        )
 
     def costs(
         self,
@@ -380,18 +387,14 @@ def _first_batches(s: Session, run_ids: Sequence[str]) -> dict[str, tuple[str | 
     return out
 
 
-def _add(a: CostReport, b: CostReport) -> CostReport:
-    """Two attributions of disjoint records (different price sheets) as one."""
-    per_request = dict(a.per_request)
-    for k, v in b.per_request.items():
-        per_request[k] = per_request.get(k, 0.0) + v
-    per_run = dict(a.per_run)
-    for k, v in b.per_run.items():
-        per_run[k] = per_run.get(k, 0.0) + v
-    return CostReport(
-        per_request,
-        per_run,
-        a.busy_total + b.busy_total,
-        a.idle_total + b.idle_total,
-        a.idle_unattributed + b.idle_unattributed,
-    )
+def _busy_before(s: Session, worker_ids: Sequence[str], start: float) -> set[str]:
+    """Which of these workers ran a batch that started before ``start`` (a window's cut)."""
+    out: set[str] = set()
+    for chunk in _chunks(worker_ids):
+        q = (
+            select(col(BatchRow.worker_id))
+            .where(col(BatchRow.worker_id).in_(chunk), col(BatchRow.start_ms) < start)
+            .distinct()
+        )
+        out.update(s.execute(q).scalars())
+    return out

@@ -1,8 +1,10 @@
 """Cost rows: per-run costs from the attribution, grouped by run, workflow, deployment or day.
 
 Pure functions over a :class:`~esg_prefect.model.attribution.CostReport` and
-the runs' attributes, so grouping is tested without a database. The last row
-of every report is the idle line (warm idle time attributed to no run), so
+the runs' attributes, so grouping is tested without a database. A run's cost
+is the one figure its artifacts and the reports show (``docs/decisions/one-cost.md``),
+with its busy and idle parts. The last row of every report is the idle line
+(warm idle time attributed to no run: workers that never ran a batch), so
 that the rows always add up to everything the workers were billed: ESG-SPEC
 section 6's invariant, ``sum(rows) == sum over workers of (busy + idle) x rate``.
 """
@@ -15,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.attribution import CostReport
+from esg_prefect.model.attribution import COST_UNIT, CostReport
 
 GroupBy = Literal["run", "workflow", "deployment", "day"]
 GROUP_BYS: tuple[str, ...] = get_args(GroupBy)
@@ -59,8 +61,11 @@ class CostRow:
         runs: runs in the group.
         stage_calls: their stage calls.
         slo_met, slo_missed: runs of the group that met and missed their SLO.
-        cost: the group's cost (batch shares plus attributed idle time), in the price sheet's currency.
+        cost: the group's cost (batch shares plus attributed idle time), in ``unit``.
         idle: True on the idle line.
+        busy_cost: the part of ``cost`` that is shares of batches' busy time.
+        idle_cost: the part of ``cost`` that is warm idle time (all of it on the idle line).
+        unit: the unit of the costs (the price sheet's: ``$``).
     """
 
     group_by: str
@@ -71,6 +76,9 @@ class CostRow:
     slo_missed: int
     cost: float
     idle: bool = False
+    busy_cost: float = 0.0
+    idle_cost: float = 0.0
+    unit: str = COST_UNIT
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for JSON and CSV)."""
@@ -111,10 +119,10 @@ def group_costs(report: CostReport, runs: Mapping[str, RunInfo], group_by: str) 
         InvalidInputError: a bad ``group_by``, or a billed run missing from ``runs``.
 
     Example:
-        >>> rep = CostReport({"r": 2.0}, {"A": 2.0}, 1.5, 1.0, 0.5)
+        >>> rep = CostReport({"r": 2.0}, {"A": 2.0}, 1.5, 1.0, 0.5, {"A": 1.5}, {"A": 0.5})
         >>> info = {"A": RunInfo("A", "toy", None, "2024-05-01", 0.0, True, 3)}
-        >>> [(r.key, r.cost) for r in group_costs(rep, info, "workflow")]
-        [('toy', 2.0), ('(unattributed idle)', 0.5)]
+        >>> [(r.key, r.cost, r.busy_cost, r.idle_cost) for r in group_costs(rep, info, "workflow")]
+        [('toy', 2.0, 1.5, 0.5), ('(unattributed idle)', 0.5, 0.0, 0.5)]
     """
     by = check_group_by(group_by)
     missing = sorted(set(report.per_run) - set(runs))
@@ -133,8 +141,12 @@ def group_costs(report: CostReport, runs: Mapping[str, RunInfo], group_by: str) 
             sum(1 for i in members[key] if i.slo_met is True),
             sum(1 for i in members[key] if i.slo_met is False),
             sum(report.per_run.get(i.run_id, 0.0) for i in members[key]),
+            busy_cost=sum(report.per_run_busy.get(i.run_id, 0.0) for i in members[key]),
+            idle_cost=sum(report.per_run_idle.get(i.run_id, 0.0) for i in members[key]),
+            unit=report.unit,
         )
         for key in keys
     ]
-    rows.append(CostRow(by, IDLE_KEY, 0, 0, 0, 0, report.idle_unattributed, idle=True))
+    line = report.idle_unattributed
+    rows.append(CostRow(by, IDLE_KEY, 0, 0, 0, 0, line, idle=True, idle_cost=line, unit=report.unit))
     return rows

@@ -1,0 +1,554 @@
+"""One cost figure per flow run, the same everywhere (``docs/decisions/one-cost.md``).
+
+A run's cost is its share of the busy time of its batches plus its share of
+the warm idle time they caused (idle goes to the batch that ended just before
+it on its worker; a worker's idle time before its first batch goes to that
+batch; only a worker that never ran a batch leaves idle time on the separate
+line). Here: the definition worked by hand, the same figure from the linear
+grouping, the simulator's report and the live ledger; then a live pool (fake
+backend, a clock the test moves) whose per-run costs in the cost store add up
+to its whole bill and equal what its artifacts say, published only once each
+run's cost is final, and at the pool's close for those still pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import json
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.control.records import RunRecords
+from esg_prefect.integration.artifacts import RunPublisher, _money, publish_run, run_summary, run_table
+from esg_prefect.model import PriceSheet
+from esg_prefect.model.attribution import (
+    BatchItem,
+    BatchRecord,
+    CostLedger,
+    IdleRecord,
+    attribute_costs,
+    idle_cost,
+)
+from esg_prefect.model.cluster import Device, Node
+from esg_prefect.model.config import Config
+from esg_prefect.model.report import _attribute, after_warmup, summarize
+from esg_prefect.runtime.pool import Pool, PoolClock
+from esg_prefect.runtime.pool_records import final_records
+from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
+from esg_prefect.scheduling import (
+    Dispatch,
+    ESGSettings,
+    Hold,
+    Placement,
+    SchedulingResult,
+    Snapshot,
+    Start,
+    register_scheduler,
+)
+from esg_prefect.store import CostStore, attach_store
+from tests.toy_stages import toy_profile
+
+# ---- the definition, worked by hand ------------------------------------------------------------
+
+# A 1-vCPU CPU worker costs 0.5 per second.
+PRICES = PriceSheet(0.5, {})
+CFG = Config(2, 1, 0.0)
+
+
+def _batch(bid: str, worker: str, runs: Sequence[str], start: float, end: float) -> BatchRecord:
+    items = tuple(BatchItem(f"{bid}-{r}", r) for r in runs)
+    return BatchRecord(bid, worker, items, CFG.with_batch(len(items)), "cpu", start, end)
+
+
+def _idle(worker: str, start: float, end: float) -> IdleRecord:
+    return IdleRecord(worker, 1, 0.0, "cpu", start, end)
+
+
+# wA is pre-warmed at 0 and idles warm until b1 (A and B) at 100; idles 300-500; runs b2 (C) 500-600;
+# idles until its keep-alive runs out at 1600. wB starts at 0 and never runs a batch (1 s idle).
+B1 = _batch("b1", "wA", ["A", "B"], 100.0, 300.0)  # 0.2 s: 0.1, 0.05 each
+B2 = _batch("b2", "wA", ["C"], 500.0, 600.0)  # 0.1 s: 0.05
+LEAD = _idle("wA", 0.0, 100.0)  # 0.05: no batch before it on wA: to b1, the first after it
+AFTER_B1 = _idle("wA", 300.0, 500.0)  # 0.1: to b1, the batch that ended just before it
+AFTER_B2 = _idle("wA", 600.0, 1600.0)  # 0.5: to b2
+NEVER_USED = _idle("wB", 0.0, 1000.0)  # 0.5: wB ran no batch: the separate idle line
+BATCHES = [B2, B1]  # out of order on purpose
+IDLES = [AFTER_B2, NEVER_USED, AFTER_B1, LEAD]
+WHOLE_BILL = 0.1 + 0.05 + 0.05 + 0.1 + 0.5 + 0.5  # every worker second at its rate: 1.3
+
+
+def test_lead_idle_goes_to_the_first_batch_after_it_and_a_never_used_worker_to_the_line() -> None:
+    rep = attribute_costs(BATCHES, IDLES, PRICES)
+    approx = lambda v: pytest.approx(v, rel=1e-12)  # noqa: E731
+    # A and B: half of b1 (0.05), half of the lead idle (0.025), half of the idle after b1 (0.05)
+    for run in ("A", "B"):
+        c = rep.run_cost(run)
+        assert (c.busy, c.idle, c.total, c.unit) == (approx(0.05), approx(0.075), approx(0.125), "$")
+    c = rep.run_cost("C")  # b2 and the idle after it until the keep-alive ran out
+    assert (c.busy, c.idle, c.total) == (approx(0.05), approx(0.5), approx(0.55))
+    assert rep.idle_unattributed == approx(0.5)  # wB's idle time only
+    assert rep.per_run == {r: rep.run_cost(r).total for r in ("A", "B", "C")}
+    # the invariant, exact on this example: the runs and the line are the whole bill
+    assert math.isclose(sum(rep.per_run.values()) + rep.idle_unattributed, WHOLE_BILL, rel_tol=1e-12)
+    assert math.isclose(rep.total, WHOLE_BILL, rel_tol=1e-12)
+    # every worker ran a batch: the runs alone are the whole bill
+    used = attribute_costs(BATCHES, [i for i in IDLES if i.worker_id != "wB"], PRICES)
+    assert used.idle_unattributed == 0.0
+    assert math.isclose(sum(used.per_run.values()), WHOLE_BILL - 0.5, rel_tol=1e-12)
+
+
+def test_separate_idle_billing_keeps_every_idle_interval_on_the_line() -> None:
+    rep = attribute_costs(BATCHES, IDLES, PRICES, idle_billing="separate")
+    assert {r: rep.run_cost(r).idle for r in ("A", "B", "C")} == {"A": 0.0, "B": 0.0, "C": 0.0}
+    assert rep.idle_unattributed == pytest.approx(0.05 + 0.1 + 0.5 + 0.5, rel=1e-12)
+    assert sum(rep.per_run.values()) + rep.idle_unattributed == pytest.approx(WHOLE_BILL, rel=1e-12)
+
+
+def test_a_window_cut_does_not_make_idle_time_lead_idle_time() -> None:
+    """After a warm-up cut at 400 ms, b1 is out: the idle after it stays on the line, not on b2's run."""
+    window = after_warmup([], [], BATCHES, IDLES, 400.0)
+    assert window.prior_workers == {"wA"}
+    rep = summarize([], [], window.batches, window.idles, PRICES, [], prior_workers=window.prior_workers)
+    assert rep.per_run["C"].idle == pytest.approx(0.5)  # only the idle after b2
+    assert rep.idle_unattributed == pytest.approx(0.05 + 0.3)  # 400-500 of the idle after b1, wB's 400-1000
+    naive = summarize([], [], window.batches, window.idles, PRICES, [])
+    assert naive.per_run["C"].idle == pytest.approx(0.55)  # without it, that idle would count as b2's lead
+
+
+def test_linear_grouping_and_the_report_give_the_same_figures() -> None:
+    ref = attribute_costs(BATCHES, IDLES, PRICES)
+    got = _attribute(BATCHES, IDLES, PRICES, "equal", "attribute")
+    assert got.per_run == pytest.approx(ref.per_run, rel=1e-12)
+    assert got.per_run_idle == pytest.approx(ref.per_run_idle, rel=1e-12)
+    assert got.idle_unattributed == pytest.approx(ref.idle_unattributed, rel=1e-12)
+    rep = summarize([], [], BATCHES, IDLES, PRICES, [])
+    assert {r: c.total for r, c in rep.per_run.items()} == pytest.approx(ref.per_run, rel=1e-12)
+
+
+def test_the_ledger_settles_a_run_once_the_idle_after_its_batches_has_closed() -> None:
+    ledger = CostLedger()
+    # As a pool hands them over: b1 with the lead idle closed at its dispatch; A and B end.
+    ledger.add([B1], [LEAD])
+    ledger.watch("A", ["b1"])
+    ledger.watch("B", ["b1"])
+    assert ledger.ready() == []  # wA is idle since b1 ended
+    ledger.sync({"wA": B1.end_ms, "wB": 0.0})
+    assert ledger.ready() == [] and [b.batch_id for b in ledger.waiting()] == ["b1"]
+    ledger.add([B2], [AFTER_B1])  # b2 ran on wA: the idle after b1 closed at its start
+    ready = dict(ledger.ready())
+    assert set(ready) == {"A", "B"} and set(ready["A"]) == {AFTER_B1, LEAD}
+    for run in ("A", "B"):  # the ledger's intervals give the run exactly its figure over all the records
+        assert attribute_costs([B1], ready[run], PRICES).run_cost(run).total == pytest.approx(0.125, rel=1e-12)
+    ledger.watch("C", ["b2"])
+    ledger.sync({"wA": B2.end_ms})
+    assert ledger.ready() == []
+    ledger.add([], [AFTER_B2])  # keep-alive expiry
+    ((run, idles),) = ledger.ready()
+    assert (run, idles) == ("C", (AFTER_B2,))
+    # a worker gone without a recorded interval (lost, or retired at once) settles on sync
+    b3 = _batch("b3", "wC", ["D"], 0.0, 10.0)
+    ledger.add([b3], [])
+    ledger.watch("D", ["b3"])
+    ledger.sync({})
+    assert ledger.ready() == [("D", ())]
+    # a pool's close settles everything; wB's idle (never used) is no run's
+    b4 = _batch("b4", "wD", ["E"], 0.0, 10.0)
+    ledger.add([b4], [NEVER_USED])
+    ledger.watch("E", ["b4"])
+    ledger.close()
+    assert ledger.ready() == [("E", ())]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_simulators_per_run_costs_are_attribute_costs_on_its_records(seed: int) -> None:
+    from esg_prefect.model import Workflow
+    from esg_prefect.simulator import SimSpec, simulate
+    from esg_prefect.simulator.standard import tiny_case
+
+    chain = Workflow.chain("classify", ["resnet50", "resnext101"], 150.0)
+    case = tiny_case("esg", [chain])
+    case = replace(case, sim=SimSpec(service_time="mean"), duration_s=3.0, warmup_s=0.0, seed=seed)
+    run = simulate(case)
+    rep = run.report
+    ref = attribute_costs(run.batches, run.idles, case.prices, case.settings.cost_split, case.settings.idle_billing)
+    assert len(rep.per_run) > 10 and rep.per_run.keys() == ref.per_run.keys()
+    for r, c in rep.per_run.items():
+        want = ref.run_cost(r)
+        assert (c.busy, c.idle) == (pytest.approx(want.busy, rel=1e-9), pytest.approx(want.idle, rel=1e-9))
+    bill = sum(case.prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in run.batches) + sum(
+        idle_cost(i, case.prices) for i in run.idles
+    )
+    assert math.isclose(sum(c.total for c in rep.per_run.values()) + rep.idle_unattributed, bill, rel_tol=1e-9)
+
+
+# ---- a live pool on a clock the test moves -------------------------------------------------------
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock(PoolClock):
+    """Time that moves only when the test (or a fake batch) moves it; due timers then fire on the pool's loop."""
+
+    deterministic = True
+
+    def __init__(self, start_ms: float = 1.7e12) -> None:
+        self.t = start_ms
+        self._lock = threading.Lock()
+        self._timers: list[tuple[float, int, _Timer, Callable[..., object], tuple[object, ...]]] = []
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> float:
+        return self.t
+
+    def call_at(self, t_ms: float, callback: Callable[..., object], *args: object) -> _Timer:
+        self._loop = asyncio.get_running_loop()
+        timer = _Timer()
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._timers, (t_ms, self._seq, timer, callback, args))
+        self._loop.call_soon(self._fire)
+        return timer
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop.call_soon(callback)
+
+    def advance(self, ms: float) -> None:
+        """Move time on (from any thread); timers now due fire on the loop."""
+        with self._lock:
+            self.t += ms
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        while True:
+            with self._lock:
+                if not self._timers or self._timers[0][0] > self.t:
+                    return
+                _, _, timer, callback, args = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                callback(*args)
+
+
+class _Handle:
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        ms = 10.0 + 2.0 * len(items)
+        self.clock.advance(ms)  # the batch takes its time on the test's clock
+        return BatchOutcome(True, [x + 1 for x in items], ms)
+
+    async def stop(self) -> None:
+        return None
+
+
+class FakeBackend:
+    """One node; workers load in 5 ms and run a batch of n in 10 + 2n ms, all on the test's clock."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def nodes(self) -> tuple[Node, ...]:
+        return (Node("node", 64, 64),)
+
+    def devices(self) -> tuple[Device, ...]:
+        return ()
+
+    async def start(self, spec: WorkerSpec) -> _Handle:
+        self.clock.advance(5.0)
+        return _Handle(self.clock)
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeClient:
+    """What the publisher would send to Prefect: the artifacts it creates."""
+
+    def __init__(self) -> None:
+        self.created: list[Any] = []
+        self._lock = threading.Lock()
+
+    def create_artifact(self, artifact: Any) -> Any:
+        with self._lock:
+            self.created.append(artifact)
+        return SimpleNamespace(id=uuid.uuid4())
+
+    def sent(self) -> dict[str, dict[str, Any]]:
+        """Per flow run: its table rows and markdown."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for a in self.created:
+                run = out.setdefault(str(a.flow_run_id), {})
+                run["table" if a.type == "table" else "markdown"] = json.loads(a.data) if a.type == "table" else a.data
+        return out
+
+
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+
+
+def _call(stage: str, run: str, item: int) -> StageCall:
+    return StageCall(f"{run}-{stage}", stage, f"tests.toy_stages:{stage}", TOY, run, run, item)
+
+
+def _results(clock: ManualClock, futs: Sequence[concurrent.futures.Future[StageResult]]) -> list[StageResult]:
+    """Wait for the calls, moving the clock on a millisecond at a time if they wait for a timer."""
+    for _ in range(5_000):
+        done, _ = concurrent.futures.wait(futs, timeout=0.02)
+        if len(done) == len(futs):
+            return [f.result() for f in futs]
+        clock.advance(1.0)
+    raise AssertionError("calls did not finish")
+
+
+def _run_flows(pool: Pool, clock: ManualClock, runs: list[str]) -> None:
+    """Each run: double then inc, the runs' calls together (so they share batches); then end the runs."""
+    firsts = _results(clock, [pool.submit(_call("double", r, i)) for i, r in enumerate(runs)])
+    _results(clock, [pool.submit(_call("inc", r, res.output)) for r, res in zip(runs, firsts, strict=True)])
+    for r in runs:
+        pool.end_run(r)
+
+
+def _wait_for(condition: Callable[[], bool], clock: ManualClock | None = None, step_ms: float = 0.0) -> None:
+    """Wait until ``condition()`` holds (moving the clock on by ``step_ms`` each time); fail after 60 s."""
+    give_up = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < give_up, "condition not met"
+        if clock is not None and step_ms:
+            clock.advance(step_ms)
+        time.sleep(0.02)
+
+
+def _whole_bill(pool: Pool) -> tuple[float, float]:
+    """The pool's whole bill (every worker billed busy + idle at its rate) and the idle of never-used workers."""
+    final = final_records(pool)
+    assert final is not None
+    batches, idles = final
+    used = {b.worker_id for b in batches}
+    bill = sum(pool.prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in batches)
+    bill += sum(idle_cost(i, pool.prices) for i in idles)
+    never = sum(idle_cost(i, pool.prices) for i in idles if i.worker_id not in used)
+    return bill, never
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CostStore]:
+    s = CostStore(f"sqlite:///{tmp_path / 'costs.db'}")
+    yield s
+    s.close()
+
+
+def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_says(store: CostStore) -> None:
+    clock = ManualClock()
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), settings=ESGSettings(wait_for_batch=False),
+                backend=FakeBackend(clock), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    client = FakeClient()
+    settled: list[RunRecords] = []
+
+    def publish(records: RunRecords) -> None:
+        settled.append(records)
+        publish_run(records, client)  # type: ignore[arg-type]
+
+    attachment = attach_store(pool, store)
+    publisher = RunPublisher(pool, publish=publish, on_idles=attachment.store_idles, poll=False)
+    pool.add_run_listener(publisher)
+    pool.add_batch_listener(publisher.on_batches)
+    waves = [[str(uuid.uuid4()) for _ in range(5)] for _ in range(3)]
+    try:
+        for wave in waves:
+            _run_flows(pool, clock, wave)
+            clock.advance(5_000.0)  # the workers idle warm, within their 60 s keep-alive, then serve the next wave
+        # The last wave's batches are followed by open idle time: none of its runs is published yet.
+        _wait_for(lambda: store.costs("run")[-1].idle and len(store.costs("run")) == 16)
+        time.sleep(0.05)
+        # Earlier waves' runs are published as the next wave's batches run on their warm workers.
+        _wait_for(lambda: len(settled) > 0)
+        early = {r.run_id for r in settled}
+        assert early <= set(waves[0]) | set(waves[1])
+        assert all(r.settled for r in settled)
+    finally:
+        pool.close()  # the idle time closes: the store and the publisher write what was pending
+    runs = [r for wave in waves for r in wave]
+    assert sorted(r.run_id for r in settled) == sorted(runs)  # each run published once
+    rows = {r.key: r for r in store.costs("run")}
+    line = rows.pop("(unattributed idle)")
+    bill, never_used = _whole_bill(pool)
+    assert set(rows) == set(runs)
+    assert any(len(b.items) > 1 for b in final_records(pool)[0])  # type: ignore[index]  # runs shared batches
+    assert math.isclose(sum(r.cost for r in rows.values()) + line.cost, bill, rel_tol=1e-9)
+    assert line.cost == pytest.approx(never_used, rel=1e-9, abs=1e-18)
+    if never_used == 0.0:  # every worker ran a batch: the runs alone are the whole bill
+        assert math.isclose(sum(r.cost for r in rows.values()), bill, rel_tol=1e-9)
+    assert any(r.idle_cost > 0 for r in rows.values()) and all(r.unit == "$" for r in rows.values())
+    sent = client.sent()
+    for rec in settled:
+        row = rows[rec.run_id]
+        cost = rec.cost()
+        assert cost.total == pytest.approx(row.cost, rel=1e-9)
+        assert (cost.busy, cost.idle) == (pytest.approx(row.busy_cost, rel=1e-9), pytest.approx(row.idle_cost))
+        total = sent[rec.run_id]["table"][-1]
+        assert total == run_table(rec)[-1]
+        assert (total["cost"], total["busy_cost"], total["idle_cost"], total["unit"]) == (
+            _money(row.cost),
+            _money(row.busy_cost),
+            _money(row.idle_cost),
+            "$",
+        )
+        summary = sent[rec.run_id]["markdown"]
+        assert summary == run_summary(rec)
+        assert f"**Cost**: ${row.cost:.6g} (busy ${row.busy_cost:.6g} + idle ${row.idle_cost:.6g})" in summary
+        assert "Final: the idle time after each of its batches has closed" in summary
+
+
+class _PrewarmFirst:
+    """Starts a worker for a queue ahead of its jobs, holds them until it is warm, then uses it."""
+
+    name = "one-cost-prewarm"
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        holds, dispatches, starts = [], [], []
+        for q in snapshot.queues:
+            mine = [w for w in snapshot.cluster.workers if w.stage == q.key.stage]
+            warm = [w for w in mine if not w.busy]
+            if warm:
+                w, jobs = warm[0], q.jobs[:4]
+                placement = Placement(w.node, None, w.worker_id, 1)
+                ids = tuple(j.job_id for j in jobs)
+                dispatches.append(Dispatch(q.key, ids, Config(len(jobs), 1, 0.0), "cpu", placement, 12.0))
+            elif mine:
+                holds.append(Hold(q.key, "waiting for the worker"))
+            else:
+                node = snapshot.cluster.nodes[0].name
+                starts.append(Start(q.key, Config(1, 1, 0.0), "cpu", Placement(node, None, None, 4), "test"))
+                holds.append(Hold(q.key, "starting a worker"))
+        return SchedulingResult(tuple(dispatches), tuple(holds), (), (), tuple(starts))
+
+
+def test_artifacts_wait_for_the_cost_to_settle_and_pending_ones_are_flushed_at_close(store: CostStore) -> None:
+    register_scheduler("one-cost-prewarm", lambda *a: _PrewarmFirst(), "test only", replace=True)
+    clock = ManualClock()
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), scheduler="one-cost-prewarm",
+                backend=FakeBackend(clock), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    published: dict[str, RunRecords] = {}
+    lock = threading.Lock()
+
+    def publish(records: RunRecords) -> None:
+        with lock:
+            published[records.run_id] = records
+
+    def seen() -> set[str]:
+        with lock:
+            return set(published)
+
+    attachment = attach_store(pool, store)
+    publisher = RunPublisher(pool, publish=publish, on_idles=attachment.store_idles, grace_ms=100.0)
+    pool.add_run_listener(publisher)
+    pool.add_batch_listener(publisher.on_batches)
+    r1, r2, r3 = (str(uuid.uuid4()) for _ in range(3))
+    inc = WorkflowDecl("inc-only", 5000, ())
+    try:
+        # r1: its call waits for a pre-warmed worker, then runs on it (b1); the worker idles after it.
+        _results(clock, [pool.submit(StageCall("c1", "inc", "x:inc", inc, r1, r1, 1))])
+        pool.end_run(r1)
+        clock.advance(1_000.0)
+        time.sleep(0.1)
+        assert seen() == set()  # the idle time after b1 is open: r1's cost is not final
+        # r2 runs on the same warm worker (b2): the idle after b1 has closed, r1 is published.
+        _results(clock, [pool.submit(StageCall("c2", "inc", "x:inc", inc, r2, r2, 2))])
+        pool.end_run(r2)
+        _wait_for(lambda: r1 in seen())
+        assert r2 not in seen()
+        # The pool goes quiet: the worker's keep-alive runs out; the publisher finds that in a snapshot.
+        clock.advance(60_000.0)
+        _wait_for(lambda: r2 in seen(), clock, 100.0)
+        # r3 starts a new worker (pre-warmed again) and ends; the pool closes before its keep-alive is out.
+        _results(clock, [pool.submit(StageCall("c3", "inc", "x:inc", inc, r3, r3, 3))])
+        pool.end_run(r3)
+        time.sleep(0.1)
+        assert r3 not in seen()
+    finally:
+        pool.close()
+    assert seen() == {r1, r2, r3}  # r3 was published during the close
+    final = final_records(pool)
+    assert final is not None
+    batches, idles = final
+    ref = attribute_costs(batches, idles, pool.prices)
+    assert ref.idle_unattributed == 0.0  # each worker's pre-warm idle time went to its first batch
+    lead = [i for i in idles if i.start_ms < min(b.start_ms for b in batches if b.worker_id == i.worker_id)]
+    assert len(lead) == 2
+    rows = {r.key: r for r in store.costs("run") if not r.idle}
+    for run in (r1, r2, r3):
+        rec = published[run]
+        assert rec.settled and rec.cost().total == pytest.approx(ref.per_run[run], rel=1e-9)
+        assert rows[run].cost == pytest.approx(ref.per_run[run], rel=1e-9)
+    assert any(i in lead for i in published[r1].caused_idles)  # r1 paid for the warm worker it used first
+    assert math.isclose(sum(ref.per_run.values()), _whole_bill(pool)[0], rel_tol=1e-9)
+
+
+AT_EXIT = """
+import json, sys, uuid
+from esg_prefect.control.calls import StageCall, WorkflowDecl
+from esg_prefect.integration import artifacts, recording
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend
+from tests.toy_stages import toy_profile
+
+out, url = sys.argv[1], sys.argv[2]
+
+def publish_run(records, client=None):  # stands in for the Prefect API
+    cost = records.cost()
+    with open(out, "a") as f:
+        f.write(json.dumps([records.run_id, records.settled, cost.total, cost.idle]) + "\\n")
+
+artifacts.publish_run = publish_run
+pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
+recording.attach_recorders(pool, artifacts=True, store=url)
+run = str(uuid.uuid4())
+toy = WorkflowDecl("toy", 800, (("double", "inc"),))
+x = pool.submit(StageCall("c1", "double", "tests.toy_stages:double", toy, run, run, 3)).result(30).output
+pool.submit(StageCall("c2", "inc", "tests.toy_stages:inc", toy, run, run, x)).result(30)
+pool.end_run(run)
+print(run)
+# The script ends with the pool open and its workers idle: the run's cost settles at interpreter exit.
+"""
+
+
+def test_a_run_pending_at_interpreter_exit_is_still_published_and_stored(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out, url = tmp_path / "published.jsonl", f"sqlite:///{tmp_path / 'exit.db'}"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT, str(out), url], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    run = done.stdout.split()[-1]
+    ((run_id, settled, total, idle),) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (run_id, settled) == (run, True) and idle > 0
+    with CostStore(url) as s:
+        (row,) = [r for r in s.costs("run") if not r.idle]
+    assert row.key == run and row.cost == pytest.approx(total, rel=1e-9)
+    assert row.idle_cost == pytest.approx(idle, rel=1e-9)
