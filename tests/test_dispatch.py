@@ -31,6 +31,21 @@ def test_rule2_warm_anywhere_when_none_is_local() -> None:
     assert p is not None and (p.worker_id, p.rule, p.cold) == ("a", 2, False)
 
 
+def test_among_equally_local_warm_workers_the_most_recently_idle_goes_first() -> None:
+    """Load gathers on the worker in use; the one idle longest is left to expire (and its gap is reported)."""
+    ws = [
+        gpu_worker("long-idle", "n1", "n1/g0", 0.5, "m", idle=10.0),
+        gpu_worker("recent", "n1", "n1/g1", 0.5, "m", idle=90.0),
+        gpu_worker("local", "n0", "n0/g0", 0.5, "m", idle=5.0),
+    ]
+    view = ClusterView(ClusterSnapshot(NODES, DEVS, ws))
+    p = view.place("m", 1, 0.5, "T4", [])
+    assert p is not None and p.worker_id == "recent"
+    p = view.place("m", 1, 0.5, "T4", ["n0"])  # locality still comes first
+    assert p is not None and p.worker_id == "local"
+    assert view.warm_idle_since("m") == {("T4", 1, 0.5): 90.0}
+
+
 def test_busy_or_mismatched_workers_are_not_warm() -> None:
     ws = [
         gpu_worker("busy", "n0", "n0/g0", 0.5, "m", busy=True),

@@ -1,8 +1,9 @@
-"""Idle-aware ESG (``idle_aware``): a new worker's options carry the keep-alive it will idle through.
+"""Idle-aware ESG (``idle_aware``): options carry the idle time they cause as well as their busy time.
 
 Hand-worked on one CPU stage: batch time 10 ms + 2 ms per item, cold start 100 ms, one vCPU at
-1e-3 $/s, keep-alive 60 s. A batch of 1 on a new worker bills 112 ms busy and at least 60 s idle;
-a warm worker's batch bills only its busy time.
+1e-3 $/s, keep-alive 60 s (at least 20 cold starts, 2 s, under the histogram policy). A batch of 1 on a new worker bills
+112 ms busy and at least its keep-alive idle; a warm worker's batch bills its busy time and the idle
+gap it closes past one cold start.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from esg_prefect.model import ConfigSpace, Job, LatencyProfile, PriceSheet, ProfilePoint, QueueKey, Workflow
 from esg_prefect.model.cluster import ClusterSnapshot, Node, Worker
 from esg_prefect.scheduling import ESGScheduler, ESGSettings, QueueState, Snapshot
-from esg_prefect.scheduling.tables import CandidateTables
+from esg_prefect.scheduling.tables import CandidateTables, gap_class, gap_ms
 
 PROFILE = LatencyProfile(
     [ProfilePoint("m", "cpu", b, 1, 0.0, 10.0 + 2 * b, 10.0 + 2 * b) for b in (1, 2, 4)], {("m", "cpu"): 100.0}
@@ -26,13 +27,44 @@ def settings(**kw: object) -> ESGSettings:
     return ESGSettings(config_space=ConfigSpace((1, 2, 4), (1,), (0.0,)), keep_alive_s=60.0, prewarm=False, **kw)  # type: ignore[arg-type]
 
 
-def test_a_cold_option_costs_its_keep_alive_and_a_warm_one_does_not() -> None:
-    on = CandidateTables(PROFILE, PRICES, settings())
+def test_a_cold_option_costs_its_keep_alive_and_a_warm_one_the_gap_it_closes() -> None:
+    fixed = CandidateTables(PROFILE, PRICES, settings(keep_alive_policy="fixed"))
+    hist = CandidateTables(PROFILE, PRICES, settings())
     off = CandidateTables(PROFILE, PRICES, settings(idle_aware=False))
-    cold, warm = ("cpu", 1, 0.0, False), ("cpu", 1, 0.0, True)
+    cold, warm = ("cpu", 1, 0.0, 0), ("cpu", 1, 0.0, 1)
     assert off.single_option("m", cold, 1).cost == pytest.approx(1e-3 * 0.112)  # type: ignore[union-attr]
-    assert on.single_option("m", cold, 1).cost == pytest.approx(1e-3 * (0.112 + 60.0))  # type: ignore[union-attr]
-    assert on.single_option("m", warm, 4).cost == pytest.approx(1e-3 * 0.018 / 4)  # type: ignore[union-attr]
+    assert fixed.single_option("m", cold, 1).cost == pytest.approx(1e-3 * (0.112 + 60.0))  # type: ignore[union-attr]
+    assert hist.single_option("m", cold, 1).cost == pytest.approx(1e-3 * (0.112 + 2.0))  # type: ignore[union-attr]
+    assert hist.single_option("m", warm, 4).cost == pytest.approx(1e-3 * 0.018 / 4)  # type: ignore[union-attr]
+    # Idle 800 ms: class 2 + floor(log2(800 / 8)) = 8, which stands for 8 * 2^6 = 512 ms; past the
+    # 100 ms cold start, 412 ms are billed to the batch that ends the gap.
+    assert gap_class(800.0) == 8 and gap_ms(8) == 512.0 and gap_class(7.9) == 1 and gap_ms(1) == 0.0
+    long_gap = ("cpu", 1, 0.0, 8)
+    assert hist.single_option("m", long_gap, 4).cost == pytest.approx(1e-3 * (0.018 + 0.412) / 4)  # type: ignore[union-attr]
+    # Never more than its cold twin's extra (cold start + keep-alive): a 60 s gap bills 2.1 s.
+    assert hist.single_option("m", ("cpu", 1, 0.0, gap_class(60_000.0)), 1).cost == pytest.approx(  # type: ignore[union-attr]
+        1e-3 * (0.012 + 2.1)
+    )
+    assert off.single_option("m", long_gap, 4).cost == pytest.approx(1e-3 * 0.018 / 4)  # type: ignore[union-attr]
+
+
+def test_a_worker_in_steady_use_beats_a_cheaper_one_that_has_idled() -> None:
+    """Two idle warm workers: 2 vCPUs (busy dearer: 7 ms at 2e-3 $/s) used 2 ms ago, 1 vCPU (12 ms at 1e-3)
+    idle for 800 ms. Busy time alone the 1-vCPU one is cheaper; using it bills its 800 ms gap, and the
+    other's does not, so idle-aware ESG takes the worker in use and lets the idle one expire."""
+    profile = LatencyProfile(
+        [ProfilePoint("m", "cpu", b, v, 0.0, t, t) for b in (1, 2, 4) for v, t in ((1, 10.0 + 2 * b), (2, 6.0 + b))],
+        {("m", "cpu"): 100.0},
+    )
+    space = ConfigSpace((1, 2, 4), (1, 2), (0.0,))
+    recent = Worker("w2", "n0", None, "cpu", 2, 0.0, "m", False, 998.0, False, None)
+    stale = Worker("w1", "n0", None, "cpu", 1, 0.0, "m", False, 200.0, False, None)
+    cluster = ClusterSnapshot([Node("n0", 4, max_workers=8)], [], [stale, recent])
+    job = (Job("j0", "r0", "r0", Q, 1000.0, 1000.0, 1150.0, 1150.0),)
+    for aware, chosen in ((False, "w1"), (True, "w2")):
+        s = ESGSettings(config_space=space, prewarm=False, idle_aware=aware)
+        res = ESGScheduler(profile, PRICES, s).decide(Snapshot((QueueState(Q, job),), cluster, {"w": WF}), 1000.0)
+        assert [d.placement.worker_id for d in res.dispatches] == [chosen]
 
 
 def jobs(n: int, deadline: float) -> tuple[Job, ...]:
@@ -69,3 +101,28 @@ def test_an_idle_warm_worker_takes_the_whole_queue_in_one_batch() -> None:
 def test_the_worker_view_carries_when_a_busy_worker_frees_up() -> None:
     w = worker("w1", busy=True, free_at=20.0)
     assert w.free_at_ms == 20.0 and worker("w2", busy=False).free_at_ms is None
+
+
+def test_late_jobs_wait_for_their_stages_busy_worker_rather_than_evict_another_stages_idle_one() -> None:
+    """A full node (2 worker slots): m's worker busy until 10 s, x's worker idle. A late job of m would
+    start a worker by stopping x's; idle-aware ESG keeps it waiting instead (past capacity, such
+    evictions feed a cold-start storm), the paper's ESG evicts."""
+    busy = Worker("w1", "n0", None, "cpu", 1, 0.0, "m", True, None, False, 10_000.0)
+    other = Worker("w2", "n0", None, "cpu", 1, 0.0, "x", False, 0.0, False, None)
+    cluster = ClusterSnapshot([Node("n0", 2, max_workers=2)], [], [busy, other])
+    late = (Job("j0", "r0", "r0", Q, 0.0, 0.0, 50.0, 50.0),)  # a cold start (100 ms) cannot make it
+    for aware in (False, True):
+        res = ESGScheduler(PROFILE, PRICES, settings(idle_aware=aware)).decide(
+            Snapshot((QueueState(Q, late),), cluster, {"w": WF}), 0.0
+        )
+        if aware:
+            assert res.dispatches == () and [h.reason for h in res.holds] == [
+                "no plan meets the slack; the jobs wait for a busy warm worker of the stage"
+            ]
+        else:
+            (d,) = res.dispatches
+            assert d.at_risk and d.placement.cold and d.placement.evict == ("w2",)
+    # A stage with no worker at all may still evict: it would otherwise never run.
+    alone = ClusterSnapshot([Node("n0", 1, max_workers=1)], [], [other])
+    res = ESGScheduler(PROFILE, PRICES, settings()).decide(Snapshot((QueueState(Q, late),), alone, {"w": WF}), 0.0)
+    assert [d.placement.evict for d in res.dispatches] == [("w2",)]

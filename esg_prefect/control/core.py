@@ -43,6 +43,7 @@ from esg_prefect.control.events import (
     WorkerReady,
 )
 from esg_prefect.control.fleet import Fleet
+from esg_prefect.control.keepalive import adaptive_keep_alive
 from esg_prefect.control.state import Flight, HopOverhead, Plan, Queue, Request, home_node, stages_after
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord
@@ -101,6 +102,8 @@ class Core:
         self.scheduler = scheduler
         self.tables = tables
         self.fleet = fleet
+        if fleet.adaptive is None:  # the keep-alive policy is the platform's: one place for every driver
+            fleet.adaptive = adaptive_keep_alive(settings, tables.profile.cold_start_ms)
         self.settings = settings
         self.workflows = workflows
         self.round_interval_ms = round_interval_ms
@@ -461,6 +464,9 @@ class Core:
                 )
             jobs.append(job)
         w = self.fleet.acquire(self._evictions(d.placement, now, actions), d.queue.stage, d.config, d.hardware, now)
+        if self.fleet.rearmed_ms is not None:  # idle workers of the stage got an earlier expiry
+            self._expiring(self.fleet.rearmed_ms)
+            self.fleet.rearmed_ms = None
         w.free_at_ms, w.view = now + d.predicted_ms, None
         for job in jobs:  # the placement fitted: the jobs leave their queue
             del q.jobs[job.job_id]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
+from esg_prefect.control.keepalive import AdaptiveKeepAlive
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
@@ -122,6 +123,8 @@ class Fleet:
         keep_alive_ms: how long an idle worker is kept.
         keep_alive_scales: per hardware type, the fraction of ``keep_alive_ms`` its
             idle workers get (``ESGSettings.keep_alive_by_price``); None: all of it.
+        adaptive: keep-alive from the stages' measured idle gaps, within the
+            above (``ESGSettings.keep_alive_policy``); None: the fixed window.
     """
 
     def __init__(
@@ -130,9 +133,12 @@ class Fleet:
         devices: Iterable[Device],
         keep_alive_ms: float,
         keep_alive_scales: Mapping[str, float] | None = None,
+        adaptive: AdaptiveKeepAlive | None = None,
     ) -> None:
         self.keep_alive_ms = keep_alive_ms
         self._keep_alive_scales = dict(keep_alive_scales or {})
+        self.adaptive = adaptive
+        self.rearmed_ms: float | None = None
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] = []
         self.idles: list[IdleRecord] = []
@@ -186,7 +192,8 @@ class Fleet:
 
     def keep_alive_of(self, w: FleetWorker) -> float:
         """How long ``w`` is kept once idle, in ms."""
-        return self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
+        fixed = self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
+        return fixed if self.adaptive is None else self.adaptive.keep_alive_ms(w.stage, fixed, w.worker_id, w.hardware)
 
     # ---- applying a placement ------------------------------------------------------
 
@@ -221,6 +228,13 @@ class Fleet:
                     f"dispatch to worker {w.worker_id} needs {w.vcpus} vCPUs on {w.node}, {free} free"
                 )
             self._free_vcpus[w.node] = free - w.vcpus
+            gaps = self.adaptive
+            if (
+                gaps is not None
+                and w.idle_since_ms is not None
+                and gaps.observe(w.stage, now_ms - w.idle_since_ms, w.worker_id)
+            ):
+                self._rearm(w.stage, w, now_ms)
             self._close_idle(w, now_ms)
             w.idle_since_ms = None
             w.expiry_token += 1
@@ -265,6 +279,8 @@ class Fleet:
             self.batches.append(record)
         if self.workers.pop(w.worker_id, None) is None:
             return
+        if self.adaptive is not None:
+            self.adaptive.forget(w.worker_id)
         if w.node in self._workers_on:
             self._workers_on[w.node] -= 1
             if w.busy:
@@ -272,19 +288,35 @@ class Fleet:
         self._free_gpu(w)
         self._snapshot = None
 
+    def _rearm(self, stage: str, reused: FleetWorker, now_ms: float) -> None:
+        """The stage's gaps now set its keep-alive: its idle workers, kept the fixed window so far, follow it.
+
+        ``rearmed_ms`` is the earliest new expiry, for the driver's wake-up (the core reads and clears it).
+        """
+        for w in self.workers.values():
+            if w is reused or w.stage != stage or w.idle_since_ms is None:
+                continue
+            at = self._arm(w, w.idle_since_ms, now_ms)
+            self.rearmed_ms = at if self.rearmed_ms is None else min(self.rearmed_ms, at)
+
+    def _arm(self, w: FleetWorker, since_ms: float, not_before_ms: float | None = None) -> float:
+        w.expiry_token += 1
+        at = since_ms + self.keep_alive_of(w)
+        if not_before_ms is not None and at < not_before_ms:
+            at = not_before_ms  # already past: it expires now
+        self._expiry_seq += 1
+        heapq.heappush(self._expiries, (at, self._expiry_seq, w.worker_id, w.expiry_token))
+        return at
+
     def _to_idle(self, w: FleetWorker, since_ms: float) -> float:
         """Give back the vCPUs ``w`` held while busy and count it idle from ``since_ms``; its expiry time."""
         if w.node in self._free_vcpus:
             self._free_vcpus[w.node] += w.vcpus
         w.idle_since_ms = since_ms
         w.free_at_ms = None
-        w.expiry_token += 1
         w.view = None
         self._snapshot = None
-        at = since_ms + self.keep_alive_of(w)
-        self._expiry_seq += 1
-        heapq.heappush(self._expiries, (at, self._expiry_seq, w.worker_id, w.expiry_token))
-        return at
+        return self._arm(w, since_ms)
 
     def _start(self, placement: Placement, stage: str, config: Config, hardware: str) -> FleetWorker:
         node, dev = placement.node, placement.device_id
@@ -329,6 +361,8 @@ class Fleet:
         """Stop an idle worker now (eviction, keep-alive expiry or the end of a run)."""
         self._close_idle(w, now_ms)
         del self.workers[w.worker_id]
+        if self.adaptive is not None:
+            self.adaptive.forget(w.worker_id)
         if w.node in self._workers_on:
             self._workers_on[w.node] -= 1
         self._free_gpu(w)

@@ -140,6 +140,18 @@ class ESGSchedulerSettings(Block):
         default=_knob("keep_alive_by_price"),
         description="Dearer GPU types keep idle workers for less: the cheapest type's price over theirs.",
     )
+    keep_alive_policy: Literal["histogram", "fixed"] = Field(
+        default=_knob("keep_alive_policy"),
+        description="Keep idle workers for a percentile of their stage's measured idle gaps, or the fixed window.",
+    )
+    keep_alive_percentile: float = Field(
+        default=_knob("keep_alive_percentile"), gt=0, le=100, description="Percentile of the gaps kept for."
+    )
+    keep_alive_cold_starts: float = Field(
+        default=_knob("keep_alive_cold_starts"),
+        ge=0,
+        description="The least keep-alive of the histogram policy, in cold starts of the worker's stage.",
+    )
     redistribute_slack: bool = Field(
         default=_knob("redistribute_slack"), description="Recompute later deadlines from real finish times."
     )
@@ -173,7 +185,7 @@ class ESGSchedulerSettings(Block):
     )
     idle_aware: bool = Field(
         default=_knob("idle_aware"),
-        description="Price a new worker with the keep-alive it will idle through (the whole bill, not busy time only).",
+        description="Price the idle time an option causes, not only its busy time (the whole bill).",
     )
     prewarm: bool = Field(
         default=_knob("prewarm"),

@@ -27,8 +27,9 @@ updates as it dispatches, so two batches never get the same capacity.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
 from esg_prefect.model.config import CPU
@@ -295,6 +296,21 @@ class ClusterView:
             self._memo[key] = got
         return got  # type: ignore[return-value]
 
+    def warm_idle_since(self, stage: str) -> dict[tuple[str, int, float], float]:
+        """Per (hardware, vcpus, share) of :meth:`warm_resources`, when its most recently idle worker went idle."""
+        key = ("warm-since", stage)
+        got = cast("dict[tuple[str, int, float], float] | None", self._memo.get(key))
+        if got is None:
+            got = {}
+            for w in self._idle_by_stage.get(stage, ()):
+                if w.worker_id in self.idle and self.free_vcpus[w.node] >= w.vcpus:
+                    k = (w.hardware, w.vcpus, w.gpu_share)
+                    since = w.idle_since_ms or 0.0
+                    if since > got.get(k, -math.inf):
+                        got[k] = since
+            self._memo[key] = got
+        return got
+
     def can_start(self, vcpus: int, share: float, hardware: str) -> bool:
         """Whether a new worker with these resources fits (evicting idle ones if allowed)."""
         return _h(share) <= self.max_room(vcpus, hardware)
@@ -366,8 +382,9 @@ class ClusterView:
         home = max(sorted(counts), key=counts.__getitem__) if counts else None
         warm = [w for w in self.idle_warm(stage, vcpus, share, hardware) if self.free_vcpus[w.node] >= vcpus]
         if warm:
-            # Most inputs local first, then longest idle (fairness), then id (determinism).
-            warm.sort(key=lambda w: (-counts.get(w.node, 0), w.idle_since_ms or 0.0, w.worker_id))
+            # Most inputs local first, then most recently idle (load gathers on few workers and the
+            # rest expire: each use of a worker extends its keep-alive), then id (determinism).
+            warm.sort(key=lambda w: (-counts.get(w.node, 0), -(w.idle_since_ms or 0.0), w.worker_id))
             w = warm[0]
             return Placement(w.node, w.device_id, w.worker_id, 1 if w.node == home and home else 2)
         if _h(share) > self.max_room(vcpus, hardware):

@@ -94,7 +94,7 @@ from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
-from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, to_us
+from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, gap_class, to_us
 
 __all__ = ["ESGScheduler", "QueueDecision"]
 
@@ -250,7 +250,7 @@ class ESGScheduler:
                     continue
                 if dec.kind is DecisionKind.BUSY:
                     holds.append(
-                        Hold(q.key, "no plan meets the slack; a busy warm worker frees up before a cold start")
+                        Hold(q.key, "no plan meets the slack; the jobs wait for a busy warm worker of the stage")
                     )
                     break
                 if dec.kind is DecisionKind.NONE or dec.choice is None:
@@ -312,7 +312,7 @@ class ESGScheduler:
         # Pre-warm starts take what the round's dispatches left: every queue is served first.
         for key, c, left in candidates:
             assert self._prewarm is not None
-            start = self._prewarm.start(key, c, left, view, self.placeable_resources(key.stage, view), starts)
+            start = self._prewarm.start(key, c, left, view, self.placeable_resources(key.stage, view, now_ms), starts)
             if start is not None:
                 starts.append(start)
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
@@ -346,11 +346,15 @@ class ESGScheduler:
 
     # ---- ESG_1Q ------------------------------------------------------------
 
-    def placeable_resources(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
-        """Resources of the space that can take a batch of ``stage`` now, and whether warm."""
-        return view.remember(("esg-placeable", stage), lambda: self._placeable(stage, view))
+    def placeable_resources(self, stage: str, view: ClusterView, now_ms: float | None = None) -> tuple[Resource, ...]:
+        """Resources of the space that can take a batch of ``stage`` now, and whether warm.
 
-    def _placeable(self, stage: str, view: ClusterView) -> tuple[Resource, ...]:
+        With ``idle_aware`` and ``now_ms``, a warm resource carries the gap class
+        of its most recently idle worker (the one the placement reuses first).
+        """
+        return view.remember(("esg-placeable", stage, now_ms), lambda: self._placeable(stage, view, now_ms))
+
+    def _placeable(self, stage: str, view: ClusterView, now_ms: float | None) -> tuple[Resource, ...]:
         hardware = view.hardware
         got = self._memo.get(("kinds", stage, hardware))
         if got is None:
@@ -361,18 +365,23 @@ class ESGScheduler:
             self._memo.put(("kinds", stage, hardware), got)
         kinds, flat = got
         rooms = tuple([view.max_room(v, hw) for hw, v in kinds])  # one capacity question per (hardware, vcpus)
-        warm = view.warm_resources(stage)
+        warm: dict[tuple[str, int, float], int]
+        if self.settings.idle_aware and now_ms is not None:
+            warm = {k: gap_class(now_ms - since) for k, since in view.warm_idle_since(stage).items()}
+        else:
+            warm = dict.fromkeys(view.warm_resources(stage), 1)
         # The answer depends on nothing else, and the same few answers recur round after round.
-        key = ("placeable", stage, hardware, rooms, frozenset(warm))
+        key = ("placeable", stage, hardware, rooms, frozenset(warm.items()))
         cached: tuple[Resource, ...] | None = self._memo.get(key)
         if cached is not None:
             return cached
         out: list[Resource] = []
         for hw, v, s, need, kind in flat:  # the space's order: hardware, then share, then vcpus
-            if warm and (hw, v, s) in warm:
-                out.append((hw, v, s, True))
+            flag = warm.get((hw, v, s), 0) if warm else 0
+            if flag:
+                out.append((hw, v, s, flag))
             elif need <= rooms[kind]:
-                out.append((hw, v, s, False))
+                out.append((hw, v, s, 0))
         return self._memo.put(key, tuple(out))  # type: ignore[no-any-return]
 
     def decide_queue(
@@ -394,7 +403,7 @@ class ESGScheduler:
         t0 = self.clock() if self.clock is not None else None
         stage = queue.key.stage
         hardware = view.hardware
-        resources = self.placeable_resources(stage, view)
+        resources = self.placeable_resources(stage, view, now_ms)
         if self._hardware is not None:  # PALDIA: only the types that carry the queue's load
             resources = self._hardware.restrict(queue.key, resources)
         n = len(jobs)
@@ -576,6 +585,17 @@ class ESGScheduler:
             # A worker warm for the stage (or starting), busy now, finishes its batch and then this
             # queue no later than a cold start would: wait for it rather than start a worker that then
             # idles (idle_aware), or that stops idle ones (the cluster is full).
+            return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
+        if (
+            self.settings.wait_for_busy_warm
+            and self.settings.idle_aware
+            and c.cold
+            and view.busy_by_stage.get(stage)
+            and self._evicts(c, view, jobs[:top])
+        ):
+            # The cluster is full and the stage has a worker: late jobs wait for it rather than stop
+            # another stage's idle worker, which that stage's next jobs would then start again late
+            # (past capacity, such evictions feed each other: a cold-start storm).
             return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
         return QueueDecision(DecisionKind.DISPATCH if c.wait_ms == 0 else DecisionKind.WAIT, c, (), True, stats)
 

@@ -27,6 +27,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "percentile": ("p95", "mean"),
     "cost_split": ("equal", "input_size"),
     "idle_billing": ("attribute", "separate"),
+    "keep_alive_policy": ("histogram", "fixed"),
 }
 
 
@@ -79,6 +80,16 @@ class ESGSettings:
             in the paper, which bills no idle time; docs/results.md, "Idle
             cost"); a cluster of one GPU type is unaffected. Off keeps every idle
             worker ``keep_alive_s`` whatever it costs.
+        keep_alive_policy: ``"histogram"`` keeps an idle worker for a percentile of
+            its stage's measured idle gaps (the hybrid-histogram policy of
+            Shahrad et al., ATC '20; :mod:`esg_prefect.control.keepalive`), within
+            ``keep_alive_cold_starts`` and the fixed window above, which it uses
+            until the stage has enough gaps; ``"fixed"`` always keeps the fixed
+            window. Applied to every scheduler (docs/decisions/whole-bill.md).
+        keep_alive_percentile: that percentile of the gaps (a 10 % margin is added).
+        keep_alive_cold_starts: the least keep-alive of the histogram policy, in
+            cold starts of the worker's stage on its hardware (ski rental: a
+            restart costs its load and, on a request's path, SLO slack).
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it, or
@@ -99,12 +110,16 @@ class ESGSettings:
             for a busy worker warm for the stage if it would finish them sooner
             (not in the paper; without it an overloaded cluster falls into a
             cold-start storm, see :mod:`esg_prefect.scheduling.esg`).
-        idle_aware: price a new worker's options with the keep-alive it will
-            idle through at least once after its last batch (the whole bill:
-            a worker holding a share is paid for while it idles), so that the
-            search starts a worker only where warm ones cannot serve the queue
-            within its slack, and then the one whose idle time costs least (not
-            in the paper, whose cost model bills busy time only).
+        idle_aware: price the idle time an option causes as well as its busy
+            time (the whole bill: a worker holding a share is paid for while it
+            idles): a new worker's options carry the keep-alive it will idle
+            through after its last batch, a warm worker's the idle gap the use
+            closes; so the search starts a worker only where warm ones cannot
+            serve the queue within its slack, keeps load on the workers in use
+            and lets the others expire. With ``wait_for_busy_warm``, late jobs
+            of a stage with a busy worker wait for it rather than evict another
+            stage's idle worker. Not in the paper, whose cost model bills busy
+            time only (docs/decisions/whole-bill.md).
         prewarm: after a dispatch onto a warm worker, start a worker off the
             requests' path (:class:`~esg_prefect.scheduling.base.Start`) when
             resources the queue could use warm within the same slack cost at
@@ -151,6 +166,9 @@ class ESGSettings:
     best_effort_tolerance: float = 0.1
     keep_alive_s: float = 60.0
     keep_alive_by_price: bool = True
+    keep_alive_policy: Literal["histogram", "fixed"] = "histogram"
+    keep_alive_percentile: float = 99.0
+    keep_alive_cold_starts: float = 20.0
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
@@ -196,6 +214,13 @@ class ESGSettings:
             "best_effort_tolerance",
             self.best_effort_tolerance,
             lambda v: math.isfinite(v) and v >= 0,
+            "a finite number >= 0",
+        )
+        _number("keep_alive_percentile", self.keep_alive_percentile, lambda v: 0.0 < v <= 100.0, "in (0, 100]")
+        _number(
+            "keep_alive_cold_starts",
+            self.keep_alive_cold_starts,
+            lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0",
         )
         _number("hardware_utilization", self.hardware_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
@@ -270,6 +295,9 @@ class PlatformSettings:
     reserve_overhead: bool
     keep_alive_s: float
     keep_alive_by_price: bool
+    keep_alive_policy: Literal["histogram", "fixed"]
+    keep_alive_percentile: float
+    keep_alive_cold_starts: float
     allow_eviction: bool
     correction_alpha: float
     cost_split: Literal["equal", "input_size"]

@@ -31,8 +31,28 @@ def to_us(ms: float) -> int:
     return round(ms * 1000.0)
 
 
-Resource = tuple[str, int, float, bool]
-"""A placeable resource choice for a first stage: (hardware, vcpus, gpu_share, warm)."""
+Resource = tuple[str, int, float, int]
+"""A placeable resource choice for a first stage: (hardware, vcpus, gpu_share, warm).
+
+``warm`` is 0 (False) for a new worker, else the gap class of the warm idle
+worker it would run on (:func:`gap_class`; True is class 1, no gap).
+"""
+
+GAP_UNIT_MS = 8.0
+"""Gap class k >= 2 stands for an idle gap of at least ``GAP_UNIT_MS * 2 ** (k - 2)``."""
+
+
+def gap_class(gap_ms: float) -> int:
+    """The warm flag of a resource whose idle worker has idled ``gap_ms``: 1 under one unit, then one per doubling."""
+    if gap_ms < GAP_UNIT_MS:
+        return 1
+    return 2 + int(math.log2(gap_ms / GAP_UNIT_MS))
+
+
+def gap_ms(warm: int) -> float:
+    """The idle gap a warm flag stands for (the class's lower bound): what a use of that worker extends."""
+    return 0.0 if warm <= 1 else GAP_UNIT_MS * 2.0 ** (warm - 2)
+
 
 _CACHE_LIMIT = 4096
 _MISSING = object()
@@ -159,8 +179,8 @@ class CandidateTables:
         self._suffix: dict[
             tuple[Workflow, str, frozenset[str]], tuple[tuple[str, ...], list[tuple[Option, ...]], SuffixFrontiers]
         ] = {}
-        # First-stage option caches: static given (stage, batch, resources, warm or cold).
-        self._single: dict[tuple[str, str, int, float, int, bool], Option | None] = {}
+        # First-stage option caches: static given (stage, batch, resources, warm flag).
+        self._single: dict[tuple[str, str, int, float, int, int], Option | None] = {}
         # (stage, n, id(resources)) -> the static parts of a first stage's options (_FirstParts).
         self._parts: dict[tuple[str, int, int], _FirstParts] = {}
         # (stage, batch sizes, resource kinds) -> the cold options of those kinds, pruned (_pruned_over).
@@ -274,7 +294,14 @@ class CandidateTables:
     # ---- first-stage options -----------------------------------------------
 
     def single_option(self, stage: str, res: Resource, batch: int) -> Option | None:
-        """Dispatch-now option of ``batch`` jobs on ``res`` (cold start added unless warm)."""
+        """Dispatch-now option of ``batch`` jobs on ``res`` (cold start added unless warm).
+
+        With ``idle_aware``, a new worker's cost includes the keep-alive it idles
+        through after its last batch, and a warm one's the idle gap this use
+        closes (its gap class) past one cold start, at most its cold twin's extra: using a worker that
+        would otherwise expire keeps it billed, while one in steady use costs its
+        busy time.
+        """
         hw, v, share, warm = res
         key = (stage, hw, v, share, batch, warm)
         got = self._single.get(key, _MISSING)
@@ -286,7 +313,13 @@ class CandidateTables:
             cold_ms = 0.0 if warm else self.profile.cold_start_ms(stage, hw)
             busy = lat + cold_ms
             cfg = self._config(batch, v, share)
-            cost = self.prices.batch_cost(cfg, hw, busy + (0.0 if warm else self._idle_after_ms(stage, hw))) / batch
+            extra = self._idle_after_ms(stage, hw)
+            if warm and extra:  # the gap past one cold start (a pre-warmed worker's load is its start's cost)
+                start_ms = self.profile.cold_start_ms(stage, hw)
+                extra = min(max(0.0, gap_ms(warm) - start_ms), extra + start_ms)
+            elif warm:
+                extra = 0.0
+            cost = self.prices.batch_cost(cfg, hw, busy + extra) / batch
             opt = _option(to_us(busy), cost, _choice(stage, cfg, hw, busy, 0.0, cold_ms > 0))
         self._single[key] = opt
         return opt
@@ -300,6 +333,8 @@ class CandidateTables:
         s = self.settings
         if not s.idle_aware:
             return 0.0
+        if s.keep_alive_policy == "histogram":  # the gaps' percentile, most often its floor once measured
+            return s.keep_alive_cold_starts * self.profile.cold_start_ms(stage, hardware)
         keep = s.keep_alive_s * 1000.0
         if s.keep_alive_by_price:
             keep *= self.prices.keep_alive_scales(self.profile.hardware_types(stage)).get(hardware, 1.0)

@@ -1,0 +1,163 @@
+"""Keep-alive from measured idle gaps (control/keepalive.py) and its place in the core."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from esg_prefect.control.core import Core
+from esg_prefect.control.events import BatchFinished, CallArrived, StartBatch, StopWorker, WakeAt
+from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.control.keepalive import AdaptiveKeepAlive, GapHistogram, GapPolicy, adaptive_keep_alive
+from esg_prefect.exceptions import ConfigError
+from esg_prefect.model import LatencyProfile, PriceSheet
+from esg_prefect.model.attribution import BatchItem, BatchRecord
+from esg_prefect.model.cluster import Node
+from esg_prefect.model.config import Config
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling.base import Placement
+from esg_prefect.scheduling.tables import CandidateTables
+from tests.test_control_core import CHAIN, PROFILE, SETTINGS, Simple
+
+
+def test_the_percentile_is_the_upper_edge_of_its_logarithmic_bin() -> None:
+    h = GapHistogram(cap=1000)
+    for _ in range(99):
+        h.add(10.0)
+    h.add(5000.0)
+    # 10 ms is bin floor(8 * log10(10)) = 8, whose upper edge is 10^(9/8) ms.
+    assert h.percentile(99.0) == pytest.approx(10 ** (9 / 8))
+    # The last gap: 5000 ms is bin floor(8 * log10(5000)) = 29, edge 10^(30/8).
+    assert h.percentile(100.0) == pytest.approx(10 ** (30 / 8))
+    assert GapHistogram(cap=10).percentile(50.0) == 0.0
+
+
+def test_counts_halve_at_the_cap_so_that_new_gaps_outweigh_old_ones() -> None:
+    h = GapHistogram(cap=40)
+    for _ in range(39):
+        h.add(2000.0)
+    h.add(2000.0)  # the 40th: every count halves
+    assert h.total == 20.0
+    for _ in range(20):
+        h.add(20.0)  # 20 new short gaps now weigh as much as the 40 old long ones
+    assert h.percentile(50.0) == pytest.approx(10 ** (11 / 8))
+    assert h.percentile(51.0) == pytest.approx(10 ** (27 / 8))
+
+
+def test_a_stage_keeps_the_fixed_window_until_it_has_enough_gaps_then_the_clamped_percentile() -> None:
+    policy = GapPolicy(percentile=99.0, margin=0.1, floor_cold_starts=2.0, min_samples=5, cap=100)
+    ka = AdaptiveKeepAlive(policy, lambda stage, hw: 50.0)  # floor: 2 cold starts of 50 ms
+    for _ in range(4):
+        ka.observe("a", 300.0)
+    assert ka.keep_alive_ms("a", 60_000.0) == 60_000.0  # 4 gaps < min_samples
+    ka.observe("a", 300.0)
+    edge = 10 ** (20 / 8)  # 300 ms: bin floor(8 * log10(300)) = 19
+    assert ka.keep_alive_ms("a", 60_000.0) == pytest.approx(edge * 1.1)
+    assert ka.keep_alive_ms("a", 200.0) == 200.0  # never past the fixed window (keep_alive_by_price)
+    assert ka.keep_alive_ms("b", 60_000.0) == 60_000.0  # another stage has no gaps yet
+    for _ in range(5):
+        ka.observe("c", 0.5)
+    assert ka.keep_alive_ms("c", 60_000.0) == 100.0  # the floor
+
+
+def test_bad_knobs_are_named() -> None:
+    for kw, word in (
+        ({"keep_alive_policy": "sometimes"}, "keep_alive_policy"),
+        ({"keep_alive_percentile": 0.0}, "keep_alive_percentile"),
+        ({"keep_alive_percentile": 101.0}, "keep_alive_percentile"),
+        ({"keep_alive_cold_starts": -1.0}, "keep_alive_cold_starts"),
+        ({"keep_alive_cold_starts": float("inf")}, "keep_alive_cold_starts"),
+        ({"keep_alive_cold_starts": True}, "keep_alive_cold_starts"),
+    ):
+        with pytest.raises(ConfigError, match=word):
+            ESGSettings(**kw)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="percentile"):
+        GapPolicy(percentile=-1.0)
+    with pytest.raises(ConfigError, match="min_samples"):
+        GapPolicy(min_samples=10, cap=15)
+    assert adaptive_keep_alive(ESGSettings(keep_alive_policy="fixed").platform, lambda s, h: 1.0) is None
+
+
+COLD_PROFILE = LatencyProfile(PROFILE.points, {("a", "cpu"): 10.0, ("b", "cpu"): 10.0})
+
+
+def _core(settings: ESGSettings) -> Core:
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), settings.keep_alive_s * 1000.0)
+    tables = CandidateTables(COLD_PROFILE, PriceSheet(1e-5, {}), settings)
+    return Core(Simple(), tables, fleet, settings.platform, {"wf": CHAIN})  # type: ignore[arg-type]
+
+
+def _run(core: Core, gaps: int) -> float:
+    """One worker of stage a reused ``gaps`` times after 50 ms idle each; when it expires at last."""
+    t = 0.0
+    wakes: list[float] = []
+    for i in range(gaps + 1):
+        core.arrive(CallArrived(f"j{i}", f"r{i}", f"r{i}", "wf", "a", t))
+        (start,) = [a for a in core.settle(t) if isinstance(a, StartBatch)]
+        assert start.cold == (i == 0) and start.worker.worker_id == "w1"
+        t += 11.0
+        core.finished(BatchFinished(start.batch_id, t))
+        wakes += [a.t for a in core.settle(t) if isinstance(a, WakeAt)]
+        t += 50.0
+    end, at = t - 50.0, wakes[-1]  # the core asks again only for an earlier wake-up than the pending one
+    for _ in range(3):
+        actions = core.settle(at)
+        if actions == [StopWorker("w1", at)]:
+            return at - end
+        (wake,) = actions
+        assert isinstance(wake, WakeAt)
+        at = wake.t
+    raise AssertionError("the worker never expired")
+
+
+def test_the_core_keeps_a_worker_for_its_stages_gaps_once_it_has_seen_enough() -> None:
+    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=20.0)  # 20 cold starts of 10 ms
+    # Fewer gaps than the policy needs (20): the fixed window.
+    assert _run(_core(hist), 10) == 60_000.0
+    # 20 gaps of 50 ms: 50 ms is bin 13, edge 10^(14/8) = 56.2 ms, +10 %: 61.9 ms, under the 200 ms floor.
+    assert _run(_core(hist), 20) == pytest.approx(200.0)
+    assert _run(_core(replace(hist, keep_alive_cold_starts=0.0)), 20) == pytest.approx(10 ** (14 / 8) * 1.1)
+    # The fixed policy ignores the gaps.
+    assert _run(_core(replace(hist, keep_alive_policy="fixed")), 20) == 60_000.0
+
+
+def test_idle_workers_kept_the_fixed_window_follow_the_histogram_once_it_fills() -> None:
+    """w2 goes idle under the fixed window; w1's reuses fill the stage's histogram; then w2 expires early."""
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0)
+    cold = lambda stage, hw: 100.0  # noqa: E731 - floor: 200 ms
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=AdaptiveKeepAlive(policy, cold))
+    cfg = Config(1, 1, 0.0)
+
+    def batch(w: FleetWorker, start: float, end: float) -> None:
+        item = (BatchItem("r", "r"),)
+        assert fleet.finish(w, BatchRecord(f"b{start}", w.worker_id, item, cfg, "cpu", start, end), end) > end
+
+    w1 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    w2 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    batch(w1, 0.0, 10.0)
+    batch(w2, 0.0, 10.0)  # w2: idle from 10 ms, kept the fixed 60 s
+    t = 10.0
+    for i in range(3):
+        t += 50.0
+        fleet.acquire(Placement("n0", None, w1.worker_id, 1), "a", cfg, "cpu", t)
+        assert fleet.rearmed_ms == (None if i < 2 else 210.0)  # the third gap fills it: w2 now 10 + 200 ms
+        batch(w1, t, t + 10.0)
+        t += 10.0
+    assert fleet.next_expiry_ms() == 210.0
+    assert [w.worker_id for w in fleet.expire(210.0)] == [w2.worker_id]
+    assert fleet.idles[-1].start_ms == 10.0 and fleet.idles[-1].end_ms == 210.0
+    # A re-armed expiry already past is now, not earlier: the driver cannot wake in the past.
+    fleet2 = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=AdaptiveKeepAlive(policy, cold))
+    fleet = fleet2
+    v1 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    v2 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    batch(v1, 0.0, 10.0)
+    batch(v2, 0.0, 10.0)
+    t = 10.0
+    for _ in range(3):
+        t += 500.0
+        fleet.acquire(Placement("n0", None, v1.worker_id, 1), "a", cfg, "cpu", t)
+        batch(v1, t, t + 10.0)
+        t += 10.0
+    assert fleet.rearmed_ms == 1530.0  # the third reuse's time: 10 + floor (or the 500 ms gaps' edge) is past
