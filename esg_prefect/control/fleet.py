@@ -261,7 +261,7 @@ class Fleet:
         """A pre-warm start is done: the worker is idle and warm; returns when its keep-alive runs out.
 
         Its idle time is counted from the start's beginning, so the load is billed
-        (as idle time: no run's batch held it).
+        (as idle time, attributed to the runs of the worker's first batch).
         """
         if w.starting is None:
             raise InvalidInputError(f"worker {w.worker_id} is not starting")

@@ -193,7 +193,8 @@ class Start:
     SLO segments of tens of ms), so a scheduler that only ever starts workers
     with jobs on them keeps serving a queue from whatever warm workers it has,
     however overpriced. A ``Start`` pays the cold start off the requests' path;
-    its time is billed as the worker's idle time (no run's batch holds it).
+    its time is billed as the worker's idle time, attributed to the runs of the
+    worker's first batch.
 
     Attributes:
         queue: the queue the worker is for (its stage is ``queue.stage``).

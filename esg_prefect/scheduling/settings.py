@@ -92,7 +92,8 @@ class ESGSettings:
             restart costs its load and, on a request's path, SLO slack).
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
-        idle_billing: attribute warm idle time to the runs served before it, or
+        idle_billing: attribute warm idle time to the runs served before it (a
+            pre-warmed worker's first idle time to its first batch's runs), or
             show it on a separate idle line.
         allow_eviction: stop idle workers of other stages to make room for a
             cold start when no free capacity is left.

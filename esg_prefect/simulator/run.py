@@ -161,6 +161,7 @@ def simulate(
             ctl.core.decisions,
             split=settings.cost_split,
             idle_billing=settings.idle_billing,
+            prior_workers=window.prior_workers,
         )
     return SimRun(
         report,
