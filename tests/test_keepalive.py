@@ -46,7 +46,7 @@ def test_counts_halve_at_the_cap_so_that_new_gaps_outweigh_old_ones() -> None:
 
 
 def test_a_stage_keeps_the_fixed_window_until_it_has_enough_gaps_then_the_clamped_percentile() -> None:
-    policy = GapPolicy(percentile=99.0, margin=0.1, floor_cold_starts=2.0, min_samples=5, cap=100)
+    policy = GapPolicy(percentile=99.0, margin=0.1, floor_cold_starts=2.0, min_ms=0.0, min_samples=5, cap=100)
     ka = AdaptiveKeepAlive(policy, lambda stage, hw: 50.0)  # floor: 2 cold starts of 50 ms
     for _ in range(4):
         ka.observe("a", 300.0)
@@ -88,8 +88,8 @@ def _core(settings: ESGSettings) -> Core:
     return Core(Simple(), tables, fleet, settings.platform, {"wf": CHAIN})  # type: ignore[arg-type]
 
 
-def _run(core: Core, gaps: int) -> float:
-    """One worker of stage a reused ``gaps`` times after 50 ms idle each; when it expires at last."""
+def _run(core: Core, gaps: int, gap_ms: float = 50.0) -> float:
+    """One worker of stage a reused ``gaps`` times after ``gap_ms`` idle each; how long it is kept at last."""
     t = 0.0
     wakes: list[float] = []
     for i in range(gaps + 1):
@@ -99,8 +99,8 @@ def _run(core: Core, gaps: int) -> float:
         t += 11.0
         core.finished(BatchFinished(start.batch_id, t))
         wakes += [a.t for a in core.settle(t) if isinstance(a, WakeAt)]
-        t += 50.0
-    end, at = t - 50.0, wakes[-1]  # the core asks again only for an earlier wake-up than the pending one
+        t += gap_ms
+    end, at = t - gap_ms, wakes[-1]  # the core asks again only for an earlier wake-up than the pending one
     for _ in range(3):
         actions = core.settle(at)
         if actions == [StopWorker("w1", at)]:
@@ -112,19 +112,23 @@ def _run(core: Core, gaps: int) -> float:
 
 
 def test_the_core_keeps_a_worker_for_its_stages_gaps_once_it_has_seen_enough() -> None:
-    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=20.0)  # 20 cold starts of 10 ms
+    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=150.0)  # 150 cold starts of 10 ms
     # Fewer gaps than the policy needs (20): the fixed window.
     assert _run(_core(hist), 10) == 60_000.0
-    # 20 gaps of 50 ms: 50 ms is bin 13, edge 10^(14/8) = 56.2 ms, +10 %: 61.9 ms, under the 200 ms floor.
-    assert _run(_core(hist), 20) == pytest.approx(200.0)
-    assert _run(_core(replace(hist, keep_alive_cold_starts=0.0)), 20) == pytest.approx(10 ** (14 / 8) * 1.1)
+    # 20 gaps of 50 ms: 50 ms is bin 13, edge 10^(14/8) = 56.2 ms, +10 %: 61.9 ms, under the 1.5 s floor.
+    assert _run(_core(hist), 20) == pytest.approx(1500.0)
+    # No floor from cold starts: the least keep-alive, 1 s, still holds (a profile may have no cold starts).
+    bare = replace(hist, keep_alive_cold_starts=0.0)
+    assert _run(_core(bare), 20) == pytest.approx(1000.0)
+    # 20 gaps of 2 s: bin 26, edge 10^(27/8) = 2371 ms, +10 %.
+    assert _run(_core(bare), 20, gap_ms=2000.0) == pytest.approx(10 ** (27 / 8) * 1.1)
     # The fixed policy ignores the gaps.
     assert _run(_core(replace(hist, keep_alive_policy="fixed")), 20) == 60_000.0
 
 
 def test_idle_workers_kept_the_fixed_window_follow_the_histogram_once_it_fills() -> None:
     """w2 goes idle under the fixed window; w1's reuses fill the stage's histogram; then w2 expires early."""
-    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0)
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0, min_ms=0.0)
     cold = lambda stage, hw: 100.0  # noqa: E731 - floor: 200 ms
     fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=AdaptiveKeepAlive(policy, cold))
     cfg = Config(1, 1, 0.0)

@@ -41,6 +41,7 @@ class GapPolicy:
         percentile: which percentile of the measured gaps to keep a worker for (0-100).
         margin: extra fraction on top of that percentile.
         floor_cold_starts: the least keep-alive, in cold starts of the worker's stage on its hardware.
+        min_ms: the least keep-alive whatever the cold start (a profile without cold starts reads 0).
         min_samples: gaps a stage needs before its histogram is used (the fixed window until then).
         worker_samples: gaps a worker needs before its own histogram counts too.
         cap: count at which a stage's histogram halves (how much history it weighs).
@@ -49,6 +50,7 @@ class GapPolicy:
     percentile: float = 99.0
     margin: float = 0.1
     floor_cold_starts: float = 20.0
+    min_ms: float = 1000.0
     min_samples: int = 20
     worker_samples: int = 5
     cap: int = 1000
@@ -168,6 +170,7 @@ class AdaptiveKeepAlive:
 
     def floor_ms(self, stage: str, hardware: str) -> float:
         """The least keep-alive of a worker of ``stage`` on ``hardware``."""
+        p = self.policy
         if self.cold_start_ms is None:
-            return 0.0
-        return self.policy.floor_cold_starts * self.cold_start_ms(stage, hardware)
+            return p.min_ms
+        return max(p.min_ms, p.floor_cold_starts * self.cold_start_ms(stage, hardware))
