@@ -11,7 +11,7 @@ a cap, so that it follows a changing load. A worker that goes idle is kept for
 the gaps' percentile times ``1 + margin``, at least ``floor_cold_starts`` of
 its stage's cold starts (ski rental: idling that long costs about what a
 restart does, counting the SLO slack a cold start on a request's path takes)
-and at most the platform's fixed keep-alive for its hardware.
+and 1 s, and at most the platform's fixed keep-alive for its hardware.
 
 With the placement's most-recently-idle-first reuse, load gathers on few
 workers: their gaps are short and they stay, while a worker only a burst
