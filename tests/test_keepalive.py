@@ -88,14 +88,23 @@ def _core(settings: ESGSettings) -> Core:
     return Core(Simple(), tables, fleet, settings.platform, {"wf": CHAIN})  # type: ignore[arg-type]
 
 
-def _run(core: Core, gaps: int, gap_ms: float = 50.0) -> float:
-    """One worker of stage a reused ``gaps`` times after ``gap_ms`` idle each; how long it is kept at last."""
+def _run(core: Core, gaps: int, gap_ms: float = 50.0, spare: bool = True) -> float:
+    """A worker of stage a reused ``gaps`` times after ``gap_ms`` idle each; how long it is kept at last.
+
+    With ``spare``, another worker of the stage stays busy throughout, so that ours is not the
+    stage's last one (which keeps the fixed window).
+    """
+    me = "w1"
+    if spare:
+        core.arrive(CallArrived("hold", "rh", "rh", "wf", "a", 0.0))
+        assert [a for a in core.settle(0.0) if isinstance(a, StartBatch)]  # w1: busy to the end
+        me = "w2"
     t = 0.0
     wakes: list[float] = []
     for i in range(gaps + 1):
         core.arrive(CallArrived(f"j{i}", f"r{i}", f"r{i}", "wf", "a", t))
         (start,) = [a for a in core.settle(t) if isinstance(a, StartBatch)]
-        assert start.cold == (i == 0) and start.worker.worker_id == "w1"
+        assert start.cold == (i == 0) and start.worker.worker_id == me
         t += 11.0
         core.finished(BatchFinished(start.batch_id, t))
         wakes += [a.t for a in core.settle(t) if isinstance(a, WakeAt)]
@@ -103,7 +112,7 @@ def _run(core: Core, gaps: int, gap_ms: float = 50.0) -> float:
     end, at = t - gap_ms, wakes[-1]  # the core asks again only for an earlier wake-up than the pending one
     for _ in range(3):
         actions = core.settle(at)
-        if actions == [StopWorker("w1", at)]:
+        if actions == [StopWorker(me, at)]:
             return at - end
         (wake,) = actions
         assert isinstance(wake, WakeAt)
@@ -124,6 +133,30 @@ def test_the_core_keeps_a_worker_for_its_stages_gaps_once_it_has_seen_enough() -
     assert _run(_core(bare), 20, gap_ms=2000.0) == pytest.approx(10 ** (27 / 8) * 1.1)
     # The fixed policy ignores the gaps.
     assert _run(_core(replace(hist, keep_alive_policy="fixed")), 20) == 60_000.0
+    # A stage's last worker keeps the fixed window: a burst after a lull finds it warm.
+    assert _run(_core(bare), 20, spare=False) == 60_000.0
+
+
+def test_a_stage_left_with_one_idle_worker_gives_it_the_fixed_window_again() -> None:
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0, min_ms=0.0)
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=AdaptiveKeepAlive(policy, lambda s, h: 100.0))
+    cfg = Config(1, 1, 0.0)
+    item = (BatchItem("r", "r"),)
+    w1 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    w2 = fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0)
+    fleet.finish(w2, BatchRecord("b0", w2.worker_id, item, cfg, "cpu", 0.0, 10.0), 10.0)
+    t = 10.0
+    for i in range(3):  # w2's reuses fill the stage's histogram; w1 stays busy meanwhile
+        t += 50.0
+        fleet.acquire(Placement("n0", None, w2.worker_id, 1), "a", cfg, "cpu", t)
+        fleet.finish(w2, BatchRecord(f"b{i + 1}", w2.worker_id, item, cfg, "cpu", t, t + 10.0), t + 10.0)
+        t += 10.0
+    assert fleet.next_expiry_ms() == t + 200.0  # two workers: w2 is kept the 200 ms floor
+    at = fleet.finish(w1, BatchRecord("bw1", w1.worker_id, item, cfg, "cpu", 0.0, t), t)
+    assert at == t + 200.0
+    # Both due at t + 200: w2 goes first, which leaves w1 the stage's last worker, re-armed for the window.
+    assert [w.worker_id for w in fleet.expire(t + 200.0)] == [w2.worker_id]
+    assert fleet.next_expiry_ms() == t + 60_000.0 and w1.worker_id in fleet.workers
 
 
 def test_idle_workers_kept_the_fixed_window_follow_the_histogram_once_it_fills() -> None:

@@ -139,6 +139,7 @@ class Fleet:
         self._keep_alive_scales = dict(keep_alive_scales or {})
         self.adaptive = adaptive
         self.rearmed_ms: float | None = None
+        self._per_stage: dict[str, int] = {}  # live workers per stage
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] = []
         self.idles: list[IdleRecord] = []
@@ -193,7 +194,9 @@ class Fleet:
     def keep_alive_of(self, w: FleetWorker) -> float:
         """How long ``w`` is kept once idle, in ms."""
         fixed = self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
-        return fixed if self.adaptive is None else self.adaptive.keep_alive_ms(w.stage, fixed, w.worker_id, w.hardware)
+        if self.adaptive is None or self._per_stage.get(w.stage, 0) <= 1:
+            return fixed  # a stage's last worker keeps the fixed window: bursts after a lull find it warm
+        return self.adaptive.keep_alive_ms(w.stage, fixed, w.worker_id, w.hardware)
 
     # ---- applying a placement ------------------------------------------------------
 
@@ -279,8 +282,7 @@ class Fleet:
             self.batches.append(record)
         if self.workers.pop(w.worker_id, None) is None:
             return
-        if self.adaptive is not None:
-            self.adaptive.forget(w.worker_id)
+        self._gone(w)
         if w.node in self._workers_on:
             self._workers_on[w.node] -= 1
             if w.busy:
@@ -348,6 +350,7 @@ class Fleet:
         self._next_worker += 1
         w = FleetWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage)
         self.workers[w.worker_id] = w
+        self._per_stage[stage] = self._per_stage.get(stage, 0) + 1
         self.cold_starts += 1
         self._snapshot = None
         return w
@@ -361,12 +364,22 @@ class Fleet:
         """Stop an idle worker now (eviction, keep-alive expiry or the end of a run)."""
         self._close_idle(w, now_ms)
         del self.workers[w.worker_id]
-        if self.adaptive is not None:
-            self.adaptive.forget(w.worker_id)
+        self._gone(w)
         if w.node in self._workers_on:
             self._workers_on[w.node] -= 1
         self._free_gpu(w)
         self._snapshot = None
+
+    def _gone(self, w: FleetWorker) -> None:
+        """Forget a stopped worker; a stage left with one idle worker gives it the fixed window again."""
+        left = self._per_stage[w.stage] = self._per_stage.get(w.stage, 1) - 1
+        if self.adaptive is None:
+            return
+        self.adaptive.forget(w.worker_id)
+        if left == 1:
+            last = next(x for x in self.workers.values() if x.stage == w.stage)
+            if last.idle_since_ms is not None and last.starting is None:
+                self._arm(last, last.idle_since_ms)
 
     def _close_idle(self, w: FleetWorker, now_ms: float) -> None:
         start = w.idle_since_ms

@@ -13,6 +13,9 @@ its stage's cold starts (ski rental: idling that long costs about what a
 restart does, counting the SLO slack a cold start on a request's path takes)
 and 1 s, and at most the platform's fixed keep-alive for its hardware.
 
+A stage's last worker keeps the fixed window (the fleet sees to it): a burst
+after a lull finds it warm.
+
 With the placement's most-recently-idle-first reuse, load gathers on few
 workers: their gaps are short and they stay, while a worker only a burst
 needed sees no reuse and expires after the percentile instead of the window.

@@ -84,8 +84,8 @@ class ESGSettings:
             its stage's measured idle gaps (the hybrid-histogram policy of
             Shahrad et al., ATC '20; :mod:`esg_prefect.control.keepalive`), within
             ``keep_alive_cold_starts`` and the fixed window above, which it uses
-            until the stage has enough gaps; ``"fixed"`` always keeps the fixed
-            window. Applied to every scheduler (docs/decisions/whole-bill.md).
+            until the stage has enough gaps and for a stage's last worker;
+            ``"fixed"`` always keeps the fixed window. Applied to every scheduler (docs/decisions/whole-bill.md).
         keep_alive_percentile: that percentile of the gaps (a 10 % margin is added).
         keep_alive_cold_starts: the least keep-alive of the histogram policy, in
             cold starts of the worker's stage on its hardware (ski rental: a
