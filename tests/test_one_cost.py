@@ -48,16 +48,11 @@ from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
 from esg_prefect.scheduling import (
-    Dispatch,
     ESGSettings,
-    Hold,
-    Placement,
-    SchedulingResult,
-    Snapshot,
-    Start,
     register_scheduler,
 )
 from esg_prefect.store import CostStore, attach_store
+from tests.test_pool import _PrewarmFirst
 from tests.toy_stages import toy_profile
 
 # ---- the definition, worked by hand ------------------------------------------------------------
@@ -420,32 +415,8 @@ def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_sa
         assert "Final: the idle time after each of its batches has closed" in summary
 
 
-class _PrewarmFirst:
-    """Starts a worker for a queue ahead of its jobs, holds them until it is warm, then uses it."""
-
-    name = "one-cost-prewarm"
-
-    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
-        holds, dispatches, starts = [], [], []
-        for q in snapshot.queues:
-            mine = [w for w in snapshot.cluster.workers if w.stage == q.key.stage]
-            warm = [w for w in mine if not w.busy]
-            if warm:
-                w, jobs = warm[0], q.jobs[:4]
-                placement = Placement(w.node, None, w.worker_id, 1)
-                ids = tuple(j.job_id for j in jobs)
-                dispatches.append(Dispatch(q.key, ids, Config(len(jobs), 1, 0.0), "cpu", placement, 12.0))
-            elif mine:
-                holds.append(Hold(q.key, "waiting for the worker"))
-            else:
-                node = snapshot.cluster.nodes[0].name
-                starts.append(Start(q.key, Config(1, 1, 0.0), "cpu", Placement(node, None, None, 4), "test"))
-                holds.append(Hold(q.key, "starting a worker"))
-        return SchedulingResult(tuple(dispatches), tuple(holds), (), (), tuple(starts))
-
-
 def test_artifacts_wait_for_the_cost_to_settle_and_pending_ones_are_flushed_at_close(store: CostStore) -> None:
-    register_scheduler("one-cost-prewarm", lambda *a: _PrewarmFirst(), "test only", replace=True)
+    register_scheduler("one-cost-prewarm", lambda *a: _PrewarmFirst(predicted_ms=12.0), "test only", replace=True)
     clock = ManualClock()
     pool = Pool(toy_profile(), PriceSheet(1e-5, {}), scheduler="one-cost-prewarm",
                 backend=FakeBackend(clock), clock=clock)  # type: ignore[arg-type]  # fmt: skip

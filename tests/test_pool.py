@@ -352,7 +352,8 @@ class _PrewarmFirst:
 
     name = "prewarm-first"
 
-    def __init__(self) -> None:
+    def __init__(self, predicted_ms: float = 7.0) -> None:
+        self.predicted_ms = predicted_ms  # what each dispatch predicts
         self.seen_starting: list[bool] = []  # the busy workers' ``starting`` flags, round after round
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
@@ -365,7 +366,7 @@ class _PrewarmFirst:
                 w, jobs = warm[0], q.jobs[:4]
                 placement = Placement(w.node, None, w.worker_id, 1)
                 ids = tuple(j.job_id for j in jobs)
-                dispatches.append(Dispatch(q.key, ids, Config(len(jobs), 1, 0.0), "cpu", placement, 7.0))
+                dispatches.append(Dispatch(q.key, ids, Config(len(jobs), 1, 0.0), "cpu", placement, self.predicted_ms))
             elif mine:
                 holds.append(Hold(q.key, "waiting for the worker"))
             else:
