@@ -14,6 +14,11 @@ import concurrent.futures
 import time
 from pathlib import Path
 
+from esg_prefect.integration.api_check import require_prefect_api
+
+if __name__ == "__main__":
+    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+
 import torch
 from prefect import flow
 

@@ -8,14 +8,19 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 
-from esg_prefect import ESGTaskRunner
-from esg_prefect.examples.pipelines import text_flow
+from esg_prefect.integration.api_check import require_prefect_api
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=24)
     args = parser.parse_args()
+    if args.requests < 1:
+        parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
+    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.examples.pipelines import text_flow
+
     pooled = text_flow.with_options(task_runner=ESGTaskRunner())
     pooled(request_seed=0)  # one run first: concurrent first runs would race to start Prefect's ephemeral API
     with concurrent.futures.ThreadPoolExecutor(16) as ex:

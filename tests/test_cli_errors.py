@@ -1,54 +1,163 @@
-"""A user's mistake on the command line is one line naming the bad value, exit code 2, no traceback."""
+"""A user's mistake on the command line is one line naming the bad value and what is accepted, exit code 2.
+
+Every command is covered: a bad value, an unknown name, a missing file, and a
+Prefect API (or pool service, or database) that does not answer. The commands
+run in this process through :func:`esg_prefect.cli.main`, the flow scripts as
+subprocesses; none of the refusals starts a simulation, a server or a pool.
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 
 from esg_prefect.cli import main
+from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
+
+REPO = Path(__file__).resolve().parents[1]
+UNSET_TOKEN = "ESG_PREFECT_TEST_TOKEN_NEVER_SET"
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
 
 
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["simulate", "--scheduler", "nonexistent", "--duration", "1"], "unknown scheduler 'nonexistent'"),
-        (["simulate", "--rate", "-5", "--duration", "1"], "rate_per_s must be a finite number > 0, got -5.0"),
-        (["simulate", "--duration", "-1"], "duration_s must be a finite number > 0, got -1.0"),
-        (["simulate", "--case", "/nonexistent.json"], "/nonexistent.json"),
-        (["simulate", "--trace", "nope", "--duration", "1"], "unknown trace 'nope'"),
-        (["simulate", "--profile", "nonexistent", "--duration", "1"], "profile 'nonexistent'"),
-        (["demo", "--rate", "-1"], "rate_per_s must be a finite number > 0, got -1.0"),
-        (["demo", "--trace", "nope"], "unknown trace 'nope'"),
-        (["demo", "--requests", "0"], "--requests must be at least 1, got 0"),
-        (["demo", "--runs-shown", "-2"], "--runs-shown must be 0 or more, got -2"),
+        # simulate: the value and the accepted range or names
+        (["simulate", "--scheduler", "nonexistent", "--duration", "1"], ("'nonexistent'", "known: esg")),
+        (["simulate", "--rate", "-5", "--duration", "1"], ("--rate", "-5.0", "finite number > 0")),
+        (["simulate", "--rate", "abc"], ("--rate", "'abc'", "valid number")),
+        (["simulate", "--duration", "-1"], ("--duration", "-1.0", "finite number > 0")),
+        (["simulate", "--warmup", "-1"], ("--warmup", "-1.0", "finite number >= 0")),
+        (["simulate", "--tightness", "0"], ("--tightness", "0.0", "finite number > 0")),
+        (["simulate", "--case", "/nonexistent.json"], ("--case", "'/nonexistent.json'", "case JSON file")),
+        (["simulate", "--trace", "nope", "--duration", "1"], ("--trace", "'nope'", "azure_functions_2019", "csv:")),
+        (["simulate", "--profile", "nonexistent", "--duration", "1"], ("'nonexistent'", "nvidia_gpu", "nor a file")),
+        (["simulate", "--set", "keep_alive_by_price"], ("--set", "KEY=VALUE", "'keep_alive_by_price'")),
+        (["simulate", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
+        # demo
+        (["demo", "--rate", "-1"], ("rate_per_s must be a finite number > 0, got -1.0",)),
+        (["demo", "--trace", "nope"], ("unknown trace 'nope'", "known")),
+        (["demo", "--requests", "0"], ("--requests must be at least 1, got 0",)),
+        (["demo", "--runs-shown", "-2"], ("--runs-shown must be 0 or more, got -2",)),
+        (["demo", "--backend", "gpu"], ("'gpu'", "'process' or 'inline'")),
+        # compare
+        (["compare", "--experiment", "e9"], ("--experiment", "e9", "known: e1")),
+        (["compare", "--loads", "150,abc"], ("--loads", "'150,abc'", "> 0")),
+        (["compare", "--seeds", "0"], ("--seeds", "0", "at least 1")),
+        (["compare", "--processes", "-1"], ("--processes", "-1", "0 (one per CPU) or more")),
+        (["compare", "--schedulers", "esg,nope"], ("--schedulers", "'nope'", "known: esg")),
+        (["compare", "--case", "/nonexistent.json"], ("--case", "'/nonexistent.json'", "case JSON file")),
+        (["compare", "--experiment", "e1", "--quick", "--set", "no_such_knob=1"], ("--set", "no_such_knob")),
+        # costs (more in tests/test_costs_cli.py)
+        (["costs", "--limit", "-1"], ("--limit", "-1", "0 (all) or more")),
+        (["costs", "--url", "/nonexistent/costs.db"], ("--url", "/nonexistent/costs.db", "SQLite file")),
+        # profile
+        (["profile", "--vcpus", "0"], ("--vcpus", "'0'", ">= 1")),
+        (["profile", "--batches", "x"], ("--batches", "'x'", "integers")),
+        (["profile", "--max-attempts", "0"], ("--max-attempts", ">= 1", "got 0")),
+        (["profile", "--utilisation", "0"], ("--utilisation", "(0, 1.5]", "0.0")),
+        (["profile", "--co-runners", "0"], ("--co-runners", "at least 1", "got 0")),
+        (["profile", "--trace", "nope"], ("--trace", "'nope'", "azure_llm_conv")),
+        (["profile", "--fit-sizes", "/nonexistent.csv"], ("--fit-sizes", "'/nonexistent.csv'", "samples CSV")),
+        (["profile", "--stalls", "/nonexistent.csv"], ("--stalls", "'/nonexistent.csv'", "stall-breakdown CSV")),
+        # pool serve: refused before any worker, pool or server starts
+        (["pool", "serve", "--allow", "x", "--port", "-1"], ("--port", "-1", "0 to 65535")),
+        (["pool", "serve", "--allow", "x", "--backend", "gpu"], ("--backend", "'gpu'", "'process', 'inline' or 'ray'")),
+        (["pool", "serve", "--allow", "x", "--scheduler", "nope"], ("--scheduler", "'nope'", "known: esg")),
+        (["pool", "serve", "--allow", "x", "--profile", "/nonexistent.csv"], ("--profile", "/nonexistent.csv", "CSV")),
+        (["pool", "serve", "--allow", "x", "--results-ttl-s", "0"], ("--results-ttl-s", "0.0", "> 0")),
+        (["pool", "serve", "--allow", "x", "--max-pending", "0"], ("--max-pending", "got 0", "at least 1")),
+        (
+            ["pool", "serve", "--allow", "x", "--host", "0.0.0.0", "--token-env", UNSET_TOKEN],
+            ("--host", "'0.0.0.0'", "set a token"),
+        ),
+        (
+            ["pool", "serve", "--allow", "x", "--ssl-certfile", "/none.pem", "--ssl-keyfile", "/none.pem"],
+            ("--ssl-certfile", "'/none.pem'", "PEM file"),
+        ),
+        (["pool", "serve"], ("Missing option", "--allow")),
+        # schedulers
+        (["schedulers", "--json", "--markdown"], ("--json", "--markdown", "one of them")),
     ],
 )
-def test_bad_values_are_one_line_and_exit_2(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines == [lines[0]] and lines[0].startswith("esg-prefect: error:") and named in lines[0], err
-    assert "Traceback" not in err
-
-
-def test_an_unreachable_prefect_api_is_one_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+def test_bad_values_are_one_line_and_exit_2(
+    argv: list[str], named: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/api"
-    monkeypatch.setenv("PREFECT_API_URL", url)
-    assert main(["demo", "--requests", "2"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and url in err and "prefect server start" in err
+    monkeypatch.delenv(UNSET_TOKEN, raising=False)
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("esg-prefect: error:"), line
+    assert all(n in line for n in named), line
 
 
-def test_usage_errors_keep_typers_message_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        (None, ("cannot read", "IsADirectoryError", "case JSON file")),
+        ("{not json", ("is not JSON", "line 1", "case JSON file")),
+        ("[1, 2]", ("holds a JSON list, not an object",)),
+        ('{"name": "x"}', ("is not a valid case", "missing the key")),
+        ('{"name": "x", "flavour": 1}', ("is not a valid case", "unknown case keys ['flavour']")),
+    ],
+)
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_a_bad_case_file_is_one_line_naming_it(
+    command: str,
+    content: str | None,
+    named: tuple[str, ...],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "case.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    assert main([command, "--case", str(path), "--out", str(tmp_path / "out")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--case" in line and repr(str(path)) in line and all(n in line for n in named), line
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({**standard_case(duration_s=2.0).to_dict(), "scheduler": "nope"}))
+    assert main(["simulate", "--case", str(path)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--case" in line and "'nope'" in line and "known: esg" in line
+
+
+def test_usage_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schedulers", "--nope"]) == 2
-    err = capsys.readouterr().err
-    assert "No such option" in err and "Traceback" not in err
+    line = _one_line(capsys.readouterr().err)
+    assert "No such option: --nope" in line and "esg-prefect schedulers --help" in line
+
+
+def test_no_arguments_show_the_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2  # typer's convention for no_args_is_help
+    out = capsys.readouterr()
+    assert "simulate" in out.out + out.err and "error" not in out.err
 
 
 def test_a_good_command_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,9 +168,128 @@ def test_a_good_command_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_refused_demo_leaves_this_process_as_it_was(capsys: pytest.CaptureFixture[str]) -> None:
     # The demo quiets Prefect through the environment: a bad value must be refused before that,
     # or a test process that ran the command would lose Prefect's run logs afterwards.
-    import os
-
     before = dict(os.environ)
     for argv in (["demo", "--requests", "0"], ["demo", "--rate", "-1"], ["demo", "--trace", "nope"]):
         assert main(argv) == 2
     assert dict(os.environ) == before
+
+
+# ---- a Prefect API (or pool service) that does not answer -----------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def dead_api(monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    monkeypatch.setenv("PREFECT_API_URL", url)
+    return url
+
+
+def test_the_demo_against_an_unreachable_api_is_one_line(dead_api: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--requests", "2"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert dead_api in line and "prefect server start" in line
+
+
+def test_profile_as_a_flow_against_an_unreachable_api_is_one_line(
+    dead_api: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["profile", "--flow", "--quick"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert dead_api in line and "prefect server start" in line
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "flows").glob("*.py")))
+def test_flow_scripts_against_an_unreachable_api_are_one_line_within_10_s(script: str) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "flows" / script), "--requests", "2"]
+        if script != "custom_pipeline.py"
+        else [sys.executable, str(REPO / "flows" / script)],
+        env={**os.environ, "PREFECT_API_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done.stderr)
+    assert url in line and "prefect server start" in line
+    assert elapsed < 10.0, f"{script} took {elapsed:.1f} s to refuse"
+
+
+@pytest.mark.parametrize("script", ["image_pipeline.py", "text_pipeline.py", "video_fanout.py"])
+def test_flow_scripts_refuse_a_bad_request_count_in_one_line(script: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "flows" / script), "--requests", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 2
+    line = _one_line(done.stderr)
+    assert "--requests must be at least 1, got 0" in line
+
+
+class _Health(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        ok = self.path == "/api/health"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(b"true" if ok else b"")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def live_api() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_api_that_answers_passes_the_check(live_api: str) -> None:
+    check_prefect_api(live_api)
+    check_prefect_api(live_api + "/")
+    check_prefect_api(None)  # no URL: Prefect starts its own API, nothing to check
+
+
+def test_an_api_that_answers_with_an_error_is_refused(live_api: str) -> None:
+    with pytest.raises(InvalidInputError, match="HTTPStatusError"):
+        check_prefect_api(live_api.removesuffix("/api") + "/elsewhere")
+
+
+def test_an_api_that_accepts_but_never_answers_is_refused_within_the_timeout() -> None:
+    with socket.socket() as s:  # listens (the kernel completes connections) but never reads or answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+        t0 = time.monotonic()
+        with pytest.raises(InvalidInputError, match="ReadTimeout") as info:
+            check_prefect_api(url, timeout_s=0.5)
+        assert time.monotonic() - t0 < 5.0
+    assert url in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_api_url_comes_from_the_environment_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFECT_API_URL", "http://example.invalid:4200/api")
+    assert prefect_api_url() == "http://example.invalid:4200/api"
+
+
+def test_pool_admin_against_no_service_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    port = _closed_port()
+    assert main(["pool", "pause", "--url", f"http://127.0.0.1:{port}"]) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert f"127.0.0.1:{port}" in line and "esg-prefect pool serve" in line

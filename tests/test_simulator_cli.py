@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
@@ -92,3 +93,100 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     assert len(keys) == 6 and len(set(keys)) == 6
     bad = CliRunner().invoke(app, [*args, "--set", "no_such_knob=1"])
     assert bad.exit_code == 2 and "no_such_knob" in bad.output
+
+
+def test_the_at_risk_line_says_what_it_counts_and_cannot_contradict_the_table() -> None:
+    # Issue #22: "76 for at-risk dispatches" next to an at_risk column of zeros. The worker starts are
+    # counted over the whole run, the table's requests after the warm-up: the line now gives both
+    # request counts, so a start for a best-effort dispatch always has its request(s) next to it.
+    from esg_prefect.cli.simulate import summary_line
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case(rate_per_s=60.0, duration_s=6.0, warmup_s=3.0)
+    run = simulate(case)
+    line = summary_line(run, case, wall_s=1.0)
+    whole_run = sum(1 for r in run.requests if r.at_risk)
+    table = run.report.overall.at_risk
+    assert run.at_risk_cold_starts > 0 and table == 0  # the issue's situation: best-effort starts in the warm-up
+    assert f"{run.cold_starts} ({run.prewarm_starts} pre-warmed, {run.at_risk_cold_starts} for best-effort" in line
+    assert f"(at_risk): {whole_run} over the whole run, {table} after the 3 s warm-up (the table)" in line
+    assert whole_run >= 1 and whole_run >= table  # each such start dispatched at least one request's stage
+    assert "\n" not in line
+
+
+def test_compare_rows_carry_the_whole_bill_and_run_row_matches_run_spec() -> None:
+    from esg_prefect.cli.compare import BILL, run_row
+    from esg_prefect.simulator import experiments as ex
+    from esg_prefect.simulator import standard_case
+
+    for scheduler in ("esg", "triton"):
+        spec = ex.RunSpec("case", standard_case(scheduler, rate_per_s=60.0, duration_s=4.0, warmup_s=1.0), 0)
+        row, reference = run_row(spec), ex.run_spec(spec)
+        assert {k: v for k, v in row.items() if k not in BILL} == reference  # same row, bill added
+        parts = [row[k] for k in BILL]
+        assert all(p >= 0 for p in parts)
+        assert sum(parts) == pytest.approx(row["cost_per_request"], rel=1e-9)  # busy + idle + cold = whole bill
+        assert row["busy_per_request"] + row["cold_per_request"] == pytest.approx(
+            row["batch_cost_per_request"], rel=1e-9
+        )
+    assert row["cold_per_request"] > 0  # triton starts workers on the requests' path
+
+
+def test_the_bill_plot_stacks_three_parts_with_its_legend_outside_the_bars() -> None:
+    from esg_prefect.cli.compare import bill_figure
+
+    rows = [
+        {"scheduler": s, "load": load, "slo_hit_rate": 0.9, "busy_per_request": b, "idle_per_request": i}
+        | {"cold_per_request": c, "seed": seed}
+        for load in (150.0, 300.0)
+        for s, b, i, c in (("esg", 1e-6, 2e-6, 0.0), ("triton", 3e-6, 1e-6, 1e-6))
+        for seed in (0, 1)
+    ]
+    fig = bill_figure(rows, "load", "test")
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legend = fig.legends[0].get_window_extent(renderer)
+        assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+            "busy (batches)",
+            "idle (kept warm, pre-warm loads included)",
+            "cold starts",
+        ]
+        axes = fig.axes
+        assert len(axes) == 4  # SLO and bill, per load
+        for ax in axes:
+            assert not legend.overlaps(ax.get_window_extent(renderer))
+        bill_ax = next(ax for ax in axes if ax.get_ylabel() == "$ per million requests")  # the first load's
+        tops = {}
+        for bar in bill_ax.patches:
+            x = round(bar.get_x(), 6)
+            tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+        assert sorted(round(t, 6) for t in tops.values()) == [3.0, 5.0]  # esg 1+2+0, triton 3+1+1 ($/M)
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_compare_prints_runs_by_name_and_reruns_rows_without_the_bill(tmp_path: Path) -> None:
+    from esg_prefect.cli.compare import spec_key, spec_label
+    from esg_prefect.simulator import experiments as ex
+    from esg_prefect.simulator import standard_case
+
+    case = standard_case(rate_per_s=60.0, duration_s=3.0, warmup_s=1.0)
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(case.to_dict()))
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = ex.RunSpec("case", case.with_(scheduler="triton"), 0, (("case", case.name),))
+    stale = {"key": spec_key(spec), "scheduler": "triton", "seed": 0, "p99_ms": -1.0}  # a row of an older version
+    (out / "rows.jsonl").write_text(json.dumps(stale) + "\n")
+    args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "done case standard: triton, seed 0" in result.output
+    assert spec_key(spec) not in result.output and "|" not in result.output.replace("│", "")  # no internal keys
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows[0]["p99_ms"] > 0 and rows[0]["cold_per_request"] >= 0  # run again, not the stale row
+    assert (out / "case.png").stat().st_size > 1000
+    assert spec_label(ex.load_specs(("esg",), (300.0,), (1,))[0]) == "E1 at 300 requests/s: esg, seed 1"

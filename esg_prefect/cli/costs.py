@@ -22,6 +22,8 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 FORMATS = ("table", "csv", "json")
+SPLITS = ("equal", "input_size")
+IDLE_BILLINGS = ("attribute", "separate")
 IDLE_KEY_LINE = "the idle line holds the idle time of workers that never ran a batch"
 
 
@@ -86,22 +88,24 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(0, "--limit", help="Show only the last N groups (the total counts all); 0: all."),
     ) -> None:
         """Costs of flow runs from the cost store; the last line is idle time attributed to no run."""
-        from esg_prefect.store import CostStore, resolve_url
+        from esg_prefect.store import GROUP_BYS, resolve_url
         from esg_prefect.store.engine import safe_url
 
-        if fmt not in FORMATS:
-            raise typer.BadParameter(f"must be one of {', '.join(FORMATS)}; got {fmt!r}", param_hint="--format")
+        for value, hint, accepted in (
+            (by, "--by", GROUP_BYS),
+            (fmt, "--format", FORMATS),
+            (split, "--split", SPLITS),
+            (idle_billing, "--idle-billing", IDLE_BILLINGS),
+        ):
+            if value is not None and value not in accepted:
+                raise typer.BadParameter(f"must be one of {', '.join(accepted)}; got {value!r}", param_hint=hint)
         if limit < 0:
             raise typer.BadParameter(f"must be 0 (all) or more, got {limit}", param_hint="--limit")
         try:
-            store = CostStore(url, create=False)
-            try:
-                rows = store.costs(by, parse_since(since), split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
-            finally:
-                store.close()
-        except ESGError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            since_ms = parse_since(since)
+        except InvalidInputError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("--since "), param_hint="--since") from None
+        rows = _read(url, by, since_ms, split, idle_billing)
         total = sum(r.cost for r in rows)
         shown = _last(rows, limit)
         records = [r.as_dict() for r in shown]
@@ -114,6 +118,34 @@ def register(app: typer.Typer) -> None:
             typer.echo(rows_as_csv(records), nl=False)
         else:
             _print_table(by, shown, rows, safe_url(resolve_url(url)), len(rows) - len(shown))
+
+
+def _read(url: str | None, by: str, since_ms: float | None, split: str | None, idle_billing: str | None) -> list[Any]:
+    """The cost rows of the store at ``url``.
+
+    Raises:
+        typer.BadParameter: naming ``--url`` and the store, when there is no
+            store there or it cannot be reached (the database's first line of why).
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from esg_prefect.store import CostStore, resolve_url
+    from esg_prefect.store.engine import safe_url
+
+    where = safe_url(resolve_url(url))
+    try:
+        store = CostStore(url, create=False)
+        try:
+            return store.costs(by, since_ms, split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
+        finally:
+            store.close()
+    except ESGError as exc:
+        raise typer.BadParameter(
+            f"{exc}; give the URL or SQLite file of a store that a pool recorded costs in", param_hint="--url"
+        ) from None
+    except SQLAlchemyError as exc:
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise typer.BadParameter(f"cannot read the cost store at {where}: {why}", param_hint="--url") from None
 
 
 def _last(rows: list[Any], limit: int) -> list[Any]:

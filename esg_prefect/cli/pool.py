@@ -8,6 +8,8 @@ decision, or to keep the queues while a device is serviced.
 from __future__ import annotations
 
 import os
+import sqlite3
+from pathlib import Path
 
 import typer
 
@@ -47,6 +49,7 @@ def serve(
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
 
+    from esg_prefect.cli.simulate import check_number, check_scheduler
     from esg_prefect.exceptions import InvalidInputError
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
@@ -54,14 +57,23 @@ def serve(
     from esg_prefect.service.app import PoolService, check_bind
     from esg_prefect.service.results import ResultCache
 
+    if not 0 <= port <= 65535:
+        raise typer.BadParameter(f"must be a TCP port, 0 to 65535, got {port}", param_hint="--port")
+    check_number(results_ttl_s, "--results-ttl-s", "seconds a finished outcome is kept")
+    check_number(results_max_mb, "--results-max-mb", "MB of kept outcomes")
+    if max_pending < 1:
+        raise typer.BadParameter(f"must be at least 1 (calls in flight), got {max_pending}", param_hint="--max-pending")
+    check_scheduler(scheduler)
     token = os.environ.get(token_env) or None
     try:
         check_bind(host, token)
-        cache = ResultCache(results_db or ":memory:", results_ttl_s, int(results_max_mb * 1024 * 1024))
     except InvalidInputError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(str(exc), param_hint="--host") from None
     if bool(ssl_certfile) != bool(ssl_keyfile):
         raise typer.BadParameter("--ssl-certfile and --ssl-keyfile go together")
+    for hint, path in (("--ssl-certfile", ssl_certfile), ("--ssl-keyfile", ssl_keyfile)):
+        if path and not Path(path).is_file():
+            raise typer.BadParameter(f"no file {path!r}; give a PEM file", param_hint=hint)
     if host not in ("127.0.0.1", "localhost", "::1") and not ssl_certfile:
         typer.echo(
             f"warning: serving {host} over plain HTTP: the token travels in clear text. Use --ssl-certfile/"
@@ -69,7 +81,20 @@ def serve(
             err=True,
         )
     if backend not in ("process", "inline", "ray"):
-        raise typer.BadParameter(f"backend must be 'process', 'inline' or 'ray', got {backend!r}")
+        raise typer.BadParameter(f"must be 'process', 'inline' or 'ray', got {backend!r}", param_hint="--backend")
+    latency = None
+    if profile:
+        try:
+            latency = LatencyProfile.from_csv(profile)
+        except (OSError, InvalidInputError) as exc:
+            raise typer.BadParameter(
+                f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one)",
+                param_hint="--profile",
+            ) from None
+    try:
+        cache = ResultCache(results_db or ":memory:", results_ttl_s, int(results_max_mb * 1024 * 1024))
+    except (OSError, sqlite3.Error, InvalidInputError) as exc:
+        raise typer.BadParameter(f"cannot open {results_db!r}: {exc}", param_hint="--results-db") from None
     be: WorkerBackend
     if backend == "ray":
         from esg_prefect.runtime.ray_backend import RayBackend
@@ -77,10 +102,11 @@ def serve(
         try:
             be = RayBackend(address=None if ray_address == "local" else ray_address)
         except ImportError as exc:  # the optional extra is missing: say how to install it
-            raise typer.BadParameter(str(exc)) from exc
+            cache.close()
+            raise typer.BadParameter(str(exc), param_hint="--backend") from exc
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
-    pool = Pool(LatencyProfile.from_csv(profile) if profile else None, scheduler=scheduler, backend=be)
+    pool = Pool(latency, scheduler=scheduler, backend=be)
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
@@ -108,9 +134,13 @@ def _admin(url: str, token_env: str, action: str) -> None:
     token = os.environ.get(token_env) or None
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        resp = httpx.post(f"{url.rstrip('/')}/v1/{action}", headers=headers, timeout=30)
+        resp = httpx.post(f"{url.rstrip('/')}/v1/{action}", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
     except httpx.HTTPError as exc:
-        typer.echo(f"could not reach the pool service at {url!r}: {exc}", err=True)
+        typer.echo(
+            f"could not reach the pool service at {url!r} ({exc or type(exc).__name__}): start it with "
+            "`esg-prefect pool serve --allow MODULE`, or give its address with --url",
+            err=True,
+        )
         raise typer.Exit(1) from None
     if resp.status_code != 200:
         typer.echo(f"{action} refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)

@@ -24,6 +24,32 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
         raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
 
 
+def _check_files(*files: tuple[str, Path | None, str]) -> None:
+    """Refuse an input file that is not there, naming its option and what it takes."""
+    for hint, path, what in files:
+        if path is not None and not path.is_file():
+            raise typer.BadParameter(f"no file {str(path)!r}; give {what}", param_hint=hint)
+
+
+def _check_run(
+    breakdown_batch: int, co_runners: int, trace: str, utilisation: float, wait_quiet_s: float, max_attempts: int
+) -> None:
+    """Refuse the numbers and the trace of a run before it starts, each naming its option and range."""
+    from esg_prefect.cli.simulate import check_number, check_trace
+
+    for hint, value in (("--breakdown-batch", breakdown_batch), ("--co-runners", co_runners)):
+        if value < 1:
+            raise typer.BadParameter(f"must be at least 1, got {value}", param_hint=hint)
+    if max_attempts < 1:
+        raise typer.BadParameter(f"--max-attempts must be >= 1, got {max_attempts}")
+    if not 0 < utilisation <= 1.5:
+        raise typer.BadParameter(
+            f"must be in (0, 1.5], of batch capacity, got {utilisation}", param_hint="--utilisation"
+        )
+    check_number(wait_quiet_s, "--wait-quiet-s", "seconds", zero_ok=True)
+    check_trace(trace)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``profile`` command."""
 
@@ -77,6 +103,13 @@ def register(app: typer.Typer) -> None:
         transfer, queueing, cold start) and the co-run table; --validate compares
         the profile's predictions with fresh measurements.
         """
+        _check_files(
+            ("--fit-sizes", fit_sizes, "a samples CSV (esg-prefect profile writes one)"),
+            ("--profile", profile_csv, "a latency profile CSV"),
+            ("--measurements", measurements, "a validation CSV"),
+            ("--stalls", stalls, "a stall-breakdown CSV"),
+        )
+        _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
         if fit_sizes is not None:
             from esg_prefect.profiler.results import read_samples_csv
             from esg_prefect.profiler.sizes import size_report
@@ -84,6 +117,9 @@ def register(app: typer.Typer) -> None:
             typer.echo(size_report(read_samples_csv(fit_sizes)))
             return
         if as_flow:
+            from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
+
+            check_prefect_api(prefect_api_url())  # a server that is not up: one line, at once
             from esg_prefect.profiler.flow import profile_flow
 
             out = profile_flow(
@@ -159,8 +195,6 @@ def _run_cli(
     from esg_prefect.profiler.run import ProfileRequest
     from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, run_session
 
-    if max_attempts < 1:
-        raise typer.BadParameter(f"--max-attempts must be >= 1, got {max_attempts}")
     settings = (
         MeasureSettings.quick()
         if quick
@@ -209,7 +243,7 @@ def _run_cli(
         TimeElapsedColumn(),
         TextColumn("{task.fields[label]}"),
         console=console,
-        transient=False,
+        transient=True,  # an error raised under the bar is printed alone
     ) as bar:
         task_id = bar.add_task("profiling", total=None, label="")
 

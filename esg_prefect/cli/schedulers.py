@@ -20,6 +20,8 @@ def register(app: typer.Typer) -> None:
         """List schedulers by name, and the default ESG settings (the knobs)."""
         from esg_prefect.scheduling import ESGSettings, describe_schedulers
 
+        if as_json and markdown:
+            raise typer.BadParameter("--json and --markdown print different things: give one of them")
         if markdown:
             from esg_prefect.scheduling.settings_doc import settings_markdown
 

@@ -96,7 +96,10 @@ class GroupSummary:
         failed: requests that did not finish (rejected, failed, or still running at the end).
         slo_met: requests that finished within their SLO.
         slo_hit_rate: ``slo_met / count`` (0 when there are no requests).
-        at_risk: requests with a stage dispatched best effort.
+        at_risk: requests with a stage dispatched best effort (no plan met its
+            slack), among ``count``: in a report of a window (after a warm-up),
+            those that arrived in it. Not the worker starts such dispatches made
+            (``SimRun.at_risk_cold_starts``, counted over the whole run).
         latency_p50_ms, latency_p95_ms, latency_p99_ms: over completed requests.
         cost_total: money billed for the group; for ``"all"`` the run's whole
             bill (busy plus idle, attributed or not), for a workflow the costs

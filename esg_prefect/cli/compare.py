@@ -1,0 +1,487 @@
+"""``esg-prefect compare``: the schedulers side by side in the simulator, with the whole bill.
+
+It runs the experiments E1-E7 of ESG-SPEC section 8 (or every scheduler on
+the user's ``--case``) in parallel processes, and writes ``results.json``,
+``tables.md`` and PNG plots into ``--out``. Each run's row carries its whole
+bill per request split three ways, busy + idle + cold start (:func:`bill_split`),
+and the bar plots stack those three per scheduler, so a scheduler that saves
+on batches but pays for idle workers shows it. Every option is checked before
+anything runs; finished runs are kept in ``rows.jsonl`` so an interrupted
+comparison resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from esg_prefect.cli.simulate import (
+    WallClock,
+    check_scheduler,
+    load_case,
+    markdown_table,
+    print_table,
+    progress_bar,
+    with_settings,
+)
+
+DEFAULT_OUT = Path("bench/out/compare")
+EXPERIMENTS = ("e1", "e2", "e3", "e4", "e5", "e6", "e7")
+BILL = ("busy_per_request", "idle_per_request", "cold_per_request")
+RUN_COLUMNS = (
+    "scheduler",
+    "slo_hit_rate",
+    "p99_ms",
+    "cost_per_request",
+    *BILL,
+    "mean_batch",
+    "cold_starts",
+    "failed",
+    "wall_s",
+)
+STALL_COLUMNS = ("queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_batch_size")
+_LABELS = {
+    "load": "at {:g} requests/s",
+    "trace_label": "on trace {}",
+    "tightness": "at SLO tightness {:g}",
+    "case": "{}",
+}
+
+
+def bill_split(run: Any, case: Any) -> dict[str, float]:
+    """The whole bill of ``run`` per request, in its report's window: busy, idle and cold-start parts.
+
+    The three add up to the report's ``cost_per_request`` (its busy plus idle
+    cost): ``cold`` is the part of the batches spent starting their worker,
+    ``busy`` the rest of the batches, ``idle`` the warm idle time (a pre-warmed
+    worker's load included, as the report bills it: the worker holds its share
+    with no job).
+    """
+    from esg_prefect.model.report import after_warmup
+
+    report = run.report
+    window = after_warmup(run.requests, run.stages, run.batches, run.idles, case.warmup_s * 1000.0)
+    cold_ms: dict[str, float] = {}
+    for s in run.stages:
+        if s.cold_start_ms > 0:
+            cold_ms[s.batch_id] = max(cold_ms.get(s.batch_id, 0.0), s.cold_start_ms)
+    cold = sum(
+        case.prices.batch_cost(b.config, b.hardware, min(cold_ms.get(b.batch_id, 0.0), b.duration_ms))
+        for b in window.batches
+    )
+    n = report.overall.count or 1
+    return {
+        "busy_per_request": max(0.0, report.busy_cost - cold) / n,
+        "idle_per_request": report.idle_cost / n,
+        "cold_per_request": cold / n,
+    }
+
+
+def run_row(spec: Any, clock: Any = None) -> dict[str, Any]:
+    """Simulate ``spec``: the row of :func:`~esg_prefect.simulator.experiments.run_spec` plus :func:`bill_split`."""
+    from esg_prefect.simulator import simulate
+
+    t0 = clock() if clock is not None else 0.0
+    run = simulate(spec.case, spec.seed)
+    wall_s = (clock() - t0) / 1000.0 if clock is not None else None
+    o = run.report.overall
+    return {
+        "experiment": spec.experiment,
+        "scheduler": spec.case.scheduler,
+        "seed": spec.seed,
+        "rate_per_s": spec.case.workload.rate_per_s,
+        "trace": spec.case.workload.trace,
+        **dict(spec.labels),
+        "requests": o.count,
+        "slo_hit_rate": o.slo_hit_rate,
+        "failed": o.failed,
+        "at_risk": o.at_risk,
+        "p50_ms": o.latency_p50_ms,
+        "p99_ms": o.latency_p99_ms,
+        "cost_per_request": o.cost_per_request,
+        "batch_cost_per_request": o.batch_cost_per_request,
+        **bill_split(run, spec.case),
+        "mean_batch": o.mean_batch_size,
+        "cold_starts": run.cold_starts,
+        "rounds": run.rounds,
+        "simulated_requests": len(run.requests),
+        "wall_s": wall_s,
+        "per_workflow": {g.name: g.slo_hit_rate for g in run.report.workflows},
+        "stages": [s.to_dict() for s in run.report.stages],
+    }
+
+
+def _work(spec: Any) -> dict[str, Any]:
+    return run_row(spec, WallClock())
+
+
+def spec_key(spec: Any) -> str:
+    """A stable name of an experiment run, to resume an interrupted comparison (kept in rows.jsonl, not shown).
+
+    It ends with a digest of the case's ESG settings, so that a comparison run
+    again with other settings (``--set``, or a changed default) is not answered
+    from rows of the old ones.
+    """
+    digest = hashlib.sha1(json.dumps(spec.case.settings.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}|{digest}"
+
+
+def spec_label(spec: Any) -> str:
+    """What a user reads of a run: ``E1 at 300 requests/s: esg, seed 0``."""
+    where = "".join(f" {_label(k, v)}" for k, v in spec.labels)
+    return f"{spec.experiment}{where}: {spec.case.scheduler}, seed {spec.seed}"
+
+
+def _label(key: str, value: Any) -> str:
+    return _LABELS.get(key, f"{key} {{}}").format(value)
+
+
+def run_parallel(
+    specs: Sequence[Any], processes: int, progress: Progress | None = None, sink: Path | None = None
+) -> list[dict[str, Any]]:
+    """Run experiment specs in ``processes`` worker processes; rows in the order of ``specs``.
+
+    With ``sink``, each row is appended to that JSON-lines file as soon as it is
+    done, and rows already in it (same :func:`spec_key`, with the whole-bill
+    fields) are reused instead of run again: an interrupted comparison resumes
+    where it stopped.
+    """
+    done: dict[str, dict[str, Any]] = {}
+    if sink is not None and sink.exists():
+        for line in sink.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if all(k in row for k in BILL):  # rows written before the bill was split are run again
+                    done[row["key"]] = row
+    keys = [spec_key(s) for s in specs]
+    rows: list[dict[str, Any] | None] = [done.get(k) for k in keys]
+    todo = [(i, s) for i, s in enumerate(specs) if rows[i] is None]
+    task = progress.add_task("simulating", total=len(specs), completed=len(specs) - len(todo)) if progress else None
+
+    def record(i: int, row: dict[str, Any]) -> None:
+        row["key"] = keys[i]
+        rows[i] = row
+        if sink is not None:
+            with open(sink, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, default=str) + "\n")
+        if progress is not None and task is not None:
+            progress.advance(task)
+            progress.console.print(f"done {spec_label(specs[i])} ({row.get('wall_s') or 0:.0f} s)", highlight=False)
+
+    if processes <= 1:
+        for i, spec in todo:
+            record(i, _work(spec))
+    elif todo:
+        with get_context("fork").Pool(processes) as pool:
+            for i, row in pool.imap_unordered(_indexed, todo):
+                record(i, row)
+    return [r for r in rows if r is not None]
+
+
+def _indexed(item: tuple[int, Any]) -> tuple[int, dict[str, Any]]:
+    return item[0], _work(item[1])
+
+
+# ---- the whole-bill plot -------------------------------------------------------------------------
+
+_PARTS = (
+    ("busy_per_request", "busy (batches)", "#4c72b0"),
+    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
+    ("cold_per_request", "cold starts", "#c44e52"),
+)
+
+
+def bill_means(rows: Sequence[dict[str, Any]], group: str) -> dict[Any, dict[str, dict[str, float]]]:
+    """Per value of ``group``, per scheduler (both in the rows' order): mean SLO hit rate and bill parts over seeds."""
+    acc: dict[Any, dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        acc.setdefault(r[group], {}).setdefault(r["scheduler"], []).append(r)
+    return {
+        g: {
+            s: {k: sum(float(r[k]) for r in rs) / len(rs) for k in ("slo_hit_rate", *BILL)}
+            for s, rs in by_sched.items()
+        }
+        for g, by_sched in acc.items()
+    }
+
+
+def bill_figure(rows: Sequence[dict[str, Any]], group: str, title: str) -> Any:
+    """A matplotlib figure: per value of ``group`` a column, SLO hit rate on top, the whole bill stacked below.
+
+    Bars are labelled with their scheduler; the legend of the bill's parts is
+    below the panels (constrained layout keeps it out of them), outside every bar.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    means = bill_means(rows, group)
+    groups = list(means)
+    width = max(6.5, 1.5 + sum(0.5 * len(means[g]) + 0.6 for g in groups))
+    fig, axes = plt.subplots(2, len(groups), figsize=(width, 6.4), sharey="row", squeeze=False, layout="constrained")
+    for col, g in enumerate(groups):
+        scheds = list(means[g])
+        top, bill = axes[0][col], axes[1][col]
+        top.bar(scheds, [100 * means[g][s]["slo_hit_rate"] for s in scheds], color="#55a868")
+        top.set_ylim(0, 105)
+        if len(groups) > 1:
+            top.set_title(_label(group, g), fontsize=9)
+        base = [0.0] * len(scheds)
+        for key, label, color in _PARTS:
+            vals = [1e6 * means[g][s][key] for s in scheds]
+            bill.bar(scheds, vals, bottom=base, color=color, label=label)
+            base = [a + b for a, b in zip(base, vals, strict=True)]
+        bill.tick_params(axis="x", labelrotation=60, labelsize=7)
+        top.tick_params(axis="x", labelbottom=False)
+        for ax in (top, bill):
+            ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("SLO hit rate (%)")
+    axes[1][0].set_ylabel("$ per million requests")
+    fig.suptitle(f"{title}: SLO hit rate, and the whole bill per request (busy + idle + cold)", fontsize=10)
+    handles, labels = axes[1][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    return fig
+
+
+def bill_bars(rows: Sequence[dict[str, Any]], group: str, path: Path, title: str) -> None:
+    """Write :func:`bill_figure` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = bill_figure(rows, group, title)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+
+def _scheduler_list(text: str) -> tuple[str, ...]:
+    from esg_prefect.simulator import experiments as ex
+
+    names = tuple(s.strip() for s in text.split(",") if s.strip()) or ex.DEFAULT_SCHEDULERS
+    for name in names:
+        check_scheduler(name, "--schedulers")
+    return names
+
+
+def _loads(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
+        raise typer.BadParameter(
+            f"must be comma-separated finite numbers > 0 (requests/s), got {text!r}", param_hint="--loads"
+        )
+    return values
+
+
+def _check_counts(seeds: int, processes: int) -> None:
+    if seeds < 1:
+        raise typer.BadParameter(f"must be at least 1, got {seeds}", param_hint="--seeds")
+    if processes < 0:
+        raise typer.BadParameter(f"must be 0 (one per CPU) or more, got {processes}", param_hint="--processes")
+
+
+def _compare_case(
+    case_file: Path, names: Sequence[str], seeds: int, processes: int, out: Path, sets: Sequence[str] = ()
+) -> None:
+    """Every scheduler on the user's case: the answer to "what would ESG save on my workload?"."""
+    from esg_prefect.simulator import experiments as ex
+
+    case = with_settings(load_case(case_file), sets)
+    specs = [
+        ex.RunSpec("case", case.with_(scheduler=s), seed, (("case", case.name),))
+        for s in names
+        for seed in range(seeds)
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    with progress_bar(console) as progress:
+        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl")
+    print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
+    result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
+    md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
+    if "esg" in names and any(n in ex.PRIOR_WORK for n in names):
+        head = ex.headline([r for r in rows if r["seed"] == 0])
+        result["headline"] = head
+        cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
+        print_table(console, "ESG vs the best prior-work baseline", [head], cols)
+        md.append(markdown_table([head], cols))
+    bill_bars(rows, "case", out / "case.png", f"case {case.name}")
+    (out / "results.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
+    (out / "tables.md").write_text("\n\n".join(md) + "\n", encoding="utf-8")
+    console.print(f"wrote {out / 'results.json'}, {out / 'tables.md'} and {out / 'case.png'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``compare`` command."""
+
+    @app.command("compare")
+    def compare_cmd(
+        experiment: str = typer.Option("all", help="Comma list of e1 e3 e4 e5 e6 e7, or all (E2 comes with E1)."),
+        schedulers: str = typer.Option("", help="Comma list of schedulers (default: ESG, its ablations, prior work)."),
+        loads: str = typer.Option("150,300,450,600", help="E1 loads, requests/s."),
+        seeds: int = typer.Option(1, help="Seeds per simulated point."),
+        quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
+        processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
+        out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULT_OUT,
+        case_file: Annotated[
+            Path | None,
+            typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
+        ] = None,
+        sets: list[str] = typer.Option(
+            [],
+            "--set",
+            help="Override an ESG setting of every run, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=false.",
+        ),
+    ) -> None:
+        """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots.
+
+        Each finished simulation is appended to rows.jsonl in --out; running the
+        same command again reuses those rows (delete the file to start afresh).
+        """
+        from esg_prefect.simulator import experiments as ex
+        from esg_prefect.simulator import plots
+
+        _check_counts(seeds, processes)
+        names = _scheduler_list(schedulers)
+        if case_file is not None:
+            _compare_case(case_file, names, seeds, processes, out, sets)
+            return
+
+        wanted = {"e1", "e3", "e4", "e5", "e6", "e7"} if experiment == "all" else set(experiment.lower().split(","))
+        unknown = wanted - set(EXPERIMENTS)
+        if unknown:
+            raise typer.BadParameter(
+                f"unknown experiments {', '.join(sorted(unknown))}; known: {', '.join(EXPERIMENTS)} or all",
+                param_hint="--experiment",
+            )
+        if "e2" in wanted:
+            wanted.add("e1")
+        load_values = _loads(loads)
+        seed_list = tuple(range(seeds))
+        specs: list[Any] = []
+        if "e1" in wanted:
+            specs += ex.load_specs(names, load_values, seed_list, quick)
+        if "e5" in wanted:
+            specs += ex.horizon_specs(seed_list, quick)
+        if "e6" in wanted:
+            specs += ex.trace_specs(names, seed_list, quick) + ex.tightness_specs(names, ex.TIGHTNESS, seed_list, quick)
+        if "e7" in wanted:
+            specs += ex.stall_specs(quick=quick)
+        specs = [replace(s, case=with_settings(s.case, sets)) for s in specs]  # a bad --set is refused before any run
+        procs = processes or os.cpu_count() or 1
+        out.mkdir(parents=True, exist_ok=True)
+        console = Console()
+        results: dict[str, Any] = {"quick": quick, "schedulers": list(names)}
+        md: list[str] = []
+        clock = WallClock()
+        n_dec = 40 if quick else 200
+
+        with progress_bar(console) as progress:
+            if "e3" in wanted:
+                t = progress.add_task("E3 decision time", total=None)
+                stages = (1, 2, 4, 8) if quick else (1, 2, 3, 4, 5, 6, 7, 8)
+                rows = ex.decision_time(clock, stages=stages, n=n_dec)
+                progress.update(t, completed=1, total=1)
+                results["E3"] = rows
+                plots.decision_time(rows, out / "e3_decision_time.png")
+            if "e4" in wanted:
+                t = progress.add_task("E4 pruning ablation", total=None)
+                rows = ex.pruning_ablation(clock, n=n_dec // 2 if quick else 100)
+                progress.update(t, completed=1, total=1)
+                results["E4"] = rows
+                plots.pruning(rows, out / "e4_pruning.png")
+            if "e5" in wanted:
+                t = progress.add_task("E5 DAG growth", total=None)
+                sizes = ((2, 1), (3, 3)) if quick else ((2, 1), (2, 2), (3, 3), (3, 5), (4, 7))
+                rows = ex.dag_growth(clock, sizes=sizes, n=n_dec // 2)
+                progress.update(t, completed=1, total=1)
+                results["E5"] = rows
+                plots.dag_growth(rows, out / "e5_dag_growth.png")
+            rows = run_parallel(specs, procs, progress, out / "rows.jsonl") if specs else []
+
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            groups.setdefault(r["experiment"], []).append(r)
+        for key, rs in groups.items():
+            results[key] = rs
+        if "E1" in groups:
+            _report_e1(console, groups["E1"], load_values, out, results, md)
+        if "E6-trace" in groups:
+            bill_bars(groups["E6-trace"], "trace_label", out / "e6_traces.png", "E6: bursty (code) vs steady (conv)")
+            print_table(console, "E6: traces", groups["E6-trace"], ("trace_label", *RUN_COLUMNS))
+            md.append("## E6 traces\n\n" + markdown_table(groups["E6-trace"], ("trace_label", *RUN_COLUMNS)))
+        if "E6-slo" in groups:
+            plots.slo_and_cost(
+                groups["E6-slo"],
+                "tightness",
+                "SLO / batch-1 critical path on a T4",
+                out / "e6_tightness.png",
+                "E6: SLO tightness sweep",
+            )
+            print_table(console, "E6: SLO tightness", groups["E6-slo"], ("tightness", *RUN_COLUMNS))
+            md.append("## E6 SLO tightness\n\n" + markdown_table(groups["E6-slo"], ("tightness", *RUN_COLUMNS)))
+        if "E5-sim" in groups:
+            print_table(console, "E5: horizon in simulation", groups["E5-sim"], ("horizon", *RUN_COLUMNS))
+            md.append("## E5 horizon in simulation\n\n" + markdown_table(groups["E5-sim"], ("horizon", *RUN_COLUMNS)))
+        if "E7" in groups:
+            st = ex.stall_rows(groups["E7"])
+            results["E7-stalls"] = st
+            plots.stalls(st, out / "e7_stalls.png")
+            cols = ("scheduler", "workflow", "stage", *STALL_COLUMNS)
+            print_table(console, "E7: stall breakdown (mean ms per job)", st, cols)
+            md.append("## E7 stall breakdown\n\n" + markdown_table(st, cols))
+        for key, key_cols in (
+            ("E3", ("space", "stages", "configs", "pareto_options", "p50_ms", "p99_ms", "mean_expansions")),
+            ("E4", ("pruning", "p50_ms", "p99_ms", "mean_expansions", "max_rel_cost_diff_vs_none")),
+            ("E5", ("dag", "dag_stages", "horizon", "horizon_stages", "p50_ms", "p99_ms", "mean_expansions")),
+        ):
+            if key in results:
+                print_table(console, key, results[key], key_cols)
+                md.append(f"## {key}\n\n" + markdown_table(results[key], key_cols))
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+        (out / "tables.md").write_text("\n\n".join(md) + "\n", encoding="utf-8")
+        console.print(f"wrote {out / 'results.json'}, {out / 'tables.md'} and the plots in {out}")
+
+
+def _report_e1(
+    console: Console,
+    rows: list[dict[str, Any]],
+    load_values: Sequence[float],
+    out: Path,
+    results: dict[str, Any],
+    md: list[str],
+) -> None:
+    """E1/E2's plots and tables: SLO and batch cost against load, the whole bill per load, the headline."""
+    from esg_prefect.simulator import experiments as ex
+    from esg_prefect.simulator import plots
+
+    plots.slo_and_cost(
+        rows, "load", "load (requests/s)", out / "e1_e2_load.png", "E1/E2: SLO hit rate and cost vs load"
+    )
+    bill_bars(rows, "load", out / "e1_bill.png", "E1 by load")
+    head = [
+        {"load": load, **ex.headline([r for r in rows if r["load"] == load and r["seed"] == 0])} for load in load_values
+    ]
+    results["E1-headline"] = head
+    cols = ("load", "best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
+    print_table(console, "E1/E2 headline: ESG vs the best prior-work baseline", head, cols)
+    md.append("## E1/E2 headline\n\n" + markdown_table(head, cols))
+    for load in load_values:
+        rs = [r for r in rows if r["load"] == load]
+        print_table(console, f"E1/E2 at {load:g} requests/s", rs, RUN_COLUMNS)
+        md.append(f"## E1/E2 at {load:g} requests/s\n\n" + markdown_table(rs, RUN_COLUMNS))

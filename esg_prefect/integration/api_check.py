@@ -1,0 +1,64 @@
+"""Is the Prefect API there? Asked once, up front, so that a server that is not up yet costs one line.
+
+Without this check a flow run against a ``PREFECT_API_URL`` that does not
+answer retries for about a minute and ends in a traceback hundreds of lines
+long. :func:`check_prefect_api` asks the API's health endpoint once, with a
+short timeout, and :func:`require_prefect_api` turns a failure into one line on
+stderr (the URL, and what to run) and exit code 2, for scripts such as
+``flows/*.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from esg_prefect.exceptions import InvalidInputError
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect API URL in force: ``$PREFECT_API_URL``, else the active Prefect profile's; None if neither.
+
+    None means Prefect starts a temporary API of its own, which needs no check.
+    """
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url or None
+
+
+def check_prefect_api(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Refuse, in one message, a Prefect API at ``url`` that does not answer its health check in ``timeout_s``.
+
+    ``url`` None or empty passes: Prefect then starts its own API.
+
+    Raises:
+        InvalidInputError: naming the URL and what to run.
+    """
+    if not url:
+        return
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise InvalidInputError(
+            f"the Prefect API at PREFECT_API_URL={url} does not answer ({type(exc).__name__}): start it with "
+            "`prefect server start`, or unset PREFECT_API_URL to let Prefect start a temporary one"
+        ) from None
+
+
+def require_prefect_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """For scripts: check the API in force (:func:`prefect_api_url`); if it does not answer, one line and exit 2."""
+    try:
+        check_prefect_api(prefect_api_url(), timeout_s)
+    except InvalidInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "check_prefect_api", "prefect_api_url", "require_prefect_api"]
