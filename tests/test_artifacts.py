@@ -1,4 +1,4 @@
-"""Artifacts: the pure table and summary builders, publishing on a real flow run, and the runner's wiring."""
+"""Artifacts and runs-list tags: the pure builders, publishing on a real flow run, and the runner's wiring."""
 
 from __future__ import annotations
 
@@ -18,14 +18,19 @@ from esg_prefect.control.records import RunRecords
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.integration import artifacts as art
 from esg_prefect.integration import recording
-from esg_prefect.integration.artifacts import (
-    TABLE_COLUMNS,
-    RunPublisher,
+from esg_prefect.integration.artifacts import RunPublisher, publish_run, tag_run
+from esg_prefect.integration.run_views import (
+    CALL_COLUMNS,
     artifact_key,
     call_costs,
-    publish_run,
+    is_run_tag,
+    merged_tags,
+    money,
+    money_text,
     run_summary,
     run_table,
+    run_tags,
+    table_columns,
 )
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
@@ -34,7 +39,8 @@ from esg_prefect.store import CostStore
 from tests.cost_records import EXPECTED_PER_RUN, RUN_A, records_a, records_b, records_c, renamed, settled
 from tests.toy_stages import double, inc, toy_profile
 
-NONE_ROW = dict.fromkeys(TABLE_COLUMNS)
+NONE_ROW = dict.fromkeys(CALL_COLUMNS)
+COST = "cost $"
 
 
 def _with_split(rec: RunRecords, split: str) -> RunRecords:
@@ -52,57 +58,54 @@ def test_table_of_run_a() -> None:
     """Once its cost is final: busy shares of b1 and b2, and of the idle time after each (w1's 2.5, w2's 0.2)."""
     detect = {
         "stage": "detect",
-        "status": "ok",
-        "batch_id": "b1",
-        "batch_size": 2,
-        "runs_in_batch": 2,
+        "batch": "b1",
+        "size": 2,
+        "runs": 2,
         "worker": "w1",
-        "device": "T4",
-        "gpu_share": 0.5,
-        "vcpus": 1,
-        "queue_wait_ms": 100.0,
-        "predicted_ms": 380.0,
-        "actual_ms": 400.0,
-        "busy_cost": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
-        "idle_cost": 1.25,  # w1 idle after b1: 2.5 per s x 1 s = 2.5, half of it
-        "cost": 1.75,
-        "unit": "$",
+        "wait ms": 100.0,
+        "busy $": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
+        "idle $": 1.25,  # w1 idle after b1: 2.5 per s x 1 s = 2.5, half of it
+        "cost $": 1.75,
     }
     classify = {
         "stage": "classify",
-        "status": "ok",
-        "batch_id": "b2",
-        "batch_size": 1,
-        "runs_in_batch": 1,
+        "batch": "b2",
+        "size": 1,
+        "runs": 1,
         "worker": "w2",
-        "device": "cpu",
-        "gpu_share": 0.0,
-        "vcpus": 2,
-        "queue_wait_ms": 0.0,
-        "predicted_ms": 190.0,
-        "actual_ms": 200.0,
-        "busy_cost": 0.2,  # 2 vCPU x 0.5 per s x 0.2 s
-        "idle_cost": 0.2,  # w2 idle after b2: 1.0 per s x 0.2 s, all A's
-        "cost": 0.4,
-        "unit": "$",
+        "wait ms": 0.0,
+        "busy $": 0.2,  # 2 vCPU x 0.5 per s x 0.2 s
+        "idle $": 0.2,  # w2 idle after b2: 1.0 per s x 0.2 s, all A's
+        "cost $": 0.4,
     }
-    total = NONE_ROW | {"stage": "total", "status": "", "busy_cost": 0.7, "idle_cost": 1.45, "cost": 2.15, "unit": "$"}
+    total = NONE_ROW | {"stage": "total", "busy $": 0.7, "idle $": 1.45, "cost $": 2.15}
     rows = run_table(settled(records_a()))
-    assert rows[-1]["cost"] == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
+    assert rows[-1][COST] == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
     assert rows == [detect, classify, total]
-    assert [list(r) for r in rows] == [list(TABLE_COLUMNS)] * 3  # column order
+    assert [tuple(r) for r in rows] == [table_columns("$")] * 3  # column order, the unit in the cost headers
     json.dumps(rows)  # what the artifact carries
+
+
+def test_table_cells_are_short() -> None:
+    """Three significant digits: the table reads at 1400 px, and the numbers stay numbers."""
+    rec = settled(_with_split(records_a(), "input_size"))
+    rows = run_table(rec)
+    assert rows[-1][COST] == 1.27  # 1.275 (1.27499... in binary) to three digits
+    assert rec.cost().total == pytest.approx(1.275)
+    for row in rows:
+        for col in ("wait ms", "busy $", "idle $", "cost $"):
+            value = row[col]
+            assert value is None or (isinstance(value, float) and value == float(f"{value:.3g}"))
 
 
 def test_table_of_a_run_with_a_failed_call() -> None:
     rows = run_table(settled(records_c()))
-    assert [(r["stage"], r["status"], r["batch_id"], r["cost"]) for r in rows] == [
-        ("embed", "ok", "b3", 0.05),
-        ("embed", "failed: boom", None, 0.0),
-        ("total", "", None, 0.05),
+    assert [(r["stage"], r["batch"], r[COST]) for r in rows] == [
+        ("embed", "b3", 0.05),
+        ("embed", "failed", 0.0),
+        ("total", None, 0.05),
     ]
-    no_cost = {"busy_cost": 0.0, "idle_cost": 0.0, "cost": 0.0, "unit": "$"}
-    assert rows[1] == NONE_ROW | {"stage": "embed", "status": "failed: boom"} | no_cost
+    assert rows[1] == NONE_ROW | {"stage": "embed", "batch": "failed", "busy $": 0.0, "idle $": 0.0, "cost $": 0.0}
 
 
 def test_cost_shares_follow_the_split() -> None:
@@ -110,7 +113,7 @@ def test_cost_shares_follow_the_split() -> None:
     assert _costs(a) == {"a-detect": pytest.approx((0.5, 1.25)), "a-classify": pytest.approx((0.2, 0.2))}
     by_size = _with_split(a, "input_size")  # A is size 1 of 4 in b1: of its 1.0 and of w1's idle 2.5
     assert _costs(by_size) == {"a-detect": pytest.approx((0.25, 0.625)), "a-classify": pytest.approx((0.2, 0.2))}
-    assert run_table(by_size)[-1]["cost"] == 1.275
+    assert run_table(by_size)[-1][COST] == money(1.275)
     b = _with_split(settled(records_b()), "input_size")
     assert _costs(b) == {"b-detect": pytest.approx((0.75, 1.875))}
     # before the idle time is known: the busy part alone, said not to be final
@@ -134,12 +137,10 @@ def test_summary_of_run_a() -> None:
         "Each stage's calls from concurrent flow runs wait in one queue; a batch takes the calls waiting when "
         "the scheduler dispatches, up to the size it chose for the reason given.\n"
         "\n"
-        "| stage | batch | size | flow runs | worker | scheduler's reason |\n"
-        "|---|---|---|---|---|---|\n"
-        "| detect | b1 | 2 | 2 | w1 (T4 x0.50, 1 vCPU) "
-        "| cheapest plan within the slack over 2 stage(s) (warm worker) |\n"
-        "| classify | b2 | 1 | 1 | w2 (cpu, 2 vCPU, cold start) "
-        "| cheapest plan within the slack over 1 stage(s) (cold start, best fit) |\n"
+        "- **detect**, batch b1 (2 calls of 2 flow runs) on w1 (T4 x0.50, 1 vCPU): "
+        "cheapest plan within the slack over 2 stage(s) (warm worker). Predicted 380 ms, took 400 ms.\n"
+        "- **classify**, batch b2 (1 call of 1 flow run) on w2 (cpu, 2 vCPU, cold start): "
+        "cheapest plan within the slack over 1 stage(s) (cold start, best fit). Predicted 190 ms, took 200 ms.\n"
     )
 
 
@@ -153,9 +154,22 @@ def test_summary_says_by_how_much_the_slo_was_missed() -> None:
     assert "billed on its own line, to no run (idle billing `separate`). Final:" in run_summary(separate)
     lines = run_summary(records_c()).splitlines()
     assert lines[2] == "**Did not finish**: 1 of 2 stage calls failed, so the run counts as missing its 500 ms SLO."
+    assert lines[6:9] == ["**Failed stage calls**:", "", "- **embed**: boom"]
     assert lines[-1] == (
-        "| embed | b3 | 1 | 1 | w3 (cpu, 1 vCPU, cold start) "
-        "| cheapest plan within the slack over 1 stage(s) (cold start, best fit) |"
+        "- **embed**, batch b3 (1 call of 1 flow run) on w3 (cpu, 1 vCPU, cold start): "
+        "cheapest plan within the slack over 1 stage(s) (cold start, best fit). Predicted 90 ms, took 100 ms."
+    )
+
+
+def test_summary_marks_a_batch_at_risk_and_keeps_markdown_out_of_reasons() -> None:
+    rec = records_b()
+    (call,) = rec.calls
+    assert call.result is not None
+    risky = dataclasses.replace(call.result, at_risk=True, reason="*bold* `code`\nnext line")
+    rec = dataclasses.replace(rec, calls=(dataclasses.replace(call, result=risky),))
+    assert run_summary(rec).splitlines()[-1] == (
+        "- **detect**, batch b1 (2 calls of 2 flow runs) on w1 (T4 x0.50, 1 vCPU): "
+        "\\*bold\\* 'code' next line; at risk of missing the SLO. Predicted 380 ms, took 400 ms."
     )
 
 
@@ -163,6 +177,85 @@ def test_artifact_keys() -> None:
     assert artifact_key("esg-cost", RUN_A) == "esg-cost-9b6f0c1e"
     assert artifact_key("esg-cost", "AB_CD.EF-123") == "esg-cost-ab-cd-ef"
     assert artifact_key("esg-summary", "local-xyz") == "esg-summary-local-xy"
+
+
+# ---- runs-list tags ----------------------------------------------------------------------------
+
+
+def test_money_text_reads_like_the_browser_shows_the_tables_number() -> None:
+    """JavaScript's number to string: positional from 1e-6 up, an exponent below (no padding zero)."""
+    cases = {
+        2.15: "2.15",
+        0.7: "0.7",
+        1.275: "1.27",  # 1.275 is 1.27499... in binary
+        3.2047e-06: "0.0000032",
+        5.02416e-05: "0.0000502",
+        9.012e-07: "9.01e-7",
+        1234.5: "1230",
+        120.0: "120",
+        0.0: "0",
+    }
+    assert {v: money_text(v) for v in cases} == cases
+    for v in cases:  # the text is the table's number
+        assert float(money_text(v)) == money(v)
+
+
+def test_run_tags_are_the_tables_total_and_the_stores_slo() -> None:
+    a, b, c = settled(records_a()), settled(records_b()), settled(records_c())
+    assert run_tags(a) == ("esg:$2.15", "esg:slo-met")
+    assert run_tags(b) == ("esg:$1.75", "esg:slo-missed")  # 450 ms against a 300 ms SLO
+    assert run_tags(c) == ("esg:$0.05", "esg:slo-missed")  # a call failed: the run never finished
+    for rec in (a, b, c):
+        cost_tag = run_tags(rec)[0]
+        assert float(cost_tag.removeprefix("esg:$")) == run_table(rec)[-1][COST] == money(rec.cost().total)
+    # before the idle time is known, the tag says what the (not final) artifact says
+    assert run_tags(records_a())[0] == "esg:$0.7" == f"esg:${money_text(run_table(records_a())[-1][COST])}"
+
+
+def test_merged_tags_keep_the_runs_own_tags_and_replace_earlier_esg_tags() -> None:
+    a = settled(records_a())
+    assert merged_tags([], a) == ["esg:$2.15", "esg:slo-met"]
+    own = ["nightly", "team:vision", "esg:v2", "esg:slo-metrics"]  # look alike, but the user's own
+    assert merged_tags(own, a) == ["esg:$2.15", "esg:slo-met", *own]
+    earlier = ["nightly", "esg:$0.7", "esg:slo-missed", "team:vision"]  # a first publication's tags
+    assert merged_tags(earlier, a) == ["esg:$2.15", "esg:slo-met", "nightly", "team:vision"]
+    assert merged_tags(merged_tags(own, a), a) == merged_tags(own, a)  # setting them again changes nothing
+    assert [t for t in ("esg:$1e-7", "esg:$3.5e+21", "esg:$0", "esg:€1", "esg:$v2") if is_run_tag(t, "$")] == [
+        "esg:$1e-7",
+        "esg:$3.5e+21",
+        "esg:$0",
+    ]
+
+
+class FakeClient:
+    """A flow run's tags as the Prefect API keeps them."""
+
+    def __init__(self, tags: list[str] | None) -> None:
+        self.tags = tags
+        self.patches: list[list[str]] = []
+
+    def read_flow_run(self, flow_run_id: uuid.UUID) -> Any:
+        from types import SimpleNamespace
+
+        from prefect.exceptions import ObjectNotFound
+
+        if self.tags is None:
+            raise ObjectNotFound(http_exc=Exception("404"))
+        return SimpleNamespace(id=flow_run_id, tags=list(self.tags))
+
+    def update_flow_run(self, flow_run_id: uuid.UUID, tags: list[str]) -> None:
+        self.patches.append(list(tags))
+        self.tags = list(tags)
+
+
+def test_tag_run_writes_only_when_the_tags_change() -> None:
+    client = FakeClient(["nightly"])
+    a = settled(records_a())
+    assert tag_run(a, client) == ["esg:$2.15", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
+    assert tag_run(a, client) == ["esg:$2.15", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
+    assert client.patches == [["esg:$2.15", "esg:slo-met", "nightly"]]
+    assert tag_run(a, FakeClient(None)) is None  # type: ignore[arg-type]  # the flow run was deleted
+    assert tag_run(dataclasses.replace(a, run_id="local-1"), client) is None  # type: ignore[arg-type]
 
 
 def test_publisher_warns_once_when_the_api_is_unreachable(
@@ -261,9 +354,17 @@ def read_artifacts(flow_run_id: uuid.UUID) -> list[Any]:
     return sorted(Artifact.model_validate_list(response.json()), key=lambda a: a.type or "")
 
 
+def read_tags(flow_run_id: uuid.UUID) -> list[str]:
+    """A flow run's tags, read back through the client."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return list(client.read_flow_run(flow_run_id).tags)
+
+
 @pytest.mark.usefixtures("prefect_harness")
 def test_publish_on_a_flow_run() -> None:
-    from prefect import flow
+    from prefect import flow, tags
     from prefect.context import FlowRunContext
 
     @flow
@@ -272,7 +373,9 @@ def test_publish_on_a_flow_run() -> None:
         assert ctx is not None and ctx.flow_run is not None
         return str(ctx.flow_run.id)
 
-    run_id = empty()
+    with tags("team-a", "nightly"):
+        run_id = empty()
+    assert sorted(read_tags(uuid.UUID(run_id))) == ["nightly", "team-a"]
     rec = renamed(records_a(), run_id)
     ids = publish_run(rec)  # from this thread, outside any flow run context
     assert ids is not None
@@ -282,13 +385,21 @@ def test_publish_on_a_flow_run() -> None:
     assert table.key == f"esg-cost-{run_id[:8]}" and markdown.key == f"esg-summary-{run_id[:8]}"
     rows = json.loads(table.data)
     assert rows == run_table(rec)
-    assert rows[-1]["stage"] == "total" and rows[-1]["cost"] == 0.7
+    assert rows[-1]["stage"] == "total" and rows[-1][COST] == 0.7
     assert markdown.data == run_summary(rec)
+    # The runs list: the table's total and the SLO outcome in front, the run's own tags kept.
+    found = read_tags(uuid.UUID(run_id))
+    assert found[:2] == ["esg:$0.7", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
+    assert float(found[0].removeprefix("esg:$")) == rows[-1][COST]
+    # Published again (the same run, its cost now final): the ESG tags are replaced, not added.
+    publish_run(renamed(settled(records_a()), run_id))
+    again = read_tags(uuid.UUID(run_id))
+    assert again[:2] == ["esg:$2.15", "esg:slo-met"] and sorted(again[2:]) == ["nightly", "team-a"]
 
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
-    from prefect import flow
+    from prefect import flow, tags
 
     url = f"sqlite:///{tmp_path / 'runner.db'}"
     pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
@@ -303,9 +414,11 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
             assert ctx is not None and ctx.flow_run is not None
             return str(ctx.flow_run.id)
 
-        run_id = toy_flow(4)
+        with tags("mine"):
+            run_id = toy_flow(4)
         # Its workers idle for their 60 s keep-alive: the run's cost is not final, nothing is published yet.
         assert read_artifacts(uuid.UUID(run_id)) == []
+        assert read_tags(uuid.UUID(run_id)) == ["mine"]
         pool.close()  # the idle time closes: the publisher posts the run's artifacts before close returns
         found = read_artifacts(uuid.UUID(run_id))
         assert [a.type for a in found] == ["markdown", "table"]
@@ -315,14 +428,19 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
         assert "Final: the idle time after each of its batches has closed" in found[0].data
         with CostStore(url) as store:  # the same figure, and split, as the store's
             (row,) = [r for r in store.costs("run") if not r.idle]
-        assert row.key == run_id and row.idle_cost > 0 and row.busy_cost > 0
+        assert row.key == run_id and row.idle_cost > 0 and row.busy_cost > 0 and row.unit == "$"
         total = rows[-1]
-        assert (total["cost"], total["busy_cost"], total["idle_cost"], total["unit"]) == (
-            pytest.approx(row.cost, rel=1e-5),
-            pytest.approx(row.busy_cost, rel=1e-5),
-            pytest.approx(row.idle_cost, rel=1e-5),
-            row.unit,
+        assert (total["cost $"], total["busy $"], total["idle $"]) == (
+            money(row.cost),
+            money(row.busy_cost),
+            money(row.idle_cost),
         )
+        # The runs list shows that figure and the store's SLO outcome, before the run's own tag.
+        slo = "esg:slo-met" if row.slo_met == 1 else "esg:slo-missed"
+        assert row.slo_met + row.slo_missed == 1
+        assert read_tags(uuid.UUID(run_id)) == [f"esg:${money_text(row.cost)}", slo, "mine"]
+        assert money_text(row.cost) == money_text(total[COST])
+        assert f"**SLO {slo.removeprefix('esg:slo-')}**" in found[0].data  # the summary says the same
     finally:
         pool.close()
         recording.close_stores()

@@ -1,18 +1,13 @@
-"""Prefect artifacts on each flow run: its stage calls, what they cost, why batches were that size.
+"""Publishing each pooled flow run's cost on Prefect: its artifacts and its runs-list tags.
 
-Two pure builders turn the records a pool hands its run listeners
-(:class:`~esg_prefect.control.records.RunRecords`) into
+What is shown is built in :mod:`esg_prefect.integration.run_views`; here it is
+posted, once the run's cost is final:
 
-* :func:`run_table`: one row per stage call (stage, batch and its size, how
-  many flow runs shared it, worker, device and share, queue wait, predicted
-  and actual latency, the call's share of the batch's cost: busy part, idle
-  part, total and unit), then a total row: the run's cost;
-* :func:`run_summary`: a short markdown account (the run's cost with its
-  busy/idle split, SLO met or missed by how much, the scheduler's reason for
-  each batch);
-
-and a publisher, :class:`RunPublisher`, that posts them as a table artifact
-and a markdown artifact of the flow run.
+* :func:`publish_run`: a table artifact (:func:`run_table`) and a markdown
+  artifact (:func:`run_summary`) on the flow run, then the run's cost and SLO
+  tags (:func:`tag_run`), which the Prefect UI shows on the runs list and in
+  the run's header (``docs/decisions/ui-cost.md``);
+* :class:`RunPublisher`: the pool's listener that decides when.
 
 The cost is the run's one cost figure (``docs/decisions/one-cost.md``), the
 same ``esg-prefect costs`` and the demo show: its shares of its batches' busy
@@ -22,7 +17,8 @@ batch, its keep-alive expiry, the pool's close), so the publisher waits for
 that (:class:`~esg_prefect.model.attribution.CostLedger`), and publishes
 whatever is still pending when the pool closes. It names the flow run
 explicitly through the client API, so publishing after the flow run ended,
-from outside any flow run context, is fine.
+from outside any flow run context, is fine; tags are the one flow run field
+Prefect lets a client change after the run ended (``PATCH /flow_runs/{id}``).
 
 Example:
     >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
@@ -35,250 +31,32 @@ import contextlib
 import dataclasses
 import json
 import logging
-import re
 import threading
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 import httpx
 
-from esg_prefect.model.attribution import (
-    CostLedger,
-    CostSplit,
-    IdleRecord,
-    RunCost,
-    cost_unit,
-    idle_cost,
-    idle_owners,
-    run_deadline,
-    split_weights,
-)
-from esg_prefect.model.config import CPU
+# The builders are imported from here too (they lived here before run_views.py): re-exported.
+from esg_prefect.integration.run_views import artifact_key as artifact_key
+from esg_prefect.integration.run_views import call_costs as call_costs
+from esg_prefect.integration.run_views import merged_tags, short_id
+from esg_prefect.integration.run_views import money as money
+from esg_prefect.integration.run_views import run_summary as run_summary
+from esg_prefect.integration.run_views import run_table as run_table
+from esg_prefect.model.attribution import CostLedger, IdleRecord, run_deadline
 from esg_prefect.runtime.pool_records import final_records
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
 
-    from esg_prefect.control.calls import StageResult
     from esg_prefect.control.records import BatchDone, RunRecords
     from esg_prefect.runtime.pool import Pool
 
 logger = logging.getLogger(__name__)
 
-TABLE_COLUMNS = (
-    "stage",
-    "status",
-    "batch_id",
-    "batch_size",
-    "runs_in_batch",
-    "worker",
-    "device",
-    "gpu_share",
-    "vcpus",
-    "queue_wait_ms",
-    "predicted_ms",
-    "actual_ms",
-    "busy_cost",
-    "idle_cost",
-    "cost",
-    "unit",
-)
-"""Columns of the per-call table, in order."""
-
-TOTAL_STAGE = "total"
-"""``stage`` of the table's last row: the run's cost."""
-
-
-def _ms(value: float) -> float:
-    return round(value, 2)
-
-
-def _money(value: float) -> float:
-    """Six significant digits: enough for sub-cent shares, short in the UI."""
-    return float(f"{value:.6g}")
-
-
-def short_id(run_id: str) -> str:
-    """The first 8 characters of a run id, as Prefect's UI shows run ids."""
-    return run_id[:8]
-
-
-def artifact_key(prefix: str, run_id: str) -> str:
-    """An artifact key: lowercase letters, digits and dashes only, as Prefect requires.
-
-    Example:
-        >>> artifact_key("esg-cost", "3F2A9C1E-0B7D-4C1A-9E55-8A8B7C6D5E4F")
-        'esg-cost-3f2a9c1e'
-    """
-    raw = f"{prefix}-{short_id(run_id)}".lower()
-    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
-
-
-def call_costs(records: RunRecords) -> dict[str, RunCost]:
-    """Each successful call's share of its batch's cost: busy time and the idle time the batch caused.
-
-    A batch's cost is split among its items by the pool's cost split, and so
-    is the idle time attributed to it (``records.caused_idles``); this run's
-    part of each is spread evenly over this run's items in the batch (exact
-    for the equal split; the pool does not say which item was which call).
-    """
-    split = cast(CostSplit, records.cost_split)
-    prices, unit = records.prices, cost_unit(records.prices)
-    batches = {b.batch_id: b for b in records.batches}
-    idle_of: defaultdict[str, float] = defaultdict(float)
-    if records.idle_billing == "attribute":
-        for idle, owner in idle_owners(records.batches, records.caused_idles):
-            if owner is not None:
-                idle_of[owner.batch_id] += idle_cost(idle, prices)
-    out: dict[str, RunCost] = {}
-    for c in records.calls:
-        res = c.result
-        b = batches.get(res.batch_id) if res is not None else None
-        if b is None:
-            continue
-        busy = prices.batch_cost(b.config, b.hardware, b.duration_ms)
-        mine = [w for item, w in zip(b.items, split_weights(b.items, split), strict=True) if item.run_id == c.run_id]
-        share = sum(mine) / len(mine) if mine else 0.0
-        out[c.call_id] = RunCost(busy * share, idle_of[b.batch_id] * share, unit)
-    return out
-
-
-def _cost_cells(cost: RunCost) -> dict[str, Any]:
-    return {
-        "busy_cost": _money(cost.busy),
-        "idle_cost": _money(cost.idle),
-        "cost": _money(cost.total),
-        "unit": cost.unit,
-    }
-
-
-def run_table(records: RunRecords) -> list[dict[str, Any]]:
-    """The rows of a run's table artifact: one per stage call in completion order, then the total.
-
-    A failed call has its error as status and no batch (its share of a batch,
-    if it ran in one, is in the total only). The total row's costs are
-    :meth:`RunRecords.cost`: the run's one cost figure and its busy/idle split.
-    """
-    costs = call_costs(records)
-    unit = cost_unit(records.prices)
-    rows: list[dict[str, Any]] = []
-    for c in records.calls:
-        r = c.result
-        status = "ok" if c.ok else f"failed: {c.error}"[:200]
-        cells = _cost_cells(costs.get(c.call_id, RunCost(0.0, 0.0, unit)))
-        if r is None:
-            rows.append({col: None for col in TABLE_COLUMNS} | {"stage": c.stage, "status": status} | cells)
-            continue
-        rows.append(
-            {
-                "stage": c.stage,
-                "status": status,
-                "batch_id": r.batch_id,
-                "batch_size": r.batch_size,
-                "runs_in_batch": r.co_batched_runs,
-                "worker": r.worker_id,
-                "device": r.hardware,
-                "gpu_share": r.gpu_share,
-                "vcpus": r.vcpus,
-                "queue_wait_ms": _ms(r.queue_wait_ms),
-                "predicted_ms": _ms(r.predicted_ms),
-                "actual_ms": _ms(r.actual_ms),
-            }
-            | cells
-        )
-    total = {col: None for col in TABLE_COLUMNS} | {"stage": TOTAL_STAGE, "status": ""} | _cost_cells(records.cost())
-    rows.append(total)
-    return rows
-
-
-def _slo_line(records: RunRecords) -> str:
-    slo = records.slo_ms
-    if records.finish_ms is None:
-        failed = sum(1 for c in records.calls if not c.ok)
-        return (
-            f"**Did not finish**: {failed} of {_plural(len(records.calls), 'stage call', 'stage calls')} failed, "
-            f"so the run counts as missing its {slo:.0f} ms SLO."
-        )
-    latency = records.finish_ms - records.arrival_ms
-    if latency <= slo:
-        return f"**SLO met**: {latency:.1f} ms end to end, {slo - latency:.1f} ms inside the {slo:.0f} ms SLO."
-    return f"**SLO missed** by {latency - slo:.1f} ms: {latency:.1f} ms end to end against a {slo:.0f} ms SLO."
-
-
-def _where(r: StageResult) -> str:
-    device = CPU if r.hardware == CPU else f"{r.hardware} x{r.gpu_share:.2f}"
-    return f"{r.worker_id} ({device}, {r.vcpus} vCPU{', cold start' if r.cold_start else ''})"
-
-
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
-    cost = records.cost()
-    u = cost.unit
-    head = (
-        f"**Cost**: {u}{cost.total:.6g} (busy {u}{cost.busy:.6g} + idle {u}{cost.idle:.6g}), "
-        f"this run's share of {_plural(batches, 'batch', 'batches')} ({shared} shared with other flow runs; "
-        f"{records.cost_split} split of each batch's cost)"
-    )
-    if records.idle_billing == "separate":
-        head += ". Warm idle time is billed on its own line, to no run (idle billing `separate`)"
-    else:
-        head += (
-            " and, split the same way, of the warm idle time those batches caused: a worker's idle time "
-            "goes to the batch that ended just before it, a worker's idle time before its first batch to that batch"
-        )
-    if records.settled:
-        return head + ". Final: the idle time after each of its batches has closed; `esg-prefect costs` shows the same."
-    return head + ". Not final yet: idle time after its batches was still open."
-
-
-def run_summary(records: RunRecords) -> str:
-    """The markdown artifact of a run: cost, SLO outcome, and why each batch was the size it was."""
-    first_call: dict[str, StageResult] = {}
-    stage_of: dict[str, str] = {}
-    for c in records.calls:
-        if c.result is not None and c.result.batch_id not in first_call:
-            first_call[c.result.batch_id] = c.result
-            stage_of[c.result.batch_id] = c.stage
-    shared = sum(1 for r in first_call.values() if r.co_batched_runs > 1)
-    lines = [
-        f"### ESG pool: flow run `{short_id(records.run_id)}` of workflow `{records.workflow}`",
-        "",
-        _slo_line(records),
-        "",
-        _cost_line(records, len(first_call), shared),
-    ]
-    if first_call:
-        lines += [
-            "",
-            "#### Why the batches were this size",
-            "",
-            "Each stage's calls from concurrent flow runs wait in one queue; a batch takes the calls "
-            "waiting when the scheduler dispatches, up to the size it chose for the reason given.",
-            "",
-            "| stage | batch | size | flow runs | worker | scheduler's reason |",
-            "|---|---|---|---|---|---|",
-        ]
-        for bid, r in first_call.items():
-            reason = r.reason or "(none given)"
-            if r.at_risk:
-                reason += " - at risk of missing the SLO"
-            lines.append(
-                f"| {_cell(stage_of[bid])} | {_cell(bid)} | {r.batch_size} | {r.co_batched_runs} "
-                f"| {_cell(_where(r))} | {_cell(reason)} |"
-            )
-    return "\n".join(lines) + "\n"
-
-
-# ---- publishing ------------------------------------------------------------------------------
+_money = money  # its name before run_views.py, which tests/test_one_cost.py imports
 
 
 _client_lock = threading.Lock()  # guards _api_client: the listener threads of several pools share it
@@ -309,8 +87,16 @@ def api_client() -> SyncPrefectClient:
     return client
 
 
+def flow_run_id_of(records: RunRecords) -> uuid.UUID | None:
+    """The Prefect flow run of a run's records; None when ``run_id`` is not one (a stage called outside a flow run)."""
+    try:
+        return uuid.UUID(records.run_id)
+    except ValueError:
+        return None
+
+
 def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) -> tuple[uuid.UUID, uuid.UUID] | None:
-    """Create the table and markdown artifacts of a run on its Prefect flow run.
+    """Create the table and markdown artifacts of a run on its Prefect flow run, then tag it (:func:`tag_run`).
 
     Args:
         records: the run's records (``run_id`` is the Prefect flow run id).
@@ -318,13 +104,12 @@ def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) ->
 
     Returns:
         The ids of the table and markdown artifacts, or None when ``run_id`` is
-        not a flow run id (a stage called outside a flow run).
+        not a flow run id.
     """
     from prefect.client.schemas.actions import ArtifactCreate
 
-    try:
-        flow_run_id = uuid.UUID(records.run_id)
-    except ValueError:
+    flow_run_id = flow_run_id_of(records)
+    if flow_run_id is None:
         return None
     short = short_id(records.run_id)
     c = client if client is not None else api_client()
@@ -346,11 +131,40 @@ def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) ->
             flow_run_id=flow_run_id,
         )
     )
+    tag_run(records, c)
     return table.id, summary.id
 
 
+def tag_run(records: RunRecords, client: SyncPrefectClient | None = None) -> list[str] | None:
+    """Put the run's cost and SLO tags in front of its flow run's tags (:func:`merged_tags`).
+
+    The flow run's own tags are kept. Read, then written whole (the API has no
+    "add a tag"): a tag added to the run in between would be lost, which, with
+    the run ended, only a person editing it at that moment could do.
+
+    Returns:
+        The flow run's tags now; None when ``run_id`` is not a flow run id or
+        the flow run is gone (deleted before its cost settled).
+    """
+    from prefect.exceptions import ObjectNotFound
+
+    flow_run_id = flow_run_id_of(records)
+    if flow_run_id is None:
+        return None
+    c = client if client is not None else api_client()
+    try:
+        existing = list(c.read_flow_run(flow_run_id).tags)
+    except ObjectNotFound:
+        logger.info("flow run %s is gone: its cost is not tagged on it", records.run_id)
+        return None
+    tags = merged_tags(existing, records)
+    if tags != existing:
+        c.update_flow_run(flow_run_id, tags=tags)
+    return tags
+
+
 class RunPublisher:
-    """A pool's run and batch listener: publishes each flow run's artifacts once its cost is final.
+    """A pool's run and batch listener: publishes each flow run's artifacts and tags once its cost is final.
 
     It follows the pool's batches and closed idle intervals in a
     :class:`~esg_prefect.model.attribution.CostLedger`. An ended run is
@@ -560,7 +374,7 @@ class RunPublisher:
     # ---- posting --------------------------------------------------------------------------------
 
     def publish(self, records: RunRecords) -> None:
-        """Post one run's artifacts now; an unreachable API is warned of once, then logged at debug level."""
+        """Post one run's artifacts and tags now; an unreachable API is warned of once, then logged at debug level."""
         try:
             if self._publish_fn is not None:
                 self._publish_fn(records)

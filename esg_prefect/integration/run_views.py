@@ -1,0 +1,321 @@
+"""What a pooled flow run shows in the Prefect UI: its cost table, its summary, its runs-list tags.
+
+Pure builders over the records a pool hands its run listeners
+(:class:`~esg_prefect.control.records.RunRecords`); the publisher
+(:mod:`esg_prefect.integration.artifacts`) posts what they build.
+
+* :func:`run_table`: one row per stage call (stage, batch, its size and how
+  many flow runs shared it, worker, queue wait, the call's share of the
+  batch's cost: busy, idle and total), then a total row: the run's cost;
+* :func:`run_summary`: a short markdown account: SLO met or missed, the run's
+  cost with its busy/idle split, and why each batch was the size it was;
+* :func:`run_tags`: the run's cost and SLO outcome as two flow run tags, which
+  the Prefect UI shows on every row of its runs list and in the run's header
+  (``docs/decisions/ui-cost.md``); :func:`merged_tags` puts them in front of
+  the flow run's own tags.
+
+Both UIs of Prefect 3.9 give a table artifact 700 (V2) to 845 px (V1) at a
+1400 px wide window and never wrap its cells, so the table has nine columns,
+the unit in the cost columns' headers, and numbers to three significant
+digits (:func:`money`); the scheduler's reasons, long sentences, are a
+markdown list, which wraps, not a table column, with each batch's place,
+predicted and actual latency. :func:`money_text` writes a cost the way the
+browser shows the table's number, so the tag and the table read the same.
+
+The cost is the run's one cost figure (``docs/decisions/one-cost.md``): its
+shares of its batches' busy time and of the warm idle time those batches
+caused, final once ``records.settled``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, cast
+
+from esg_prefect.model.attribution import CostSplit, RunCost, cost_unit, idle_cost, idle_owners, split_weights
+from esg_prefect.model.config import CPU
+from esg_prefect.store.rows import slo_met
+
+if TYPE_CHECKING:
+    from esg_prefect.control.calls import StageResult
+    from esg_prefect.control.records import CallRecord, RunRecords
+
+TOTAL_STAGE = "total"
+"""``stage`` of the table's last row: the run's cost."""
+
+CALL_COLUMNS = ("stage", "batch", "size", "runs", "worker", "wait ms")
+"""The table's columns before its cost columns: ``runs`` is how many flow runs shared the batch.
+
+How long each batch ran, the same for each of its calls, is in the summary, beside the
+scheduler's prediction.
+"""
+
+COST_KINDS = ("busy", "idle", "cost")
+"""The table's cost columns, each headed ``<kind> <unit>``: busy share, idle share, their sum."""
+
+FAILED = "failed"
+"""``batch`` of a stage call that failed (its error is in the summary)."""
+
+TAG_PREFIX = "esg:"
+"""Prefix of the tags this package sets on a flow run (and replaces when it sets them again)."""
+
+SLO_TAGS = {True: "esg:slo-met", False: "esg:slo-missed"}
+"""The SLO tag of a run that met (True) or missed (False) its SLO."""
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:e[+-]\d+)?"  # what money_text writes
+
+
+def cost_column(kind: str, unit: str) -> str:
+    """The header of a cost column, its unit in it: ``cost_column("cost", "$") == "cost $"``."""
+    return f"{kind} {unit}"
+
+
+def table_columns(unit: str) -> tuple[str, ...]:
+    """The columns of a run's table, in order, for costs in ``unit``."""
+    return (*CALL_COLUMNS, *(cost_column(k, unit) for k in COST_KINDS))
+
+
+def sig3(value: float) -> float:
+    """``value`` to three significant digits: short in a table cell, and still a number."""
+    return float(f"{value:.3g}")
+
+
+money = sig3
+"""A cost as the table and the tags carry it: three significant digits."""
+
+
+def money_text(value: float) -> str:
+    """A cost as text, as the browser shows the table's number :func:`money` (``value``).
+
+    JavaScript writes a number in positional notation from 1e-6 up to 1e21 and
+    with an exponent outside that range; this does the same, so a tag reads
+    exactly like the table cell it repeats.
+
+    Example:
+        >>> [money_text(v) for v in (2.15, 3.2047e-06, 9.012e-07, 1234.5, 0.0)]
+        ['2.15', '0.0000032', '9.01e-7', '1230', '0']
+    """
+    v = money(value)
+    if v == 0.0:
+        return "0"
+    if 1e-6 <= abs(v) < 1e21:
+        text = format(Decimal(repr(v)), "f")
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    mantissa, exponent = f"{v:.3g}".split("e")
+    return f"{mantissa}e{int(exponent):+d}"
+
+
+def short_id(run_id: str) -> str:
+    """The first 8 characters of a run id, as Prefect's UI shows run ids."""
+    return run_id[:8]
+
+
+def artifact_key(prefix: str, run_id: str) -> str:
+    """An artifact key: lowercase letters, digits and dashes only, as Prefect requires.
+
+    Example:
+        >>> artifact_key("esg-cost", "3F2A9C1E-0B7D-4C1A-9E55-8A8B7C6D5E4F")
+        'esg-cost-3f2a9c1e'
+    """
+    raw = f"{prefix}-{short_id(run_id)}".lower()
+    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
+
+
+def call_costs(records: RunRecords) -> dict[str, RunCost]:
+    """Each successful call's share of its batch's cost: busy time and the idle time the batch caused.
+
+    A batch's cost is split among its items by the pool's cost split, and so
+    is the idle time attributed to it (``records.caused_idles``); this run's
+    part of each is spread evenly over this run's items in the batch (exact
+    for the equal split; the pool does not say which item was which call).
+    """
+    split = cast(CostSplit, records.cost_split)
+    prices, unit = records.prices, cost_unit(records.prices)
+    batches = {b.batch_id: b for b in records.batches}
+    idle_of: defaultdict[str, float] = defaultdict(float)
+    if records.idle_billing == "attribute":
+        for idle, owner in idle_owners(records.batches, records.caused_idles):
+            if owner is not None:
+                idle_of[owner.batch_id] += idle_cost(idle, prices)
+    out: dict[str, RunCost] = {}
+    for c in records.calls:
+        res = c.result
+        b = batches.get(res.batch_id) if res is not None else None
+        if b is None:
+            continue
+        busy = prices.batch_cost(b.config, b.hardware, b.duration_ms)
+        mine = [w for item, w in zip(b.items, split_weights(b.items, split), strict=True) if item.run_id == c.run_id]
+        share = sum(mine) / len(mine) if mine else 0.0
+        out[c.call_id] = RunCost(busy * share, idle_of[b.batch_id] * share, unit)
+    return out
+
+
+def _cost_cells(cost: RunCost) -> dict[str, Any]:
+    return {
+        cost_column("busy", cost.unit): money(cost.busy),
+        cost_column("idle", cost.unit): money(cost.idle),
+        cost_column("cost", cost.unit): money(cost.total),
+    }
+
+
+def _call_cells(c: CallRecord) -> dict[str, Any]:
+    r = c.result
+    if r is None:
+        return dict.fromkeys(CALL_COLUMNS) | {"stage": c.stage, "batch": FAILED}
+    return {
+        "stage": c.stage,
+        "batch": r.batch_id if c.ok else f"{r.batch_id} {FAILED}",
+        "size": r.batch_size,
+        "runs": r.co_batched_runs,
+        "worker": r.worker_id,
+        "wait ms": sig3(r.queue_wait_ms),
+    }
+
+
+def run_table(records: RunRecords) -> list[dict[str, Any]]:
+    """The rows of a run's table artifact: one per stage call in completion order, then the total.
+
+    A failed call reads ``failed`` in its ``batch`` column (its share of a
+    batch, if it ran in one, is in the total only). The total row's costs are
+    :meth:`RunRecords.cost`: the run's one cost figure and its busy/idle split.
+    """
+    costs = call_costs(records)
+    unit = cost_unit(records.prices)
+    rows = [_call_cells(c) | _cost_cells(costs.get(c.call_id, RunCost(0.0, 0.0, unit))) for c in records.calls]
+    rows.append(dict.fromkeys(CALL_COLUMNS) | {"stage": TOTAL_STAGE} | _cost_cells(records.cost()))
+    return rows
+
+
+# ---- the runs list -----------------------------------------------------------------------------
+
+
+def cost_tag(records: RunRecords) -> str:
+    """The run's cost as a tag: ``esg:$0.0000502``, the figure of the table's total row."""
+    cost = records.cost()
+    return f"{TAG_PREFIX}{cost.unit}{money_text(cost.total)}"
+
+
+def run_tags(records: RunRecords) -> tuple[str, str]:
+    """The tags that show the run's cost and SLO outcome on the runs list: cost first, then SLO.
+
+    Example: ``("esg:$0.0000502", "esg:slo-met")``; a run that failed or never
+    finished missed its SLO (as in the cost store).
+    """
+    return cost_tag(records), SLO_TAGS[slo_met(records)]
+
+
+def is_run_tag(tag: str, unit: str) -> bool:
+    """Whether ``tag`` is one :func:`run_tags` writes for costs in ``unit`` (replaced when they are set again)."""
+    return tag in SLO_TAGS.values() or re.fullmatch(re.escape(f"{TAG_PREFIX}{unit}") + _NUMBER, tag) is not None
+
+
+def merged_tags(existing: Sequence[str], records: RunRecords) -> list[str]:
+    """A flow run's tags with the run's cost and SLO tags in front, its own tags kept in their order.
+
+    ESG tags set earlier (by an earlier publication of the same run) are
+    replaced; every other tag stays. In front, because Prefect's V2 runs list
+    shows as many tags as fit and counts the rest.
+    """
+    ours = run_tags(records)
+    unit = cost_unit(records.prices)
+    return [*ours, *(t for t in existing if not is_run_tag(t, unit) and t not in ours)]
+
+
+# ---- the summary -------------------------------------------------------------------------------
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _text(text: str) -> str:
+    """Text for a markdown list item: one line, no emphasis markers."""
+    return text.replace("\n", " ").replace("*", "\\*").replace("`", "'")
+
+
+def _slo_line(records: RunRecords) -> str:
+    slo = records.slo_ms
+    if records.finish_ms is None:
+        failed = sum(1 for c in records.calls if not c.ok)
+        return (
+            f"**Did not finish**: {failed} of {_plural(len(records.calls), 'stage call', 'stage calls')} failed, "
+            f"so the run counts as missing its {slo:.0f} ms SLO."
+        )
+    latency = records.finish_ms - records.arrival_ms
+    if latency <= slo:
+        return f"**SLO met**: {latency:.1f} ms end to end, {slo - latency:.1f} ms inside the {slo:.0f} ms SLO."
+    return f"**SLO missed** by {latency - slo:.1f} ms: {latency:.1f} ms end to end against a {slo:.0f} ms SLO."
+
+
+def _failures(records: RunRecords) -> list[str]:
+    failed = [c for c in records.calls if not c.ok]
+    if not failed:
+        return []
+    return ["", "**Failed stage calls**:", "", *(f"- **{_text(c.stage)}**: {_text(c.error[:200])}" for c in failed)]
+
+
+def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
+    cost = records.cost()
+    u = cost.unit
+    head = (
+        f"**Cost**: {u}{money_text(cost.total)} (busy {u}{money_text(cost.busy)} + idle {u}{money_text(cost.idle)}), "
+        f"this run's share of {_plural(batches, 'batch', 'batches')} ({shared} shared with other flow runs; "
+        f"{records.cost_split} split of each batch's cost)"
+    )
+    if records.idle_billing == "separate":
+        head += ". Warm idle time is billed on its own line, to no run (idle billing `separate`)"
+    else:
+        head += (
+            " and, split the same way, of the warm idle time those batches caused: a worker's idle time "
+            "goes to the batch that ended just before it, a worker's idle time before its first batch to that batch"
+        )
+    if records.settled:
+        return head + ". Final: the idle time after each of its batches has closed; `esg-prefect costs` shows the same."
+    return head + ". Not final yet: idle time after its batches was still open."
+
+
+def _where(r: StageResult) -> str:
+    device = CPU if r.hardware == CPU else f"{r.hardware} x{r.gpu_share:.2f}"
+    return f"{r.worker_id} ({device}, {r.vcpus} vCPU{', cold start' if r.cold_start else ''})"
+
+
+def _decision(stage: str, r: StageResult) -> str:
+    """One batch's line: what it was, where it ran, predicted and actual latency, the scheduler's reason."""
+    reason = _text(r.reason or "(no reason given)")
+    risk = "; at risk of missing the SLO" if r.at_risk else ""
+    return (
+        f"- **{_text(stage)}**, batch {_text(r.batch_id)} ({_plural(r.batch_size, 'call', 'calls')} of "
+        f"{_plural(r.co_batched_runs, 'flow run', 'flow runs')}) on {_text(_where(r))}: {reason}{risk}. "
+        f"Predicted {sig3(r.predicted_ms):g} ms, took {sig3(r.actual_ms):g} ms."
+    )
+
+
+def run_summary(records: RunRecords) -> str:
+    """The markdown artifact of a run: SLO outcome, cost, failed calls, and why each batch was the size it was."""
+    first_call: dict[str, tuple[str, StageResult]] = {}
+    for c in records.calls:
+        if c.result is not None and c.result.batch_id not in first_call:
+            first_call[c.result.batch_id] = (c.stage, c.result)
+    shared = sum(1 for _, r in first_call.values() if r.co_batched_runs > 1)
+    lines = [
+        f"### ESG pool: flow run `{short_id(records.run_id)}` of workflow `{records.workflow}`",
+        "",
+        _slo_line(records),
+        "",
+        _cost_line(records, len(first_call), shared),
+        *_failures(records),
+    ]
+    if first_call:
+        lines += [
+            "",
+            "#### Why the batches were this size",
+            "",
+            "Each stage's calls from concurrent flow runs wait in one queue; a batch takes the calls "
+            "waiting when the scheduler dispatches, up to the size it chose for the reason given.",
+            "",
+            *(_decision(stage, r) for stage, r in first_call.values()),
+        ]
+    return "\n".join(lines) + "\n"
