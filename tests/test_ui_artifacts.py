@@ -1,11 +1,18 @@
-"""The cost artifact of a pooled flow run, as the Prefect UI shows it, in headless Chromium.
+"""A pooled flow run's cost as the Prefect UI shows it, in headless Chromium at 1400 x 1000.
 
 A real server with its UI (``prefect server start``), one run of the example text
-pipeline against it (embedded pool, which posts the run's artifacts when it ends),
-then the flow run's page (Artifacts tab) and the cost table's own page opened in
-Debian's Chromium, driven over the DevTools protocol (``websockets`` ships with
-Prefect): the test waits until the rendered text shows the artifact, saves a
-screenshot and the rendered HTML of each page, and prints their paths.
+pipeline against it (embedded pool, which posts the run's artifacts and its cost
+and SLO tags when it ends), then, in Debian's Chromium driven over the DevTools
+protocol (``websockets`` ships with Prefect):
+
+* the runs list (``/runs``, Prefect's V1 UI, and ``/v2/runs``, the V2 UI a browser
+  lands on by default): each row shows the run's cost and SLO tags;
+* the flow run's page: its header shows them too, its Artifacts tab the two artifacts;
+* the cost table's page, in both UIs: the cost column, headed ``cost $``, lies inside
+  the table's visible area (nothing to scroll); the summary's page does not scroll sideways.
+
+Each step waits until the rendered text shows what it checks (generous ceilings, no
+fixed sleeps), saves a screenshot and the rendered HTML, and prints their paths.
 
 Chromium: ``scripts/install_chromium.sh`` (Debian's package); the session fixture
 runs it when ``chromium`` is missing and skips, saying why, only if that fails.
@@ -22,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,8 @@ from tests.prefect_server import ROOT, PrefectServer, prefect_server, spawn, sto
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 INSTALL_SCRIPT = ROOT / "scripts" / "install_chromium.sh"
+WIDTH, HEIGHT = 1400, 1000  # the window the issue asks the UI to read at
+USER_TAG = "ui-check"  # the run's own tag, which the ESG tags must leave in place
 
 # Flags as the machine notes give them: without the background-networking ones, Chromium keeps
 # trying to reach Google's hosts, which a closed network refuses.
@@ -48,19 +57,21 @@ CHROMIUM_FLAGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
     "--hide-scrollbars",
-    "--window-size=1920,1100",
+    f"--window-size={WIDTH},{HEIGHT}",
     "--remote-debugging-address=127.0.0.1",
     "--remote-debugging-port=0",
 )
 
-# One run of the text pipeline on the embedded pool; the pool is closed before exit, which waits for
-# its run listeners (cost store, artifacts). Prints the flow run id.
-RUN_ONE = """
+# One run of the text pipeline on the embedded pool, with a tag of its own; the pool is closed before
+# exit, which waits for its run listeners (cost store, artifacts and tags). Prints the flow run id.
+RUN_ONE = f"""
+from prefect import tags
 from esg_prefect import ESGTaskRunner
 from esg_prefect.examples.pipelines import text_flow
 from esg_prefect.integration.runner import close_shared_pools
 
-state = text_flow.with_options(task_runner=ESGTaskRunner(backend="inline"))(request_seed=5, return_state=True)
+with tags({USER_TAG!r}):
+    state = text_flow.with_options(task_runner=ESGTaskRunner(backend="inline"))(request_seed=5, return_state=True)
 close_shared_pools()
 assert state.is_completed(), state
 print(state.state_details.flow_run_id)
@@ -136,19 +147,86 @@ class Page:
         missing = [n for n in needles if n not in text]
         raise AssertionError(f"the page never showed {missing}; it showed:\n{text[:3000]}")
 
-    def save(self, png: Path) -> None:
-        """A screenshot of the whole page, and its rendered HTML beside it."""
-        width, height = self.evaluate(
-            "[document.documentElement.scrollWidth, Math.max(document.documentElement.scrollHeight, 1100)]"
-        )
-        shot = self.call(
-            "Page.captureScreenshot",
-            format="png",
-            captureBeyondViewport=True,
-            clip={"x": 0, "y": 0, "width": width, "height": min(height, 6000), "scale": 1},
-        )
+    def save(self, png: Path, *, whole_page: bool = True) -> None:
+        """A screenshot, and the rendered HTML beside it: the whole page, or the window as a user sees it.
+
+        A whole-page capture lays the page out again at its full height, and Prefect's V2 UI
+        then recounts which tags fit; the window's capture shows what the page settled on.
+        """
+        if whole_page:
+            width, height = self.evaluate(
+                f"[document.documentElement.scrollWidth, Math.max(document.documentElement.scrollHeight, {HEIGHT})]"
+            )
+            shot = self.call(
+                "Page.captureScreenshot",
+                format="png",
+                captureBeyondViewport=True,
+                clip={"x": 0, "y": 0, "width": width, "height": min(height, 6000), "scale": 1},
+            )
+        else:
+            shot = self.call("Page.captureScreenshot", format="png")
         png.write_bytes(base64.b64decode(shot["data"]))
         png.with_suffix(".html").write_text(self.evaluate("document.documentElement.outerHTML") or "")
+
+    def placements(self, selector: str, text: str | None = None) -> list[dict[str, Any]]:
+        """Where the shown ``selector`` elements lie (only the innermost whose text is ``text``, if given).
+
+        Each: its text, left and right edges and width, the window's width, and the right
+        edge of each ancestor that clips or scrolls its content sideways.
+        """
+        script = f"""(() => {{
+            const text = {json.dumps(text)};
+            let hits = [...document.querySelectorAll({json.dumps(selector)})].filter(e =>
+                e.getClientRects().length > 0 && (text === null || (e.innerText || '').trim() === text));
+            if (text !== null) hits = hits.filter(e => ![...e.children].some(c => hits.includes(c)));
+            return hits.map(el => {{
+                const clips = [];
+                for (let p = el.parentElement; p; p = p.parentElement) {{
+                    if (getComputedStyle(p).overflowX !== 'visible') clips.push(p.getBoundingClientRect().right);
+                }}
+                const r = el.getBoundingClientRect();
+                return {{text: el.innerText || '', left: r.left, right: r.right, width: r.width,
+                         window: window.innerWidth, clips}};
+            }});
+        }})()"""
+        found: list[dict[str, Any]] = self.evaluate(script) or []
+        return found
+
+    def placement(self, text: str, selector: str = "*") -> dict[str, Any] | None:
+        """Where the innermost shown ``selector`` element whose text is ``text`` lies (:meth:`placements`)."""
+        found = self.placements(selector, text)
+        return found[0] if found else None
+
+    def wait_for_placements(
+        self, selector: str, done: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """:meth:`placements` of ``selector`` once ``done`` says they are all there."""
+        give_up = time.monotonic() + timeout_s
+        found: list[dict[str, Any]] = []
+        while time.monotonic() < give_up:
+            with contextlib.suppress(RuntimeError):
+                found = self.placements(selector)
+                if done(found):
+                    return found
+            time.sleep(0.5)
+        raise AssertionError(f"the {selector} elements never were as expected; last seen: {found}")
+
+    def wait_for_placement(self, text: str, selector: str = "*", timeout_s: float = 60.0) -> dict[str, Any]:
+        """:meth:`placement` once the element is laid out (its width above zero)."""
+        give_up = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(RuntimeError):
+                found = self.placement(text, selector)
+                if found is not None and found["width"] > 0:
+                    return found
+            assert time.monotonic() < give_up, f"no {selector} element reading {text!r} was laid out"
+            time.sleep(0.5)
+
+
+def fully_visible(where: dict[str, Any]) -> bool:
+    """Whether an element (:meth:`Page.placement`) lies inside the window and inside every box that clips it."""
+    right = where["right"] - 0.5  # sub-pixel rounding
+    return where["left"] >= 0 and right <= where["window"] and all(right <= clip for clip in where["clips"])
 
 
 @contextlib.contextmanager
@@ -188,30 +266,82 @@ def run_text_pipeline(server: PrefectServer, workdir: Path) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_cost_artifact_is_visible_on_the_flow_run_page(tmp_path: Path, chromium: str) -> None:
+def test_the_runs_list_and_the_artifacts_show_the_cost_at_1400_px(tmp_path: Path, chromium: str) -> None:
+    from esg_prefect.integration.run_views import money_text
+
     with prefect_server(tmp_path / "home", ui=True) as server:
         run_id = run_text_pipeline(server, tmp_path)
         with server.api() as api:
             arts = api.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
+            tags = api.get(f"/flow_runs/{run_id}").json()["tags"]
         table = next(a for a in arts if a["type"] == "table")
+        summary = next(a for a in arts if a["type"] == "markdown")
         key = f"esg-cost-{run_id[:8]}"
         assert table["key"] == key
+        rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+        total = rows[-1]
+        assert total["stage"] == "total" and total["cost $"] > 0
+        # The runs-list tags: the table's total and the SLO outcome, then the run's own tag.
+        cost_tag = f"esg:${money_text(total['cost $'])}"
+        slo_tag = "esg:slo-met" if "**SLO met**" in summary["data"] else "esg:slo-missed"
+        assert tags == [cost_tag, slo_tag, USER_TAG]
 
         with headless_chromium(chromium, tmp_path) as page:
+            assert page.evaluate("window.innerWidth") == WIDTH
+            shots: dict[str, Path] = {}
+
+            page.open(f"{server.url}/runs")
+            runs_text = page.wait_for_text(["text-pipeline", cost_tag, slo_tag, USER_TAG], timeout_s=120)
+            runs_place = page.wait_for_placement(cost_tag)
+            shots["runs list (V1)"] = tmp_path / "runs-list.png"
+            page.save(shots["runs list (V1)"], whole_page=False)
+
+            page.open(f"{server.url}/v2/runs")
+            v2_text = page.wait_for_text(["text-pipeline", cost_tag, slo_tag], timeout_s=120)
+            v2_place = page.wait_for_placement(cost_tag)
+            shots["runs list (V2)"] = tmp_path / "runs-list-v2.png"
+            page.save(shots["runs list (V2)"], whole_page=False)
+
             page.open(f"{server.url}/runs/flow-run/{run_id}")
-            page.wait_for_text(["text-pipeline", "Artifacts"])
+            header_text = page.wait_for_text(["text-pipeline", "Artifacts", cost_tag, slo_tag])
             page.click_tab("Artifacts")
             text = page.wait_for_text([key, f"esg-summary-{run_id[:8]}", "stage calls of flow run"])
-            flow_run_png = tmp_path / "flow-run-artifacts.png"
-            page.save(flow_run_png)
+            shots["flow run page"] = tmp_path / "flow-run-artifacts.png"
+            page.save(shots["flow run page"])
 
             page.open(f"{server.url}/artifacts/artifact/{table['id']}")
-            table_text = page.wait_for_text([key, "queue_wait_ms", "encode", "summarize", "total"])
-            artifact_png = tmp_path / "cost-artifact.png"
-            page.save(artifact_png)
+            table_text = page.wait_for_text([key, "wait ms", "encode", "summarize", "total", "cost $"])
+            cost_header = page.wait_for_placement("cost $", "th")
+            shots["cost table"] = tmp_path / "cost-artifact.png"
+            page.save(shots["cost table"])
+
+            page.open(f"{server.url}/v2/artifacts/artifact/{table['id']}")
+            v2_table_text = page.wait_for_text([key, "wait ms", "encode", "total", "cost $"])
+            v2_cost_header = page.wait_for_placement("cost $", "th")
+            shots["cost table (V2)"] = tmp_path / "cost-artifact-v2.png"
+            page.save(shots["cost table (V2)"])
+
+            page.open(f"{server.url}/artifacts/artifact/{summary['id']}")
+            summary_text = page.wait_for_text(["Why the batches were this size", "Predicted"])
+            reasons = page.wait_for_placements("li", lambda found: sum("Predicted" in p["text"] for p in found) == 3)
+            sideways = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            shots["summary"] = tmp_path / "summary-artifact.png"
+            page.save(shots["summary"])
+
+    for shown in (runs_text, v2_text, header_text):
+        assert cost_tag in shown and slo_tag in shown
+    assert fully_visible(runs_place) and fully_visible(v2_place), (runs_place, v2_place)
     assert "Artifacts" in text
-    for column in ("stage", "batch_size", "runs_in_batch", "actual_ms", "cost"):
+    for column in ("stage", "batch", "size", "runs", "worker", "wait ms", "busy $", "idle $", "cost $"):
         assert column in table_text
-    for png in (flow_run_png, artifact_png):
+    for shown in (table_text, v2_table_text):
+        assert money_text(total["cost $"]) in shown  # the tag's figure, as the table shows it
+    # At 1400 px the cost column is on screen, in both UIs: inside the window and the table's scroll box.
+    assert fully_visible(cost_header) and fully_visible(v2_cost_header), (cost_header, v2_cost_header)
+    # The summary's reasons wrap: the page does not scroll sideways, each batch's line lies inside it.
+    assert sideways <= 0, sideways
+    assert all(fully_visible(p) for p in reasons if "Predicted" in p["text"]), reasons
+    assert "Predicted" in summary_text
+    for png in shots.values():
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    print(f"flow run page screenshot: {flow_run_png}\ncost artifact screenshot: {artifact_png}")
+    print("\n".join(f"{name} screenshot: {png}" for name, png in shots.items()))
