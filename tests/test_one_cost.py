@@ -32,6 +32,7 @@ import pytest
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.control.records import RunRecords
 from esg_prefect.integration.artifacts import RunPublisher, _money, publish_run, run_summary, run_table
+from esg_prefect.integration.run_views import money_text
 from esg_prefect.model import PriceSheet
 from esg_prefect.model.attribution import (
     BatchItem,
@@ -282,12 +283,21 @@ class FakeClient:
 
     def __init__(self) -> None:
         self.created: list[Any] = []
+        self.tags: dict[str, list[str]] = {}  # flow run id -> its tags, as the publisher set them
         self._lock = threading.Lock()
 
     def create_artifact(self, artifact: Any) -> Any:
         with self._lock:
             self.created.append(artifact)
         return SimpleNamespace(id=uuid.uuid4())
+
+    def read_flow_run(self, flow_run_id: Any) -> Any:
+        """A flow run with no tags of its own."""
+        return SimpleNamespace(id=flow_run_id, tags=self.tags.get(str(flow_run_id), []))
+
+    def update_flow_run(self, flow_run_id: Any, tags: list[str]) -> None:
+        with self._lock:
+            self.tags[str(flow_run_id)] = list(tags)
 
     def sent(self) -> dict[str, dict[str, Any]]:
         """Per flow run: its table rows and markdown."""
@@ -403,15 +413,18 @@ def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_sa
         assert (cost.busy, cost.idle) == (pytest.approx(row.busy_cost, rel=1e-9), pytest.approx(row.idle_cost))
         total = sent[rec.run_id]["table"][-1]
         assert total == run_table(rec)[-1]
-        assert (total["cost"], total["busy_cost"], total["idle_cost"], total["unit"]) == (
+        assert (total["cost $"], total["busy $"], total["idle $"]) == (
             _money(row.cost),
             _money(row.busy_cost),
             _money(row.idle_cost),
-            "$",
         )
         summary = sent[rec.run_id]["markdown"]
         assert summary == run_summary(rec)
-        assert f"**Cost**: ${row.cost:.6g} (busy ${row.busy_cost:.6g} + idle ${row.idle_cost:.6g})" in summary
+        cost_line = (
+            f"**Cost**: ${money_text(row.cost)} (busy ${money_text(row.busy_cost)} + idle ${money_text(row.idle_cost)})"
+        )
+        assert cost_line in summary
+        assert client.tags[rec.run_id][0] == f"esg:${money_text(row.cost)}"  # the runs list shows the same figure
         assert "Final: the idle time after each of its batches has closed" in summary
 
 
