@@ -14,9 +14,10 @@ import concurrent.futures
 import time
 from pathlib import Path
 
-from esg_prefect.integration.api_check import require_prefect_api
+from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
 
 if __name__ == "__main__":
+    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
     require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
 
 import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 
-from esg_prefect.integration.api_check import require_prefect_api
+from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
 
 
 def main() -> None:
@@ -19,6 +19,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.requests < 1:
         parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
+    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
     require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
     from esg_prefect import ESGTaskRunner
     from esg_prefect.examples.pipelines import video_flow

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.examples.driver import RequestOutcome, run_workload
+from esg_prefect.integration.api_check import ephemeral_api_defaults
 from esg_prefect.model.attribution import RunCost
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.report import Report
@@ -79,32 +80,16 @@ def demo_arrivals(requests: int, rate_per_s: float, seed: int, trace: str) -> li
     return out[:requests]
 
 
-EPHEMERAL_DB = "sqlite+aiosqlite:///:memory:"
-
-
 def quiet_prefect() -> None:
     """Keep run logs in the API (the UI shows them) but off this console; a fast throw-away API.
 
     Call it before anything imports prefect: Prefect reads its settings once.
-
-    When no Prefect server is configured (``PREFECT_API_URL`` unset), Prefect
-    starts an ephemeral API whose default database is a SQLite file. Under
-    tens of concurrent flow runs, that file's writers collide
-    (``SQLITE_BUSY_SNAPSHOT``), the API answers 503 and Prefect's client backs
-    off 2, 4, 8 s: on the 2-core development machine, 60 trivial 8-task flow
-    runs at 2/s took a p95 of 34 s that way, against 1.6 s with an in-memory
-    database, which serialises the API's transactions through one connection.
-    So the demo and the benchmarks run their ephemeral API on an in-memory
-    database (unless ``PREFECT_API_DATABASE_CONNECTION_URL`` is set): its runs
-    are gone when it exits. To keep and browse them, start a server
-    (``prefect server start``, Postgres for real loads) and set ``PREFECT_API_URL``.
+    The temporary API gets an in-memory database
+    (:func:`~esg_prefect.integration.api_check.ephemeral_api_defaults`: on the
+    2-core development machine, 60 trivial 8-task flow runs at 2/s took a p95
+    of 34 s on Prefect's default SQLite file, against 1.6 s in memory).
     """
-    if not os.environ.get("PREFECT_API_URL"):
-        os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", EPHEMERAL_DB)
-        # An in-memory database is migrated at every start (about 20 s here), past Prefect's 20 s default.
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-        # Its services log errors when the database vanishes at shutdown; nothing is lost that would be kept.
-        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    ephemeral_api_defaults()
     os.environ.setdefault("PREFECT_LOGGING_TO_CONSOLE", "false")
     # Run logs go to the API (the UI shows them) through their own handler; the console handler
     # shows warnings only. Set here: Prefect configures its loggers from its logging.yml at import.

@@ -61,4 +61,35 @@ def require_prefect_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         raise SystemExit(2) from None
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "check_prefect_api", "prefect_api_url", "require_prefect_api"]
+EPHEMERAL_DB = "sqlite+aiosqlite:///:memory:"
+
+
+def ephemeral_api_defaults() -> None:
+    """When Prefect will start its own temporary API, give it an in-memory database; call before importing prefect.
+
+    With no ``PREFECT_API_URL``, Prefect starts a temporary API whose default
+    database is a SQLite file. Under tens of concurrent flow runs that file's
+    writers collide (``database is locked``), the API answers 503 and, once the
+    client's retries are spent, flow runs fail. An in-memory database serialises
+    the API's transactions through one connection instead. Its runs are gone
+    when the process exits; to keep and browse them, start a server
+    (``prefect server start``) and set ``PREFECT_API_URL``. Settings already in
+    the environment win.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return
+    os.environ.setdefault("PREFECT_API_DATABASE_CONNECTION_URL", EPHEMERAL_DB)
+    # An in-memory database is migrated at every start (about 20 s on 2 cores), past Prefect's 20 s default.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # Its services log errors when the database vanishes at shutdown; nothing is lost that would be kept.
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "EPHEMERAL_DB",
+    "check_prefect_api",
+    "ephemeral_api_defaults",
+    "prefect_api_url",
+    "require_prefect_api",
+]

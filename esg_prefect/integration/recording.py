@@ -11,9 +11,13 @@ Both write a flow run's cost when it is final, which for the last runs is
 when the pool closes (the idle time after their batches closes then): the
 runner closes its shared pools at interpreter exit, and the pool's listeners
 write what was still pending then (``runtime/listeners.py``). A pool given
-recorders is also closed by an ``atexit`` callback registered here, at its
-first flow run: later than Prefect's own callbacks (an ephemeral API server
-stops in one), so it runs before them, while the API still answers.
+recorders is also closed at exit by a hook registered here, at its first
+stage call, with threading's exit hooks: those run before non-daemon threads
+are joined and before ``atexit`` callbacks, in reverse order of registration,
+so this one runs while Prefect's event worker (registered at the run's first
+task event, earlier) still sends, the listeners' thread still takes work and
+an ephemeral API still answers. Run later, Prefect's client cannot start a
+new event worker and logs a traceback per artifact.
 """
 
 from __future__ import annotations
@@ -135,7 +139,23 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
     if artifacts:
         attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
     if cost_store is not None or artifacts:
-        atexit.register(_close_at_exit, weakref.ref(pool))
+        at_exit_before_threads_stop(_close_at_exit, weakref.ref(pool))
+
+
+def at_exit_before_threads_stop(fn: Any, *args: Any) -> None:
+    """Call ``fn(*args)`` at interpreter exit, before threads are joined and before ``atexit`` callbacks.
+
+    Uses ``threading._register_atexit`` (what ``concurrent.futures`` uses, as does
+    Prefect for its services); where it is missing or exit has begun, ``atexit``.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(fn, *args)
+            return
+        except RuntimeError:  # the interpreter is already shutting down
+            pass
+    atexit.register(fn, *args)
 
 
 def _close_at_exit(ref: weakref.ref[Pool]) -> None:
