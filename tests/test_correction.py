@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-import esg_prefect.runtime.clock as clock_module
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import ConfigError, ProfileError
 from esg_prefect.model import Config, LatencyProfile, PriceSheet, ProfilePoint
@@ -101,39 +100,63 @@ def _call(i: int) -> StageCall:
     )
 
 
-def test_pool_predictions_follow_an_injected_2x_slowdown(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stage runs at its profiled speed, then 2x slower: the pool's predictions follow it.
+def expected_predictions(factors: list[float], alpha: float, cold_ms: float) -> tuple[list[float], float, float]:
+    """What the pool must predict for calls run one at a time at ``factors`` x the profile, by the documented rule.
 
-    Batches take their time on a controllable clock (the stage advances it instead of sleeping),
-    so what the pool measures does not depend on the machine's load.
+    The correction is an EWMA (weight ``alpha``) of ``ln(actual / profiled)``; the pool re-plans
+    with the learned factor whenever it is more than 10 % off the one planned with
+    (``Planner.replan_every_ms`` is 0 here). A call's prediction is the profile times the factor
+    planned with when it was dispatched, plus the cold start for the first call (a new worker).
+    Returns the predictions, the learned factor and the factor planned with at the end.
+    """
+    g = planned = 0.0
+    preds = []
+    for i, f in enumerate(factors):
+        preds.append(lagging_ms(1) * math.exp(planned) + (cold_ms if i == 0 else 0.0))
+        g = (1 - alpha) * g + alpha * math.log(f)
+        if abs(g - planned) > math.log1p(0.1):
+            planned = g
+    return preds, math.exp(g), math.exp(planned)
+
+
+def test_pool_predictions_follow_an_injected_2x_slowdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage runs at its profiled speed, then 2x slower: the pool's predictions follow it, exactly.
+
+    The pool runs on a :class:`~tests.toy_stages.FakeClock` that only the stage moves (by its
+    injected time, instead of sleeping), so every number below is exact whatever the machine's load.
     """
     clock = FakeClock()
-    monkeypatch.setattr(clock_module, "wall_ms", clock.now)
     monkeypatch.setitem(LAG, "factor", 1.0)
     monkeypatch.setitem(LAG, "clock", clock)
     settings = ESGSettings(wait_for_batch=False, reserve_overhead=False)
-    pool = Pool(lagging_profile(), PriceSheet(1e-5, {}), settings=settings, backend=InlineBackend(vcpus=2))
+    profile = lagging_profile()
+    pool = Pool(profile, PriceSheet(1e-5, {}), settings=settings, backend=InlineBackend(vcpus=2), clock=clock)
     pool.planner.replan_every_ms = 0.0
     try:
-        before = [pool.submit(_call(i)).result(30) for i in range(6)]  # one at a time: batches of 1
+        before = [pool.submit(_call(i)).result(60) for i in range(6)]  # one at a time: batches of 1
         LAG["factor"] = 2.0
-        after = [pool.submit(_call(100 + i)).result(30) for i in range(14)]
+        after = [pool.submit(_call(100 + i)).result(60) for i in range(14)]
         snap = pool.snapshot()
     finally:
         pool.close()
-    # Every call ran alone; its plan used the p95 of the profile on the worker's vCPUs (p95 = mean here).
-    assert {r.batch_size for r in before + after} == {1}
+    results = before + after
+    # Every call ran alone, on the one worker the first call started (no time passes between calls,
+    # so it never idles out); its plan used the profile's p95 (= mean here) times the factor in use.
+    assert {r.batch_size for r in results} == {1}
+    assert {r.worker_id for r in results} == {results[0].worker_id}
+    assert [r.cold_start for r in results] == [True] + [False] * 19
     base = lagging_ms(1)
-    # At profiled speed the factor stays near 1 (sleeps overshoot a little, the pool adds its hop).
-    assert before[-1].predicted_ms == pytest.approx(base, rel=0.35)
-    # After the 2x step the factor and the predictions converge to about 2x the profile.
+    assert [r.actual_ms for r in results] == [base] * 6 + [2 * base] * 14
+    cold = profile.cold_start_ms("lagging", "cpu")
+    preds, learned, planned = expected_predictions([1.0] * 6 + [2.0] * 14, settings.correction_alpha, cold)
+    assert [r.predicted_ms for r in results] == pytest.approx(preds, rel=1e-9)
+    # At profiled speed the prediction is the profile's; after the 2x step it climbs towards 2x.
+    assert before[-1].predicted_ms == pytest.approx(base, rel=1e-9)
+    assert 1.85 * base < after[-1].predicted_ms < 2 * base
     (row,) = [c for c in snap.corrections if c.stage == "lagging"]
     assert row.batches == 20
-    assert 1.7 <= row.factor <= 2.6
-    assert 1.7 * base <= after[-1].predicted_ms <= 2.6 * base
-    assert after[-1].predicted_ms > 1.5 * after[0].predicted_ms
-    # The prediction now matches what the batches take.
-    assert after[-1].actual_ms == pytest.approx(after[-1].predicted_ms, rel=0.35)
+    assert row.factor == pytest.approx(learned, abs=1e-4) and 1.95 < row.factor < 2.0
+    assert row.applied == pytest.approx(planned, abs=1e-4)
 
 
 def test_correction_can_be_turned_off() -> None:

@@ -35,7 +35,7 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.scheduling.esg import ESGScheduler
-from tests.toy_stages import CRASH, POISON, settle, toy_profile
+from tests.toy_stages import CRASH, POISON, FakeClock, settle, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 PRICES = PriceSheet(1e-5, {})
@@ -136,7 +136,7 @@ def test_closed_pool_fails_new_calls() -> None:
     assert pool.submit(call(1)).result(30).output == 2
     pool.close()
     with pytest.raises(PoolClosedError):
-        pool.submit(call(2)).result(5)
+        pool.submit(call(2)).result(60)
 
 
 def test_costs_attributed_to_runs_add_up_to_worker_time(inline_pool: Pool) -> None:
@@ -242,23 +242,32 @@ def test_process_backend_defaults_to_the_fork_server_where_there_is_one() -> Non
     assert LocalProcessBackend(spares=0).start_method == expected
 
 
-def _chain_request(pool: Pool, r: int, pause_s: float) -> None:
-    """double -> (caller pauses) -> inc, as a flow run between two task runs would."""
+def _chain_request(pool: Pool, r: int, pause_s: float, clock: FakeClock | None = None) -> None:
+    """double -> (caller pauses) -> inc, as a flow run between two task runs would.
+
+    With ``clock`` (the pool's), the pause moves that clock on instead of sleeping.
+    """
     a = StageCall(f"d{r}", "double", "tests.toy_stages:double", TOY, f"q{r}", f"q{r}", r, task_run_id=f"t-d{r}")
     assert pool.submit(a).result(30).output == 2 * r
-    time.sleep(pause_s)
+    if clock is not None:
+        clock.advance(1000 * pause_s)
+    else:
+        time.sleep(pause_s)
     b = StageCall(f"i{r}", "inc", "tests.toy_stages:inc", TOY, f"q{r}", f"q{r}", 2 * r, upstream=(f"t-d{r}",))
     assert pool.submit(b).result(30).output == 2 * r + 1
 
 
 def test_time_between_stages_is_measured_and_reserved() -> None:
-    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=InlineBackend(vcpus=2))
+    # On a clock that only the pauses move: the pool's own time is nil, whatever the machine's load.
+    clock = FakeClock()
+    settings = ESGSettings(wait_for_batch=False)
+    pool = Pool(toy_profile(), PRICES, settings=settings, backend=InlineBackend(vcpus=2), clock=clock)
     try:
         for r in range(4):
-            _chain_request(pool, r, 0.15)
+            _chain_request(pool, r, 0.15, clock)
         wf = pool._registry.current()["toy"]
         hop = pool.core.hop_ms("toy")
-        assert hop is not None and 150 <= hop < 600, hop  # the pause, a little pool time, and a margin
+        assert hop is not None and 150 <= hop < 600, hop  # the pause and a margin
         # double has one stage after it, plus the end of the run; inc only the end of the run.
         assert pool.core.reserve_ms(wf, "double") == pytest.approx(2 * hop)
         assert pool.core.reserve_ms(wf, "inc") == pytest.approx(hop)

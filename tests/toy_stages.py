@@ -5,14 +5,18 @@ Worker processes import this module by path (``tests.toy_stages``), so it must s
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from esg_prefect.integration.stage import Pipeline
 from esg_prefect.model import LatencyProfile, ProfilePoint
+from esg_prefect.runtime.clock import PoolClock
 
 POISON = 13  # makes the batch function raise
 CRASH = 666  # kills the worker process
@@ -100,23 +104,64 @@ def heavy(model: dict[str, Any], items: list[int]) -> list[int]:
 
 drift = Pipeline("drift", slo_ms=5_000)
 # How much slower than its profile the "lagging" stage runs (inline backend: same process), and, when a
-# test sets "clock", the controllable clock it advances instead of sleeping (so nothing depends on load).
+# test sets "clock", the FakeClock it advances instead of sleeping (so nothing depends on load).
 LAG: dict[str, Any] = {"factor": 1.0, "clock": None}
 
 
-class FakeClock:
-    """Milliseconds that move only when told: a test patches the pool's ``wall_ms`` with :meth:`now`."""
+class FakeClock(PoolClock):
+    """Milliseconds that move only when told (:meth:`advance`, by a stage or the test): a pool's ``clock``.
+
+    Its timers fire once time has reached them, never by the wall clock, and
+    ``deterministic`` gives the scheduler no wall-clock time budget: what a pool
+    on this clock decides and measures depends on nothing but its calls, however
+    slowly a loaded machine runs them.
+    """
+
+    deterministic = True
 
     def __init__(self, start_ms: float = 1.7e12) -> None:
         self.ms = start_ms
         self._lock = threading.Lock()
+        self._timers: list[tuple[float, int, _FakeTimer]] = []
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def now(self) -> float:
         return self.ms
 
+    def call_at(self, t_ms: float, callback: Callable[..., object], *args: object) -> _FakeTimer:
+        self._loop = asyncio.get_running_loop()
+        timer = _FakeTimer(callback, args)
+        with self._lock:
+            if t_ms > self.ms:
+                self._seq += 1
+                heapq.heappush(self._timers, (t_ms, self._seq, timer))
+                return timer
+        self._loop.call_soon(timer.fire)
+        return timer
+
     def advance(self, ms: float) -> None:
+        """Move time on by ``ms`` (from any thread); the timers now due run on the pool's loop."""
         with self._lock:
             self.ms += ms
+            due = []
+            while self._timers and self._timers[0][0] <= self.ms:
+                due.append(heapq.heappop(self._timers)[2])
+        for timer in due:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(timer.fire)
+
+
+class _FakeTimer:
+    def __init__(self, callback: Callable[..., object], args: tuple[object, ...]) -> None:
+        self.callback, self.args, self.cancelled = callback, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        if not self.cancelled:
+            self.callback(*self.args)
 
 
 def lagging_ms(batch: int) -> float:
