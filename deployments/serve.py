@@ -14,6 +14,14 @@ Options: ``--port`` of the pool service (4270), ``--backend`` of its workers
 (``process`` or ``inline``), ``--pool-url`` to use a pool service that is
 already running instead of starting one, ``--limit`` on concurrent flow runs,
 ``--only NAME`` (repeatable) to serve some deployments only.
+
+Shutting down: Ctrl-C stops serving (Prefect pauses the schedules), then the
+pool service (SIGINT, killed if it has not exited within 30 s), each step
+printed as it ends. ``kill -USR1 <pid>`` prints the stacks of every thread of
+the script, to see what a slow shutdown waits on. The script skips the
+interpreter's last garbage collection on the way out (:func:`exit_fast`): with
+torch and Prefect loaded it took 1 to 2 s of CPU of a 6 s shutdown, and several
+times that on a loaded machine.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import faulthandler
+import gc
 import os
 import signal
 import subprocess
@@ -92,7 +102,7 @@ def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ())
     return out
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 180.0) -> None:
     """Wait for ``GET url/healthz``; fails early if ``proc`` (the service) exits."""
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
@@ -108,6 +118,7 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     """Interrupt a process started in a session of its own; kill what is left of its group after ``timeout_s``."""
     if proc.poll() is None:
+        print(f"stopping the pool service (pid {proc.pid})", flush=True)
         proc.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout_s)
@@ -129,7 +140,19 @@ def pool_service(port: int, backend: str) -> Iterator[str]:
         print(f"pool service on {url} (pid {proc.pid})", flush=True)
         yield url
     finally:
+        began = time.monotonic()
         stop(proc)
+        print(f"pool service stopped in {time.monotonic() - began:.1f} s (exit code {proc.returncode})", flush=True)
+
+
+def exit_fast() -> None:
+    """Spare the interpreter its last full garbage collection: everything is closed, the OS frees the memory.
+
+    Objects alive now move to the collector's permanent generation (:func:`gc.freeze`), which
+    the collections run at interpreter exit skip; ``atexit`` callbacks (Prefect's flushing of
+    events and logs) still run, and objects they create are collected as usual.
+    """
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -158,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             stack.enter_context(pool_service(args.port, args.backend))
         serve(*deployments, limit=args.limit)
+        print("serving stopped", flush=True)
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1 <pid>: where is it waiting?
     main()
+    exit_fast()
