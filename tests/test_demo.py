@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.examples import demo
-from esg_prefect.examples.demo import DemoRun, cost_ratio_line
+from esg_prefect.examples.demo import DemoRun, cost_ratio_line, verdict_line
 
 
 def test_cost_ratio_line_compares_busy_time_and_total_separately() -> None:
@@ -69,7 +69,12 @@ def test_demo_command_runs_both_runners_and_prints_costs() -> None:
     assert busy_ratio > 0 and total_ratio > 0
     # Idle keep-alive only adds to ESG's bill, so the ratio with it billed is never the larger one.
     assert total_ratio <= busy_ratio
-    assert "Cost per flow run" in out
+    assert "Cost of ESG's flow runs" in out
+    assert re.search(r"ESG ran \d+ batches; \d+ of them mixed calls of several flow runs", out), out
+    assert re.search(r"ESG met \d+% of SLOs against the thread pool's \d+%", out), out
+    assert "calibration" not in out  # --rate given: no calibration
+    # The tables fit 100 columns; the one line that may not is a command to copy, with the store's path.
+    assert max(len(line) for line in out.splitlines() if not line.startswith("  esg-prefect costs")) <= 100
 
 
 def test_stages_outside_a_pool_run_where_the_user_says_else_on_a_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,3 +109,53 @@ def test_a_local_call_on_a_gpu_is_billed_the_whole_gpu_too(monkeypatch: pytest.M
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA Quadro Z9")
     with pytest.raises(PriceError, match="Quadro-Z9"):
         demo.local_price_per_s(prices)
+
+
+def test_calibration_rate_is_a_fraction_of_cores_over_cpu_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from esg_prefect.examples import calibration
+
+    cpu = iter([10.0, 13.0])  # 3 CPU-s over the 6 requests served
+    monkeypatch.setattr(calibration, "process_tree_cpu_s", lambda pids: next(cpu))
+    served: list[tuple[int, str]] = []
+    cal = calibration.calibrate(lambda i, wf: served.append((i, wf)), ("a", "b", "c"), rounds=2, fraction=0.8, cores=4)
+    assert served == [(-100, "a"), (-101, "b"), (-102, "c"), (-103, "a"), (-104, "b"), (-105, "c")]
+    assert cal.cpu_s_per_request == pytest.approx(0.5)
+    assert cal.capacity_per_s == pytest.approx(8.0)  # 4 cores / 0.5 CPU-s
+    assert cal.rate_per_s == pytest.approx(6.4)
+    line = cal.describe()
+    assert "0.50 CPU-s each" in line and "8.00 requests/s" in line and "6.40/s" in line and "--rate" in line
+
+
+@pytest.mark.parametrize(("rounds", "fraction", "bad"), [(0, 0.9, "rounds"), (1, 0.0, "fraction"), (1, 1.5, "1.5")])
+def test_calibration_refuses_bad_settings(rounds: int, fraction: float, bad: str) -> None:
+    from esg_prefect.examples import calibration
+    from esg_prefect.exceptions import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=bad):
+        calibration.calibrate(lambda i, wf: None, ("a",), rounds=rounds, fraction=fraction)
+
+
+def test_a_busy_machine_is_named_before_the_demo(monkeypatch: pytest.MonkeyPatch) -> None:
+    from esg_prefect.examples import calibration
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.5, 1.0, 1.0))
+    warning = calibration.busy_machine_warning(cores=2)
+    assert warning is not None and "load average 5.5 on 2 cores" in warning
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert calibration.busy_machine_warning(cores=2) is None
+
+
+def test_the_verdict_compares_slo_met_and_cost_per_request() -> None:
+    from esg_prefect.examples.driver import RequestOutcome
+
+    def run(name: str, latencies: list[float], cost: float) -> DemoRun:
+        outs = tuple(RequestOutcome(i, "text", 0.0, ms, True) for i, ms in enumerate(latencies))
+        return DemoRun(name, outs, 1.0, cost, cost_busy=cost)
+
+    esg = run("esg", [100.0, 200.0, 300.0, 9000.0], 4.0)  # 3 of 4 within text's 1.5 s SLO; 1.0 per request
+    threads = run("threadpool", [100.0, 9000.0, 9000.0, 9000.0], 6.0)  # 1 of 4; 1.5 per request
+    assert esg.slo_met == pytest.approx(0.75) and esg.cost_per_request == pytest.approx(1.0)
+    line = verdict_line(esg, threads)
+    assert "ESG met 75% of SLOs against the thread pool's 25% (more)" in line
+    assert "1.50x cheaper per request" in line
+    assert "1.50x dearer" in verdict_line(threads, esg)

@@ -3,29 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import typer
 
 from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.integration.api_check import check_prefect_api
 
-
-def check_prefect_api(url: str | None, timeout_s: float = 5.0) -> None:
-    """Refuse, in one line, a ``PREFECT_API_URL`` that does not answer (None: Prefect starts its own API).
-
-    Raises:
-        InvalidInputError: naming the URL and what to run.
-    """
-    if not url:
-        return
-    import httpx
-
-    try:
-        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise InvalidInputError(
-            f"the Prefect API at PREFECT_API_URL={url} does not answer ({type(exc).__name__}): start it with "
-            "`prefect server start`, or unset PREFECT_API_URL to let the demo start its own"
-        ) from None
+WIDTH = 100
+"""The demo's tables fit this many columns, and stay readable at 80."""
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +20,9 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         requests: int = typer.Option(120, help="Flow runs (requests) to start."),
-        rate: float = typer.Option(2.0, help="Mean arrival rate, requests per second."),
+        rate: float | None = typer.Option(
+            None, help="Mean arrival rate, requests per second; default: calibrated to this machine."
+        ),
         trace: str = typer.Option("azure_functions_2019", help="Arrival trace (see esg_prefect.workload)."),
         seed: int = typer.Option(0, help="Seed of the arrivals and inputs."),
         compare: bool = typer.Option(True, help="Also run the workload under Prefect's ThreadPoolTaskRunner."),
@@ -43,135 +31,151 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run many concurrent flow runs of the example pipelines through ESG, and print SLO, batches and costs."""
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-        from rich.table import Table
 
+        from esg_prefect.examples import calibration
         from esg_prefect.examples import demo as d
 
         # Every bad value is refused before quiet_prefect() changes this process's environment.
         if backend not in ("process", "inline"):
-            raise typer.BadParameter(f"backend must be 'process' or 'inline', got {backend!r}")
+            raise InvalidInputError(f"--backend must be 'process' or 'inline', got {backend!r}")
         if requests < 1:
             raise InvalidInputError(f"--requests must be at least 1, got {requests}")
         if runs_shown < 0:
             raise InvalidInputError(f"--runs-shown must be 0 or more, got {runs_shown}")
         check_prefect_api(os.environ.get("PREFECT_API_URL"))
-        arrivals = d.demo_arrivals(requests, rate, seed, trace)
+        d.demo_arrivals(requests, rate if rate is not None else 1.0, seed, trace)  # refuses a bad rate or trace
 
+        console = Console(width=min(Console().width, WIDTH))
+        busy = calibration.busy_machine_warning()
+        if busy:
+            console.print(f"[yellow]note:[/] {busy}", highlight=False)
         d.quiet_prefect()  # before prefect is imported: it reads its settings once
 
-        from esg_prefect.examples.catalog import PIPELINES
-        from esg_prefect.examples.driver import percentile
         from esg_prefect.examples.pipelines import SLO_MS
 
-        console = Console()
         console.print(
-            f"[bold]esg-prefect demo[/]: {len(arrivals)} requests of image/text/video pipelines from the "
-            f"{trace} trace at {rate:g}/s; end-to-end SLOs: " + ", ".join(f"{n} {ms:g} ms" for n, ms in SLO_MS.items())
+            f"[bold]esg-prefect demo[/]: {requests} requests of the image, text and video pipelines, arriving as in "
+            f"the {trace} trace; end-to-end SLOs " + ", ".join(f"{n} {ms / 1000:g} s" for n, ms in SLO_MS.items()),
+            highlight=False,
         )
         starting = "starting Prefect"
         if not os.environ.get("PREFECT_API_URL"):
-            starting += " (an ephemeral API on an in-memory database: about 20 s)"
+            starting += " (a temporary API on an in-memory database: about 20 s)"
         with console.status(starting):
             d.warm_prefect()
-        runs = []
-        for label in ("esg", "threadpool") if compare else ("esg",):
-            with Progress(
-                TextColumn(f"[bold]{label:>10}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-            ) as progress:
-                bar = progress.add_task(label, total=len(arrivals))
+        if rate is None:
+            with console.status("calibrating: a few requests one at a time under Prefect's thread pool"):
+                call = d.threadpool_call()
+                with d.latency_settings():
+                    d.warm_requests(call)
+                    cal = calibration.calibrate(call, ("image", "text", "video"))
+            rate = cal.rate_per_s
+            console.print(cal.describe(), highlight=False)
+        arrivals = d.demo_arrivals(requests, rate, seed, trace)
+        runs = [_run(console, label, arrivals, backend) for label in (("esg", "threadpool") if compare else ("esg",))]
+        _print_results(console, runs, runs_shown)
 
-                def done(_: object, bar: TaskID = bar) -> None:
-                    progress.advance(bar)
 
-                if label == "esg":
-                    runs.append(d.run_esg(arrivals, done, backend))
-                else:
-                    runs.append(d.run_threadpool(arrivals, done))
-        table = Table(title="Per workflow: SLO hit rate and latency (arrival to flow return)")
-        for col in (
-            "workflow",
-            "runner",
-            "requests",
-            "SLO ms",
-            "SLO hit",
-            "p50 ms",
-            "p95 ms",
-            "mean batch",
-            "cost/request $",
-        ):
-            table.add_column(col, justify="right" if col not in ("workflow", "runner") else "left")
-        for wf in PIPELINES:
-            for run in runs:
-                outs = [o for o in run.outcomes if o.workflow == wf]
-                if not outs:
-                    continue
-                lat = [o.latency_ms for o in outs if o.ok]
-                hit = sum(1 for o in outs if o.ok and o.latency_ms <= SLO_MS[wf]) / len(outs)
-                mean_batch = "-"
-                if run.report is not None:
-                    mean_batch = (
-                        f"{run.report.workflow(wf).mean_batch_size:.1f}"
-                        if wf in {g.name for g in run.report.workflows}
-                        else "-"
-                    )
-                wf_cost = sum(c.total for _, w, c in run.per_run_cost if w == wf) if run.per_run_cost else None
-                cost = wf_cost / len(outs) if wf_cost is not None else run.cost_total / len(run.outcomes)
-                table.add_row(
-                    wf,
-                    run.runner,
-                    str(len(outs)),
-                    f"{SLO_MS[wf]:g}",
-                    f"{hit:.0%}",
-                    f"{percentile(lat, 50):.0f}",
-                    f"{percentile(lat, 95):.0f}",
-                    mean_batch,
-                    f"{cost:.2e}",
-                )
-        console.print(table)
-        esg = runs[0]
-        if esg.report is not None:
-            hist = Table(title="ESG batches per stage")
-            for col in ("workflow/stage", "calls", "mean batch", "queue wait ms", "execution ms (incl. cold)"):
-                hist.add_column(col)
-            for st in esg.report.stages:
-                hist.add_row(
-                    f"{st.workflow}/{st.stage}",
-                    str(st.jobs),
-                    f"{st.mean_batch_size:.1f}",
-                    f"{st.queue_ms:.0f}",
-                    f"{st.exec_ms + st.cold_start_ms:.0f}",
-                )
-            console.print(hist)
-        if esg.per_run_cost:
-            u = esg.cost_unit
-            runs_table = Table(
-                title=f"Cost per flow run (first {runs_shown} of {len(esg.per_run_cost)}): busy time of its batches "
-                "plus the warm idle time they caused, as in its Prefect artifacts and `esg-prefect costs`"
-            )
-            runs_table.add_column("flow run id")
-            runs_table.add_column("workflow")
-            for name in (f"busy {u}", f"idle {u}", f"cost {u}"):
-                runs_table.add_column(name, justify="right")
-            for rid, wf, run_cost in esg.per_run_cost[:runs_shown]:
-                money = (run_cost.busy, run_cost.idle, run_cost.total)
-                runs_table.add_row(rid, wf, *(f"{m:.3e}" for m in money))
-            console.print(runs_table)
+def _run(console: Any, label: str, arrivals: list[tuple[float, str]], backend: str) -> Any:
+    """One runner's pass, with a progress bar that says when the unmeasured warm-up ends."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from esg_prefect.examples import demo as d
+
+    warm = "warm-up, not measured: one request per pipeline loads the models" + (
+        " and starts workers" if label == "esg" else ""
+    )
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
+        bar = progress.add_task(f"{label}: {warm}", total=len(arrivals))
+
+        def measured() -> None:
+            progress.update(bar, description=f"{label:>10}")
+            progress.reset(bar)
+
+        def done(_: object) -> None:
+            progress.advance(bar)
+
+        if label == "esg":
+            return d.run_esg(arrivals, done, backend, on_warm=measured)
+        return d.run_threadpool(arrivals, done, on_warm=measured)
+
+
+def _sec(ms: float) -> str:
+    return f"{ms / 1000:.2f}"
+
+
+def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
+    """The per-workflow table, ESG's batches and per-run costs, then the verdict lines."""
+    from rich.table import Table
+
+    from esg_prefect.examples import demo as d
+    from esg_prefect.examples.catalog import PIPELINES
+    from esg_prefect.examples.driver import percentile
+    from esg_prefect.examples.pipelines import SLO_MS
+
+    unit = runs[0].cost_unit
+    table = Table(title="Per pipeline: SLO met and latency from arrival to the flow's return")
+    for col in ("pipeline", "runner", "requests", "SLO s", "met", "p50 s", "p95 s", "batch", f"{unit}/request"):
+        table.add_column(col, justify="left" if col in ("pipeline", "runner") else "right", no_wrap=True)
+    for wf in PIPELINES:
         for run in runs:
-            ok = sum(o.ok for o in run.outcomes)
-            console.print(
-                f"{run.runner:>10}: {ok}/{len(run.outcomes)} requests ok in {run.wall_s:.1f} s "
-                f"({ok / run.wall_s:.2f} requests/s), total cost ${run.cost_total:.3e}"
-            )
-        if len(runs) == 2 and runs[0].cost_total > 0:
-            console.print(d.cost_ratio_line(runs[0], runs[1]))
+            outs = [o for o in run.outcomes if o.workflow == wf]
+            if not outs:
+                continue
+            lat = [o.latency_ms for o in outs if o.ok]
+            hit = sum(1 for o in outs if o.ok and o.latency_ms <= SLO_MS[wf]) / len(outs)
+            mean_batch = "-"
+            if run.report is not None and wf in {g.name for g in run.report.workflows}:
+                mean_batch = f"{run.report.workflow(wf).mean_batch_size:.1f}"
+            wf_cost = sum(c.total for _, w, c in run.per_run_cost if w == wf) if run.per_run_cost else None
+            cost = wf_cost / len(outs) if wf_cost is not None else run.cost_per_request
+            cells = (str(len(outs)), f"{SLO_MS[wf] / 1000:g}", f"{hit:.0%}")
+            table.add_row(wf, run.runner, *cells, _sec(percentile(lat, 50)), _sec(percentile(lat, 95)),
+                          mean_batch, f"{cost:.2e}")  # fmt: skip
+    console.print(table)
+    esg = runs[0]
+    if esg.report is not None:
+        hist = Table(title="ESG's batches per stage")
+        for col in ("pipeline/stage", "calls", "mean batch", "queue wait ms", "run ms (with cold starts)"):
+            hist.add_column(col, justify="left" if col == "pipeline/stage" else "right")
+        for st in esg.report.stages:
+            hist.add_row(f"{st.workflow}/{st.stage}", str(st.jobs), f"{st.mean_batch_size:.1f}", f"{st.queue_ms:.0f}",
+                         f"{st.exec_ms + st.cold_start_ms:.0f}")  # fmt: skip
+        console.print(hist)
+    if esg.per_run_cost and runs_shown:
+        runs_table = Table(
+            title=f"Cost of ESG's flow runs ({min(runs_shown, len(esg.per_run_cost))} of {len(esg.per_run_cost)}): "
+            "busy time of its batches plus the idle time they caused, as its Prefect artifacts show"
+        )
+        runs_table.add_column("flow run")
+        runs_table.add_column("pipeline")
+        for name in (f"busy {unit}", f"idle {unit}", f"cost {unit}"):
+            runs_table.add_column(name, justify="right")
+        for rid, wf, run_cost in esg.per_run_cost[:runs_shown]:
+            runs_table.add_row(rid[:8], wf, *(f"{m:.2e}" for m in (run_cost.busy, run_cost.idle, run_cost.total)))
+        console.print(runs_table)
+    for run in runs:
+        ok = sum(o.ok for o in run.outcomes)
         console.print(
-            f"ESG's runs are in the demo's own cost store: esg-prefect costs --url {d.demo_store_path()}",
-            soft_wrap=True,
-            markup=False,
+            f"{run.runner:>10}: {ok}/{len(run.outcomes)} requests ok in {run.wall_s:.1f} s "
+            f"({ok / run.wall_s:.2f} requests/s), SLO met {run.slo_met:.0%}, "
+            f"whole bill {unit}{run.cost_total:.3e} ({unit}{run.cost_per_request:.2e}/request)",
             highlight=False,
         )
+    if esg.batches:
+        console.print(
+            f"ESG ran {esg.batches} batches; {esg.mixed_batches} of them mixed calls of several flow runs",
+            highlight=False,
+        )
+    if len(runs) == 2 and runs[0].cost_total > 0:
+        console.print(d.verdict_line(runs[0], runs[1]), highlight=False)
+        console.print(d.cost_ratio_line(runs[0], runs[1]), highlight=False)
+    console.print("ESG's runs are in the demo's own cost store; to list them:", highlight=False)
+    console.print(
+        f"  esg-prefect costs --url {d.demo_store_path()}",
+        soft_wrap=True,  # a command to copy: never wrapped
+        markup=False,
+        highlight=False,
+    )

@@ -50,6 +50,22 @@ class DemoRun:
     per_run_cost: tuple[tuple[str, str, RunCost], ...] = ()  # (flow run id, workflow, its cost, busy/idle split)
     cost_busy: float = 0.0  # the busy part of cost_total: batches only, no warm idle time
     cost_unit: str = "$"
+    batches: int = 0  # batches the pool ran (ESG only)
+    mixed_batches: int = 0  # of those, batches holding calls of more than one flow run
+
+    @property
+    def slo_met(self) -> float:
+        """Fraction of requests that ended ok within their workflow's SLO."""
+        from esg_prefect.examples.pipelines import SLO_MS
+
+        if not self.outcomes:
+            return 0.0
+        return sum(1 for o in self.outcomes if o.ok and o.latency_ms <= SLO_MS[o.workflow]) / len(self.outcomes)
+
+    @property
+    def cost_per_request(self) -> float:
+        """The whole bill over the measured requests."""
+        return self.cost_total / len(self.outcomes) if self.outcomes else 0.0
 
 
 def cost_ratio_line(esg: DemoRun, threadpool: DemoRun) -> str:
@@ -68,6 +84,20 @@ def cost_ratio_line(esg: DemoRun, threadpool: DemoRun) -> str:
     return (
         f"cost ratio threadpool / esg = {busy} on the calls' busy time (the paper's cost model); "
         f"{total} with ESG's warm idle workers billed too (keep-alive)"
+    )
+
+
+def verdict_line(esg: DemoRun, threadpool: DemoRun) -> str:
+    """ESG against the thread pool on the two figures the demo is for: SLO met and whole bill per request."""
+    slo = "more" if esg.slo_met > threadpool.slo_met else "fewer" if esg.slo_met < threadpool.slo_met else "as many"
+    if esg.cost_per_request > 0 and threadpool.cost_per_request > 0:
+        ratio = threadpool.cost_per_request / esg.cost_per_request
+        cost = f"{ratio:.2f}x cheaper" if ratio >= 1 else f"{1 / ratio:.2f}x dearer"
+    else:
+        cost = "not comparable (a cost of 0)"
+    return (
+        f"ESG met {esg.slo_met:.0%} of SLOs against the thread pool's {threadpool.slo_met:.0%} ({slo}), "
+        f"and was {cost} per request on the whole bill"
     )
 
 
@@ -144,6 +174,7 @@ def run_esg(
     before_close: Callable[[Any], None] | None = None,
     vcpus: int | None = None,
     profile: str | None = None,
+    on_warm: Callable[[], None] | None = None,
 ) -> DemoRun:
     """The workload under :class:`ESGTaskRunner` with a fresh embedded pool.
 
@@ -152,7 +183,8 @@ def run_esg(
     cores busy workers may use at once (default: all but one, left to the flows).
     ``profile``: a latency-profile CSV to plan with instead of the shipped ones
     (on a GPU machine, the one ``esg-prefect profile`` measured there: the shipped
-    tables hold the example stages on this project's CPU only).
+    tables hold the example stages on this project's CPU only). ``on_warm()`` runs
+    when the warm-up requests are done and the measured workload starts.
     """
     from esg_prefect.examples.pipelines import FLOWS
     from esg_prefect.integration.runner import ESGTaskRunner
@@ -179,6 +211,8 @@ def run_esg(
     try:
         with latency_settings():
             warm_requests(call)
+            if on_warm is not None:
+                on_warm()
             t0 = time.perf_counter()
             outcomes = run_workload(arrivals, call, max_concurrency, on_done)
             wall = time.perf_counter() - t0
@@ -203,7 +237,8 @@ def run_esg(
     )
     total = sum(c.total for _, _, c in per_run) + costs.idle_unattributed
     busy_total = sum(c.busy for _, _, c in per_run)
-    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total, costs.unit)
+    mixed = sum(1 for b in batches if len({item.run_id for item in b.items}) > 1)
+    return DemoRun("esg", tuple(outcomes), wall, total, report, per_run, busy_total, costs.unit, len(batches), mixed)
 
 
 def demo_store_path() -> Path:
@@ -213,29 +248,39 @@ def demo_store_path() -> Path:
     return default_store_path().with_name("demo-costs.db")
 
 
-def run_threadpool(
-    arrivals: Sequence[tuple[float, str]],
-    on_done: Callable[[RequestOutcome], None] | None = None,
-    prices: PriceSheet | None = None,
-    max_concurrency: int = 64,
-) -> DemoRun:
-    """The workload under Prefect's ThreadPoolTaskRunner: one model call per item, in the flow's process."""
+def threadpool_call() -> Callable[[int, str], Any]:
+    """``call(index, workflow)``: one request of the example flows under Prefect's ThreadPoolTaskRunner."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
     from esg_prefect.examples.pipelines import FLOWS
-    from esg_prefect.integration import stage
 
-    prices = prices or PriceSheet.default()
     # The same interpreter switch interval an ESG pool sets (see Pool's switch_interval_s), so that
     # the comparison does not depend on which runner ran first in this process.
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
     threads: Any = ThreadPoolTaskRunner()
     flows = {wf: f.with_options(task_runner=threads) for wf, f in FLOWS.items()}
+    return lambda i, wf: flows[wf](request_seed=i)
+
+
+def run_threadpool(
+    arrivals: Sequence[tuple[float, str]],
+    on_done: Callable[[RequestOutcome], None] | None = None,
+    prices: PriceSheet | None = None,
+    max_concurrency: int = 64,
+    on_warm: Callable[[], None] | None = None,
+) -> DemoRun:
+    """The workload under Prefect's ThreadPoolTaskRunner: one model call per item, in the flow's process."""
+    from esg_prefect.integration import stage
+
+    prices = prices or PriceSheet.default()
+    call = threadpool_call()
     with latency_settings():
-        warm_requests(lambda i, wf: flows[wf](request_seed=i))
+        warm_requests(call)
+        if on_warm is not None:
+            on_warm()
         stage.local_call_log.clear()
         t0 = time.perf_counter()
-        outcomes = run_workload(arrivals, lambda i, wf: flows[wf](request_seed=i), max_concurrency, on_done)
+        outcomes = run_workload(arrivals, call, max_concurrency, on_done)
         wall = time.perf_counter() - t0
     busy_ms = sum(ms for _, ms in stage.local_call_log)
     cost = busy_ms / 1000.0 * local_price_per_s(prices)
