@@ -27,6 +27,19 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 
+CLIENT_SETTINGS = {"PREFECT_CLIENT_MAX_RETRIES": "7", "PREFECT_API_REQUEST_TIMEOUT": "120"}
+"""Prefect client settings for every process the tests run against a test server.
+
+Prefect's test servers keep their data in SQLite. On a loaded machine their
+transactions last longer and collide more, and a write the server cannot get in
+is answered 503 ("retry"). Prefect's client retries a 503 or a timed-out request
+``PREFECT_CLIENT_MAX_RETRIES`` times, backing off 2, 4, 8, ... s: the default 5
+(about 1 min in all) was seen to run out under load (tests/test_runner.py, 12
+concurrent flow runs against the harness); 7 waits up to about 4 min. A server
+that stays busy longer still fails the test, as does any other error. A request
+may take up to 120 s (default 60) before it counts as timed out.
+"""
+
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now."""
@@ -64,10 +77,10 @@ class BusyRetry(httpx.BaseTransport):
     ``DELETE /deployments/{id}`` that another moment would have served. Every
     request a test sends is a small JSON body, so sending it again is safe; the
     last answer is returned whatever it is, so a server that stays busy still fails
-    the test with its own status.
+    the test with its own status. Nine tries wait out about 2 min of busy server.
     """
 
-    def __init__(self, tries: int = 6, first_pause_s: float = 0.5) -> None:
+    def __init__(self, tries: int = 9, first_pause_s: float = 0.5) -> None:
         self._inner = httpx.HTTPTransport()
         self._tries = tries
         self._first_pause_s = first_pause_s
@@ -97,6 +110,7 @@ def base_env(home: Path) -> dict[str, str]:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "DO_NOT_TRACK": "1",
             "PREFECT_CLI_PROMPT": "false",
+            **CLIENT_SETTINGS,
         }
     )
     return env
@@ -179,7 +193,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: flo
 
 
 @contextlib.contextmanager
-def prefect_server(home: Path, *, ui: bool = False, timeout_s: float = 120.0) -> Iterator[PrefectServer]:
+def prefect_server(home: Path, *, ui: bool = False, timeout_s: float = 300.0) -> Iterator[PrefectServer]:
     """Run ``prefect server start`` on a free port with its own home and SQLite database.
 
     The scheduler service is off: deployments keep their schedules, but no run is
@@ -188,7 +202,8 @@ def prefect_server(home: Path, *, ui: bool = False, timeout_s: float = 120.0) ->
     Args:
         home: an empty folder for ``PREFECT_HOME`` (database, UI build, logs).
         ui: serve the UI too (``PREFECT_UI_API_URL`` points it at this server's API).
-        timeout_s: how long the server may take to answer ``/api/health``.
+        timeout_s: how long the server may take to answer ``/api/health``: a ceiling on a
+            condition, generous since the server took over a minute to start on a loaded machine.
     """
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()
