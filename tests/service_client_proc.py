@@ -1,7 +1,8 @@
 """A separate process running concurrent toy flows against the pool service; prints its flow run ids as JSON.
 
-Used by tests/test_service_processes.py: python -m tests.service_client_proc ADDRESS TOKEN N OFFSET START_AT
-(START_AT: a wall-clock time both processes wait for, so that their bursts overlap).
+Used by tests/test_service_processes.py: python -m tests.service_client_proc ADDRESS TOKEN N OFFSET GO_DIR.
+After one warm-up run it creates ``GO_DIR/ready-OFFSET`` and waits for ``GO_DIR/go``, which the test
+creates once every process is ready: the bursts start together on a condition, not at a wall-clock time.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import concurrent.futures
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -21,7 +23,7 @@ from tests.toy_stages import slow
 
 def main() -> None:
     address, token, n, offset = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    start_at = float(sys.argv[5])
+    go_dir = Path(sys.argv[5])
     runner: Any = ESGTaskRunner(address=address, token=token)
 
     @flow(task_runner=runner)
@@ -45,7 +47,12 @@ def main() -> None:
         raise AssertionError("unreachable")
 
     run(offset)  # one run first: concurrent first runs race to set up the Prefect client
-    time.sleep(max(0.0, start_at - time.time()))
+    (go_dir / f"ready-{offset}").touch()
+    give_up = time.monotonic() + 600  # a ceiling: the test gives the word or fails first
+    while not (go_dir / "go").exists():
+        if time.monotonic() > give_up:
+            raise SystemExit("no go from the test within 600 s")
+        time.sleep(0.05)
     with concurrent.futures.ThreadPoolExecutor(n) as ex:
         results = list(ex.map(run, range(offset + 1, offset + 1 + n)))
     assert [r["out"] for r in results] == [x + 1 for x in range(offset + 1, offset + 1 + n)]

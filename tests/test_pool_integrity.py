@@ -121,7 +121,7 @@ def test_a_fault_while_queueing_answers_the_call_and_frees_its_place(
     assert pool.submit(mk(0, "inc")).result(60).output == 1
     monkeypatch.setattr(pool.core, "arrive", broken)  # admission into the control core fails
     with pytest.raises(StageRejectedError, match="slo table exploded"):
-        pool.submit(mk(1, "inc")).result(10)
+        pool.submit(mk(1, "inc")).result(60)
     monkeypatch.undo()
     assert pool.submit(mk(2, "inc")).result(60).output == 3
     assert pool._ids.inflight == {}  # nothing left holding a place
@@ -162,9 +162,9 @@ def test_a_cyclic_or_empty_declaration_is_refused_before_anything_changes() -> N
 def test_a_workflows_slo_and_graph_are_fixed_by_its_first_call(pool: Pool) -> None:
     assert pool.submit(mk(1, "inc")).result(60).output == 2
     with pytest.raises(CallConflictError, match=r"slo_ms=800; this call declares 50"):
-        pool.submit(mk(2, "inc", wf=WorkflowDecl("toy", 50, TOY.edges))).result(10)
+        pool.submit(mk(2, "inc", wf=WorkflowDecl("toy", 50, TOY.edges))).result(60)
     with pytest.raises(CallConflictError, match="was declared with edges"):
-        pool.submit(mk(3, "inc", wf=WorkflowDecl("toy", 800, (("inc", "double"),)))).result(10)
+        pool.submit(mk(3, "inc", wf=WorkflowDecl("toy", 800, (("inc", "double"),)))).result(60)
     assert pool.submit(mk(4, "inc")).result(60).output == 5
     assert pool.snapshot().requests["r4"].slo_ms == 800
 

@@ -288,7 +288,10 @@ _fields = st.sampled_from(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# No deadline and no "too slow" health check: a loaded machine makes examples slow, not wrong.
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(changes=st.dictionaries(_fields, _json, max_size=4), drop=st.lists(_fields, max_size=2), i=st.integers(0, 50))
 def test_any_body_gets_an_answer_that_is_not_a_500(
     pool: Pool, changes: dict[str, Any], drop: list[str], i: int
@@ -384,7 +387,7 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
         env={**os.environ, "ESG_PREFECT_TOKEN": "short"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert weak.returncode == 2 and "at least 16 characters" in weak.stderr and "Traceback" not in weak.stderr
     env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN}
@@ -395,9 +398,10 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
         url = f"https://localhost:{port}"
         trust = ssl.create_default_context(cafile=str(cert))
         with httpx.Client(base_url=url, verify=trust, headers={"Authorization": f"Bearer {TOKEN}"}) as tls:
-            for _ in range(300):
+            give_up = time.monotonic() + 180  # a ceiling on a condition: the service starts slowly under load
+            while time.monotonic() < give_up and proc.poll() is None:
                 try:
-                    if tls.get("/healthz", timeout=1).status_code == 200:
+                    if tls.get("/healthz", timeout=5).status_code == 200:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.1)
@@ -407,7 +411,11 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def test_an_answer_leaves_only_once_its_batch_is_in_the_cost_store() -> None:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -49,14 +49,37 @@ def start_service(port: int, results_db: Path) -> subprocess.Popen[bytes]:
         str(results_db),
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    for _ in range(300):
+    give_up = time.monotonic() + 180  # a ceiling on a condition: importing torch and Prefect is slow under load
+    while time.monotonic() < give_up and proc.poll() is None:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError("the pool service did not start")
+    proc.wait()
+    raise RuntimeError(f"the pool service did not start (exit code {proc.returncode})")
+
+
+def stop_service(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT, as Ctrl-C; wait for the service to exit (a generous ceiling), else kill it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
+
+
+def wait_until(condition: Callable[[], bool], what: str, procs: Sequence[subprocess.Popen[bytes]] = ()) -> None:
+    """Wait for ``condition()``: a ceiling of 300 s, and an early failure if one of ``procs`` exits."""
+    give_up = time.monotonic() + 300
+    while not condition():
+        exited = [p.returncode for p in procs if p.poll() is not None]
+        assert not exited, f"a client process exited ({exited}) before {what}"
+        assert time.monotonic() < give_up, f"no {what} within 300 s"
+        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -75,31 +98,51 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
 
     port = free_port()
     service = start_service(port, tmp_path / "results.db")
+    n = 10
+    clients: list[subprocess.Popen[bytes]] = []
     try:
         env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
         address = f"http://127.0.0.1:{port}"
-        start_at = str(time.time() + 40.0)  # both bursts start together, after both processes are up
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        go_dir = tmp_path / "go"
+        go_dir.mkdir()
         clients = [
             subprocess.Popen(
-                [sys.executable, "-m", "tests.service_client_proc", address, TOKEN, "10", str(100 * k), start_at],
+                [sys.executable, "-m", "tests.service_client_proc", address, TOKEN, str(n), str(100 * k), str(go_dir)],
                 cwd=ROOT,
                 env=env,
                 stdout=subprocess.PIPE,
             )
             for k in (1, 2)
         ]
+        # Both processes warm up (one flow run each), then wait for the word. The service is paused
+        # before it and resumed once both bursts are queued: the batches then draw on calls of both
+        # processes, however far apart a loaded machine starts them.
+        wait_until(lambda: len(list(go_dir.glob("ready-*"))) == 2, "both clients warmed up", clients)
+        assert httpx.post(f"{address}/v1/pause", headers=auth, timeout=30).json() == {"paused": True}
+        (go_dir / "go").touch()
+
+        def queued() -> int:
+            depths = httpx.get(f"{address}/metrics", headers=auth, timeout=30).json()["queue_depths"]
+            return sum(d for key, d in depths.items() if key.endswith("/slow"))
+
+        wait_until(lambda: queued() >= 2 * n, "both bursts queued", clients)
+        assert httpx.post(f"{address}/v1/resume", headers=auth, timeout=30).json() == {"paused": False}
         runs_of = []
         for c in clients:
             out, _ = c.communicate(timeout=300)
             assert c.returncode == 0
             runs_of.append(set(json.loads(out.decode().strip().splitlines()[-1])))
-        batches = httpx.get(f"{address}/v1/batches?limit=1000", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+        batches = httpx.get(f"{address}/v1/batches?limit=1000", headers=auth).json()
         mixed = [b for b in batches["batches"] if set(b["runs"]) & runs_of[0] and set(b["runs"]) & runs_of[1]]
         sizes = [(b["size"], len(b["runs"])) for b in batches["batches"]]
         assert mixed, f"some batch should hold calls from both processes; (size, runs) of each: {sizes}"
     finally:
-        service.send_signal(signal.SIGINT)
-        service.wait(30)
+        for c in clients:  # still waiting, should the test have failed early
+            if c.poll() is None:
+                c.kill()
+                c.communicate()
+        stop_service(service)
 
 
 @pytest.mark.usefixtures("toy_profile_csv")
@@ -122,8 +165,7 @@ def test_clients_recover_when_the_service_restarts(tmp_path: Path) -> None:
         assert outs[0].batch_id == first.batch_id  # finished before the restart: its stored outcome, not a re-run
     finally:
         client.close()
-        service.send_signal(signal.SIGINT)
-        service.wait(30)
+        stop_service(service)
 
 
 @pytest.mark.usefixtures("toy_profile_csv")
@@ -150,7 +192,6 @@ def test_pause_and_resume_from_the_command_line(tmp_path: Path, monkeypatch: pyt
         assert resumed.exit_code == 0 and "resumed" in resumed.output
         assert httpx.get(metrics, headers=auth).json()["paused"] is False
     finally:
-        service.send_signal(signal.SIGINT)
-        service.wait(30)
+        stop_service(service)
     gone = CliRunner().invoke(app, ["pool", "resume", "--url", address])
     assert gone.exit_code == 1 and "could not reach the pool service" in gone.output
