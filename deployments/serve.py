@@ -15,10 +15,13 @@ Options: ``--port`` of the pool service (4270), ``--backend`` of its workers
 already running instead of starting one, ``--limit`` on concurrent flow runs,
 ``--only NAME`` (repeatable) to serve some deployments only.
 
-Shutting down: Ctrl-C stops serving (Prefect pauses the schedules), then the
-pool service (SIGINT, killed if it has not exited within 30 s), each step
-printed as it ends. ``kill -USR1 <pid>`` prints the stacks of every thread of
-the script, to see what a slow shutdown waits on. The script skips the
+Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving (Prefect
+pauses the schedules), then the pool service (SIGINT, killed if it has not
+exited within 30 s), each step printed as it ends. Started in the background
+of a shell script (``python deployments/serve.py &``), the script ignores
+SIGINT, as the shell has every background command of a script do: stop it
+with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
+script, to see what a slow shutdown waits on. The script skips the
 interpreter's last garbage collection on the way out (:func:`exit_fast`): with
 torch and Prefect loaded it took 1 to 2 s of CPU of a 6 s shutdown, and several
 times that on a loaded machine.

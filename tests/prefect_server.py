@@ -116,12 +116,30 @@ def base_env(home: Path) -> dict[str, str]:
     return env
 
 
+SIGINT_DEFAULT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+)
+"""Run ``argv[1:]`` with SIGINT at its default disposition: ``python -c SIGINT_DEFAULT cmd...`` (an exec, same pid)."""
+
+
 def spawn(cmd: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in a session of its own (so that its whole group can be stopped), output to ``log``."""
+    """Start ``cmd`` in a session of its own (so that its whole group can be stopped), output to ``log``.
+
+    ``cmd`` gets SIGINT at its default, as a command typed in a terminal does, whatever this
+    process has: a shell ignores SIGINT for the commands it runs in the background of a script
+    (``pytest ... &``, and so every process they start), and a process that inherits that never
+    hears the SIGINT (Ctrl-C) the tests stop it with. Seen: deployments/serve.py serving on,
+    idle, 240 s after its SIGINT, in a suite run started in the background beside a CPU hog.
+    """
     out: IO[bytes] = log.open("ab")
     try:
         return subprocess.Popen(
-            list(cmd), cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            [sys.executable, "-c", SIGINT_DEFAULT, *cmd],
+            cwd=cwd,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     finally:
         out.close()  # the child has its own copy

@@ -150,11 +150,11 @@ def run_pids(api: httpx.Client, run_ids: list[str]) -> dict[str, int]:
 def stop_serving(serving: subprocess.Popen[bytes], timeout_s: float = 240.0) -> None:
     """SIGINT the serve script, as Ctrl-C: serving stops, then the pool service; wait for it to exit.
 
-    A generous ceiling on a condition (the process exits). The shutdown took 2 to 6 s here, most of it
-    CPU spent by the script's and the pool service's interpreters as they exit (their last garbage
-    collection), which an oversubscribed machine stretched past 60 s. Past the ceiling the script
-    prints every thread's stack into its log (SIGUSR1, see deployments/serve.py) before it is
-    killed, so that the failure shows what it waited on.
+    It exits within seconds (2 to 6 s here, most of it the interpreters' exits). It once did not,
+    240 s after its SIGINT, idle: the suite had been started in the background of a script, so
+    SIGINT was ignored in every process it started (spawn() now resets it). The ceiling is generous;
+    past it the script prints every thread's stack into its log (SIGUSR1, see deployments/serve.py)
+    before it is killed, so that the failure shows what it waited on.
     """
     if serving.poll() is None:
         serving.send_signal(signal.SIGINT)
