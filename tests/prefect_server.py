@@ -117,9 +117,16 @@ def base_env(home: Path) -> dict[str, str]:
 
 
 SIGINT_DEFAULT = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+    "import os, signal, sys\n"
+    "for name in ('SIGINT', 'SIGPIPE', 'SIGXFSZ'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_DFL)\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])"
 )
-"""Run ``argv[1:]`` with SIGINT at its default disposition: ``python -c SIGINT_DEFAULT cmd...`` (an exec, same pid)."""
+"""``python -c SIGINT_DEFAULT cmd...`` runs ``cmd`` (an exec: same pid) with SIGINT at its default.
+
+SIGPIPE and SIGXFSZ too, which this launcher's Python ignores and ``subprocess`` resets for a command
+it starts directly.
+"""
 
 
 def spawn(cmd: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path = ROOT) -> subprocess.Popen[bytes]:
