@@ -161,7 +161,8 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
         console.print(
             f"{run.runner:>10}: {ok}/{len(run.outcomes)} requests ok in {run.wall_s:.1f} s "
             f"({ok / run.wall_s:.2f} requests/s), SLO met {run.slo_met:.0%}, "
-            f"whole bill {unit}{run.cost_total:.3e} ({unit}{run.cost_per_request:.2e}/request)",
+            f"{'whole bill' if run.report is not None else 'calls billed'} {unit}{run.cost_total:.3e} "
+            f"({unit}{run.cost_per_request:.2e}/request)",
             highlight=False,
         )
     if esg.batches:

@@ -97,7 +97,8 @@ def verdict_line(esg: DemoRun, threadpool: DemoRun) -> str:
         cost = "not comparable (a cost of 0)"
     return (
         f"ESG met {esg.slo_met:.0%} of SLOs against the thread pool's {threadpool.slo_met:.0%} ({slo}), "
-        f"and was {cost} per request on the whole bill"
+        f"and was {cost} per request (ESG billed for its workers' whole life, busy or idle; "
+        "the thread pool for its calls' own time x torch's threads, as a per-invocation platform bills)"
     )
 
 

@@ -27,6 +27,7 @@ import random
 from typing import Any
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from esg_prefect.examples import catalog, image, text, video
 from esg_prefect.integration.stage import Pipeline
@@ -62,7 +63,9 @@ def _local_task(workflow: str, st: catalog.StageSpec) -> Any:
         return st.run(_local_model(workflow, st.name), [item])[0]
 
     run_one.__name__ = run_one.__qualname__ = st.name
-    return task(name=st.name)(run_one)
+    # No cache key: Prefect's default policy hashes the inputs (a 3.7 MB image, a clip of frames) on
+    # every call, for a cache that nothing reads (results are not persisted).
+    return task(name=st.name, cache_policy=NO_CACHE)(run_one)
 
 
 def _dnn_edges(spec: catalog.PipelineSpec) -> tuple[tuple[str, str], ...]:
