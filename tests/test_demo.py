@@ -159,3 +159,27 @@ def test_the_verdict_compares_slo_met_and_cost_per_request() -> None:
     assert "ESG met 75% of SLOs against the thread pool's 25% (more)" in line
     assert "1.50x cheaper per request (ESG billed for its workers' whole life" in line
     assert "1.50x dearer" in verdict_line(threads, esg)
+
+
+def test_the_result_tables_read_whole_at_80_columns() -> None:
+    from rich.console import Console
+
+    from esg_prefect.cli.demo import _print_results
+    from esg_prefect.examples.driver import RequestOutcome
+    from esg_prefect.model.attribution import RunCost
+
+    outs = tuple(RequestOutcome(i, wf, 0.0, 1234.5, True) for i, wf in enumerate(("image", "text", "video") * 3))
+    per_run = tuple(
+        (f"0f{i:06d}-aaaa-bbbb-cccc-dddddddddddd", o.workflow, RunCost(1.2345e-06, 3.4567e-05, "$"))
+        for i, o in enumerate(outs)
+    )
+    esg = DemoRun("esg", outs, 10.0, 3.2e-4, None, per_run, 1.1e-5, "$", 40, 7)
+    threads = DemoRun("threadpool", outs, 10.0, 1.9e-4, cost_busy=1.9e-4)
+    console = Console(width=80, record=True, force_terminal=False)
+    _print_results(console, [esg, threads], runs_shown=3)
+    text = console.export_text()
+    assert "…" not in text  # nothing cut
+    assert "ESG ran 40 batches; 7 of them mixed calls of several flow runs" in text
+    assert "$/run" in text and "cost $" in text  # every cost with its unit
+    assert "esg: 9/9 requests ok" in text and "whole bill $3.200e-04" in text
+    assert "calls billed $1.900e-04" in text  # the thread pool: its calls' own time
