@@ -151,14 +151,30 @@ def latency_settings() -> Iterator[None]:
 
 
 def warm_prefect() -> None:
-    """Start Prefect's API (the ephemeral one when no server is configured) before the burst."""
+    """Start Prefect's API (the ephemeral one when no server is configured) before the burst.
+
+    A temporary API's server process, started here, inherits this process's
+    environment: it gets a root log level of CRITICAL. At exit Prefect cancels
+    its consumers while the in-memory database closes, and SQLAlchemy's pool
+    logs that as an error with a traceback (seen in 1 of 5 fresh demo runs)
+    though nothing is lost. This process's own logging was set up at import
+    and keeps its levels.
+    """
     from prefect import flow
 
     @flow(name="esg-demo-warm-up")
     def warm_up() -> int:
         return 1
 
-    warm_up()
+    key = "PREFECT_LOGGING_ROOT_LEVEL"
+    before = os.environ.get(key)
+    if not os.environ.get("PREFECT_API_URL") and before is None:
+        os.environ[key] = "CRITICAL"
+    try:
+        warm_up()
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
 
 
 def warm_requests(call: Callable[[int, str], Any]) -> None:
