@@ -91,35 +91,12 @@ def bill_split(run: Any, case: Any) -> dict[str, float]:
 def run_row(spec: Any, clock: Any = None) -> dict[str, Any]:
     """Simulate ``spec``: the row of :func:`~esg_prefect.simulator.experiments.run_spec` plus :func:`bill_split`."""
     from esg_prefect.simulator import simulate
+    from esg_prefect.simulator.experiments import spec_row
 
     t0 = clock() if clock is not None else 0.0
     run = simulate(spec.case, spec.seed)
     wall_s = (clock() - t0) / 1000.0 if clock is not None else None
-    o = run.report.overall
-    return {
-        "experiment": spec.experiment,
-        "scheduler": spec.case.scheduler,
-        "seed": spec.seed,
-        "rate_per_s": spec.case.workload.rate_per_s,
-        "trace": spec.case.workload.trace,
-        **dict(spec.labels),
-        "requests": o.count,
-        "slo_hit_rate": o.slo_hit_rate,
-        "failed": o.failed,
-        "at_risk": o.at_risk,
-        "p50_ms": o.latency_p50_ms,
-        "p99_ms": o.latency_p99_ms,
-        "cost_per_request": o.cost_per_request,
-        "batch_cost_per_request": o.batch_cost_per_request,
-        **bill_split(run, spec.case),
-        "mean_batch": o.mean_batch_size,
-        "cold_starts": run.cold_starts,
-        "rounds": run.rounds,
-        "simulated_requests": len(run.requests),
-        "wall_s": wall_s,
-        "per_workflow": {g.name: g.slo_hit_rate for g in run.report.workflows},
-        "stages": [s.to_dict() for s in run.report.stages],
-    }
+    return {**spec_row(spec, run, wall_s), **bill_split(run, spec.case)}
 
 
 def _work(spec: Any) -> dict[str, Any]:

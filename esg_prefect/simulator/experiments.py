@@ -74,6 +74,11 @@ def run_spec(spec: RunSpec, clock: Clock | None = None) -> Row:
     t0 = clock() if clock is not None else 0.0
     run = simulate(spec.case, spec.seed)
     wall_s = (clock() - t0) / 1000.0 if clock is not None else None
+    return spec_row(spec, run, wall_s)
+
+
+def spec_row(spec: RunSpec, run: Any, wall_s: float | None) -> Row:
+    """The row of a simulated ``spec``: its labels, ``run``'s overall report, and ``wall_s`` when measured."""
     o = run.report.overall
     row: Row = {
         "experiment": spec.experiment,
