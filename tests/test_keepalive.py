@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,14 @@ import pytest
 from esg_prefect.control.core import Core
 from esg_prefect.control.events import BatchFinished, CallArrived, StartBatch, StopWorker, WakeAt
 from esg_prefect.control.fleet import Fleet, FleetWorker
-from esg_prefect.control.keepalive import AdaptiveKeepAlive, GapHistogram, GapPolicy, adaptive_keep_alive
+from esg_prefect.control.keepalive import (
+    SCALE_DOWN_WINDOW_MS,
+    AdaptiveKeepAlive,
+    BusyAverage,
+    GapHistogram,
+    GapPolicy,
+    adaptive_keep_alive,
+)
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.model import LatencyProfile, PriceSheet
 from esg_prefect.model.attribution import BatchItem, BatchRecord
@@ -121,7 +129,8 @@ def _run(core: Core, gaps: int, gap_ms: float = 50.0, spare: bool = True) -> flo
 
 
 def test_the_core_keeps_a_worker_for_its_stages_gaps_once_it_has_seen_enough() -> None:
-    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=150.0)  # 150 cold starts of 10 ms
+    # 150 cold starts of 10 ms; scale-down off (the spare worker's load alone would make ours surplus).
+    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=150.0, scale_down_utilization=0.0)
     # Fewer gaps than the policy needs (20): the fixed window.
     assert _run(_core(hist), 10) == 60_000.0
     # 20 gaps of 50 ms: 50 ms is bin 13, edge 10^(14/8) = 56.2 ms, +10 %: 61.9 ms, under the 1.5 s floor.
@@ -198,3 +207,64 @@ def test_idle_workers_kept_the_fixed_window_follow_the_histogram_once_it_fills()
         batch(v1, t, t + 10.0)
         t += 10.0
     assert fleet.rearmed_ms == 1530.0  # the third reuse's time: 10 + floor (or the 500 ms gaps' edge) is past
+
+
+def test_the_busy_average_follows_a_stage_s_busy_workers_over_its_window() -> None:
+    avg = BusyAverage(1000.0)
+    avg.change("a", 0.0, 1)
+    avg.change("a", 0.0, 1)
+    assert avg.value("a", 1000.0) == pytest.approx(2.0 * (1.0 - math.exp(-1.0)))
+    avg.change("a", 1000.0, -2)
+    v = 2.0 * (1.0 - math.exp(-1.0))
+    assert avg.value("a", 2000.0) == pytest.approx(v * math.exp(-1.0))
+    avg.change("a", 500.0, 1)  # an earlier time counts as the last change's (no going back)
+    assert avg.value("a", 2000.0) == pytest.approx(v * math.exp(-1.0))
+    assert avg.value("b", 10.0) == 0.0
+
+
+def _burst_fleet(utilization: float, busy_ms: float) -> tuple[Fleet, list[FleetWorker], float]:
+    """Three workers of stage a, busy from 0 to ``busy_ms`` and going idle 10 ms apart; floor 200 ms, window 60 s."""
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0, min_ms=0.0)
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=AdaptiveKeepAlive(policy, lambda s, h: 100.0))
+    fleet.scale_down_utilization = utilization
+    cfg = Config(1, 1, 0.0)
+    ws = [fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 0.0) for _ in range(3)]
+    t = busy_ms
+    for i, w in enumerate(ws):
+        t = busy_ms + 10.0 * i
+        fleet.finish(w, BatchRecord(f"b{i}", w.worker_id, (BatchItem("r", "r"),), cfg, "cpu", 0.0, t), t)
+    return fleet, ws, t
+
+
+def test_after_a_burst_the_workers_its_load_no_longer_needs_expire_after_the_floor() -> None:
+    """Busy 100 ms, then idle: the 5 s average of busy workers is about 0.06, so one worker is needed at 50 %;
+    the two that idled longest go after the 200 ms floor, the most recently idle keeps the 60 s window."""
+    fleet, (w1, w2, w3), t = _burst_fleet(0.5, 100.0)
+    v = 3.0 * (1.0 - math.exp(-100.0 / SCALE_DOWN_WINDOW_MS))  # 3 busy to 100 ms, then 2 to 110, 1 to 120
+    for busy in (2.0, 1.0):
+        v = busy + (v - busy) * math.exp(-10.0 / SCALE_DOWN_WINDOW_MS)
+    assert fleet.busy.value("a", 120.0) == pytest.approx(v) and v < 0.5
+    assert [w.worker_id for w in fleet.expire(299.0)] == []
+    assert [w.worker_id for w in fleet.expire(300.0)] == [w1.worker_id]
+    assert [w.worker_id for w in fleet.expire(310.0)] == [w2.worker_id]
+    assert fleet.next_expiry_ms() == t + 60_000.0 and list(fleet.workers) == [w3.worker_id]
+
+
+def test_a_stage_whose_load_needs_its_workers_keeps_them_and_off_keeps_every_window() -> None:
+    """Busy 20 s: about 2.95 workers busy on average, 6 needed at 50 %: none is surplus. Off (0): none either."""
+    fleet, ws, _ = _burst_fleet(0.5, 20_000.0)
+    assert fleet.next_expiry_ms() == 20_000.0 + 60_000.0
+    fleet, ws, _ = _burst_fleet(0.0, 100.0)
+    assert fleet.next_expiry_ms() == 100.0 + 60_000.0
+    assert [w.worker_id for w in fleet.expire(60_119.0)] == [ws[0].worker_id, ws[1].worker_id]
+
+
+def test_scale_down_utilization_out_of_range_is_named() -> None:
+    for bad in (-0.1, 1.5, float("nan"), True):
+        with pytest.raises(ConfigError, match="scale_down_utilization"):
+            ESGSettings(scale_down_utilization=bad)
+
+
+def test_the_core_hands_the_scale_down_setting_to_its_fleet() -> None:
+    assert _core(replace(SETTINGS, scale_down_utilization=0.5)).fleet.scale_down_utilization == 0.5
+    assert _core(SETTINGS).fleet.scale_down_utilization == 0.0  # off by default

@@ -104,6 +104,7 @@ class Core:
         self.fleet = fleet
         if fleet.adaptive is None:  # the keep-alive policy is the platform's: one place for every driver
             fleet.adaptive = adaptive_keep_alive(settings, tables.profile.cold_start_ms)
+        fleet.scale_down_utilization = settings.scale_down_utilization
         self.settings = settings
         self.workflows = workflows
         self.round_interval_ms = round_interval_ms

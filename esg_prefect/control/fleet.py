@@ -18,9 +18,10 @@ whole life. No clock: every change carries its time.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping
 
-from esg_prefect.control.keepalive import AdaptiveKeepAlive
+from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
@@ -140,6 +141,9 @@ class Fleet:
         self.adaptive = adaptive
         self.rearmed_ms: float | None = None
         self._per_stage: dict[str, int] = {}  # live workers per stage
+        self._of_stage: dict[str, dict[str, FleetWorker]] = {}  # live workers per stage, by id
+        self.busy = BusyAverage(SCALE_DOWN_WINDOW_MS)  # busy workers per stage, averaged over time
+        self.scale_down_utilization = 0.0  # 0: off; set by the control core from the platform settings
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] = []
         self.idles: list[IdleRecord] = []
@@ -240,11 +244,14 @@ class Fleet:
                 self._rearm(w.stage, w, now_ms)
             self._close_idle(w, now_ms)
             w.idle_since_ms = None
+            self.busy.change(w.stage, now_ms, 1)
             w.expiry_token += 1
             w.view = None
             self._snapshot = None
             return w
-        return self._start(placement, stage, config, hardware)
+        w = self._start(placement, stage, config, hardware)
+        self.busy.change(stage, now_ms, 1)
+        return w
 
     def prewarm(self, placement: Placement, stage: str, config: Config, hardware: str, now_ms: float) -> FleetWorker:
         """Start a worker with no batch (a :class:`~esg_prefect.scheduling.base.Start`); :meth:`warmed` ends it.
@@ -282,6 +289,8 @@ class Fleet:
             self.batches.append(record)
         if self.workers.pop(w.worker_id, None) is None:
             return
+        if w.busy:
+            self.busy.change(w.stage, self.busy.last_ms(w.stage), -1)
         self._gone(w)
         if w.node in self._workers_on:
             self._workers_on[w.node] -= 1
@@ -318,7 +327,43 @@ class Fleet:
         w.free_at_ms = None
         w.view = None
         self._snapshot = None
-        return self._arm(w, since_ms)
+        self.busy.change(w.stage, since_ms, -1)
+        at = self._arm(w, since_ms)
+        if self.adaptive is not None and self.scale_down_utilization > 0:
+            self._scale_down(w.stage, since_ms)
+        return at
+
+    def _scale_down(self, stage: str, now_ms: float) -> None:
+        """Past the workers a stage's measured load needs, its longest-idle workers get the keep-alive floor.
+
+        Needed: the stage's busy workers averaged over time
+        (:class:`~esg_prefect.control.keepalive.BusyAverage`) over
+        ``scale_down_utilization``, at least one. The surplus idle workers that
+        idled longest (the placement reuses the most recently idle first, so
+        they are the ones no load comes back to) expire once they have idled
+        the floor, instead of the percentile of the stage's gaps: after a
+        burst, the workers it needed go once its load has gone.
+        """
+        assert self.adaptive is not None
+        live = self._of_stage.get(stage)
+        if not live:
+            return
+        needed = max(1, math.ceil(self.busy.value(stage, now_ms) / self.scale_down_utilization))
+        surplus = len(live) - needed
+        if surplus <= 0:
+            return
+        idle = sorted(
+            (w for w in live.values() if w.idle_since_ms is not None and w.starting is None),
+            key=lambda w: (w.idle_since_ms, w.worker_id),
+        )
+        for w in idle[:surplus]:
+            assert w.idle_since_ms is not None
+            keep = min(self.adaptive.floor_ms(stage, w.hardware), self.keep_alive_of(w))
+            at = max(now_ms, w.idle_since_ms + keep)
+            w.expiry_token += 1
+            self._expiry_seq += 1
+            heapq.heappush(self._expiries, (at, self._expiry_seq, w.worker_id, w.expiry_token))
+            self.rearmed_ms = at if self.rearmed_ms is None else min(self.rearmed_ms, at)
 
     def _start(self, placement: Placement, stage: str, config: Config, hardware: str) -> FleetWorker:
         node, dev = placement.node, placement.device_id
@@ -351,6 +396,7 @@ class Fleet:
         w = FleetWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage)
         self.workers[w.worker_id] = w
         self._per_stage[stage] = self._per_stage.get(stage, 0) + 1
+        self._of_stage.setdefault(stage, {})[w.worker_id] = w
         self.cold_starts += 1
         self._snapshot = None
         return w
@@ -373,6 +419,7 @@ class Fleet:
     def _gone(self, w: FleetWorker) -> None:
         """Forget a stopped worker; a stage left with one idle worker gives it the fixed window again."""
         left = self._per_stage[w.stage] = self._per_stage.get(w.stage, 1) - 1
+        self._of_stage.get(w.stage, {}).pop(w.worker_id, None)
         if self.adaptive is None:
             return
         self.adaptive.forget(w.worker_id)

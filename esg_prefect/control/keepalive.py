@@ -34,6 +34,8 @@ BINS_PER_DECADE = 8
 _LOW_MS = 1.0  # gaps below 1 ms fall in the first bin
 _DECADES = 7  # up to 10^7 ms (about 2.8 hours); longer gaps fall in the last bin
 _BINS = BINS_PER_DECADE * _DECADES
+SCALE_DOWN_WINDOW_MS = 5000.0
+"""Time constant of the busy-worker average that scale-down sizes a stage by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +179,46 @@ class AdaptiveKeepAlive:
         if self.cold_start_ms is None:
             return p.min_ms
         return max(p.min_ms, p.floor_cold_starts * self.cold_start_ms(stage, hardware))
+
+
+class BusyAverage:
+    """Per stage, the number of its busy workers averaged over time (an exponential window of ``window_ms``).
+
+    The load a stage's workers carry, measured rather than predicted: the
+    platform keeps as many workers as it needs at a target utilisation and
+    lets the rest expire (``Fleet``'s scale-down), as Knative's autoscaler
+    sizes a revision by its observed concurrency.
+    """
+
+    __slots__ = ("_busy", "_last", "_value", "window_ms")
+
+    def __init__(self, window_ms: float) -> None:
+        self.window_ms = window_ms
+        self._busy: dict[str, int] = {}
+        self._value: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+
+    def _advance(self, stage: str, now_ms: float) -> float:
+        last = self._last.get(stage)
+        busy = self._busy.get(stage, 0)
+        v = self._value.get(stage, 0.0)
+        if last is not None and now_ms > last:
+            v = busy + (v - busy) * math.exp(-(now_ms - last) / self.window_ms)
+            self._value[stage] = v
+            self._last[stage] = now_ms
+        elif last is None:
+            self._last[stage] = now_ms
+        return v
+
+    def change(self, stage: str, now_ms: float, delta: int) -> None:
+        """``delta`` workers of ``stage`` went busy (+) or idle (-) at ``now_ms`` (earlier times count as the last)."""
+        self._advance(stage, now_ms)
+        self._busy[stage] = max(0, self._busy.get(stage, 0) + delta)
+
+    def value(self, stage: str, now_ms: float) -> float:
+        """The average up to ``now_ms``."""
+        return self._advance(stage, now_ms)
+
+    def last_ms(self, stage: str) -> float:
+        """When the stage last changed (0 if never)."""
+        return self._last.get(stage, 0.0)

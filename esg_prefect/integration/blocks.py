@@ -152,6 +152,13 @@ class ESGSchedulerSettings(Block):
         ge=0,
         description="The least keep-alive of the histogram policy, in cold starts of the worker's stage.",
     )
+    scale_down_utilization: float = Field(
+        default=_knob("scale_down_utilization"),
+        ge=0,
+        le=1,
+        description="Keep the workers a stage's measured load needs at this utilisation; the rest expire "
+        "after the keep-alive floor (0: off).",
+    )
     redistribute_slack: bool = Field(
         default=_knob("redistribute_slack"), description="Recompute later deadlines from real finish times."
     )

@@ -90,6 +90,15 @@ class ESGSettings:
         keep_alive_cold_starts: the least keep-alive of the histogram policy, in
             cold starts of the worker's stage on its hardware (ski rental: a
             restart costs its load and, on a request's path, SLO slack).
+        scale_down_utilization: with the histogram policy, a stage keeps the
+            workers its measured load needs at this utilisation (its busy
+            workers averaged over 5 s, over this, at least one); the surplus
+            that idled longest expire after the floor above instead of the gaps'
+            percentile, so the workers a burst needed go once it has gone (as
+            Knative sizes by observed concurrency). In [0, 1]; 0 (the default)
+            turns it off: on the bursty Azure code trace it cut ESG's bill by up
+            to a fifth but lost SLO hits (docs/decisions/whole-bill.md). Applied
+            to every scheduler.
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it (a
@@ -170,6 +179,7 @@ class ESGSettings:
     keep_alive_policy: Literal["histogram", "fixed"] = "histogram"
     keep_alive_percentile: float = 99.0
     keep_alive_cold_starts: float = 20.0
+    scale_down_utilization: float = 0.0
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
@@ -223,6 +233,12 @@ class ESGSettings:
             self.keep_alive_cold_starts,
             lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0",
+        )
+        _number(
+            "scale_down_utilization",
+            self.scale_down_utilization,
+            lambda v: 0.0 <= v <= 1.0,
+            "in [0, 1] (0: off)",
         )
         _number("hardware_utilization", self.hardware_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         if not isinstance(self.corun_table, str) or not self.corun_table:
@@ -299,6 +315,7 @@ class PlatformSettings:
     keep_alive_policy: Literal["histogram", "fixed"]
     keep_alive_percentile: float
     keep_alive_cold_starts: float
+    scale_down_utilization: float
     allow_eviction: bool
     correction_alpha: float
     cost_split: Literal["equal", "input_size"]
