@@ -1,14 +1,12 @@
-"""The Ray backend on a local Ray instance: actors serve pooled calls, report their resources, and a killed
-actor loses no call; node discovery is checked against a fake ``ray.nodes()``."""
+"""The Ray backend on a local one-node Ray cluster: actors serve pooled calls, report their resources, and a
+killed actor loses no call; node discovery is checked against a fake ``ray.nodes()``. Across several nodes:
+tests/test_ray_multinode.py, which also holds the cluster and the ``held`` stage used here."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,9 +19,10 @@ from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime import ray_backend
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.ray_backend import RayBackend
-from esg_prefect.runtime.workers import WorkerLoadError, WorkerSpec
+from esg_prefect.runtime.ray_backend import RayBackend, RayPlacement
+from esg_prefect.runtime.workers import WorkerDiedError, WorkerLoadError, WorkerSpec
 from esg_prefect.scheduling import ESGSettings
+from tests.test_ray_multinode import Gates, LocalCluster, held_call, local_cluster, wait_for
 from tests.toy_stages import POISON, settle, toy_profile
 
 ray = pytest.importorskip("ray")
@@ -31,12 +30,9 @@ ray = pytest.importorskip("ray")
 # One Ray instance per test process: keep this module's tests on one xdist worker (with --dist loadgroup).
 pytestmark = [pytest.mark.service, pytest.mark.xdist_group("ray")]
 
-ROOT = Path(__file__).resolve().parents[1]
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-BURST = WorkflowDecl("burst", 5_000, ())
 PRICES = PriceSheet(1e-5, {})
-# A ceiling on each call's answer, not a timing: beside four CPU-bound processes on two cores, Ray took
-# over 90 s to start the first worker actors. The assertions do not depend on how long calls take.
+# A ceiling on each call's answer, not a timing: the assertions do not depend on how long calls take.
 CEILING_S = 300
 
 
@@ -46,27 +42,17 @@ def call(i: int, stage: str, wf: WorkflowDecl = TOY, prefix: str = "") -> StageC
 
 
 @pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    """A local Ray instance with 2 CPUs whose workers can import ``tests.toy_stages``."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="esg-prefect-tests",
-        object_store_memory=100 * 1024 * 1024,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-        log_to_driver=False,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+def local_ray() -> Iterator[LocalCluster]:
+    """A one-node Ray cluster with 2 CPUs whose workers can import the tests' stages (skipped where Ray
+    cannot start here, with the reason)."""
+    with local_cluster(2) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
-def ray_pool(local_ray: None) -> Iterator[Pool]:
-    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=RayBackend())
+def ray_pool(local_ray: LocalCluster) -> Iterator[Pool]:
+    profile = toy_profile().aliased({"held": "slow"})  # the held stage, planned as the toy "slow" one
+    pool = Pool(profile, PRICES, settings=ESGSettings(wait_for_batch=False), backend=RayBackend())
     try:
         yield pool
     finally:
@@ -101,13 +87,15 @@ def test_ray_nodes_become_nodes_and_devices(monkeypatch: pytest.MonkeyPatch) -> 
         ("gpu-box/gpu1", "gpu-box", "A100"),
         ("gpu-box-cccccccc/gpu0", "gpu-box-cccccccc", "T4"),
     ]
-    # A node that leaves keeps its name and stays listed for a grace period (the pool may be starting a
-    # worker there); a start on it fails clearly instead of waiting for Ray.
+    # A node that leaves is offered no more (the pool keeps it while a batch of its runs there) but keeps
+    # its name; a start still aimed at it fails at once, as a worker lost (its calls go back to the queue).
     twin["Alive"] = False
     be.refresh()
-    assert "gpu-box-cccccccc" in [n.name for n in be.nodes()]
+    assert [n.name for n in be.nodes()] == ["gpu-box"]
+    assert [d.node for d in be.devices()] == ["gpu-box", "gpu-box"]
+    assert be.node_ids()["gpu-box-cccccccc"] == "c" * 56
     spec = WorkerSpec("w1", "tests.toy_stages:double", "gpu-box-cccccccc", None, "cpu", 1, 0.0)
-    with pytest.raises(WorkerLoadError, match="has left the cluster"):
+    with pytest.raises(WorkerDiedError, match="has left the cluster"):
         asyncio.run(be.start(spec))
     with pytest.raises(WorkerLoadError, match=r"no Ray node called 'elsewhere'"):
         asyncio.run(be.start(WorkerSpec("w2", spec.stage_path, "elsewhere", None, "cpu", 1, 0.0)))
@@ -133,7 +121,7 @@ def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- on a local Ray instance ----------------------------------------------------------------------
 
 
-def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: None) -> None:
+def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: LocalCluster) -> None:
     be = RayBackend(cpu_reservation="lifetime")
     (node,) = be.nodes()
     assert node.vcpus == 2 and be.devices() == ()
@@ -144,6 +132,8 @@ def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: None) -> Non
         assert "Ray actor" in worker.enforcement and "num_cpus=1 (held for its life)" in worker.enforcement
         assert "num_gpus=0" in worker.enforcement and "1 torch thread(s)" in worker.enforcement
         assert worker.load_ms > 0
+        pid = await asyncio.wrap_future(worker.actor.pid.remote().future())
+        assert be.placements() == {"w1": RayPlacement(node.name, be.node_ids()[node.name], pid)}
         ok = await worker.execute([1, 2, 3])
         assert ok.ok and ok.outputs == [2, 3, 4]
         bad = await worker.execute([POISON * 2])  # the batch function raises: reported, the actor lives on
@@ -173,32 +163,24 @@ def test_pool_on_ray_batches_calls_of_many_runs(ray_pool: Pool) -> None:
     assert snap.workers and all(w.enforcement.startswith("Ray actor on node") for w in snap.workers)
 
 
-def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     backend: RayBackend = ray_pool.backend  # type: ignore[assignment]
-    assert ray_pool.submit(call(0, "slow", BURST, "warm")).result(CEILING_S).output == 1  # a warm 'slow' worker
-    futs = [ray_pool.submit(call(i, "slow", BURST, "k")) for i in range(1, 9)]  # a batch of 0.2 s
-    killed: list[str] = []
-
-    def killer() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(not f.done() for f in futs):
-            actors = backend.actors()
-            running = [w.worker_id for w in ray_pool.snapshot().workers if w.stage == "slow" and w.busy]
-            if running and running[0] in actors:
-                time.sleep(0.05)  # into the batch's 0.2 s
-                ray.kill(actors[running[0]])
-                killed.append(running[0])
-                return
-            time.sleep(0.01)
-
-    t = threading.Thread(target=killer)
+    gates = Gates(tmp_path)
+    items = [gates.item(f"k{i}") for i in range(8)]
+    futs = [ray_pool.submit(held_call(item, "kill")) for item in items]
+    # Held until the gates open: a batch is surely running when its actor is killed, however slow the machine.
+    started = gates.wait_started(items[:1])
+    (victim,) = [wid for wid, p in backend.placements().items() if p.pid == started[items[0]]]
+    in_batch = [i for i, pid in gates.pids(items).items() if pid == started[items[0]]]
     with caplog.at_level(logging.WARNING, logger="esg_prefect.runtime.pool"):
-        t.start()
+        ray.kill(backend.actors()[victim])
+        # ray.kill only asks: open the gates once the pool has seen the actor die, not before its batch ended.
+        wait_for("the killed actor's batch lost", lambda: victim not in backend.placements())
+        gates.open(items)
         results = settle(futs, timeout=CEILING_S)
-        t.join()
-    assert killed, "the actor was not killed while calls were pending"
-    assert [r.output for r in results if isinstance(r, StageResult)] == [i + 1 for i in range(1, 9)], results
-    assert any(r.worker_id != killed[0] for r in results if isinstance(r, StageResult))  # a replacement served
-    ok_ids = [c.call_id for c in ray_pool.snapshot().calls if c.ok and c.call_id.startswith("kslow")]
-    assert len(ok_ids) == len(set(ok_ids)) == 8  # none lost, none delivered twice
+    assert [r.output for r in results if isinstance(r, StageResult)] == [Path(i).name for i in items], results
+    rerun = [r for r in results if isinstance(r, StageResult) and r.call_id in {Path(i).name for i in in_batch}]
+    assert rerun and all(r.worker_id != victim for r in rerun)  # the killed batch's calls ran again elsewhere
+    ok_ids = [c.call_id for c in ray_pool.snapshot().calls if c.ok and c.call_id.startswith("k")]
+    assert sorted(ok_ids) == sorted(Path(i).name for i in items)  # none lost, none delivered twice
     assert any("lost" in rec.getMessage() and "died" in rec.getMessage() for rec in caplog.records)

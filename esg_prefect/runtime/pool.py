@@ -53,6 +53,7 @@ from esg_prefect.exceptions import (
     StageCallError,
     StageRejectedError,
 )
+from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import CPU, ConfigSpace
 from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import QueueKey
@@ -350,6 +351,10 @@ class Pool:
         """Follow the backend's nodes and devices (a Ray cluster's can change) and their keep-alive."""
         assert self._core is not None
         nodes, devices = self.backend.nodes(), self.backend.devices()
+        listed = {n.name for n in nodes}
+        gone = [n for n in self._core.fleet.nodes if n.name not in listed]
+        if gone:
+            nodes, devices = self._nodes_left(gone, nodes, devices)
         if self._resources != (nodes, devices):
             fleet = self._core.fleet
             fleet.set_resources(nodes, devices)
@@ -357,6 +362,31 @@ class Pool:
             if self.settings.keep_alive_by_price:
                 fleet.set_keep_alive(fleet.keep_alive_ms, self.prices.keep_alive_scales(present))
             self._resources = (nodes, devices)
+
+    def _nodes_left(
+        self, gone: list[Node], nodes: tuple[Node, ...], devices: tuple[Device, ...]
+    ) -> tuple[tuple[Node, ...], tuple[Device, ...]]:
+        """The view once nodes the backend no longer lists (a Ray node that left) are gone with their workers.
+
+        Idle workers there are dropped now, so that no batch goes to them. A node where a
+        batch still runs stays, with no room for another worker, until that batch fails and
+        its calls go back to their queue: the scheduler's view must hold every worker's node.
+        """
+        assert self._core is not None
+        names = {n.name for n in gone}
+        running: dict[str, int] = {}
+        for w in [w for w in self._core.fleet.workers.values() if w.node in names]:
+            if w.busy:
+                running[w.node] = running.get(w.node, 0) + 1
+                continue
+            logger.warning("worker %s dropped: its node %s has left", w.worker_id, w.node)
+            self._core.worker_lost(w.worker_id)
+            handle = self._handles.pop(w.worker_id, None)
+            if handle is not None:
+                self._spawn(handle.stop())
+        kept = tuple(Node(n.name, n.vcpus, running[n.name]) for n in gone if n.name in running)
+        kept_devices = tuple(d for d in self._core.fleet.devices.values() if d.node in running)
+        return nodes + kept, devices + kept_devices
 
     def _on_submit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
         try:

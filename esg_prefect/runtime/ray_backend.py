@@ -32,9 +32,11 @@ actor reports the GPU ids Ray gave it in its ``enforcement`` string.
 Failures: an actor that dies (killed, node lost, a crash in native code)
 raises ``ray.exceptions.RayActorError`` and friends; :meth:`_RayWorker.execute`
 turns them into :class:`~esg_prefect.runtime.workers.WorkerDiedError`, which
-the pool answers by requeueing the batch's calls. A stage that fails to load,
-or an actor Ray cannot place in time, is a
-:class:`~esg_prefect.runtime.workers.WorkerLoadError`.
+the pool answers by requeueing the batch's calls. An actor that dies while it
+loads, or a start on a node that has left, is one too (no input ran: the
+calls go back to their queue). A stage that fails to load, or an actor Ray
+cannot place in time, is a :class:`~esg_prefect.runtime.workers.WorkerLoadError`.
+Nodes as the scheduler sees them come from :mod:`~esg_prefect.runtime.ray_cluster`.
 
 Inputs and outputs travel through Ray's object store, inside the trusted
 cluster; stage code is imported by path on the worker's node, so every node
@@ -63,7 +65,7 @@ from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.cluster import Device, Node
-from esg_prefect.runtime.gpu import hardware_type
+from esg_prefect.runtime.ray_cluster import NodeTable, RayNode
 from esg_prefect.runtime.workers import BatchOutcome, WorkerDiedError, WorkerHandle, WorkerLoadError, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ class StageActor:
         self.model: Any = None
 
     def load(self) -> tuple[Any, ...]:
-        """Apply the resources and load the model: ``("ready", load_ms, facts)`` or ``("load_error", ...)``."""
+        """Apply the resources and load the model: ``("ready", load_ms, facts, pid)`` or ``("load_error", ...)``."""
         from esg_prefect.runtime.stages import resolve_stage
 
         t0 = time.perf_counter()
@@ -111,7 +113,7 @@ class StageActor:
             self.model = self.spec.load(device)
         except Exception as exc:  # reported to the pool, which fails the calls with this message
             return ("load_error", type(exc).__qualname__, str(exc), traceback.format_exc())
-        return ("ready", (time.perf_counter() - t0) * 1000.0, facts)
+        return ("ready", (time.perf_counter() - t0) * 1000.0, facts, os.getpid())
 
     def run(self, items: list[Any]) -> tuple[Any, ...]:
         """Run one batch: ``("ok", outputs, elapsed_ms)`` or ``("error", type, message, traceback)``."""
@@ -129,6 +131,10 @@ class StageActor:
     def pid(self) -> int:
         """The actor's process id (for operators and fault tests)."""
         return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node the actor runs on, as Ray reports it from inside (to check its placement)."""
+        return str(import_ray().get_runtime_context().get_node_id())
 
 
 def _apply_resources(vcpus: int, gpu_share: float) -> tuple[str, str]:
@@ -161,17 +167,13 @@ def _apply_resources(vcpus: int, gpu_share: float) -> tuple[str, str]:
 # ---- in the pool's process -------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _RayNode:
-    """One Ray node as last seen, under the stable name the scheduler knows it by."""
+@dataclass(frozen=True, slots=True)
+class RayPlacement:
+    """Where a worker runs: its node (the scheduler's name, Ray's id) and its actor's process id (0 while loading)."""
 
+    node: str
     node_id: str
-    name: str
-    cpus: int
-    gpus: int
-    gpu_type: str
-    alive: bool
-    last_alive_s: float
+    pid: int
 
 
 async def _result(ref: Any) -> Any:
@@ -188,11 +190,12 @@ def _brief(exc: BaseException) -> str:
 class _RayWorker:
     """The pool's handle on one actor."""
 
-    def __init__(self, backend: RayBackend, spec: WorkerSpec, actor: Any, node: _RayNode, resources: str) -> None:
+    def __init__(self, backend: RayBackend, spec: WorkerSpec, actor: Any, node: RayNode, resources: str) -> None:
         self.spec = spec
         self.actor = actor
         self.node = node
         self.load_ms = 0.0
+        self.pid = 0  # the actor's process, once loaded
         self.enforcement = resources
         self._backend = backend
 
@@ -205,6 +208,7 @@ class _RayWorker:
             return BatchOutcome(False, [], 0.0, type(exc).__name__, _brief(exc), str(exc))
         except ray.exceptions.RayError as exc:
             self.kill()  # dead already, or unreachable: the pool drops this worker without stopping it
+            self._backend.reread_soon()  # its node may have left: the next nodes() asks Ray
             raise WorkerDiedError(
                 f"Ray worker {self.spec.worker_id} on node {self.node.name} died: {_brief(exc)}"
             ) from exc
@@ -277,12 +281,11 @@ class RayBackend:
         self._max_workers = max_workers_per_node
         self._start_timeout_s = start_timeout_s
         self._refresh_s = refresh_s
-        self._gpu_type = gpu_type
         self._actor_cls = self.ray.remote(StageActor)
         # Guards the node table, the published view and the live-worker map: the pool's loop reads and
         # changes them, operators and tests read them from other threads.
         self._lock = threading.RLock()
-        self._nodes: dict[str, _RayNode] = {}  # by Ray node id
+        self._table = NodeTable(gpu_type)
         self._view: tuple[tuple[Node, ...], tuple[Device, ...]] = ((), ())
         self._live: dict[str, _RayWorker] = {}
         self._refreshed_s = float("-inf")
@@ -296,65 +299,25 @@ class RayBackend:
     def refresh(self) -> None:
         """Read the node list from Ray now and publish the nodes and GPUs the scheduler sees.
 
-        A node that leaves stays listed while workers of this backend live on it and for a
-        grace period after, because the pool's snapshot must still name the node of every
-        worker it knows (a start may be on its way there).
+        A node that has left is no longer offered; the pool keeps it in its own view while a
+        batch of its still runs there, and a start aimed at it fails at once.
         """
-        now = time.monotonic()
-        grace_s = max(60.0, 3 * self._refresh_s)
+        infos = self.ray.nodes()
         with self._lock:
-            taken = {n.name for n in self._nodes.values()}
-            for info in self.ray.nodes():
-                node_id = str(info.get("NodeID", ""))
-                if not node_id:
-                    continue
-                known = self._nodes.get(node_id)
-                resources = info.get("Resources") or {}
-                alive = bool(info.get("Alive", info.get("alive", False)))
-                if known is None:
-                    if not alive:
-                        continue
-                    name = _node_name(info, node_id, taken)
-                    taken.add(name)
-                    known = _RayNode(node_id, name, 0, 0, "", alive, now)
-                    self._nodes[node_id] = known
-                known.alive = alive
-                if alive:
-                    known.last_alive_s = now
-                    known.cpus = int(float(resources.get("CPU", 0)))
-                    known.gpus = int(float(resources.get("GPU", 0)))
-                    known.gpu_type = self._type_of(info, resources, known) if known.gpus else ""
-                elif known.node_id not in self._warned:
-                    self._warned.add(known.node_id)
-                    logger.warning("esg-prefect: Ray node %s (%s) is gone", known.name, known.node_id[:8])
-            busy_nodes = {w.node.node_id for w in self._live.values()}
-            shown = [
-                n
-                for n in self._nodes.values()
-                if n.cpus >= 1 and (n.alive or n.node_id in busy_nodes or now - n.last_alive_s < grace_s)
-            ]
-            nodes = tuple(Node(n.name, n.cpus, self._max_workers) for n in shown)
-            devices = tuple(Device(f"{n.name}/gpu{i}", n.name, n.gpu_type) for n in shown for i in range(n.gpus))
-            self._view = (nodes, devices)
-            self._refreshed_s = now
+            for node in self._table.read(infos):
+                logger.warning(
+                    "esg-prefect: Ray node %s (%s) left the cluster; calls that ran on its workers go back to "
+                    "their queues",
+                    node.name,
+                    node.node_id[:8],
+                )
+            self._view = self._table.view(self._max_workers)
+            self._refreshed_s = time.monotonic()
 
-    def _type_of(self, info: dict[str, Any], resources: dict[str, Any], node: _RayNode) -> str:
-        if self._gpu_type:
-            return self._gpu_type
-        labels = info.get("Labels") or {}
-        raw = str(labels.get("ray.io/accelerator-type", ""))
-        if not raw:
-            raw = next((k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")), "")
-        if raw:
-            return hardware_type(raw)
-        if f"type:{node.node_id}" not in self._warned:
-            self._warned.add(f"type:{node.node_id}")
-            logger.warning(
-                "esg-prefect: Ray reports no GPU type for node %s; its GPUs are called 'GPU'. "
-                "Pass RayBackend(gpu_type=...) with the type your profiles and prices use.",
-                node.name,
-            )
-        return "GPU"
+    def reread_soon(self) -> None:
+        """Make the next :meth:`nodes` read Ray again (a worker died: its node may have left)."""
+        with self._lock:
+            self._refreshed_s = float("-inf")
 
     def nodes(self) -> tuple[Node, ...]:
         if time.monotonic() - self._refreshed_s > self._refresh_s:
@@ -365,10 +328,23 @@ class RayBackend:
         # The same view as the last nodes() call: a snapshot never names a device of an unlisted node.
         return self._view[1]
 
+    def node_ids(self) -> dict[str, str]:
+        """Every node seen, alive or not: the scheduler's name for it -> its Ray node id."""
+        with self._lock:
+            return self._table.ids()
+
     def actors(self) -> dict[str, Any]:
         """The Ray actor handle of every live worker, by worker id (for operators and fault tests)."""
         with self._lock:
             return {wid: w.actor for wid, w in self._live.items()}
+
+    def placements(self) -> dict[str, RayPlacement]:
+        """Where every live worker runs, by worker id (for operators, placement and fault tests).
+
+        Read without calling the actors, so it answers while they run batches.
+        """
+        with self._lock:
+            return {wid: RayPlacement(w.node.name, w.node.node_id, w.pid) for wid, w in self._live.items()}
 
     def forget(self, worker_id: str) -> None:
         """Drop a worker from the live set (it was stopped or died)."""
@@ -377,18 +353,14 @@ class RayBackend:
 
     # ---- workers ----------------------------------------------------------------------------
 
-    def _node_named(self, name: str) -> _RayNode:
-        with self._lock:
-            for n in self._nodes.values():
-                if n.name == name:
-                    return n
-            known = sorted(n.name for n in self._nodes.values())
-        raise WorkerLoadError(f"no Ray node called {name!r}; known nodes: {known}")
-
     async def start(self, spec: WorkerSpec) -> WorkerHandle:
-        node = self._node_named(spec.node)
+        with self._lock:
+            node = self._table.named(spec.node)
         if not node.alive:
-            raise WorkerLoadError(f"Ray node {node.name} ({node.node_id[:8]}) has left the cluster")
+            # Not the stage's fault: the calls go back to their queue, and the node is no longer offered.
+            raise WorkerDiedError(
+                f"Ray node {node.name} ({node.node_id[:8]}) has left the cluster; worker {spec.worker_id} not started"
+            )
         ray = self.ray
         num_cpus = spec.vcpus if self.cpu_reservation == "lifetime" else 0
         num_gpus = spec.gpu_share if spec.device_id is not None else 0
@@ -421,8 +393,11 @@ class RayBackend:
                 "`ray status` shows what holds the node's resources)"
             ) from None
         except ray.exceptions.RayError as exc:
+            # The actor died (or could not be placed: its node left) before any input ran: as a local
+            # worker process that dies loading, the calls go back to their queue.
             worker.kill()
-            raise WorkerLoadError(
+            self.reread_soon()
+            raise WorkerDiedError(
                 f"Ray worker {spec.worker_id} for {spec.stage_path!r} on node {node.name} died while loading: "
                 f"{_brief(exc)}"
             ) from exc
@@ -432,6 +407,7 @@ class RayBackend:
                 f"stage {spec.stage_path!r} failed to load on Ray node {node.name}: {reply[1]}: {reply[2]}\n{reply[3]}"
             )
         worker.load_ms = float(reply[1])
+        worker.pid = int(reply[3])
         worker.enforcement = f"{resources}; {reply[2]}"
         if num_gpus and "MPS active threads" not in reply[2] and "gpu-share" not in self._warned:
             self._warned.add("gpu-share")
@@ -451,10 +427,3 @@ class RayBackend:
             w.kill()
         if self._owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
-
-
-def _node_name(info: dict[str, Any], node_id: str, taken: set[str]) -> str:
-    """A readable, stable, unique name: the host (or address), with the id's start if the host has two nodes."""
-    base = str(info.get("NodeManagerHostname") or info.get("NodeName") or info.get("NodeManagerAddress") or "")
-    base = base or f"ray-{node_id[:8]}"
-    return base if base not in taken else f"{base}-{node_id[:8]}"
