@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -23,8 +24,16 @@ for _name, _value in CLIENT_SETTINGS.items():
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """A temporary Prefect API for tests that run flows; started once per session (per xdist worker)."""
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
-    # A ceiling on a condition (the server answers): it took over a minute on a loaded machine.
-    with prefect_test_harness(server_startup_timeout=300):
-        yield
+    try:
+        # A ceiling on a condition (the server answers): it took over a minute on a loaded machine.
+        with prefect_test_harness(server_startup_timeout=300):
+            yield
+    finally:
+        # The harness stops its server only after draining Prefect's log and event workers; when the
+        # drain fails (a loaded machine's timeouts), the server outlived the session as an orphan.
+        for server in list(SubprocessASGIServer._instances.values()):
+            with contextlib.suppress(Exception):
+                server.stop()
