@@ -29,8 +29,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(port: int, results_db: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN}
+def start_service(port: int, results_db: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN, **(extra_env or {})}
     cmd = [
         sys.executable,
         "-m",
@@ -97,11 +97,14 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
     from prefect.settings import PREFECT_API_URL
 
     port = free_port()
-    service = start_service(port, tmp_path / "results.db")
+    # The service publishes the clients' run costs to the same Prefect API as they use (without it,
+    # it started a temporary API of its own, which a loaded machine's kill left running).
+    api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    service = start_service(port, tmp_path / "results.db", api)
     n = 10
     clients: list[subprocess.Popen[bytes]] = []
     try:
-        env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        env = {**os.environ, **api}
         address = f"http://127.0.0.1:{port}"
         auth = {"Authorization": f"Bearer {TOKEN}"}
         go_dir = tmp_path / "go"
