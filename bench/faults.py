@@ -127,9 +127,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(
-    port: int, work: Path, env: dict[str, str], max_pending: int, store: str
-) -> subprocess.Popen[bytes]:
+def start_service(port: int, work: Path, env: dict[str, str], max_pending: int, store: str) -> subprocess.Popen[bytes]:
     import httpx
 
     cmd = [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", "chaos_stages"]
@@ -227,9 +225,7 @@ def analyse(log: Path, rows: list[dict[str, Any]], sent: list[str]) -> dict[str,
         "sent": len(sent),
         "completed_right": len(ok) - wrong,
         "poison_inputs": len(poison),
-        "poison_failed_with_stage_error": sum(
-            1 for c in poison if by_id.get(c, {}).get("kind") == "stage_error"
-        ),
+        "poison_failed_with_stage_error": sum(1 for c in poison if by_id.get(c, {}).get("kind") == "stage_error"),
         "lost": len(others),
         "lost_examples": [r["error"] for r in others[:3]],
         "hung": sum(1 for c in sent if c not in by_id),
@@ -315,8 +311,18 @@ def main() -> int:
     sent = [f"c{i}-{k}" for i in range(opts.clients) for k in range(per[i])]
     clients = [
         subprocess.Popen(
-            [sys.executable, __file__, "--time-limit-s", str(opts.time_limit_s), "--client", str(i), str(n), url,
-             str(work / f"client{i}.jsonl"), str(opts.threads)],
+            [
+                sys.executable,
+                __file__,
+                "--time-limit-s",
+                str(opts.time_limit_s),
+                "--client",
+                str(i),
+                str(n),
+                url,
+                str(work / f"client{i}.jsonl"),
+                str(opts.threads),
+            ],
             cwd=ROOT,
             env=env,
         )

@@ -258,3 +258,18 @@ def test_pool_and_simulator_make_identical_decisions(scheduler: str) -> None:
     assert list(core.decisions) == list(sim.decisions)
     assert ends == {r.request_id: r.finish_ms for r in sim.requests}
     assert (core.rounds, core.fleet.cold_starts, core.prewarms) == (sim.rounds, sim.cold_starts, sim.prewarm_starts)
+
+
+def test_shared_batches_are_the_same_in_pool_and_simulator() -> None:
+    # Both workflows run resnet50: with share_batches its batches mix them, in the pool as in the simulator.
+    case = conformance_case("esg")
+    case = replace(case, settings=replace(case.settings, share_batches=True))
+    arrivals = list(case.arrivals(case.seed))
+    sim = simulate(case, arrivals=arrivals)
+    pool, ends = run_pool(case, arrivals)
+    runs = {r.request_id: r.workflow for r in sim.requests}
+    mixed = [b for b in sim.batches if len({runs[i.request_id] for i in b.items}) > 1]
+    assert mixed  # the case exercises it
+    assert list(pool.core.fleet.batches) == list(sim.batches)
+    assert list(pool.core.decisions) == list(sim.decisions)
+    assert ends == {r.request_id: r.finish_ms for r in sim.requests}

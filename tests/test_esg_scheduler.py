@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -242,8 +243,9 @@ def test_queues_are_served_by_earliest_deadline() -> None:
     s = one_stage({1: 12.0})
     wf_a, wf_b = Workflow.chain("a", ["m"], 100), Workflow.chain("b", ["m"], 100)
     qa, qb = QueueKey("a", "m"), QueueKey("b", "m")
+    ja = tuple(dataclasses.replace(j, job_id=f"a-{j.job_id}") for j in jobs_for(qa, 1, 80.0))
     snapshot = Snapshot(
-        (QueueState(qa, jobs_for(qa, 1, 80.0)), QueueState(qb, jobs_for(qb, 1, 30.0))),
+        (QueueState(qa, ja), QueueState(qb, jobs_for(qb, 1, 30.0))),
         cpu_cluster(1, 1),
         {"a": wf_a, "b": wf_b},
     )

@@ -245,7 +245,7 @@ class Core:
                     _stage_record(
                         job.job_id,
                         job.request_id,
-                        d.queue.workflow,
+                        job.queue.workflow,
                         stage,
                         fl.batch_id,
                         size,
@@ -261,14 +261,18 @@ class Core:
                         ev.transfer_ms,
                     )
                 )
-        if requeue:
-            q = self.queues[d.queue]
-            back = {j.job_id: j for j in fl.jobs if j.job_id in requeue}
-            q.jobs = {**back, **q.jobs}
-            q.state = None
-            for jid, job in back.items():
-                self._job_req[jid].queued[jid] = job.queue
-            self.waiting += len(back)
+        if requeue:  # each call back to the front of its own queue (a shared batch mixes queues)
+            back: dict[QueueKey, dict[str, Job]] = {}
+            for j in fl.jobs:
+                if j.job_id in requeue:
+                    back.setdefault(j.queue, {})[j.job_id] = j
+            for key, jobs in back.items():
+                q = self.queues[key]
+                q.jobs = {**jobs, **q.jobs}
+                q.state = None
+                for jid in jobs:
+                    self._job_req[jid].queued[jid] = key
+                self.waiting += len(jobs)
         self._dirty = True
         return fl
 
@@ -457,11 +461,18 @@ class Core:
         if len(d.job_ids) != d.config.batch:
             raise InvalidInputError(f"dispatch of {len(d.job_ids)} jobs with config.batch={d.config.batch}")
         jobs = []
+        queues = self.queues
         for job_id in d.job_ids:
             job = q.jobs.get(job_id)
+            if job is None:  # a shared batch: a call of the same stage waiting in another workflow's queue
+                req = self._job_req.get(job_id)
+                key = req.queued.get(job_id) if req is not None else None
+                if key is not None and key.stage == d.queue.stage:
+                    job = queues[key].jobs.get(job_id)
             if job is None:
                 raise InvalidInputError(
                     f"scheduler {self.scheduler.name!r} dispatched job {job_id!r}, not waiting in {d.queue}"
+                    " or another queue of its stage"
                 )
             jobs.append(job)
         w = self.fleet.acquire(self._evictions(d.placement, now, actions), d.queue.stage, d.config, d.hardware, now)
@@ -469,13 +480,14 @@ class Core:
             self._expiring(self.fleet.rearmed_ms)
             self.fleet.rearmed_ms = None
         w.free_at_ms, w.view = now + d.predicted_ms, None
-        for job in jobs:  # the placement fitted: the jobs leave their queue
-            del q.jobs[job.job_id]
+        for job in jobs:  # the placement fitted: the jobs leave their queues
+            jq = q if job.queue == d.queue else queues[job.queue]
+            del jq.jobs[job.job_id]
+            jq.state = None
             req = self._job_req[job.job_id]
             del req.queued[job.job_id]
             if d.at_risk:
                 req.at_risk = True
-        q.state = None
         self.waiting -= len(jobs)
         cold = d.placement.cold
         if cold and d.at_risk:

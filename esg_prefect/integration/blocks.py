@@ -194,6 +194,10 @@ class ESGSchedulerSettings(Block):
         default=_knob("idle_aware"),
         description="Price the idle time an option causes, not only its busy time (the whole bill).",
     )
+    share_batches: bool = Field(
+        default=_knob("share_batches"),
+        description="A batch takes on waiting calls of the same stage from other workflows' queues.",
+    )
     prewarm: bool = Field(
         default=_knob("prewarm"),
         description="Start a cheaper worker off the requests' path when a queue is served by an overpriced warm one.",

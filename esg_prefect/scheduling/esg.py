@@ -94,6 +94,7 @@ from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.scheduling.sharing import SharedBatches
 from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, gap_class, to_us
 
 __all__ = ["ESGScheduler", "QueueDecision"]
@@ -213,6 +214,9 @@ class ESGScheduler:
         # latest one-stage answer; per cold-resource tuple their options once warm.
         self._memo = Memo()
         self._prewarm = Prewarm(self.tables, self._hardware, self._memo) if self.settings.prewarm else None
+        # Batches across workflows' queues of one stage (share_batches; not with Cypress's packing).
+        share = self.settings.share_batches and self._packing is None
+        self._sharing = SharedBatches(self.tables, self.settings.config_space.max_batch) if share else None
 
     # ---- the round ---------------------------------------------------------
 
@@ -232,9 +236,12 @@ class ESGScheduler:
         queues = [q for q in snapshot.queues if q.jobs]
         pending = {q.key: self._edf(q) for q in queues}
         queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
+        shared = self._sharing
+        if shared is not None:
+            shared.begin(pending)
         for q in queues:
             wf = snapshot.workflows[q.key.workflow]
-            jobs = pending[q.key]
+            jobs = pending[q.key] if shared is None else shared.free(q.key)
             while jobs:
                 try:
                     dec = self.decide_queue(q, jobs, wf, view, now_ms)
@@ -278,6 +285,9 @@ class ESGScheduler:
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
                     c = self._packing.shape(c, [j.input_size for j in jobs], None if dec.at_risk else left)
                 batch, jobs = jobs[: c.config.batch], jobs[c.config.batch :]
+                if shared is not None and not dec.at_risk:
+                    room = self._deadline(batch[0]) - now_ms - sum(p.latency_ms for p in dec.plan) - c.latency_ms
+                    c, batch = shared.top_up(q.key, c, batch, room, now_ms)
                 placement = view.place(
                     c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in batch)
                 )
@@ -293,6 +303,8 @@ class ESGScheduler:
                         break
                     placement, predicted_ms = verdict
                 view.commit(placement, c.config.vcpus, c.config.gpu_share)
+                if shared is not None:
+                    shared.dispatched(batch)
                 dispatches.append(
                     Dispatch(
                         q.key,

@@ -130,6 +130,14 @@ class ESGSettings:
             of a stage with a busy worker wait for it rather than evict another
             stage's idle worker. Not in the paper, whose cost model bills busy
             time only (docs/decisions/whole-bill.md).
+        share_batches: a batch of one workflow's stage takes on waiting calls
+            of the same stage from other workflows' queues (the same model)
+            while each one's deadline and the dispatching plan's slack allow
+            the larger batch (:mod:`esg_prefect.scheduling.sharing`); queues
+            stay per (workflow, stage) for the SLO split. Off by default: on
+            the whole-bill grid it cut the bill in some cells and lost SLO hits
+            in others (not in the paper, whose queues never mix;
+            docs/decisions/whole-bill.md).
         prewarm: after a dispatch onto a warm worker, start a worker off the
             requests' path (:class:`~esg_prefect.scheduling.base.Start`) when
             resources the queue could use warm within the same slack cost at
@@ -188,6 +196,7 @@ class ESGSettings:
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
     idle_aware: bool = True
+    share_batches: bool = False
     prewarm: bool = True
     prewarm_saving: float = 0.2
     size_aware: bool = True
@@ -213,8 +222,9 @@ class ESGSettings:
             if v not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
-        more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm", "keep_alive_by_price")
-        for name in (*bools, *more):
+        more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
+        whole_bill = ("keep_alive_by_price", "share_batches")
+        for name in (*bools, *more, *whole_bill):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs
