@@ -214,7 +214,7 @@ def print_main(r: dict[str, Any]) -> None:
 def _case_label(kw: dict[str, Any]) -> str:
     return (
         f"{kw['gpus']} GPUs, {kw['workflows']} workflows, {kw['rate_per_s']:g} requests/s, "
-        f"{kw['duration_s']:g} s ({kw['warmup_s']:g} s warm-up)"
+        f"{kw['duration_s']:g} s ({kw['warmup_s']:g} s warm-up), seed {kw.get('seed', 0)}"
     )
 
 
@@ -281,6 +281,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=DEFAULT_PARTITIONS, help="controllers (1: one for all)")
     parser.add_argument("--by", choices=("workflow", "pool"), default="workflow", help="how partitions split")
     parser.add_argument("--scheduler", default="esg")
+    parser.add_argument("--seed", type=int, default=0, help="arrivals and service times (the workflows stay)")
     parser.add_argument("--baselines", default="none", help="comma-separated, 'all' (the five) or 'none'")
     parser.add_argument("--sweep", default="", help="partition counts for the factor table, e.g. 1,2,4,8,16,32")
     parser.add_argument("--sweep-by", default="workflow", help="split(s) of the sweep: workflow, pool or both")
@@ -300,9 +301,10 @@ def main() -> None:
         "rate_per_s": args.rate,
         "duration_s": args.duration,
         "warmup_s": min(args.warmup, args.duration / 2),
+        "seed": args.seed,
     }
     k, sweep, processes = args.partitions, [int(x) for x in args.sweep.split(",") if x], args.processes
-    loss_case, loss_ks = LOSS_CASE, LOSS_PARTITIONS
+    loss_case, loss_ks = {**LOSS_CASE, "seed": args.seed}, LOSS_PARTITIONS
     sweep_case = {**case, "duration_s": args.sweep_duration, "warmup_s": min(SWEEP_WARMUP_S, args.sweep_duration / 2)}
     if args.quick:
         case, k, sweep, loss_case, loss_ks = dict(QUICK_CASE), 2, [1, 2], dict(QUICK_CASE), (2,)
