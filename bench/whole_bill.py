@@ -73,6 +73,7 @@ docs/figures/whole_bill.png, none with ``--quick`` unless given) stacks busy,
 idle and cold cost per request per scheduler, one panel per cell.
 
 Run:  python bench/whole_bill.py [--duration S] [--warmup S] [--processes P] [--quick] [--calibrate]
+      [--trace-seeds 0,1,2] [--only CELL,CELL]
 Ends with: RESULT worst_cell=<cell> whole_bill_ratio_worst=<x> cells_won=<k>/<n>
   whole_bill_ratio_median=<m> esg_slo_min=<s> p99_misses=<cells> wall_s=<t>
 (whole_bill_ratio = best baseline's whole bill per request / ESG's; worst = the
@@ -173,14 +174,19 @@ class Bill:
         return self.busy + self.idle + self.cold
 
 
-def grid_cells(quick: bool = False) -> list[Cell]:
-    """The cells of the grid (module docstring); ``quick``: standard seed 0 and the conversation trace's middle rate."""
+def grid_cells(quick: bool = False, trace_seeds: Sequence[int] = (0,)) -> list[Cell]:
+    """The cells of the grid (module docstring); ``quick``: standard seed 0 and the conversation trace's middle rate.
+
+    ``trace_seeds``: each trace cell at these seeds (seed 0 keeps the plain name, others end in ``-sN``).
+    """
     cells = [Cell(f"standard-s{s}", STANDARD_TRACE, STANDARD_RATE_PER_S, s) for s in STANDARD_SEEDS]
     for short, trace in TRACES.items():
         for level, frac in RATE_FRACTIONS.items():
-            cells.append(Cell(f"{short}-{level}", trace, CAPACITY_PER_S[trace] * frac, 0))
+            for seed in trace_seeds:
+                name = f"{short}-{level}" if seed == 0 else f"{short}-{level}-s{seed}"
+                cells.append(Cell(name, trace, CAPACITY_PER_S[trace] * frac, seed))
     if quick:
-        return [cells[0], cells[7]]  # standard seed 0, conversation trace at its middle rate
+        return [c for c in cells if c.name in ("standard-s0", "conv-mid")]  # the conversation trace's middle rate
     return cells
 
 
@@ -649,6 +655,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a subset with tiny runs (smoke test)")
     parser.add_argument("--calibrate", action="store_true", help="measure each trace's capacity and stop")
     parser.add_argument("--plot", default=None, help="figure path ('' for none)")
+    parser.add_argument("--trace-seeds", default="0", help="seeds of the trace cells, e.g. 0,1,2 (default 0)")
+    parser.add_argument("--only", default="", help="comma-separated cell names to run (default: every cell)")
     args = parser.parse_args()
     processes = args.processes or os.cpu_count() or 1
     duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)
@@ -657,7 +665,17 @@ def main() -> None:
         for trace in TRACES.values():
             calibrate(trace, duration, warmup, processes)
         return
-    cells = grid_cells(args.quick)
+    try:
+        seeds = tuple(int(x) for x in args.trace_seeds.split(",") if x.strip())
+    except ValueError:
+        parser.error(f"--trace-seeds must be comma-separated integers, got {args.trace_seeds!r}")
+    cells = grid_cells(args.quick, seeds or (0,))
+    if args.only:
+        wanted = {x.strip() for x in args.only.split(",") if x.strip()}
+        unknown = wanted - {c.name for c in cells}
+        if unknown:
+            parser.error(f"--only names unknown cells {sorted(unknown)}; known: {', '.join(c.name for c in cells)}")
+        cells = [c for c in cells if c.name in wanted]
     sweep = lifecycle_sweep(QUICK_KEEP_ALIVE_SWEEP if args.quick else KEEP_ALIVE_SWEEP)
     jobs = grid_jobs(cells, SCHEDULERS, sweep, duration, warmup)
     lifecycle = {k: getattr(standard_case().settings, k) for k in LIFECYCLE_KNOBS if k in _field_names()}

@@ -145,3 +145,20 @@ def test_simulator_bench_result_line() -> None:
         r"sim_requests_per_s=\d+",
         last,
     ), last
+
+
+def test_trace_cells_at_more_seeds_keep_seed_zero_names() -> None:
+    names = [(c.name, c.seed) for c in wb.grid_cells(trace_seeds=(0, 2))]
+    assert names[:3] == [("standard-s0", 0), ("standard-s1", 1), ("standard-s2", 2)]
+    assert ("code-low", 0) in names and ("code-low-s2", 2) in names and ("conv-near-s2", 2) in names
+    assert len(names) == 3 + 6 * 2
+    assert [c.name for c in wb.grid_cells(quick=True, trace_seeds=(0, 1))] == ["standard-s0", "conv-mid"]
+
+
+def test_bad_trace_seeds_and_unknown_cells_get_one_line() -> None:
+    for args, words in ((["--trace-seeds", "one"], "--trace-seeds must be comma-separated integers, got 'one'"),
+                        (["--only", "nope"], "--only names unknown cells ['nope']")):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "whole_bill.py"), *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
