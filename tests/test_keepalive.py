@@ -24,9 +24,9 @@ from esg_prefect.model.attribution import BatchItem, BatchRecord
 from esg_prefect.model.cluster import Node
 from esg_prefect.model.config import Config
 from esg_prefect.scheduling import ESGSettings
-from esg_prefect.scheduling.base import Placement
+from esg_prefect.scheduling.base import Placement, SchedulingResult, Snapshot
 from esg_prefect.scheduling.tables import CandidateTables
-from tests.test_control_core import CHAIN, PROFILE, SETTINGS, Simple
+from tests.test_control_core import CHAIN, KEEP_MS, PROFILE, SETTINGS, Simple
 
 
 def test_the_percentile_is_the_upper_edge_of_its_logarithmic_bin() -> None:
@@ -268,3 +268,59 @@ def test_scale_down_utilization_out_of_range_is_named() -> None:
 def test_the_core_hands_the_scale_down_setting_to_its_fleet() -> None:
     assert _core(replace(SETTINGS, scale_down_utilization=0.5)).fleet.scale_down_utilization == 0.5
     assert _core(SETTINGS).fleet.scale_down_utilization == 0.0  # off by default
+
+
+class _AtRisk(Simple):
+    """Simple's dispatches, marked best effort while ``at_risk`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_risk = False
+
+    def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
+        res = super().decide(snapshot, now_ms)
+        return replace(res, dispatches=tuple(replace(d, at_risk=self.at_risk) for d in res.dispatches))
+
+
+def _best_effort_keep(settings: ESGSettings, spare: bool = True, planned_reuse: bool = False) -> float:
+    """A worker started for a best-effort batch: how long it is kept after its last batch (cold start 10 ms)."""
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), settings.keep_alive_s * 1000.0)
+    sched = _AtRisk()
+    core = Core(sched, CandidateTables(COLD_PROFILE, PriceSheet(1e-5, {}), settings), fleet, settings.platform,
+                {"wf": CHAIN})  # type: ignore[arg-type]  # fmt: skip
+    if spare:  # another worker of the stage, busy throughout: ours is not the stage's last
+        core.arrive(CallArrived("hold", "rh", "rh", "wf", "a", 0.0))
+        core.settle(0.0)
+    sched.at_risk = True
+    core.arrive(CallArrived("j0", "r0", "r0", "wf", "a", 1.0))
+    (start,) = [a for a in core.settle(1.0) if isinstance(a, StartBatch)]
+    assert start.cold and start.dispatch.at_risk
+    me, t = start.worker.worker_id, 21.0
+    core.finished(BatchFinished(start.batch_id, t))
+    core.settle(t)
+    if planned_reuse:  # a planned batch on it: it is an ordinary worker from now on
+        sched.at_risk = False
+        core.arrive(CallArrived("j1", "r1", "r1", "wf", "a", 25.0))
+        (again,) = [a for a in core.settle(25.0) if isinstance(a, StartBatch)]
+        assert again.worker.worker_id == me and not again.cold
+        t = 36.0
+        core.finished(BatchFinished(again.batch_id, t))
+        core.settle(t)
+    at = fleet.next_expiry_ms()  # the spare is busy: the next expiry is ours
+    assert at is not None and [w.worker_id for w in fleet.expire(at)] == [me]
+    return at - t
+
+
+def test_a_worker_started_best_effort_is_kept_two_cold_starts_unless_a_plan_uses_it() -> None:
+    assert SETTINGS.best_effort_keep_alive == 2.0 and KEEP_MS == 1000.0
+    assert _best_effort_keep(SETTINGS) == 20.0  # 2 x its 10 ms cold start, not the 1 s window
+    assert _best_effort_keep(SETTINGS, planned_reuse=True) == 1000.0
+    assert _best_effort_keep(SETTINGS, spare=False) == 1000.0  # a stage's last worker keeps the window
+    assert _best_effort_keep(replace(SETTINGS, best_effort_keep_alive=0.0)) == 1000.0  # off
+    assert _best_effort_keep(replace(SETTINGS, best_effort_keep_alive=5.0)) == 50.0
+
+
+def test_best_effort_keep_alive_out_of_range_is_named() -> None:
+    for bad in (-1.0, float("inf"), float("nan"), True):
+        with pytest.raises(ConfigError, match="best_effort_keep_alive"):
+            ESGSettings(best_effort_keep_alive=bad)

@@ -105,6 +105,8 @@ class Core:
         if fleet.adaptive is None:  # the keep-alive policy is the platform's: one place for every driver
             fleet.adaptive = adaptive_keep_alive(settings, tables.profile.cold_start_ms)
         fleet.scale_down_utilization = settings.scale_down_utilization
+        fleet.best_effort_keep_alive = settings.best_effort_keep_alive
+        fleet.cold_start_ms = tables.profile.cold_start_ms
         self.settings = settings
         self.workflows = workflows
         self.round_interval_ms = round_interval_ms
@@ -492,6 +494,10 @@ class Core:
         cold = d.placement.cold
         if cold and d.at_risk:
             self.at_risk_cold_starts += 1
+            if self.fleet.best_effort_keep_alive > 0:
+                self.fleet.best_effort.add(w.worker_id)
+        elif not d.at_risk:
+            self.fleet.best_effort.discard(w.worker_id)
         self._batches += 1
         batch_id = f"b{self._batches}"
         fl = Flight(batch_id, w, tuple(jobs), d, now)

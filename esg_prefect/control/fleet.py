@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage
 from esg_prefect.exceptions import InvalidInputError
@@ -139,6 +139,11 @@ class Fleet:
         self.keep_alive_ms = keep_alive_ms
         self._keep_alive_scales = dict(keep_alive_scales or {})
         self.adaptive = adaptive
+        # Workers started for best-effort dispatches that no planned dispatch has used since
+        # (ESGSettings.best_effort_keep_alive, in cold starts; the core marks them).
+        self.best_effort: set[str] = set()
+        self.best_effort_keep_alive = 0.0
+        self.cold_start_ms: Callable[[str, str], float] | None = None
         self.rearmed_ms: float | None = None
         self._per_stage: dict[str, int] = {}  # live workers per stage
         self._of_stage: dict[str, dict[str, FleetWorker]] = {}  # live workers per stage, by id
@@ -198,6 +203,8 @@ class Fleet:
     def keep_alive_of(self, w: FleetWorker) -> float:
         """How long ``w`` is kept once idle, in ms."""
         fixed = self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
+        if w.worker_id in self.best_effort and self._per_stage.get(w.stage, 0) > 1 and self.cold_start_ms is not None:
+            return min(fixed, self.best_effort_keep_alive * self.cold_start_ms(w.stage, w.hardware))
         if self.adaptive is None or self._per_stage.get(w.stage, 0) <= 1:
             return fixed  # a stage's last worker keeps the fixed window: bursts after a lull find it warm
         return self.adaptive.keep_alive_ms(w.stage, fixed, w.worker_id, w.hardware)
@@ -418,6 +425,7 @@ class Fleet:
 
     def _gone(self, w: FleetWorker) -> None:
         """Forget a stopped worker; a stage left with one idle worker gives it the fixed window again."""
+        self.best_effort.discard(w.worker_id)
         left = self._per_stage[w.stage] = self._per_stage.get(w.stage, 1) - 1
         self._of_stage.get(w.stage, {}).pop(w.worker_id, None)
         if self.adaptive is None:

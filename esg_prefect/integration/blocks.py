@@ -152,6 +152,11 @@ class ESGSchedulerSettings(Block):
         ge=0,
         description="The least keep-alive of the histogram policy, in cold starts of the worker's stage.",
     )
+    best_effort_keep_alive: float = Field(
+        default=_knob("best_effort_keep_alive"),
+        ge=0,
+        description="Keep a worker started for a best-effort dispatch this many cold starts once idle (0: off).",
+    )
     scale_down_utilization: float = Field(
         default=_knob("scale_down_utilization"),
         ge=0,

@@ -90,6 +90,12 @@ class ESGSettings:
         keep_alive_cold_starts: the least keep-alive of the histogram policy, in
             cold starts of the worker's stage on its hardware (ski rental: a
             restart costs its load and, on a request's path, SLO slack).
+        best_effort_keep_alive: a worker started for a best-effort dispatch
+            (no plan met the slack), while no planned dispatch has used it and
+            it is not its stage's last worker, is kept this many of its cold
+            starts once idle, not the policy's window: a burst's dear workers go
+            when the burst does, and one reused within the plan keeps the usual
+            keep-alive. 0 turns it off (docs/decisions/whole-bill.md).
         scale_down_utilization: with the histogram policy, a stage keeps the
             workers its measured load needs at this utilisation (its busy
             workers averaged over 5 s, over this, at least one); the surplus
@@ -187,6 +193,7 @@ class ESGSettings:
     keep_alive_policy: Literal["histogram", "fixed"] = "histogram"
     keep_alive_percentile: float = 99.0
     keep_alive_cold_starts: float = 20.0
+    best_effort_keep_alive: float = 2.0
     scale_down_utilization: float = 0.0
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
@@ -243,6 +250,12 @@ class ESGSettings:
             self.keep_alive_cold_starts,
             lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0",
+        )
+        _number(
+            "best_effort_keep_alive",
+            self.best_effort_keep_alive,
+            lambda v: math.isfinite(v) and v >= 0.0,
+            "a finite number >= 0 (cold starts; 0: off)",
         )
         _number(
             "scale_down_utilization",
@@ -325,6 +338,7 @@ class PlatformSettings:
     keep_alive_policy: Literal["histogram", "fixed"]
     keep_alive_percentile: float
     keep_alive_cold_starts: float
+    best_effort_keep_alive: float
     scale_down_utilization: float
     allow_eviction: bool
     correction_alpha: float
