@@ -75,7 +75,7 @@ from esg_prefect.simulator.scale import (
 )
 from esg_prefect.simulator.timed import PartitionResult, merge
 
-DEFAULT_PARTITIONS = 32
+DEFAULT_PARTITIONS = 64
 SWEEP_DURATION_S = 30.0
 SWEEP_WARMUP_S = 10.0
 LOSS_CASE: dict[str, Any] = {"gpus": 200, "workflows": 20, "rate_per_s": 2000.0, "duration_s": 40.0, "warmup_s": 10.0}
