@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, MutableMapping
 
 from esg_prefect.control.events import (
@@ -44,7 +44,7 @@ from esg_prefect.control.events import (
 )
 from esg_prefect.control.fleet import Fleet
 from esg_prefect.control.keepalive import adaptive_keep_alive
-from esg_prefect.control.state import Flight, HopOverhead, Plan, Queue, Request, home_node, stages_after
+from esg_prefect.control.state import Flight, Hops, Plan, Queue, Request, stages_after
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord
 from esg_prefect.model.jobs import Job, QueueKey
@@ -65,8 +65,6 @@ _queue_state = unchecked(QueueState)
 _snapshot = unchecked(Snapshot)
 _start_batch = unchecked(StartBatch)
 _wake = unchecked(WakeAt)
-
-_HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
 
 
 class Core:
@@ -126,9 +124,7 @@ class Core:
         self.waiting = 0
         self._plans: dict[str, Plan] = {}
         self._job_req: dict[str, Request] = {}
-        self._hops: dict[str, HopOverhead] = {}
-        # task run id -> when its result went back, and the node that holds it
-        self._delivered: OrderedDict[str, tuple[float, str]] = OrderedDict()
+        self._hops = Hops(settings.rate_ewma_alpha)  # delivery times and nodes, each workflow's hop
         self._task_of: dict[str, str] = {}  # job id -> its task run id, while it is open
         self._dirty = False
         self._last_round_ms = -math.inf
@@ -183,7 +179,7 @@ class Core:
                 e2e = max(min(e2e, t), e2e - reserve)
         home = ev.home
         if home is None and ev.upstream:
-            home = home_node([self._delivered[u][1] for u in ev.upstream if u in self._delivered])
+            home = self._hops.home(ev.upstream)
         key = plan.keys[stage]
         job = _job(ev.job_id, req.request_id, req.run_id, key, req.arrival_ms, t, deadline, e2e, home, ev.input_size)
         # Every check passed: change state.
@@ -239,9 +235,7 @@ class Core:
                 req.failed = True
             task = self._task_of.pop(job.job_id, None) if self._task_of else None
             if task is not None:
-                self._delivered[task] = (t, w.node)
-                if len(self._delivered) > _HOP_MEMORY:
-                    self._delivered.popitem(last=False)
+                self._hops.delivered(task, t, w.node)
             if keep:
                 self.stage_records.append(
                     _stage_record(
@@ -313,9 +307,8 @@ class Core:
         return plan
 
     def _reserve(self, ev: CallArrived, workflow: Workflow, t: float) -> float:
-        ends = [self._delivered[u][0] for u in ev.upstream if u in self._delivered]
-        if ends and self.settings.reserve_overhead:
-            self._hops.setdefault(workflow.name, HopOverhead(self.settings.rate_ewma_alpha)).observe(t - max(ends))
+        if self.settings.reserve_overhead:
+            self._hops.observe(workflow.name, ev.upstream, t)
         return self.reserve_ms(workflow, ev.stage)
 
     def reserve_ms(self, workflow: Workflow, stage: str) -> float:
@@ -325,15 +318,12 @@ class Core:
         of the workflow, plus one for the end of the flow run (which the pool does
         not see). Zero until a hop is measured.
         """
-        hop = self._hops.get(workflow.name)
-        if hop is None or hop.ms is None:
-            return 0.0
-        return hop.ms * (1 + stages_after(workflow, stage))
+        hop = self._hops.hop_ms(workflow.name)
+        return 0.0 if hop is None else hop * (1 + stages_after(workflow, stage))
 
     def hop_ms(self, workflow: str) -> float | None:
         """The measured hop of ``workflow`` (None before the first)."""
-        hop = self._hops.get(workflow)
-        return None if hop is None else hop.ms
+        return self._hops.hop_ms(workflow)
 
     def replan(self, scheduler: Scheduler, tables: CandidateTables) -> None:
         """Plan with another scheduler and tables from the next round on (a corrected profile); no state is lost."""

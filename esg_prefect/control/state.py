@@ -7,6 +7,7 @@ Plain state with no behaviour of its own beyond small estimators; the core
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from esg_prefect.control.fleet import FleetWorker
@@ -113,6 +114,43 @@ class HopOverhead:
     def ms(self) -> float | None:
         """Time to reserve per hop, or None before the first observation."""
         return None if self.mean_ms is None else self.mean_ms + 2.0 * self.dev_ms
+
+
+_HOP_MEMORY = 50_000  # task runs whose delivery time is kept, to measure the hop to their downstream calls
+
+
+class Hops:
+    """Where and when each stage result went back, and each workflow's measured hop (:class:`HopOverhead`).
+
+    A downstream call names its upstream task runs: the newest of their
+    delivery times gives the hop, their nodes the call's home node.
+    """
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = alpha
+        self._delivered: OrderedDict[str, tuple[float, str]] = OrderedDict()  # task run -> (time, node)
+        self._hops: dict[str, HopOverhead] = {}
+
+    def delivered(self, task_run_id: str, t: float, node: str) -> None:
+        """A stage result went back to its caller at ``t`` from ``node``."""
+        self._delivered[task_run_id] = (t, node)
+        if len(self._delivered) > _HOP_MEMORY:
+            self._delivered.popitem(last=False)
+
+    def observe(self, workflow: str, upstream: tuple[str, ...], t: float) -> None:
+        """A call of ``workflow`` after ``upstream`` arrived at ``t``: fold its hop in."""
+        ends = [self._delivered[u][0] for u in upstream if u in self._delivered]
+        if ends:
+            self._hops.setdefault(workflow, HopOverhead(self.alpha)).observe(t - max(ends))
+
+    def home(self, upstream: tuple[str, ...]) -> str | None:
+        """The node holding most of ``upstream``'s results (None: unknown)."""
+        return home_node([self._delivered[u][1] for u in upstream if u in self._delivered])
+
+    def hop_ms(self, workflow: str) -> float | None:
+        """The measured hop of ``workflow`` (None before the first)."""
+        hop = self._hops.get(workflow)
+        return None if hop is None else hop.ms
 
 
 def home_node(nodes: list[str]) -> str | None:
