@@ -87,6 +87,7 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     arrivals: Sequence[tuple[float, str]] | None = None,
     pause_gc: bool = True,
+    instrument: Callable[[Controller], None] | None = None,
 ) -> SimRun:
     """Run ``case`` in the simulator and keep the records.
 
@@ -101,6 +102,8 @@ def simulate(
         pause_gc: pause Python's cyclic garbage collector while the run lasts
             (module docstring); False leaves it as the caller has it, e.g. in a
             process whose other threads must keep collecting.
+        instrument: called with the controller once it is set up, before the
+            run starts (:mod:`esg_prefect.simulator.timed` times the core so).
 
     Raises:
         UnknownSchedulerError: for an unknown scheduler name.
@@ -139,6 +142,8 @@ def simulate(
     duration_ms = case.duration_s * 1000.0
     ctl.core.cutoff_ms = duration_ms + case.sim.drain_s * 1000.0
     ctl.core.round_interval_ms = case.sim.round_interval_ms
+    if instrument is not None:
+        instrument(ctl)
     with _cyclic_gc_paused() if pause_gc else nullcontext():
         if progress is None:
             loop.run(ctl.handle, ctl.settle)

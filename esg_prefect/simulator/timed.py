@@ -14,22 +14,16 @@ a report needs of one partition's run once its records are dropped, and
 
 from __future__ import annotations
 
-import math
-import random
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.report import after_warmup, percentile, summarize
-from esg_prefect.scheduling.registry import create_scheduler
-from esg_prefect.scheduling.tables import CandidateTables
+from esg_prefect.model.report import percentile
 from esg_prefect.simulator.case import Case
-from esg_prefect.simulator.cluster import SimCluster
-from esg_prefect.simulator.controller import ARRIVAL, Controller
-from esg_prefect.simulator.engine import EventLoop
-from esg_prefect.simulator.run import SimRun, _cyclic_gc_paused
+from esg_prefect.simulator.controller import Controller
+from esg_prefect.simulator.run import SimRun, simulate
 
 Clock = Callable[[], float]
 """A clock in ms (wall time, or CPU time)."""
@@ -78,8 +72,8 @@ def simulate_timed(
 ) -> tuple[SimRun, CoreTimes | None]:
     """:func:`~esg_prefect.simulator.run.simulate` with the control core timed by ``clock`` (None: untimed).
 
-    The same pieces in the same order as ``simulate`` (a test holds the two
-    equal); the scheduler gets no clock, so its decisions do not depend on the
+    It is ``simulate`` with the core's entry points wrapped before the run (a
+    test holds the two equal); the scheduler gets no clock, so its decisions do not depend on the
     machine's speed. With ``clock``, each core entry point (admission, batch
     ends, workers warming, and ``settle`` with its round) is timed, and each
     round (snapshot, ``decide``, applying the decisions) also alone.
@@ -87,79 +81,19 @@ def simulate_timed(
     Raises:
         InvalidInputError: for an arrival naming a workflow the case does not have.
     """
-    seed = case.seed if seed is None else seed
-    profile, settings, sim = case.load_profile(), case.settings, case.sim
-    scheduler = create_scheduler(case.scheduler, profile, case.prices, settings, None)
-    loop = EventLoop()
-    if settings.hybrid_sharing and sim.corun is None:
-        sim = replace(sim, corun=settings.corun_table)
-    scales = (
-        case.prices.keep_alive_scales(case.cluster.snapshot().hardware_types())
-        if settings.keep_alive_by_price
-        else None
-    )
-    cluster = SimCluster(
-        case.cluster, profile, sim, settings.keep_alive_s * 1000.0, random.Random(f"service:{seed}"), scales
-    )
-    tables = CandidateTables(profile, case.prices, settings)
-    ctl = Controller(loop, cluster, scheduler, case.workflow_map(), tables, settings, None)
-    known = case.workflow_map()
-    for t, wf in arrivals:
-        if wf not in known:
-            raise InvalidInputError(f"arrival names unknown workflow {wf!r}; the case has {sorted(known)}")
-        if not (isinstance(t, (int, float)) and math.isfinite(t)):
-            raise InvalidInputError(f"arrival time must be a finite number of ms, got {t!r} (workflow {wf!r})")
-        loop.at(t, ARRIVAL, wf)
-    ctl.arrivals_left = len(arrivals)
-    sizes = case.request_sizes(len(arrivals), seed)
-    for i, size in enumerate(sizes):
-        if not (isinstance(size, (int, float)) and math.isfinite(size) and size > 0):
-            raise InvalidInputError(f"request size must be a finite number > 0, got {size!r} (arrival {i})")
-    ctl.request_sizes = sizes
-    core = ctl.core
-    core.cutoff_ms = case.duration_s * 1000.0 + case.sim.drain_s * 1000.0
-    core.round_interval_ms = case.sim.round_interval_ms
-    times = None
-    if clock is not None:
-        times = CoreTimes(clock)
+    if clock is None:
+        return simulate(case, seed, arrivals=list(arrivals)), None
+    times = CoreTimes(clock)
+
+    def instrument(ctl: Controller) -> None:
+        core = ctl.core
         core.timer = clock  # the scheduler's decide alone, per round (Core.decide_ms)
         for name in ("settle", "finished", "worker_ready"):
             setattr(core, name, times.total(getattr(core, name)))
         setattr(core, "_round", times.round(core._round))  # noqa: B010 - settle calls it through the instance
         ctl.callers._submit = times.total(core.arrive)
-    with _cyclic_gc_paused():
-        loop.run(ctl.handle, ctl.settle)
-        ctl.close()
-        window = after_warmup(
-            ctl.request_records, core.stage_records, cluster.batches, cluster.idles, case.warmup_s * 1000.0
-        )
-        report = summarize(
-            window.requests,
-            window.stages,
-            window.batches,
-            window.idles,
-            case.prices,
-            core.decisions,
-            split=settings.cost_split,
-            idle_billing=settings.idle_billing,
-            prior_workers=window.prior_workers,
-        )
-    run = SimRun(
-        report,
-        tuple(ctl.request_records),
-        tuple(core.stage_records),
-        tuple(cluster.batches),
-        tuple(cluster.idles),
-        tuple(core.decisions),
-        core.rounds,
-        loop.events,
-        loop.now_ms,
-        cluster.cold_starts,
-        tuple(core.decide_ms),
-        core.at_risk_cold_starts,
-        core.prewarms,
-    )
-    return run, times
+
+    return simulate(case, seed, arrivals=list(arrivals), instrument=instrument), times
 
 
 @dataclass(frozen=True, slots=True)
