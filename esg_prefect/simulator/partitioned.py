@@ -33,7 +33,6 @@ Two ways to split (:func:`plan_partitions`):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -42,6 +41,7 @@ from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.config import Config
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.simulator.case import Case, ClusterSpec
+from esg_prefect.simulator.scale import largest_remainder
 from esg_prefect.simulator.timed import Clock, PartitionResult, partition_result, simulate_timed
 
 __all__ = [
@@ -142,7 +142,7 @@ def plan_partitions(
         by_kind.setdefault(tuple(sorted(set(n.gpus))), []).append(n.name)
     for kind_nodes in by_kind.values():
         dealt = iter(kind_nodes)
-        for g, c in enumerate(_largest_remainder(len(kind_nodes), [max(s, 1e-12) for s in shares])):
+        for g, c in enumerate(largest_remainder(len(kind_nodes), [max(s, 1e-12) for s in shares])):
             pools[g].extend(next(dealt) for _ in range(c))
     for g in range(k):
         if not pools[g]:
@@ -197,16 +197,6 @@ def _workflow_groups(case: Case, k: int, arrivals: Sequence[tuple[float, str]]) 
         load[g] += weight
     need = [sum(demand[n] / n_slices[n] for n in g) for g in groups]
     return groups, [x / total_demand for x in need] if sum(need) > 0 else [1.0 / k] * k
-
-
-def _largest_remainder(total: int, weights: list[float]) -> list[int]:
-    whole = sum(weights)
-    quotas = [total * w / whole for w in weights]
-    counts = [math.floor(q) for q in quotas]
-    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in order[: total - sum(counts)]:
-        counts[i] += 1
-    return counts
 
 
 def partition_case(case: Case, part: Partition) -> Case:

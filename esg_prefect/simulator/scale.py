@@ -58,6 +58,7 @@ __all__ = [
     "SCALE_GPU_MIX",
     "SCALE_RATE_PER_S",
     "SCALE_WORKFLOWS",
+    "largest_remainder",
     "scale_case",
     "scale_cluster",
     "scale_profile",
@@ -148,7 +149,7 @@ def scale_workflows(
     return tuple(out)
 
 
-def _largest_remainder(total: int, weights: list[float]) -> list[int]:
+def largest_remainder(total: int, weights: list[float]) -> list[int]:
     """``total`` split in proportion to ``weights`` (Hamilton's method; ties to the earlier entry)."""
     whole = sum(weights)
     quotas = [total * w / whole for w in weights]
@@ -169,9 +170,9 @@ def scale_cluster(gpus: int = SCALE_GPUS) -> ClusterSpec:
         raise ConfigError(f"scale case: gpus must be >= 1, got {gpus}")
     weights = [float(w) for _, w, _ in SCALE_GPU_MIX]
     if gpus % GPUS_PER_NODE == 0:  # whole nodes of one type each
-        counts = [GPUS_PER_NODE * n for n in _largest_remainder(gpus // GPUS_PER_NODE, weights)]
+        counts = [GPUS_PER_NODE * n for n in largest_remainder(gpus // GPUS_PER_NODE, weights)]
     else:
-        counts = _largest_remainder(gpus, weights)
+        counts = largest_remainder(gpus, weights)
     nodes = []
     for (hw, _, vcpus), n in zip(SCALE_GPU_MIX, counts, strict=True):
         for j in range(math.ceil(n / GPUS_PER_NODE)):
