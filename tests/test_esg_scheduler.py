@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from esg_prefect.exceptions import UnknownSchedulerError
+from esg_prefect.exceptions import ConfigError, UnknownSchedulerError
 from esg_prefect.model import (
     ClusterSnapshot,
     Config,
@@ -95,6 +95,31 @@ def test_waits_for_a_fuller_batch_only_while_feasible() -> None:
     s2 = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, wait_for_batch=False)
     res = s2.decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 2, 100.0), arrival_rate_per_s=1000.0)]), 0.0)
     assert [d.config.batch for d in res.dispatches] == [2]
+
+
+def test_max_batch_wait_bounds_the_hold_for_a_fuller_batch() -> None:
+    # The queue above (2 jobs, 1000/s: one gap is 1 ms; 100 ms of slack), its jobs queued at 0 and
+    # a 30 ms bound. At 25 ms the oldest job plus one gap (26 ms) is within the bound: hold.
+    s = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, max_batch_wait_ms=30.0)
+    q = QueueState(Q1, jobs_for(Q1, 2, 125.0), arrival_rate_per_s=1000.0)
+    res = s.decide(snap(WF1, [q]), 25.0)
+    assert res.dispatches == () and "waiting for batch 4" in res.holds[0].reason
+    # At 29.5 ms, 29.5 + 1 > 30: the 2 jobs go now, though 95 ms of slack would allow the wait.
+    res = s.decide(snap(WF1, [q]), 29.5)
+    assert [(d.config.batch, d.at_risk) for d in res.dispatches] == [(2, False)]
+    # A slow stream (2/s: one gap is 500 ms) with 2 s of slack: without a bound ESG holds the jobs
+    # for batch 4 (2 more in 1 s, then 18 ms); under the bound they go at once.
+    slow = QueueState(Q1, jobs_for(Q1, 2, 2000.0), arrival_rate_per_s=2.0)
+    res = one_stage({1: 12.0, 2: 14.0, 4: 18.0}, max_batch_wait_ms=0.0).decide(snap(WF1, [slow]), 0.0)
+    assert res.dispatches == () and "~1000.0 ms to fill" in res.holds[0].reason
+    res = s.decide(snap(WF1, [slow]), 0.0)
+    assert [d.config.batch for d in res.dispatches] == [2]
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, "50"])
+def test_max_batch_wait_rejects_bad_values_by_name(bad: object) -> None:
+    with pytest.raises(ConfigError, match="max_batch_wait_ms"):
+        ESGSettings(max_batch_wait_ms=bad)  # type: ignore[arg-type]
 
 
 def test_partial_batch_uses_interpolated_latency() -> None:

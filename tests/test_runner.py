@@ -64,8 +64,15 @@ def test_concurrent_flow_runs_share_batches(pool: Pool) -> None:
 
 def test_calls_of_concurrent_flow_runs_are_batched_together() -> None:
     # One vCPU and a 200 ms stage: while a batch runs, the other flow runs' calls queue and
-    # leave together in the next batch, whatever the machine's load.
-    one_cpu = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=1))
+    # leave together in the next batch. On a loaded 2-core machine the flow runs' calls reach the
+    # pool up to a second apart; with no bound on batch waits ESG holds them within the 5 s SLO
+    # for a fuller batch, so they meet whatever the machine's load.
+    one_cpu = Pool(
+        toy_profile(),
+        PriceSheet(1e-5, {}),
+        settings=ESGSettings(max_batch_wait_ms=0.0),
+        backend=InlineBackend(vcpus=1),
+    )
     try:
 
         @flow(task_runner=ESGTaskRunner(pool=one_cpu))

@@ -129,6 +129,11 @@ class ESGSchedulerSettings(Block):
     wait_for_batch: bool = Field(
         default=_knob("wait_for_batch"), description="Hold a queue for a fuller batch while feasible."
     )
+    max_batch_wait_ms: float = Field(
+        default=_knob("max_batch_wait_ms"),
+        ge=0,
+        description="Longest a queue's oldest job is held for a fuller batch, in ms (0: bounded by the slack only).",
+    )
     rate_ewma_alpha: float = Field(
         default=_knob("rate_ewma_alpha"), gt=0, le=1, description="Weight of the newest arrival gap."
     )

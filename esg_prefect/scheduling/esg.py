@@ -11,7 +11,8 @@ end of the horizon (ESG-SPEC section 3):
 * a *wait* option per larger batch size when ``wait_for_batch`` is on and the
   queue's arrival rate is known: its latency includes the projected time to
   fill the batch, so waiting wins only while the whole plan stays within the
-  slack and is cheaper;
+  slack and is cheaper, and while the oldest job has waited less than
+  ``max_batch_wait_ms`` (less one projected gap between arrivals);
 * only resources that can be placed now are offered (an idle warm worker, or
   room for a cold one, whose cold start is added to the latency and billed).
 
@@ -239,9 +240,12 @@ class ESGScheduler:
         shared = self._sharing
         if shared is not None:
             shared.begin(pending)
+        cap = self.settings.max_batch_wait_ms
         for q in queues:
             wf = snapshot.workflows[q.key.workflow]
             jobs = pending[q.key] if shared is None else shared.free(q.key)
+            if cap and jobs and q.arrival_rate_per_s > 0:
+                q = self._bounded_wait(q, jobs, cap, now_ms)
             while jobs:
                 try:
                     dec = self.decide_queue(q, jobs, wf, view, now_ms)
@@ -328,6 +332,19 @@ class ESGScheduler:
             if start is not None:
                 starts.append(start)
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
+
+    @staticmethod
+    def _bounded_wait(q: QueueState, jobs: list[Job], cap_ms: float, now_ms: float) -> QueueState:
+        """``q``, or ``q`` with no arrival rate (no wait options) once waiting would pass ``max_batch_wait_ms``.
+
+        The rate's projection reads a clump of arrivals (a flow's fan-out, a
+        batch's results reaching the next stage) as a stream and keeps
+        promising jobs that do not come; the bound caps what that costs.
+        """
+        oldest = min(j.ready_ms for j in jobs)
+        if now_ms - oldest + 1000.0 / q.arrival_rate_per_s <= cap_ms:
+            return q
+        return QueueState(q.key, q.jobs, 0.0)
 
     def _edf(self, q: QueueState) -> list[Job]:
         """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""

@@ -56,6 +56,12 @@ class ESGSettings:
         percentile: statistic of the profile to plan with.
         wait_for_batch: allow holding a queue for a fuller batch while the plan
             stays feasible.
+        max_batch_wait_ms: the longest a queue's oldest job is held for a
+            fuller batch (Triton's ``max_queue_delay``, Ray Serve's
+            ``batch_wait_timeout_s``): a wait is offered only while the oldest
+            job's time in the queue plus one projected gap between arrivals
+            stays within it; 0: no bound, the paper's rule (waits bounded by
+            the slack only).
         rate_ewma_alpha: weight of the newest inter-arrival gap in the arrival
             rate estimate kept per queue by the runtime and the simulator.
         infeasible_policy: ``"best_effort"`` dispatches an infeasible batch on the
@@ -185,6 +191,7 @@ class ESGSettings:
     search_horizon: Horizon = "segment"
     percentile: Literal["p95", "mean"] = "p95"
     wait_for_batch: bool = True
+    max_batch_wait_ms: float = 50.0
     rate_ewma_alpha: float = 0.2
     infeasible_policy: InfeasiblePolicy = "best_effort"
     best_effort_tolerance: float = 0.1
@@ -237,6 +244,12 @@ class ESGSettings:
         for name in ("hardware_selection", "hybrid_sharing"):  # PALDIA's knobs
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _number(
+            "max_batch_wait_ms",
+            self.max_batch_wait_ms,
+            lambda v: math.isfinite(v) and v >= 0.0,
+            "a finite number >= 0 (ms; 0: no bound)",
+        )
         _number("prewarm_saving", self.prewarm_saving, lambda v: 0.0 < v < 1.0, "in (0, 1)")
         _number(
             "best_effort_tolerance",
