@@ -76,6 +76,7 @@ from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.unchecked import unchecked
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import (
     DecisionStats,
@@ -99,6 +100,8 @@ from esg_prefect.scheduling.sharing import SharedBatches
 from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, gap_class, to_us
 
 __all__ = ["ESGScheduler", "QueueDecision"]
+
+_no_rate = unchecked(QueueState)  # a queue the round already holds, its rate set to 0 (_bounded_wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,10 +344,10 @@ class ESGScheduler:
         batch's results reaching the next stage) as a stream and keeps
         promising jobs that do not come; the bound caps what that costs.
         """
-        oldest = min(j.ready_ms for j in jobs)
-        if now_ms - oldest + 1000.0 / q.arrival_rate_per_s <= cap_ms:
+        gap_ms = 1000.0 / q.arrival_rate_per_s
+        if gap_ms <= cap_ms and now_ms - min(j.ready_ms for j in jobs) + gap_ms <= cap_ms:
             return q
-        return QueueState(q.key, q.jobs, 0.0)
+        return _no_rate(q.key, q.jobs, 0.0)
 
     def _edf(self, q: QueueState) -> list[Job]:
         """The queue's jobs in EDF order; the order is kept while the queue holds the same jobs."""
