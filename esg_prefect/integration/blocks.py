@@ -204,6 +204,18 @@ class ESGSchedulerSettings(Block):
         default=_knob("idle_aware"),
         description="Price the idle time an option causes, not only its busy time (the whole bill).",
     )
+    consolidate_slack: float = Field(
+        default=_knob("consolidate_slack"),
+        ge=0,
+        le=1,
+        description="A queue waits for a busy, no dearer worker of its stage ending within this fraction of its slack "
+        "rather than use a surplus idle one; 0: off.",
+    )
+    consolidate_idle_ms: float = Field(
+        default=_knob("consolidate_idle_ms"),
+        ge=0,
+        description="How long (ms) an idle worker must have idled to count as surplus for consolidate_slack.",
+    )
     share_batches: bool = Field(
         default=_knob("share_batches"),
         description="A batch takes on waiting calls of the same stage from other workflows' queues.",

@@ -38,6 +38,10 @@ that way and 2.5 % of the requests met their SLO; with it, 99.9 %;
 docs/results.md). Where a new worker fits without evicting, it still starts:
 holding then would keep queues on whatever warm workers the warm-up left.
 The knob ``wait_for_busy_warm`` turns this off (the paper's behaviour).
+With ``idle_aware``, a feasible plan also defers to a stage's busy workers: a
+planned cold start waits for one that frees up within the slack, and a planned
+use of a surplus idle worker waits for one no dearer per job within
+``consolidate_slack`` of it (:mod:`~esg_prefect.scheduling.busy_warm`).
 
 After ESG_1Q, a dispatch goes through packing (Cypress), placement, hardware
 review (PALDIA) and commit, and pre-warm starts follow every queue's
@@ -69,7 +73,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
@@ -89,6 +92,7 @@ from esg_prefect.scheduling.base import (
     Start,
     search_stats,
 )
+from esg_prefect.scheduling.busy_warm import Bookings, BusyWarm
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Packing, Prewarm
 from esg_prefect.scheduling.frontier import Option
@@ -209,6 +213,7 @@ class ESGScheduler:
         self.tables = CandidateTables(profile, prices, self.settings)
         self.clock = clock
         self._views = ViewCache(self.settings.allow_eviction)
+        self._busy = BusyWarm(self.tables)  # the rules for a stage's busy warm workers (scheduling.busy_warm)
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
         self._hardware, hybrid = paldia_features(self.tables)
         self._packing = Packing.of(self.tables)
@@ -244,6 +249,7 @@ class ESGScheduler:
         if shared is not None:
             shared.begin(pending)
         cap = self.settings.max_batch_wait_ms
+        busy, consolidate, booked = self._busy, self.settings.consolidate_slack > 0, Bookings()
         for q in queues:
             wf = snapshot.workflows[q.key.workflow]
             jobs = pending[q.key] if shared is None else shared.free(q.key)
@@ -279,14 +285,14 @@ class ESGScheduler:
                         )
                     )
                     break
-                if (
-                    self.settings.idle_aware
-                    and c.cold
-                    and not dec.at_risk
-                    and self._warm_soon(c, dec, jobs, view, now_ms)
-                ):
-                    holds.append(Hold(q.key, "a busy warm worker frees up within the slack: no new worker"))
-                    break
+                if self.settings.idle_aware and not dec.at_risk:
+                    left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
+                    if c.cold and busy.frees_in_time(c, left, view, now_ms):
+                        holds.append(Hold(q.key, "a busy warm worker frees up within the slack: no new worker"))
+                        break
+                    if not c.cold and consolidate and busy.consolidates(c, left, view, now_ms, booked):
+                        holds.append(Hold(q.key, "a busy warm worker no dearer per job runs it in time: no surplus"))
+                        break
                 # The fixed order after ESG_1Q (scheduling.esg_round): packing, placement, review, commit.
                 if self._packing is not None:
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
@@ -611,8 +617,8 @@ class ESGScheduler:
         if (
             self.settings.wait_for_busy_warm
             and c.cold
-            and (self.settings.idle_aware or self._evicts(c, view, jobs[:top]))
-            and self._warm_soon_us(stage, view, top, len(jobs), now_ms) <= best.latency_us
+            and (self.settings.idle_aware or self._busy.evicts(c, view, jobs[:top]))
+            and self._busy.soon_us(stage, view, top, len(jobs), now_ms) <= best.latency_us
         ):
             # A worker warm for the stage (or starting), busy now, finishes its batch and then this
             # queue no later than a cold start would: wait for it rather than start a worker that then
@@ -623,7 +629,7 @@ class ESGScheduler:
             and self.settings.idle_aware
             and c.cold
             and view.busy_by_stage.get(stage)
-            and self._evicts(c, view, jobs[:top])
+            and self._busy.evicts(c, view, jobs[:top])
         ):
             # The cluster is full and the stage has a worker: late jobs wait for it rather than stop
             # another stage's idle worker, which that stage's next jobs would then start again late
@@ -669,46 +675,6 @@ class ESGScheduler:
                 best,
             ),
         )
-
-    @staticmethod
-    def _evicts(c: Choice, view: ClusterView, jobs: list[Job]) -> bool:
-        """Whether starting a worker for ``c`` would stop idle workers (ESG_Dispatch's own placement)."""
-        p = view.place(c.stage, c.config.vcpus, c.config.gpu_share, c.hardware, (j.input_node for j in jobs))
-        return p is not None and bool(p.evict)
-
-    def _warm_soon_us(self, stage: str, view: ClusterView, batch: int, queued: int, now_ms: float) -> float:
-        """Upper bound on when a busy worker warm for ``stage`` could have run the ``queued`` jobs; inf if none.
-
-        Its current batch ends when the platform predicts (``Worker.free_at_ms``),
-        or else within the space's largest batch's latency on its resources (a
-        worker still starting, within its cold start); the queue follows in
-        batches of ``batch``.
-        """
-        top = self.settings.config_space.max_batch
-        turns = -(-queued // batch)
-        best = math.inf
-        for w in view.busy_by_stage.get(stage, ()):
-            if w.free_at_ms is not None:
-                now_lat: float | None = max(0.0, w.free_at_ms - now_ms)
-            elif w.starting:
-                now_lat = self.tables.profile.cold_start_ms(stage, w.hardware)
-            else:
-                now_lat = self.tables.latency_ms(stage, top, w.vcpus, w.gpu_share, w.hardware)
-            ours = self.tables.latency_ms(stage, batch, w.vcpus, w.gpu_share, w.hardware)
-            if now_lat is not None and ours is not None:
-                best = min(best, to_us(now_lat + turns * ours))
-        return best
-
-    def _warm_soon(self, c: Choice, dec: QueueDecision, jobs: list[Job], view: ClusterView, now_ms: float) -> bool:
-        """Whether a busy worker warm for ``c``'s stage could run its batch once free and still meet the slack."""
-        left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
-        for w in view.busy_by_stage.get(c.stage, ()):
-            if w.free_at_ms is None:
-                continue
-            lat = self.tables.latency_ms(c.stage, c.config.batch, w.vcpus, w.gpu_share, w.hardware)
-            if lat is not None and max(0.0, w.free_at_ms - now_ms) + lat <= left:
-                return True
-        return False
 
     def _since(self, t0: float | None) -> float | None:
         return None if t0 is None or self.clock is None else self.clock() - t0

@@ -142,6 +142,17 @@ class ESGSettings:
             of a stage with a busy worker wait for it rather than evict another
             stage's idle worker. Not in the paper, whose cost model bills busy
             time only (docs/decisions/whole-bill.md).
+        consolidate_slack: with ``idle_aware``, a dispatch planned onto an
+            idle warm worker that has idled ``consolidate_idle_ms`` or more
+            waits instead for a busy worker of the stage that runs the batch
+            at no more cost per job and ends within this fraction of the slack
+            the plan leaves: the stage's load gathers on the workers in use
+            and the surplus one expires (:mod:`~esg_prefect.scheduling.busy_warm`).
+            In [0, 1]; 0 turns it off. The half left over is the margin for
+            the busy worker's predicted end and the stages after.
+        consolidate_idle_ms: how long the idle worker must have idled for the
+            consolidation to hold a queue back from it (ms, >= 0): one idle
+            a shorter time is in steady use, and waiting would only delay.
         share_batches: a batch of one workflow's stage takes on waiting calls
             of the same stage from other workflows' queues (the same model)
             while each one's deadline and the dispatching plan's slack allow
@@ -210,6 +221,8 @@ class ESGSettings:
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
     idle_aware: bool = True
+    consolidate_slack: float = 0.5
+    consolidate_idle_ms: float = 100.0
     share_batches: bool = False
     prewarm: bool = True
     prewarm_saving: float = 0.2
@@ -249,6 +262,13 @@ class ESGSettings:
             self.max_batch_wait_ms,
             lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0 (ms; 0: no bound)",
+        )
+        _number("consolidate_slack", self.consolidate_slack, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
+        _number(
+            "consolidate_idle_ms",
+            self.consolidate_idle_ms,
+            lambda v: math.isfinite(v) and v >= 0.0,
+            "a finite number >= 0 (ms)",
         )
         _number("prewarm_saving", self.prewarm_saving, lambda v: 0.0 < v < 1.0, "in (0, 1)")
         _number(
