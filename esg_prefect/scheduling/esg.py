@@ -73,8 +73,6 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -92,10 +90,12 @@ from esg_prefect.scheduling.base import (
     Start,
     search_stats,
 )
+from esg_prefect.scheduling.best_effort import BestEffort
 from esg_prefect.scheduling.busy_warm import Bookings, BusyWarm
 from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
-from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Packing, Prewarm
+from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Packing, Prewarm, QueueDecision
 from esg_prefect.scheduling.frontier import Option
+from esg_prefect.scheduling.kept import Kept, with_decision_ms
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock, astar_plan
@@ -106,81 +106,6 @@ from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Re
 __all__ = ["ESGScheduler", "QueueDecision"]
 
 _no_rate = unchecked(QueueState)  # a queue the round already holds, its rate set to 0 (_bounded_wait)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueDecision:
-    """The outcome of one ESG_1Q call, before placement."""
-
-    kind: DecisionKind
-    choice: Choice | None
-    plan: tuple[Choice, ...]
-    at_risk: bool
-    stats: DecisionStats
-    reject_count: int = 0
-
-
-def _timed(r: DecisionStats, decision_ms: float | None) -> DecisionStats:
-    """``dataclasses.replace(r, decision_ms=decision_ms)``, without its overhead."""
-    return search_stats(
-        r.queue,
-        r.expansions,
-        r.generated,
-        r.cut_latency,
-        r.cut_cost,
-        r.budget_hit,
-        decision_ms,
-        r.feasible,
-        r.horizon,
-        r.options,
-    )
-
-
-class _Kept:
-    """A queue's latest one-stage answer and the inputs it holds for (:meth:`ESGScheduler.decide_queue`)."""
-
-    __slots__ = (
-        "best",
-        "choice",
-        "feasible",
-        "hardware",
-        "hi_us",
-        "kind",
-        "lo_us",
-        "n",
-        "rate",
-        "resources",
-        "stats",
-        "workflow",
-    )
-
-    def __init__(
-        self,
-        n: int,
-        rate: float,
-        resources: tuple[Resource, ...],
-        workflow: Workflow,
-        hardware: frozenset[str],
-        lo_us: float,
-        hi_us: float,
-        stats: DecisionStats,
-        feasible: bool,
-        kind: DecisionKind,
-        choice: Choice | None,
-        best: Option | None,
-    ) -> None:
-        self.n = n
-        self.rate = rate
-        self.resources = resources
-        self.workflow = workflow
-        self.hardware = hardware
-        self.lo_us = lo_us
-        self.hi_us = hi_us
-        self.stats = stats
-        self.feasible = feasible
-        self.kind = kind
-        self.choice = choice
-        self.best = best
 
 
 class ESGScheduler:
@@ -214,6 +139,7 @@ class ESGScheduler:
         self.clock = clock
         self._views = ViewCache(self.settings.allow_eviction)
         self._busy = BusyWarm(self.tables)  # the rules for a stage's busy warm workers (scheduling.busy_warm)
+        self._late = BestEffort(self.tables, self._busy, self._deadline)  # no plan meets the slack
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
         self._hardware, hybrid = paldia_features(self.tables)
         self._packing = Packing.of(self.tables)
@@ -432,7 +358,7 @@ class ESGScheduler:
         queue's length, its arrival rate, the placeable resources, the
         workflow, the hardware present) and of the slack only through which
         options fit in it, so it is kept per queue with the slack interval in
-        which it holds (:class:`_Kept`) and reused while those inputs are the
+        which it holds (:class:`~esg_prefect.scheduling.kept.Kept`) and reused while those inputs are the
         same: the same plan and the same statistics (the decision time aside),
         without building the options or searching again. Whatever depends on
         the rest of the cluster (the best-effort fallback's check for a busy
@@ -447,22 +373,14 @@ class ESGScheduler:
         n = len(jobs)
         rate = queue.arrival_rate_per_s
         slack_us = to_us(self._deadline(jobs[0]) - now_ms)
-        kept: _Kept | None = self._memo.get(("kept", queue.key))
-        if (
-            kept is not None
-            and kept.lo_us <= slack_us < kept.hi_us
-            and kept.n == n
-            and kept.rate == rate
-            and kept.resources is resources
-            and kept.workflow is workflow
-            and kept.hardware == hardware
-        ):
+        kept: Kept | None = self._memo.get(("kept", queue.key))
+        if kept is not None and kept.holds(n, rate, resources, workflow, hardware, slack_us):
             r = kept.stats
-            stats = r if t0 is None else _timed(r, self._since(t0))
+            stats = r if t0 is None else with_decision_ms(r, self._since(t0))
             if kept.feasible:
                 return QueueDecision(kept.kind, kept.choice, (), False, stats)  # one stage: no plan after it
             assert kept.best is not None
-            return self._best_effort(stage, view, jobs, kept.best, stats, now_ms)
+            return self._late.decide(stage, view, jobs, kept.best, stats, now_ms)
         return self._decide_queue(queue, jobs, workflow, view, now_ms, t0, resources, slack_us)
 
     def _decide_queue(
@@ -510,7 +428,7 @@ class ESGScheduler:
                 head = found.payload
                 assert isinstance(head, Choice)
                 kind = DecisionKind.WAIT if head.wait_ms > 0 else DecisionKind.DISPATCH
-                self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head, None)
+                self._keep(queue, len(jobs), workflow, hardware, resources, pick, stats, kind, head)
                 return QueueDecision(kind, head, (), False, stats)
             return self._infeasible(queue, jobs, workflow, view, now_ms, resources, None, rest_opts, stats, pick)
         first = self.tables.first_options(stage, len(jobs), resources, rate)
@@ -571,71 +489,30 @@ class ESGScheduler:
         """
         stage = queue.key.stage
         s = self.settings
+
+        def first_options() -> tuple[Option, ...]:
+            return first or self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+
         if s.infeasible_policy == "reject":
-            if first is None:
-                first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
-            now_fastest = min(o.latency_us for o in first if isinstance(o.payload, Choice) and o.payload.wait_ms == 0)
-            fastest_us = now_fastest + sum(opts[0].latency_us for opts in rest_opts)
-            late = sum(1 for j in jobs if to_us(self._deadline(j) - now_ms) < fastest_us)
+            late = self._late.late_count(stage, jobs, first_options(), rest_opts, now_ms)
             if late:
                 return QueueDecision(DecisionKind.REJECT, None, (), False, stats, reject_count=late)
-        # Best effort: the largest batch the queue fills now, on the fastest resources (or the
-        # cheapest within ``best_effort_tolerance`` of the fastest's latency).
-        top = min(len(jobs), s.config_space.max_batch)
-        whole = [o for r in resources if (o := self.tables.single_option(stage, r, top))]
-        if whole:
-            best = min(whole, key=lambda o: (o.latency_us, o.cost))
-            if s.best_effort_tolerance > 0:
-                limit = best.latency_us * (1.0 + s.best_effort_tolerance)
-                best = min((o for o in whole if o.latency_us <= limit), key=lambda o: (o.cost, o.latency_us))
-        else:  # the fastest first-stage option (a wait, if nothing can go now)
-            if first is None:
-                first = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
-            best = first[0]
+        best = self._late.option(stage, jobs, resources, first_options)
         if pick is not None and s.infeasible_policy == "best_effort":
-            self._keep(
-                queue,
+            kept = Kept(
                 len(jobs),
+                queue.arrival_rate_per_s,
+                resources,
                 workflow,
                 frozenset(view.hardware),
-                resources,
                 pick,
                 stats,
-                DecisionKind.NONE,
+                DecisionKind.NONE,  # unread: infeasible
                 None,
                 best,
-            )  # kind unread: infeasible
-        return self._best_effort(stage, view, jobs, best, stats, now_ms)
-
-    def _best_effort(
-        self, stage: str, view: ClusterView, jobs: list[Job], best: Option, stats: DecisionStats, now_ms: float
-    ) -> QueueDecision:
-        """No plan meets the slack: ``best`` (the fastest option), or a hold for a busy warm worker."""
-        assert isinstance(best.payload, Choice)
-        c = best.payload
-        top = min(len(jobs), self.settings.config_space.max_batch)
-        if (
-            self.settings.wait_for_busy_warm
-            and c.cold
-            and (self.settings.idle_aware or self._busy.evicts(c, view, jobs[:top]))
-            and self._busy.soon_us(stage, view, top, len(jobs), now_ms) <= best.latency_us
-        ):
-            # A worker warm for the stage (or starting), busy now, finishes its batch and then this
-            # queue no later than a cold start would: wait for it rather than start a worker that then
-            # idles (idle_aware), or that stops idle ones (the cluster is full).
-            return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
-        if (
-            self.settings.wait_for_busy_warm
-            and self.settings.idle_aware
-            and c.cold
-            and view.busy_by_stage.get(stage)
-            and self._busy.evicts(c, view, jobs[:top])
-        ):
-            # The cluster is full and the stage has a worker: late jobs wait for it rather than stop
-            # another stage's idle worker, which that stage's next jobs would then start again late
-            # (past capacity, such evictions feed each other: a cold-start storm).
-            return QueueDecision(DecisionKind.BUSY, None, (), True, stats)
-        return QueueDecision(DecisionKind.DISPATCH if c.wait_ms == 0 else DecisionKind.WAIT, c, (), True, stats)
+            )
+            self._memo.put(("kept", queue.key), kept)
+        return self._late.decide(stage, view, jobs, best, stats, now_ms)
 
     def _keep(
         self,
@@ -647,10 +524,9 @@ class ESGScheduler:
         pick: FirstPick,
         stats: DecisionStats,
         kind: DecisionKind,
-        choice: Choice | None,
-        best: Option | None,
+        choice: Choice,
     ) -> None:
-        """Keep a one-stage answer with the slack interval over which the same options fit.
+        """Keep a feasible one-stage answer with the slack interval over which the same options fit.
 
         The first stage's options are sorted by strictly rising latency
         (Pareto-pruned), and the closed-form search looks at the slack only
@@ -658,23 +534,8 @@ class ESGScheduler:
         every slack from the latency of the last option that fits up to (not
         including) that of the first one that does not (``pick.lo_us``, ``pick.hi_us``).
         """
-        self._memo.put(
-            ("kept", queue.key),
-            _Kept(
-                n_jobs,
-                queue.arrival_rate_per_s,
-                resources,
-                workflow,
-                hardware,
-                pick.lo_us,
-                pick.hi_us,
-                stats if stats.decision_ms is None else _timed(stats, None),
-                choice is not None or best is None,
-                kind,
-                choice,
-                best,
-            ),
-        )
+        kept = Kept(n_jobs, queue.arrival_rate_per_s, resources, workflow, hardware, pick, stats, kind, choice, None)
+        self._memo.put(("kept", queue.key), kept)
 
     def _since(self, t0: float | None) -> float | None:
         return None if t0 is None or self.clock is None else self.clock() - t0

@@ -21,10 +21,11 @@ with the capacity the round left (:class:`Prewarm`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from esg_prefect.model.jobs import QueueKey
-from esg_prefect.scheduling.base import Placement, Start
+from esg_prefect.scheduling.base import DecisionStats, Placement, Start
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
@@ -41,6 +42,18 @@ class DecisionKind(StrEnum):
     NONE = "none"  # nothing placeable
     BUSY = "busy"  # wait for a busy warm worker
     REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDecision:
+    """The outcome of one ESG_1Q call, before placement."""
+
+    kind: DecisionKind
+    choice: Choice | None
+    plan: tuple[Choice, ...]
+    at_risk: bool
+    stats: DecisionStats
+    reject_count: int = 0
 
 
 class Packing:
