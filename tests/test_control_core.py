@@ -157,8 +157,9 @@ def test_a_prewarm_start_bills_its_load_as_idle_time() -> None:
     (start,) = [a for a in actions if isinstance(a, StartWorker)]
     assert start.worker.starting == 0.0 and core.prewarms == 1
     core.on(WorkerReady(start.worker.worker_id, 40.0))
+    assert start.worker.fresh and start.worker.as_worker().fresh  # warm, no batch run yet
     (batch,) = [a for a in core.settle(40.0) if isinstance(a, StartBatch)]
-    assert not batch.cold and batch.worker is start.worker
+    assert not batch.cold and batch.worker is start.worker and not start.worker.fresh
     assert [(i.start_ms, i.end_ms) for i in core.fleet.idles] == [(0.0, 40.0)]
 
 

@@ -517,6 +517,22 @@ def test_prewarm_is_not_needed_once_the_cheap_worker_is_warm() -> None:
     assert [d.placement.worker_id for d in res.dispatches] == ["w2"] and res.starts == ()
 
 
+def test_a_fresh_prewarmed_worker_takes_the_queue_though_it_has_idled() -> None:
+    # The 1-vCPU worker went idle at -5000 ms (its load began then). Priced by that idle gap, a use
+    # of it costs more than one of the 4-vCPU worker, idle since -1 ms: the pre-warm would idle out
+    # unused. Fresh (warm from a pre-warm start, no batch yet), its idle is the start's cost,
+    # already decided: the search takes it (20 ms on 1 vCPU, against 8 ms on 4).
+    def pick(fresh: bool) -> str | None:
+        small = Worker("w2", "node0", None, "cpu", 1, 0.0, "m", idle_since_ms=-5000.0, fresh=fresh)
+        big = Worker("w0", "node0", None, "cpu", 4, 0.0, "m", idle_since_ms=-1.0)
+        cluster = ClusterSnapshot([Node("node0", 8)], [], [big, small])
+        res = prewarm_sched().decide(snap(WF1, [QueueState(Q1, jobs_for(Q1, 1, 60.0))], cluster), 0.0)
+        return res.dispatches[0].placement.worker_id
+
+    assert pick(fresh=False) == "w0"
+    assert pick(fresh=True) == "w2"
+
+
 def test_start_must_place_a_new_worker() -> None:
     from esg_prefect.exceptions import InvalidInputError
     from esg_prefect.scheduling import Placement, Start

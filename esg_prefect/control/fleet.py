@@ -62,6 +62,7 @@ class FleetWorker:
         "device_id",
         "expiry_token",
         "free_at_ms",
+        "fresh",
         "hardware",
         "idle_since_ms",
         "node",
@@ -88,6 +89,7 @@ class FleetWorker:
         self.expiry_token = 0
         self.free_at_ms: float | None = None  # while busy: when its batch or load is predicted to end
         self.view: Worker | None = None  # the immutable view, until the state changes
+        self.fresh = False  # warm from a pre-warm start, no batch run yet
 
     @property
     def busy(self) -> bool:
@@ -111,6 +113,7 @@ class FleetWorker:
                 self.idle_since_ms,
                 self.starting is not None,
                 self.free_at_ms,
+                self.fresh,
             )
         return self.view
 
@@ -251,6 +254,7 @@ class Fleet:
                 self._rearm(w.stage, w, now_ms)
             self._close_idle(w, now_ms)
             w.idle_since_ms = None
+            w.fresh = False
             self.busy.change(w.stage, now_ms, 1)
             w.expiry_token += 1
             w.view = None
@@ -283,6 +287,7 @@ class Fleet:
         if w.starting is None:
             raise InvalidInputError(f"worker {w.worker_id} is not starting")
         since, w.starting = w.starting, None
+        w.fresh = True
         return self._to_idle(w, since)
 
     def finish(self, w: FleetWorker, record: BatchRecord, now_ms: float) -> float:

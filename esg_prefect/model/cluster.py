@@ -86,6 +86,7 @@ class Worker:
         starting: busy loading its model for a pre-warm start, with no batch
             (:class:`~esg_prefect.scheduling.base.Start`); warm and idle after.
         free_at_ms: while busy, when its batch (or load) is predicted to end, if known.
+        fresh: warm from a pre-warm start and has run no batch yet.
     """
 
     worker_id: str
@@ -99,6 +100,7 @@ class Worker:
     idle_since_ms: float | None = None
     starting: bool = False
     free_at_ms: float | None = None
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         if not self.worker_id or not self.node:

@@ -297,7 +297,10 @@ class ClusterView:
         return got  # type: ignore[return-value]
 
     def warm_idle_since(self, stage: str) -> dict[tuple[str, int, float], float]:
-        """Per (hardware, vcpus, share) of :meth:`warm_resources`, when its most recently idle worker went idle."""
+        """Per (hardware, vcpus, share) of :meth:`warm_resources`, when its most recently idle worker went idle.
+
+        A fresh worker (pre-warmed, no batch yet) reads as idle since +inf: just idle.
+        """
         key = ("warm-since", stage)
         got = cast("dict[tuple[str, int, float], float] | None", self._memo.get(key))
         if got is None:
@@ -305,7 +308,9 @@ class ClusterView:
             for w in self._idle_by_stage.get(stage, ()):
                 if w.worker_id in self.idle and self.free_vcpus[w.node] >= w.vcpus:
                     k = (w.hardware, w.vcpus, w.gpu_share)
-                    since = w.idle_since_ms or 0.0
+                    # A fresh pre-warmed worker reads as just idle: its idle since the load began is
+                    # the start's cost, already decided; priced by it, the start would idle out unused.
+                    since = math.inf if w.fresh else (w.idle_since_ms or 0.0)
                     if since > got.get(k, -math.inf):
                         got[k] = since
             self._memo[key] = got
