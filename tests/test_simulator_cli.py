@@ -102,7 +102,7 @@ def test_the_at_risk_line_says_what_it_counts_and_cannot_contradict_the_table() 
     from esg_prefect.cli.simulate import summary_line
     from esg_prefect.simulator import simulate, standard_case
 
-    case = standard_case(rate_per_s=60.0, duration_s=6.0, warmup_s=3.0)
+    case = standard_case(rate_per_s=60.0, duration_s=6.0, warmup_s=3.0, seed=1)  # a seed with none after it
     run = simulate(case)
     line = summary_line(run, case, wall_s=1.0)
     whole_run = sum(1 for r in run.requests if r.at_risk)
