@@ -490,8 +490,13 @@ class ESGScheduler:
         stage = queue.key.stage
         s = self.settings
 
-        def first_options() -> tuple[Option, ...]:
-            return first or self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+        built = first
+
+        def first_options() -> tuple[Option, ...]:  # built at most once, only if read
+            nonlocal built
+            if built is None:
+                built = self.tables.first_options(stage, len(jobs), resources, queue.arrival_rate_per_s)
+            return built
 
         if s.infeasible_policy == "reject":
             late = self._late.late_count(stage, jobs, first_options(), rest_opts, now_ms)
