@@ -131,11 +131,16 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def pool_service(port: int, backend: str) -> Iterator[str]:
-    """Run ``esg-prefect pool serve`` for the example stages on 127.0.0.1:``port``; yields its URL."""
+def pool_service(port: int, backend: str, sets: Sequence[str] = ()) -> Iterator[str]:
+    """Run ``esg-prefect pool serve`` for the example stages on 127.0.0.1:``port``; yields its URL.
+
+    ``sets`` are its ``--set KEY=VALUE`` overrides of the ESG settings (keep-alive, SLO percentile, ...).
+    """
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", ALLOW]
     cmd += ["--port", str(port), "--backend", backend]
+    for pair in sets:
+        cmd += ["--set", pair]
     # A session of its own: Ctrl-C reaches this script only, which stops serving first, then the service.
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
     try:
@@ -166,7 +171,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pool-url", default=None, help="use this running pool service instead of starting one")
     parser.add_argument("--limit", type=int, default=None, help="most flow runs at once")
     parser.add_argument("--only", action="append", default=[], help="serve only this deployment (repeat)")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ESG setting of the pool service it starts (repeat), e.g. --set keep_alive_s=10",
+    )
     args = parser.parse_args(argv)
+    if args.pool_url and args.sets:
+        parser.error("--set applies to the pool service this script starts; it cannot change one at --pool-url")
 
     from prefect import serve
     from prefect.settings import PREFECT_API_URL
@@ -182,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.pool_url:
             wait_healthy(url)
         else:
-            stack.enter_context(pool_service(args.port, args.backend))
+            stack.enter_context(pool_service(args.port, args.backend, args.sets))
         serve(*deployments, limit=args.limit)
         print("serving stopped", flush=True)
 

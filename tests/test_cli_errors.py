@@ -93,6 +93,8 @@ def _one_line(err: str) -> str:
             ("--ssl-certfile", "'/none.pem'", "PEM file"),
         ),
         (["pool", "serve"], ("Missing option", "--allow")),
+        (["pool", "serve", "--allow", "x", "--set", "keep_alive_s=-3"], ("--set", "keep_alive_s", "-3")),
+        (["pool", "serve", "--allow", "x", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
         # schedulers
         (["schedulers", "--json", "--markdown"], ("--json", "--markdown", "one of them")),
     ],

@@ -442,3 +442,34 @@ def test_an_answer_leaves_only_once_its_batch_is_in_the_cost_store() -> None:
         assert resp.status_code == 200 and parse_result(resp.json()).output == 8 and "durable" in stored
     finally:
         pool.close()
+
+
+def test_pool_serve_applies_its_set_overrides_to_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``esg-prefect pool serve --set KEY=VALUE`` reaches the pool's settings; the rest stay the defaults."""
+    import uvicorn
+
+    from esg_prefect.cli import main
+    from esg_prefect.scheduling import ESGSettings
+
+    served: list[Any] = []
+
+    def fake_run(app: Any, **kwargs: Any) -> None:  # the service's app, not a server: nothing binds
+        served.append(kwargs)
+
+    made: list[Any] = []
+    import esg_prefect.runtime.pool as pool_module
+
+    real_init = pool_module.Pool.__init__
+
+    def spy_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(pool_module.Pool, "__init__", spy_init)
+    argv = ["pool", "serve", "--allow", "x", "--backend", "inline", "--store", "off", "--no-artifacts"]
+    assert main([*argv, "--set", "keep_alive_s=7", "--set", "max_batch_wait_ms=20"]) in (0, None)
+    assert served and len(made) == 1
+    got, default = made[0].settings, ESGSettings()
+    assert (got.keep_alive_s, got.max_batch_wait_ms) == (7.0, 20.0)
+    assert got.percentile == default.percentile and got.idle_aware == default.idle_aware

@@ -45,11 +45,14 @@ def serve(
     ssl_keyfile: str = typer.Option("", "--ssl-keyfile", help="TLS private key (PEM) of --ssl-certfile."),
     store: str = typer.Option("", help="Cost store URL (default: SQLite under PREFECT_HOME); off to disable."),
     artifacts: bool = typer.Option(True, help="Publish each flow run's cost artifacts to the Prefect API."),
+    sets: list[str] = typer.Option(
+        [], "--set", help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_s=10."
+    ),
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
 
-    from esg_prefect.cli.simulate import check_number, check_scheduler
+    from esg_prefect.cli.simulate import check_number, check_scheduler, parse_settings
     from esg_prefect.exceptions import InvalidInputError
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
@@ -64,6 +67,9 @@ def serve(
     if max_pending < 1:
         raise typer.BadParameter(f"must be at least 1 (calls in flight), got {max_pending}", param_hint="--max-pending")
     check_scheduler(scheduler)
+    from esg_prefect.scheduling import ESGSettings
+
+    settings = parse_settings(ESGSettings(), sets)
     token = os.environ.get(token_env) or None
     try:
         check_bind(host, token)
@@ -106,7 +112,7 @@ def serve(
             raise typer.BadParameter(str(exc), param_hint="--backend") from exc
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
-    pool = Pool(latency, scheduler=scheduler, backend=be)
+    pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be)
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))

@@ -17,12 +17,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from esg_prefect.scheduling import ESGSettings
 
 CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simulate --out DIR` writes"
 
@@ -167,7 +170,14 @@ def check_number(value: float, hint: str, what: str, *, zero_ok: bool = False) -
 
 
 def with_settings(case: Any, pairs: Sequence[str]) -> Any:
-    """``case`` with ESG settings overridden by ``KEY=VALUE`` pairs (``--set``).
+    """``case`` with ESG settings overridden by ``KEY=VALUE`` pairs (``--set``; :func:`parse_settings`)."""
+    if not pairs:
+        return case
+    return replace(case, settings=parse_settings(case.settings, pairs))
+
+
+def parse_settings(base: ESGSettings, pairs: Sequence[str]) -> ESGSettings:
+    """``base`` with ``KEY=VALUE`` pairs applied (``--set``).
 
     A value is read as JSON (``true``, ``0.25``, ``"p95"``, ``{...}``), else
     taken as a string, so that ``--set percentile=mean`` works unquoted. Unknown
@@ -180,9 +190,7 @@ def with_settings(case: Any, pairs: Sequence[str]) -> Any:
     from esg_prefect.exceptions import ConfigError
     from esg_prefect.scheduling import ESGSettings
 
-    if not pairs:
-        return case
-    data = case.settings.to_dict()
+    data = base.to_dict()
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
@@ -193,10 +201,9 @@ def with_settings(case: Any, pairs: Sequence[str]) -> Any:
             value = raw
         data[key.strip()] = value
     try:
-        settings = ESGSettings.from_dict(data)
+        return ESGSettings.from_dict(data)
     except (ConfigError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--set") from None
-    return replace(case, settings=settings)
 
 
 def summary_line(run: Any, case: Any, wall_s: float) -> str:
