@@ -1,7 +1,7 @@
 """deployments/: the example deployments, run by a process work-pool worker and by the serve script.
 
 End to end against a real local server (``prefect server start`` in a subprocess,
-one for the module):
+one for the module's xdist group):
 
 * the walkthrough of deployments/README.md: the pool service, ``prefect
   work-pool create``, ``prefect deploy --all`` of deployments/prefect.yaml,
@@ -36,7 +36,7 @@ from esg_prefect.integration.run_views import cost_column, money
 from esg_prefect.store import CostStore
 from tests.prefect_server import ROOT, PrefectServer, free_port, prefect_server, spawn, stop, tail, wait_http
 
-pytestmark = [pytest.mark.service, pytest.mark.slow]
+pytestmark = [pytest.mark.service, pytest.mark.slow, pytest.mark.xdist_group("deployments")]
 
 SPEC = ROOT / "deployments" / "prefect.yaml"
 WORK_POOL = "esg-process"
@@ -49,7 +49,7 @@ FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 SHORT_KEEP_ALIVE = ["--set", "keep_alive_s=5"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one server for the group (one xdist worker), however its tests interleave
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
     with prefect_server(tmp_path_factory.mktemp("prefect-home")) as s:
         yield s

@@ -98,7 +98,7 @@ def toy_targets() -> list[ProfileTarget]:
 # ---- one measured session ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # the group keeps its tests on one worker: one profiling session there
 def session(tmp_path_factory: pytest.TempPathFactory) -> tuple[SessionResult, Path, str]:
     out = tmp_path_factory.mktemp("profile")
     url = f"sqlite:///{out / 'profiles.db'}"
