@@ -101,7 +101,7 @@ def test_batches_mix_calls_from_different_processes(tmp_path: Path) -> None:
     # it started a temporary API of its own, which a loaded machine's kill left running).
     api = {"PREFECT_API_URL": str(PREFECT_API_URL.value())}
     service = start_service(port, tmp_path / "results.db", api)
-    n = 10
+    n = 6  # calls of each process; more concurrent flow runs only wait out the SQLite test API's 503s
     clients: list[subprocess.Popen[bytes]] = []
     try:
         env = {**os.environ, **api}
