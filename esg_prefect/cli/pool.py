@@ -57,6 +57,7 @@ def serve(
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
+    from esg_prefect.scheduling import ESGSettings
     from esg_prefect.service.app import PoolService, check_bind
     from esg_prefect.service.results import ResultCache
 
@@ -67,8 +68,6 @@ def serve(
     if max_pending < 1:
         raise typer.BadParameter(f"must be at least 1 (calls in flight), got {max_pending}", param_hint="--max-pending")
     check_scheduler(scheduler)
-    from esg_prefect.scheduling import ESGSettings
-
     settings = parse_settings(ESGSettings(), sets)
     token = os.environ.get(token_env) or None
     try:
