@@ -28,18 +28,19 @@ the median change of the whole bill, and its worst change of the SLO hit rate.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from esg_prefect.exceptions import ConfigError
+import typer
+
+from esg_prefect.cli.simulate import parse_settings, setting_pairs
 from esg_prefect.scheduling import ESGSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,26 +51,13 @@ Setting = tuple[tuple[str, Any], ...]
 
 
 def parse_variant(text: str) -> Setting:
-    """``'k=v,k=v'`` as a setting; values read as JSON (``true``, ``0.5``), else as strings. '' is the defaults."""
-    pairs: list[tuple[str, Any]] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, raw = part.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"esg_variants: --variant wants KEY=VALUE pairs, got {part!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        pairs.append((key.strip(), value))
-    known = {f.name for f in fields(ESGSettings)}
-    bad = [k for k, _ in pairs if k not in known]
-    if bad:
-        raise SystemExit(f"esg_variants: unknown ESG setting {bad[0]!r} in --variant {text!r}")
+    """``'k=v,k=v'`` as a setting, read and checked as ``--set`` pairs are; '' is the defaults."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
     try:
-        ESGSettings(**dict(pairs))
-    except (ConfigError, TypeError) as exc:
-        raise SystemExit(f"esg_variants: --variant {text!r}: {exc}") from None
-    return tuple(pairs)
+        parse_settings(ESGSettings(), parts)  # refuses unknown keys and bad values, naming them
+        return tuple(setting_pairs(parts))
+    except typer.BadParameter as exc:
+        raise SystemExit(f"esg_variants: --variant {text!r}: {exc.message}") from None
 
 
 def label(setting: Setting) -> str:

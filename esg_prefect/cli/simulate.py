@@ -191,6 +191,20 @@ def parse_settings(base: ESGSettings, pairs: Sequence[str]) -> ESGSettings:
     from esg_prefect.scheduling import ESGSettings
 
     data = base.to_dict()
+    data.update(setting_pairs(pairs))
+    try:
+        return ESGSettings.from_dict(data)
+    except (ConfigError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
+
+
+def setting_pairs(pairs: Sequence[str]) -> list[tuple[str, Any]]:
+    """``KEY=VALUE`` strings as (key, value), each value read as JSON, else kept as a string (unchecked).
+
+    Raises:
+        typer.BadParameter: on a pair without ``=`` or without a key.
+    """
+    out: list[tuple[str, Any]] = []
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
@@ -199,11 +213,8 @@ def parse_settings(base: ESGSettings, pairs: Sequence[str]) -> ESGSettings:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = raw
-        data[key.strip()] = value
-    try:
-        return ESGSettings.from_dict(data)
-    except (ConfigError, TypeError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--set") from None
+        out.append((key.strip(), value))
+    return out
 
 
 def summary_line(run: Any, case: Any, wall_s: float) -> str:
