@@ -182,6 +182,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.pool_url and args.sets:
         parser.error("--set applies to the pool service this script starts; it cannot change one at --pool-url")
+    if args.sets:  # refused here in one line, not by the service once it has started
+        import typer
+
+        from esg_prefect.cli.simulate import parse_settings
+        from esg_prefect.scheduling import ESGSettings
+
+        try:
+            parse_settings(ESGSettings(), args.sets)
+        except typer.BadParameter as exc:
+            parser.error(f"--set: {exc.message}")
 
     from prefect import serve
     from prefect.settings import PREFECT_API_URL

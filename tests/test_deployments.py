@@ -234,6 +234,25 @@ def test_serve_script_builds_the_deployments_of_prefect_yaml() -> None:
         serve.build_deployments(serve.deployment_specs(), only=["nope"])
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--set", "keep_alive_s=-3"], "keep_alive_s"),
+        (["--set", "no_such_knob=1"], "no_such_knob"),
+        (["--pool-url", "http://127.0.0.1:1", "--set", "keep_alive_s=5"], "--pool-url"),
+    ],
+)
+def test_serve_script_refuses_a_bad_set_in_one_line(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    serve = load_serve_script()
+    with pytest.raises(SystemExit) as exc:
+        serve.main(argv)  # before any Prefect API, service or deployment is touched
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and named in err.splitlines()[-1], err
+
+
 def test_text_deployment_runs_through_a_process_worker(server: PrefectServer, tmp_path: Path) -> None:
     started = time.monotonic()
     store_url = f"sqlite:///{tmp_path}/costs.db"
