@@ -101,6 +101,7 @@ class BusyWarm:
         batch = c.config.batch
         prices = self.tables.prices
         mine = prices.batch_cost(c.config, c.hardware, c.latency_ms) * (1.0 + 1e-9)
+        fits: list[tuple[float, str]] = []  # (when it would end the batch, worker id) of each busy worker that may
         for w in view.busy_by_stage.get(c.stage, ()):
             if w.free_at_ms is None or w.starting:
                 continue
@@ -111,6 +112,9 @@ class BusyWarm:
             if free - now_ms + lat > limit:
                 continue
             if prices.batch_cost(Config(batch, w.vcpus, w.gpu_share), w.hardware, lat) <= mine:
-                booked[w.worker_id] = free + lat
-                return True
-        return False
+                fits.append((free + lat, w.worker_id))
+        if not fits:
+            return False
+        end, wid = min(fits)  # the one that ends it first (not the view's list order, which its updates change)
+        booked[wid] = end
+        return True
