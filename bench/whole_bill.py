@@ -41,11 +41,14 @@ run, as ``esg_prefect.model.report.after_warmup`` cuts it: batches dispatched
 in it, idle time in it), per request arrived in it:
   * cold = each batch's cold start (the batch record spans dispatch to end, the
     stage records say how much of it was the worker's start) plus each
-    pre-warm start's load (billed as the first part of the new worker's first
-    idle interval), at the worker's price;
-  * busy = the rest of the batches' time; idle = the rest of the idle time;
-  * whole = busy + idle + cold = the sum over the batch and idle records of
-    ``PriceSheet.rate_per_s(...) x duration``, checked against the run's
+    pre-warm start's load (the first part of the new worker's first idle
+    interval, ``IdleRecord.loading_ms``), at the worker's price (vCPUs and share);
+  * busy = the rest of the batches' time; idle = the rest of the idle time, at
+    the GPU share's price only (an idle worker holds no vCPU;
+    ``docs/decisions/idle-vcpus.md``);
+  * whole = busy + idle + cold = the sum over the batch records of
+    ``PriceSheet.rate_per_s(...) x duration`` and over the idle records of
+    ``attribution.idle_cost``, checked against the run's
     report (its busy plus idle cost) in every run (a line after the tables
     says whether every run agreed);
   * batch = the report's batch cost per request (the paper's cost model:
@@ -98,11 +101,10 @@ from multiprocessing import get_context
 from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
-import esg_prefect.simulator.run as sim_run
+from esg_prefect.model.attribution import idle_cost
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.simulator import simulate, standard_case
 from esg_prefect.simulator.case import Case
-from esg_prefect.simulator.cluster import SimCluster
 from esg_prefect.simulator.experiments import PRIOR_WORK
 from esg_prefect.simulator.run import SimRun
 from esg_prefect.simulator.standard import STANDARD_RATE_PER_S, STANDARD_TRACE
@@ -251,47 +253,10 @@ def _field_names() -> set[str]:
     return {f.name for f in fields(ESGSettings)}
 
 
-def simulate_recorded(case: Case) -> tuple[SimRun, dict[str, tuple[str, float]]]:
-    """Simulate ``case``; also return its pre-warm starts, worker id -> (stage, start ms).
-
-    ``SimRun`` does not say which stage a pre-warmed worker that never ran a
-    batch was started for, and its load time depends on the stage; the run's
-    cluster is wrapped to note each start (``Fleet.prewarm``), the simulation
-    itself unchanged.
-    """
-    clusters: list[_RecordingCluster] = []
-
-    class _Recording(_RecordingCluster):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            clusters.append(self)
-
-    saved = sim_run.SimCluster
-    sim_run.SimCluster = _Recording  # type: ignore[misc]
-    try:
-        run = simulate(case)
-    finally:
-        sim_run.SimCluster = saved  # type: ignore[misc]
-    return run, (clusters[0].prewarm_log if clusters else {})
-
-
-class _RecordingCluster(SimCluster):
-    """The simulated cluster, noting each pre-warm start."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.prewarm_log: dict[str, tuple[str, float]] = {}
-
-    def prewarm(self, placement: Any, stage: str, config: Any, hardware: str, now_ms: float) -> Any:
-        w = super().prewarm(placement, stage, config, hardware, now_ms)
-        self.prewarm_log[w.worker_id] = (stage, now_ms)
-        return w
-
-
-def bill_split(run: SimRun, case: Case, prewarms: dict[str, tuple[str, float]]) -> Bill:
+def bill_split(run: SimRun, case: Case) -> Bill:
     """Busy, idle and cold dollars of ``run`` in its report's window (module docstring)."""
     w0 = case.warmup_s * 1000.0
-    prices, profile = case.prices, case.load_profile()
+    prices = case.prices
     cold_of: dict[str, float] = {}
     for s in run.stages:
         if s.cold_start_ms > 0:
@@ -309,14 +274,9 @@ def bill_split(run: SimRun, case: Case, prewarms: dict[str, tuple[str, float]]) 
         start, end = max(i.start_ms, w0), i.end_ms
         if end <= start:
             continue
-        rate = prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware)
-        load = 0.0
-        p = prewarms.get(i.worker_id)
-        if p is not None and p[1] == i.start_ms:  # the worker's first idle interval begins with its load
-            load_end = i.start_ms + profile.cold_start_ms(p[0], i.hardware)
-            load = max(0.0, min(end, load_end) - start)
-        cold += rate * load / 1000.0
-        idle += rate * (end - start - load) / 1000.0
+        load = max(0.0, min(end, i.start_ms + i.loading_ms) - start)  # a pre-warm start's load: vCPUs held too
+        cold += prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * load / 1000.0
+        idle += prices.idle_rate_per_s(i.gpu_share, i.hardware) * (end - start - load) / 1000.0
     return Bill(busy, idle, cold)
 
 
@@ -337,9 +297,9 @@ def run_job(job: Job) -> dict[str, Any]:
     """Simulate one job, timed in this process; the figures the tables need."""
     case = job_case(job)
     t0 = time.perf_counter()
-    run, prewarms = simulate_recorded(case)
+    run = simulate(case)
     wall = time.perf_counter() - t0
-    bill = bill_split(run, case, prewarms)
+    bill = bill_split(run, case)
     rep = run.report
     o = rep.overall
     report_whole = rep.busy_cost + rep.idle_cost
@@ -352,7 +312,7 @@ def run_job(job: Job) -> dict[str, Any]:
     p99 = {w.name: (p99_with_failures(lat[w.name]), w.slo_ms) for w in case.workflows}
     rate = case.prices.rate_per_s
     run_total = sum(rate(b.config.vcpus, b.config.gpu_share, b.hardware) * b.duration_ms for b in run.batches)
-    run_total += sum(rate(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) for i in run.idles)
+    run_total += sum(idle_cost(i, case.prices) * 1000.0 for i in run.idles)
     return {
         "cell": job.cell.name,
         "trace": job.cell.trace,

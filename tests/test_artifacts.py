@@ -36,7 +36,18 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.store import CostStore
-from tests.cost_records import EXPECTED_PER_RUN, RUN_A, records_a, records_b, records_c, renamed, settled
+from tests.cost_records import (
+    EXPECTED_PER_RUN,
+    RUN_A,
+    T4_PRICES,
+    T4InlineBackend,
+    records_a,
+    records_b,
+    records_c,
+    renamed,
+    settled,
+    t4_toy_profile,
+)
 from tests.toy_stages import double, inc, toy_profile
 
 NONE_ROW = dict.fromkeys(CALL_COLUMNS)
@@ -55,7 +66,10 @@ def _costs(rec: RunRecords) -> dict[str, tuple[float, float]]:
 
 
 def test_table_of_run_a() -> None:
-    """Once its cost is final: busy shares of b1 and b2, and of the idle time after each (w1's 2.5, w2's 0.2)."""
+    """Once its cost is final: busy shares of b1 and b2, and of the idle time after each (w1's 2.5, w2's 0.2).
+
+    Idle time is billed at the worker's GPU share only: an idle worker holds no vCPU.
+    """
     detect = {
         "stage": "detect",
         "batch": "b1",
@@ -64,7 +78,7 @@ def test_table_of_run_a() -> None:
         "worker": "w1",
         "wait ms": 100.0,
         "busy $": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
-        "idle $": 1.25,  # w1 idle after b1: 2.5 per s x 1 s = 2.5, half of it
+        "idle $": 1.25,  # w1 idle after b1: 0.5 T4 x 4.0 per s x 1.25 s = 2.5, half of it
         "cost $": 1.75,
     }
     classify = {
@@ -74,11 +88,11 @@ def test_table_of_run_a() -> None:
         "runs": 1,
         "worker": "w2",
         "wait ms": 0.0,
-        "busy $": 0.2,  # 2 vCPU x 0.5 per s x 0.2 s
-        "idle $": 0.2,  # w2 idle after b2: 1.0 per s x 0.2 s, all A's
-        "cost $": 0.4,
+        "busy $": 0.4,  # (2 vCPU x 0.5 + 0.25 T4 x 4.0) per s x 0.2 s
+        "idle $": 0.2,  # w2 idle after b2: 0.25 T4 x 4.0 per s x 0.2 s, all A's
+        "cost $": 0.6,
     }
-    total = NONE_ROW | {"stage": "total", "busy $": 0.7, "idle $": 1.45, "cost $": 2.15}
+    total = NONE_ROW | {"stage": "total", "busy $": 0.9, "idle $": 1.45, "cost $": 2.35}
     rows = run_table(settled(records_a()))
     assert rows[-1][COST] == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
     assert rows == [detect, classify, total]
@@ -90,8 +104,8 @@ def test_table_cells_are_short() -> None:
     """Three significant digits: the table reads at 1400 px, and the numbers stay numbers."""
     rec = settled(_with_split(records_a(), "input_size"))
     rows = run_table(rec)
-    assert rows[-1][COST] == 1.27  # 1.275 (1.27499... in binary) to three digits
-    assert rec.cost().total == pytest.approx(1.275)
+    assert rows[-1][COST] == 1.48  # 0.25 + 0.625 + 0.4 + 0.2 = 1.475 (1.4750000000000000888 in binary) to three digits
+    assert rec.cost().total == pytest.approx(1.475)
     for row in rows:
         for col in ("wait ms", "busy $", "idle $", "cost $"):
             value = row[col]
@@ -110,14 +124,14 @@ def test_table_of_a_run_with_a_failed_call() -> None:
 
 def test_cost_shares_follow_the_split() -> None:
     a = settled(records_a())
-    assert _costs(a) == {"a-detect": pytest.approx((0.5, 1.25)), "a-classify": pytest.approx((0.2, 0.2))}
+    assert _costs(a) == {"a-detect": pytest.approx((0.5, 1.25)), "a-classify": pytest.approx((0.4, 0.2))}
     by_size = _with_split(a, "input_size")  # A is size 1 of 4 in b1: of its 1.0 and of w1's idle 2.5
-    assert _costs(by_size) == {"a-detect": pytest.approx((0.25, 0.625)), "a-classify": pytest.approx((0.2, 0.2))}
-    assert run_table(by_size)[-1][COST] == money(1.275)
+    assert _costs(by_size) == {"a-detect": pytest.approx((0.25, 0.625)), "a-classify": pytest.approx((0.4, 0.2))}
+    assert run_table(by_size)[-1][COST] == money(1.475)
     b = _with_split(settled(records_b()), "input_size")
     assert _costs(b) == {"b-detect": pytest.approx((0.75, 1.875))}
     # before the idle time is known: the busy part alone, said not to be final
-    assert _costs(records_a()) == {"a-detect": pytest.approx((0.5, 0.0)), "a-classify": pytest.approx((0.2, 0.0))}
+    assert _costs(records_a()) == {"a-detect": pytest.approx((0.5, 0.0)), "a-classify": pytest.approx((0.4, 0.0))}
 
 
 def test_summary_of_run_a() -> None:
@@ -126,7 +140,7 @@ def test_summary_of_run_a() -> None:
         "\n"
         "**SLO met**: 700.0 ms end to end, 300.0 ms inside the 1000 ms SLO.\n"
         "\n"
-        "**Cost**: $2.15 (busy $0.7 + idle $1.45), this run's share of 2 batches (1 shared with other flow runs; "
+        "**Cost**: $2.35 (busy $0.9 + idle $1.45), this run's share of 2 batches (1 shared with other flow runs; "
         "equal split of each batch's cost) and, split the same way, of the warm idle time those batches caused: "
         "a worker's idle time goes to the batch that ended just before it, a worker's idle time before its first "
         "batch to that batch. Final: the idle time after each of its batches has closed; `esg-prefect costs` shows "
@@ -139,7 +153,7 @@ def test_summary_of_run_a() -> None:
         "\n"
         "- **detect**, batch b1 (2 calls of 2 flow runs) on w1 (T4 x0.50, 1 vCPU): "
         "cheapest plan within the slack over 2 stage(s) (warm worker). Predicted 380 ms, took 400 ms.\n"
-        "- **classify**, batch b2 (1 call of 1 flow run) on w2 (cpu, 2 vCPU, cold start): "
+        "- **classify**, batch b2 (1 call of 1 flow run) on w2 (T4 x0.25, 2 vCPU, cold start): "
         "cheapest plan within the slack over 1 stage(s) (cold start, best fit). Predicted 190 ms, took 200 ms.\n"
     )
 
@@ -202,23 +216,23 @@ def test_money_text_reads_like_the_browser_shows_the_tables_number() -> None:
 
 def test_run_tags_are_the_tables_total_and_the_stores_slo() -> None:
     a, b, c = settled(records_a()), settled(records_b()), settled(records_c())
-    assert run_tags(a) == ("esg:$2.15", "esg:slo-met")
+    assert run_tags(a) == ("esg:$2.35", "esg:slo-met")
     assert run_tags(b) == ("esg:$1.75", "esg:slo-missed")  # 450 ms against a 300 ms SLO
     assert run_tags(c) == ("esg:$0.05", "esg:slo-missed")  # a call failed: the run never finished
     for rec in (a, b, c):
         cost_tag = run_tags(rec)[0]
         assert float(cost_tag.removeprefix("esg:$")) == run_table(rec)[-1][COST] == money(rec.cost().total)
     # before the idle time is known, the tag says what the (not final) artifact says
-    assert run_tags(records_a())[0] == "esg:$0.7" == f"esg:${money_text(run_table(records_a())[-1][COST])}"
+    assert run_tags(records_a())[0] == "esg:$0.9" == f"esg:${money_text(run_table(records_a())[-1][COST])}"
 
 
 def test_merged_tags_keep_the_runs_own_tags_and_replace_earlier_esg_tags() -> None:
     a = settled(records_a())
-    assert merged_tags([], a) == ["esg:$2.15", "esg:slo-met"]
+    assert merged_tags([], a) == ["esg:$2.35", "esg:slo-met"]
     own = ["nightly", "team:vision", "esg:v2", "esg:slo-metrics"]  # look alike, but the user's own
-    assert merged_tags(own, a) == ["esg:$2.15", "esg:slo-met", *own]
-    earlier = ["nightly", "esg:$0.7", "esg:slo-missed", "team:vision"]  # a first publication's tags
-    assert merged_tags(earlier, a) == ["esg:$2.15", "esg:slo-met", "nightly", "team:vision"]
+    assert merged_tags(own, a) == ["esg:$2.35", "esg:slo-met", *own]
+    earlier = ["nightly", "esg:$0.9", "esg:slo-missed", "team:vision"]  # a first publication's tags
+    assert merged_tags(earlier, a) == ["esg:$2.35", "esg:slo-met", "nightly", "team:vision"]
     assert merged_tags(merged_tags(own, a), a) == merged_tags(own, a)  # setting them again changes nothing
     assert [t for t in ("esg:$1e-7", "esg:$3.5e+21", "esg:$0", "esg:€1", "esg:$v2") if is_run_tag(t, "$")] == [
         "esg:$1e-7",
@@ -251,9 +265,9 @@ class FakeClient:
 def test_tag_run_writes_only_when_the_tags_change() -> None:
     client = FakeClient(["nightly"])
     a = settled(records_a())
-    assert tag_run(a, client) == ["esg:$2.15", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
-    assert tag_run(a, client) == ["esg:$2.15", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
-    assert client.patches == [["esg:$2.15", "esg:slo-met", "nightly"]]
+    assert tag_run(a, client) == ["esg:$2.35", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
+    assert tag_run(a, client) == ["esg:$2.35", "esg:slo-met", "nightly"]  # type: ignore[arg-type]
+    assert client.patches == [["esg:$2.35", "esg:slo-met", "nightly"]]
     assert tag_run(a, FakeClient(None)) is None  # type: ignore[arg-type]  # the flow run was deleted
     assert tag_run(dataclasses.replace(a, run_id="local-1"), client) is None  # type: ignore[arg-type]
 
@@ -385,16 +399,16 @@ def test_publish_on_a_flow_run() -> None:
     assert table.key == f"esg-cost-{run_id[:8]}" and markdown.key == f"esg-summary-{run_id[:8]}"
     rows = json.loads(table.data)
     assert rows == run_table(rec)
-    assert rows[-1]["stage"] == "total" and rows[-1][COST] == 0.7
+    assert rows[-1]["stage"] == "total" and rows[-1][COST] == 0.9
     assert markdown.data == run_summary(rec)
     # The runs list: the table's total and the SLO outcome in front, the run's own tags kept.
     found = read_tags(uuid.UUID(run_id))
-    assert found[:2] == ["esg:$0.7", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
+    assert found[:2] == ["esg:$0.9", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
     assert float(found[0].removeprefix("esg:$")) == rows[-1][COST]
     # Published again (the same run, its cost now final): the ESG tags are replaced, not added.
     publish_run(renamed(settled(records_a()), run_id))
     again = read_tags(uuid.UUID(run_id))
-    assert again[:2] == ["esg:$2.15", "esg:slo-met"] and sorted(again[2:]) == ["nightly", "team-a"]
+    assert again[:2] == ["esg:$2.35", "esg:slo-met"] and sorted(again[2:]) == ["nightly", "team-a"]
 
 
 @pytest.mark.usefixtures("prefect_harness")
@@ -402,7 +416,8 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
     from prefect import flow, tags
 
     url = f"sqlite:///{tmp_path / 'runner.db'}"
-    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
+    # workers on shares of a T4: their idle time costs (a CPU-only worker's idle time is free)
+    pool = Pool(t4_toy_profile(), T4_PRICES, backend=T4InlineBackend(vcpus=2))
     try:
 
         @flow(task_runner=ESGTaskRunner(pool=pool, store=url))

@@ -18,11 +18,13 @@ from esg_prefect.model.attribution import (
     IdleBilling,
     IdleRecord,
     attribute_costs,
+    idle_cost,
 )
 from esg_prefect.model.config import Config
 from esg_prefect.model.pricing import PriceSheet
 
-# A vCPU-second costs 0.5, a whole T4-second 4.0: a worker with 1 vCPU and half a T4 costs 2.5 per s.
+# A vCPU-second costs 0.5, a whole T4-second 4.0: a worker with 1 vCPU and half a T4 costs 2.5 per s
+# busy and 2.0 per s idle (an idle worker holds its GPU share but no vCPU).
 PRICES = PriceSheet(0.5, {"T4": 4.0})
 CFG = Config(2, 1, 0.5)
 SPLITS: tuple[CostSplit, ...] = ("equal", "input_size")
@@ -35,7 +37,7 @@ def batch(batch_id: str, worker: str, items: Sequence[BatchItem], start_ms: floa
 
 
 def idle(worker: str, start_ms: float, end_ms: float) -> IdleRecord:
-    """Idle time of a 1-vCPU, half-T4 worker."""
+    """Idle time of a 1-vCPU, half-T4 worker: 0.5 * 4.0 = 2.0 per s (its share only)."""
     return IdleRecord(worker, 1, 0.5, "T4", start_ms, end_ms)
 
 
@@ -64,42 +66,64 @@ def test_input_size_split() -> None:
 
 def test_idle_after_a_batch_is_attributed_to_its_runs() -> None:
     rep = attribute_costs([two_runs()], [idle("w1", 1000.0, 1400.0)], PRICES)
-    # idle 0.4 s * 2.5 = 1.0, split like b1: 0.5 each on top of 1.25
-    assert rep.per_run == {"A": 1.75, "B": 1.75}
-    assert (rep.busy_total, rep.idle_total, rep.idle_unattributed, rep.total) == (2.5, 1.0, 0.0, 3.5)
+    # idle 0.4 s * 2.0 = 0.8, split like b1: 0.4 each on top of 1.25
+    assert rep.per_run == {"A": 1.65, "B": 1.65}
+    assert (rep.busy_total, rep.idle_total, rep.idle_unattributed, rep.total) == (2.5, 0.8, 0.0, 3.3)
 
 
 def test_attributed_idle_follows_the_input_size_split() -> None:
     rep = attribute_costs([two_runs()], [idle("w1", 1000.0, 1400.0)], PRICES, split="input_size")
-    # idle 1.0 split 1/4 and 3/4: A = 0.625 + 0.25, B = 1.875 + 0.75
-    assert rep.per_run == {"A": 0.875, "B": 2.625}
+    # idle 0.8 split 1/4 and 3/4: A = 0.625 + 0.2, B = 1.875 + 0.6
+    assert rep.per_run == {"A": 0.825, "B": 2.475}
 
 
 def test_separate_idle_goes_to_the_idle_line() -> None:
     rep = attribute_costs([two_runs()], [idle("w1", 1000.0, 1400.0)], PRICES, idle_billing="separate")
     assert rep.per_run == {"A": 1.25, "B": 1.25}
-    assert (rep.idle_total, rep.idle_unattributed) == (1.0, 1.0)
+    assert (rep.idle_total, rep.idle_unattributed) == (0.8, 0.8)
 
 
 def test_idle_goes_to_the_batch_that_ended_last_before_it() -> None:
     b2 = batch("b2", "w1", [BatchItem("r3", "C")], 2000.0, 2400.0)  # 0.4 s * 2.5 = 1.0, all to r3
-    idles = [idle("w1", 1000.0, 2000.0), idle("w1", 2400.0, 2800.0)]  # 2.5 after b1, 1.0 after b2
+    idles = [idle("w1", 1000.0, 2000.0), idle("w1", 2400.0, 2800.0)]  # 1 s * 2.0 after b1, 0.4 s * 2.0 after b2
     rep = attribute_costs([b2, two_runs()], idles, PRICES)  # batches given out of order on purpose
-    # A, B: 1.25 + 2.5 / 2; C: 1.0 + 1.0
-    assert rep.per_run == {"A": 2.5, "B": 2.5, "C": 2.0}
+    # A, B: 1.25 + 2.0 / 2; C: 1.0 + 0.8
+    assert rep.per_run == {"A": 2.25, "B": 2.25, "C": 1.8}
     assert rep.idle_unattributed == 0.0
 
 
 def test_idle_before_a_workers_first_batch_goes_to_that_batch() -> None:
     b1 = batch("b1", "w1", [BatchItem("r1", "A", 1.0), BatchItem("r2", "B", 3.0)], 200.0, 1200.0)  # 2.5
     idles = [
-        idle("w1", 0.0, 200.0),  # w1 started (pre-warmed) at 0, idle until b1: 0.2 s * 2.5 = 0.5, to b1
-        idle("w2", 0.0, 800.0),  # w2 never ran a batch: 0.8 s * 2.5 = 2.0, the idle line
+        idle("w1", 0.0, 200.0),  # w1 started (pre-warmed) at 0, idle until b1: 0.2 s * 2.0 = 0.4, to b1
+        idle("w2", 0.0, 800.0),  # w2 never ran a batch: 0.8 s * 2.0 = 1.6, the idle line
     ]
     rep = attribute_costs([b1], idles, PRICES, idle_billing="attribute")
-    assert rep.per_run == {"A": 1.5, "B": 1.5}
-    assert (rep.per_run_busy, rep.per_run_idle) == ({"A": 1.25, "B": 1.25}, {"A": 0.25, "B": 0.25})
-    assert (rep.idle_total, rep.idle_unattributed) == (2.5, 2.0)
+    assert rep.per_run == {"A": 1.45, "B": 1.45}
+    assert (rep.per_run_busy, rep.per_run_idle) == ({"A": 1.25, "B": 1.25}, {"A": 0.2, "B": 0.2})
+    assert (rep.idle_total, rep.idle_unattributed) == (2.0, 1.6)
+
+
+def test_an_idle_worker_pays_for_its_gpu_share_only() -> None:
+    cpu = IdleRecord("w1", 4, 0.0, "cpu", 0.0, 1000.0)  # its vCPUs go to busy workers: nothing held
+    t4 = IdleRecord("w2", 4, 0.5, "T4", 0.0, 1000.0)  # half a T4 for 1 s: 0.5 * 4.0 * 1.0 = 2.0, no vCPU
+    assert idle_cost(cpu, PRICES) == 0.0
+    assert idle_cost(t4, PRICES) == 0.5 * 4.0 * 1.0
+    rep = attribute_costs([], [cpu, t4], PRICES)
+    assert (rep.idle_total, rep.idle_unattributed) == (2.0, 2.0)
+
+
+def test_a_prewarm_load_in_an_idle_interval_bills_its_vcpus() -> None:
+    rec = IdleRecord("w1", 1, 0.5, "T4", 0.0, 1000.0, loading_ms=200.0)
+    # half a T4 for the whole 1 s, plus its 1 vCPU for the 0.2 s load: 0.5 * 4.0 * 1.0 + 1 * 0.5 * 0.2 = 2.1
+    assert idle_cost(rec, PRICES) == pytest.approx(2.1, rel=1e-12)
+    # lead idle time, load included, goes to the worker's first batch (1 s * 2.5 busy)
+    rep = attribute_costs([batch("b1", "w1", [BatchItem("r1", "A")], 1000.0, 2000.0)], [rec], PRICES)
+    assert (rep.per_run_busy, rep.per_run_idle) == ({"A": 2.5}, {"A": pytest.approx(2.1, rel=1e-12)})
+    assert rep.idle_unattributed == 0.0
+    for bad in (-1.0, 1000.5, math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match=re.escape(f"loading_ms must be within the interval, got {bad!r}")):
+            IdleRecord("w1", 1, 0.5, "T4", 0.0, 1000.0, loading_ms=bad)
 
 
 def test_a_request_in_several_batches_sums_its_shares() -> None:
@@ -119,17 +143,19 @@ def test_no_input_gives_an_empty_report() -> None:
 
 @dataclass(frozen=True)
 class RandomWorker:
-    """A worker's resources and hand-computed price rate."""
+    """A worker's resources and hand-computed price rates: busy (vCPUs and share), idle (share only)."""
 
     worker_id: str
     vcpus: int
     gpu_share: float
     hardware: str
     rate_per_s: float
+    idle_rate_per_s: float
 
 
 def random_instance(rng: random.Random) -> tuple[list[BatchRecord], list[IdleRecord], PriceSheet, float]:
-    """Random workers with alternating busy and idle intervals; returns the expected total bill."""
+    """Random workers with alternating busy and idle intervals (some starting with a load); returns the expected
+    total bill: busy time at the whole rate, idle time at the GPU share's rate, loads at the vCPUs' rate on top."""
     vcpu_price = rng.uniform(0.001, 0.01)
     gpu_prices = {"T4": rng.uniform(0.0, 0.2), "A100": rng.uniform(0.0, 1.0)}
     workers: list[RandomWorker] = []
@@ -137,14 +163,14 @@ def random_instance(rng: random.Random) -> tuple[list[BatchRecord], list[IdleRec
         hw = rng.choice(["cpu", "T4", "A100"])
         share = 0.0 if hw == "cpu" else rng.randint(1, 10) / 10
         vcpus = rng.choice([1, 2, 4])
-        rate = vcpus * vcpu_price + (share * gpu_prices[hw] if hw != "cpu" else 0.0)
-        workers.append(RandomWorker(f"w{i}", vcpus, share, hw, rate))
+        gpu_rate = share * gpu_prices[hw] if hw != "cpu" else 0.0
+        workers.append(RandomWorker(f"w{i}", vcpus, share, hw, vcpus * vcpu_price + gpu_rate, gpu_rate))
     batches: list[BatchRecord] = []
     idles: list[IdleRecord] = []
     expected = 0.0
     for w in workers:
         t = 0.0
-        busy_ms = idle_ms = 0.0
+        busy_ms = idle_ms = loading_ms = 0.0
         for k in range(rng.randint(1, 8)):
             length = rng.uniform(0.0, 500.0)
             if rng.random() < 0.6:
@@ -154,10 +180,13 @@ def random_instance(rng: random.Random) -> tuple[list[BatchRecord], list[IdleRec
                 batches.append(BatchRecord(f"{w.worker_id}b{k}", w.worker_id, items, cfg, w.hardware, t, t + length))
                 busy_ms += length
             else:
-                idles.append(IdleRecord(w.worker_id, w.vcpus, w.gpu_share, w.hardware, t, t + length))
+                span = (t + length) - t  # the interval's length as the record sees it
+                loading = rng.choice([0.0, rng.uniform(0.0, span), span])  # none, part, or all of it loading
+                idles.append(IdleRecord(w.worker_id, w.vcpus, w.gpu_share, w.hardware, t, t + length, loading))
                 idle_ms += length
+                loading_ms += loading
             t += length
-        expected += (busy_ms + idle_ms) * w.rate_per_s / 1000.0
+        expected += (busy_ms * w.rate_per_s + idle_ms * w.idle_rate_per_s + loading_ms * w.vcpus * vcpu_price) / 1000.0
     rng.shuffle(batches)
     rng.shuffle(idles)
     return batches, idles, PriceSheet(vcpu_price, gpu_prices), expected

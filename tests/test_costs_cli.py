@@ -59,13 +59,13 @@ def test_csv_by_run(store_path: str) -> None:
     costs = [float(r[6]) for r in rows[1:]]
     expected = [EXPECTED_PER_RUN[RUN_A], EXPECTED_PER_RUN[RUN_B], EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE]
     assert costs == pytest.approx(expected, rel=1e-12)
-    # busy/idle split and unit: A = 0.7 + 1.45, B = 0.5 + 1.25, C = 0.05 + 0, the idle line all idle
+    # busy/idle split and unit: A = 0.9 + 1.45, B = 0.5 + 1.25, C = 0.05 + 0, the idle line (w4) all idle
     split = [(float(r[8]), float(r[9]), r[10]) for r in rows[1:]]
     assert split == [
-        (pytest.approx(0.7), pytest.approx(1.45), "$"),
+        (pytest.approx(0.9), pytest.approx(1.45), "$"),
         (pytest.approx(0.5), pytest.approx(1.25), "$"),
         (pytest.approx(0.05), 0.0, "$"),
-        (0.0, pytest.approx(0.5), "$"),
+        (0.0, pytest.approx(1.1), "$"),
     ]
 
 
@@ -82,7 +82,7 @@ def test_json_by_workflow(store_path: str) -> None:
     img = EXPECTED_PER_RUN[RUN_A] + EXPECTED_PER_RUN[RUN_B]
     assert [r["cost"] for r in doc["rows"]] == pytest.approx([img, EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE])
     assert doc["total"] == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
-    assert doc["total_split"] == {"busy": pytest.approx(1.25), "idle": pytest.approx(3.2)}
+    assert doc["total_split"] == {"busy": pytest.approx(1.45), "idle": pytest.approx(3.8)}
     assert doc["unit"] == "$"
     assert set(doc["rows"][0]) == set(HEADER)
 
@@ -96,9 +96,9 @@ def test_table_by_deployment_is_the_default_format(store_path: str) -> None:
     assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "busy $", "idle $", "cost $"]
     assert cells[1:] == [
         ["(no deployment)", "1", "1", "0", "1", "0.5", "1.25", "1.75"],
-        ["nightly", "2", "4", "1", "1", "0.75", "1.45", "2.2"],
-        [IDLE_KEY, "", "", "", "", "0", "0.5", "0.5"],
-        ["total", "", "", "", "", "1.25", "3.2", "4.45"],
+        ["nightly", "2", "4", "1", "1", "0.95", "1.45", "2.4"],
+        [IDLE_KEY, "", "", "", "", "0", "1.1", "1.1"],
+        ["total", "", "", "", "", "1.45", "3.8", "5.25"],
     ]
     assert f"store: sqlite:///{store_path}" in out
 
@@ -108,11 +108,11 @@ def test_by_day_since_and_split(store_path: str) -> None:
     assert code == 0, out
     rows = json.loads(out)["rows"]
     assert [(r["key"], r["runs"]) for r in rows] == [("2024-05-02", 1), (IDLE_KEY, 0)]
-    assert [r["cost"] for r in rows] == pytest.approx([EXPECTED_PER_RUN[RUN_C], 0.5], rel=1e-12)
+    assert [r["cost"] for r in rows] == pytest.approx([EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE], rel=1e-12)
     code, out = invoke("--url", store_path, "--format", "json", "--split", "input_size", "--idle-billing", "separate")
     assert code == 0, out
     costs = {r["key"]: r["cost"] for r in json.loads(out)["rows"]}
-    assert costs == pytest.approx({RUN_A: 0.25 + 0.2, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 3.2}, rel=1e-12)
+    assert costs == pytest.approx({RUN_A: 0.25 + 0.4, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 2.5 + 0.2 + 1.1}, rel=1e-12)
 
 
 def test_store_url_from_the_environment(store_path: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,7 +157,7 @@ def test_the_verdict_compares_slo_met_and_cost_per_request() -> None:
     assert esg.slo_met == pytest.approx(0.75) and esg.cost_per_request == pytest.approx(1.0)
     line = verdict_line(esg, threads)
     assert "ESG met 75% of SLOs against the thread pool's 25% (more)" in line
-    assert "1.50x cheaper per request (ESG billed for its workers' whole life" in line
+    assert "1.50x cheaper per request (ESG billed for its workers' vCPUs while they compute" in line
     assert "1.50x dearer" in verdict_line(threads, esg)
 
 

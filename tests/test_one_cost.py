@@ -33,7 +33,7 @@ from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.control.records import RunRecords
 from esg_prefect.integration.artifacts import RunPublisher, _money, publish_run, run_summary, run_table
 from esg_prefect.integration.run_views import money_text
-from esg_prefect.model import PriceSheet
+from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint
 from esg_prefect.model.attribution import (
     BatchItem,
     BatchRecord,
@@ -58,43 +58,46 @@ from tests.toy_stages import toy_profile
 
 # ---- the definition, worked by hand ------------------------------------------------------------
 
-# A 1-vCPU CPU worker costs 0.5 per second.
-PRICES = PriceSheet(0.5, {})
-CFG = Config(2, 1, 0.0)
+# A vCPU-second costs 0.25, a whole T4-second 0.5: a worker with 1 vCPU and half a T4 costs 0.5 per second
+# busy, 0.25 per second idle (it holds its GPU share but no vCPU), and its vCPU's 0.25 more while it loads.
+PRICES = PriceSheet(0.25, {"T4": 0.5})
+CFG = Config(2, 1, 0.5)
 
 
 def _batch(bid: str, worker: str, runs: Sequence[str], start: float, end: float) -> BatchRecord:
     items = tuple(BatchItem(f"{bid}-{r}", r) for r in runs)
-    return BatchRecord(bid, worker, items, CFG.with_batch(len(items)), "cpu", start, end)
+    return BatchRecord(bid, worker, items, CFG.with_batch(len(items)), "T4", start, end)
 
 
-def _idle(worker: str, start: float, end: float) -> IdleRecord:
-    return IdleRecord(worker, 1, 0.0, "cpu", start, end)
+def _idle(worker: str, start: float, end: float, loading_ms: float = 0.0) -> IdleRecord:
+    return IdleRecord(worker, 1, 0.5, "T4", start, end, loading_ms)
 
 
-# wA is pre-warmed at 0 and idles warm until b1 (A and B) at 100; idles 300-500; runs b2 (C) 500-600;
-# idles until its keep-alive runs out at 1600. wB starts at 0 and never runs a batch (1 s idle).
-B1 = _batch("b1", "wA", ["A", "B"], 100.0, 300.0)  # 0.2 s: 0.1, 0.05 each
-B2 = _batch("b2", "wA", ["C"], 500.0, 600.0)  # 0.1 s: 0.05
-LEAD = _idle("wA", 0.0, 100.0)  # 0.05: no batch before it on wA: to b1, the first after it
-AFTER_B1 = _idle("wA", 300.0, 500.0)  # 0.1: to b1, the batch that ended just before it
-AFTER_B2 = _idle("wA", 600.0, 1600.0)  # 0.5: to b2
-NEVER_USED = _idle("wB", 0.0, 1000.0)  # 0.5: wB ran no batch: the separate idle line
+# wA is pre-warmed at 0 (loading until 40) and idles warm until b1 (A and B) at 100; idles 300-500; runs
+# b2 (C) 500-600; idles until its keep-alive runs out at 1600. wB starts at 0 and never runs a batch (1 s idle).
+B1 = _batch("b1", "wA", ["A", "B"], 100.0, 300.0)  # 0.2 s * 0.5: 0.1, 0.05 each
+B2 = _batch("b2", "wA", ["C"], 500.0, 600.0)  # 0.1 s * 0.5: 0.05
+# 0.1 s * 0.25 + its vCPU for the 0.04 s load (0.04 * 0.25): 0.035; no batch before it on wA: to b1, the first after
+LEAD = _idle("wA", 0.0, 100.0, loading_ms=40.0)
+AFTER_B1 = _idle("wA", 300.0, 500.0)  # 0.2 s * 0.25: 0.05, to b1, the batch that ended just before it
+AFTER_B2 = _idle("wA", 600.0, 1600.0)  # 1 s * 0.25: 0.25, to b2
+NEVER_USED = _idle("wB", 0.0, 1000.0)  # 1 s * 0.25: 0.25, wB ran no batch: the separate idle line
 BATCHES = [B2, B1]  # out of order on purpose
 IDLES = [AFTER_B2, NEVER_USED, AFTER_B1, LEAD]
-WHOLE_BILL = 0.1 + 0.05 + 0.05 + 0.1 + 0.5 + 0.5  # every worker second at its rate: 1.3
+# busy time at the whole rate, idle time at the share's, the load at the vCPU's on top: 0.735
+WHOLE_BILL = 0.1 + 0.05 + 0.035 + 0.05 + 0.25 + 0.25
 
 
 def test_lead_idle_goes_to_the_first_batch_after_it_and_a_never_used_worker_to_the_line() -> None:
     rep = attribute_costs(BATCHES, IDLES, PRICES)
     approx = lambda v: pytest.approx(v, rel=1e-12)  # noqa: E731
-    # A and B: half of b1 (0.05), half of the lead idle (0.025), half of the idle after b1 (0.05)
+    # A and B: half of b1 (0.05), half of the lead idle, load included (0.0175), half of the idle after b1 (0.025)
     for run in ("A", "B"):
         c = rep.run_cost(run)
-        assert (c.busy, c.idle, c.total, c.unit) == (approx(0.05), approx(0.075), approx(0.125), "$")
+        assert (c.busy, c.idle, c.total, c.unit) == (approx(0.05), approx(0.0425), approx(0.0925), "$")
     c = rep.run_cost("C")  # b2 and the idle after it until the keep-alive ran out
-    assert (c.busy, c.idle, c.total) == (approx(0.05), approx(0.5), approx(0.55))
-    assert rep.idle_unattributed == approx(0.5)  # wB's idle time only
+    assert (c.busy, c.idle, c.total) == (approx(0.05), approx(0.25), approx(0.3))
+    assert rep.idle_unattributed == approx(0.25)  # wB's idle time only
     assert rep.per_run == {r: rep.run_cost(r).total for r in ("A", "B", "C")}
     # the invariant, exact on this example: the runs and the line are the whole bill
     assert math.isclose(sum(rep.per_run.values()) + rep.idle_unattributed, WHOLE_BILL, rel_tol=1e-12)
@@ -102,13 +105,13 @@ def test_lead_idle_goes_to_the_first_batch_after_it_and_a_never_used_worker_to_t
     # every worker ran a batch: the runs alone are the whole bill
     used = attribute_costs(BATCHES, [i for i in IDLES if i.worker_id != "wB"], PRICES)
     assert used.idle_unattributed == 0.0
-    assert math.isclose(sum(used.per_run.values()), WHOLE_BILL - 0.5, rel_tol=1e-12)
+    assert math.isclose(sum(used.per_run.values()), WHOLE_BILL - 0.25, rel_tol=1e-12)
 
 
 def test_separate_idle_billing_keeps_every_idle_interval_on_the_line() -> None:
     rep = attribute_costs(BATCHES, IDLES, PRICES, idle_billing="separate")
     assert {r: rep.run_cost(r).idle for r in ("A", "B", "C")} == {"A": 0.0, "B": 0.0, "C": 0.0}
-    assert rep.idle_unattributed == pytest.approx(0.05 + 0.1 + 0.5 + 0.5, rel=1e-12)
+    assert rep.idle_unattributed == pytest.approx(0.035 + 0.05 + 0.25 + 0.25, rel=1e-12)
     assert sum(rep.per_run.values()) + rep.idle_unattributed == pytest.approx(WHOLE_BILL, rel=1e-12)
 
 
@@ -117,10 +120,10 @@ def test_a_window_cut_does_not_make_idle_time_lead_idle_time() -> None:
     window = after_warmup([], [], BATCHES, IDLES, 400.0)
     assert window.prior_workers == {"wA"}
     rep = summarize([], [], window.batches, window.idles, PRICES, [], prior_workers=window.prior_workers)
-    assert rep.per_run["C"].idle == pytest.approx(0.5)  # only the idle after b2
-    assert rep.idle_unattributed == pytest.approx(0.05 + 0.3)  # 400-500 of the idle after b1, wB's 400-1000
+    assert rep.per_run["C"].idle == pytest.approx(0.25)  # only the idle after b2
+    assert rep.idle_unattributed == pytest.approx(0.025 + 0.15)  # 400-500 of the idle after b1, wB's 400-1000
     naive = summarize([], [], window.batches, window.idles, PRICES, [])
-    assert naive.per_run["C"].idle == pytest.approx(0.55)  # without it, that idle would count as b2's lead
+    assert naive.per_run["C"].idle == pytest.approx(0.275)  # without it, that idle would count as b2's lead
 
 
 def test_linear_grouping_and_the_report_give_the_same_figures() -> None:
@@ -146,7 +149,7 @@ def test_the_ledger_settles_a_run_once_the_idle_after_its_batches_has_closed() -
     ready = dict(ledger.ready())
     assert set(ready) == {"A", "B"} and set(ready["A"]) == {AFTER_B1, LEAD}
     for run in ("A", "B"):  # the ledger's intervals give the run exactly its figure over all the records
-        assert attribute_costs([B1], ready[run], PRICES).run_cost(run).total == pytest.approx(0.125, rel=1e-12)
+        assert attribute_costs([B1], ready[run], PRICES).run_cost(run).total == pytest.approx(0.0925, rel=1e-12)
     ledger.watch("C", ["b2"])
     ledger.sync({"wA": B2.end_ms})
     assert ledger.ready() == []
@@ -259,16 +262,17 @@ class _Handle:
 
 
 class FakeBackend:
-    """One node; workers load in 5 ms and run a batch of n in 10 + 2n ms, all on the test's clock."""
+    """One node (with a T4 if asked); workers load in 5 ms and run a batch of n in 10 + 2n ms, on the test's clock."""
 
-    def __init__(self, clock: ManualClock) -> None:
+    def __init__(self, clock: ManualClock, gpu: bool = False) -> None:
         self.clock = clock
+        self.gpu = gpu
 
     def nodes(self) -> tuple[Node, ...]:
         return (Node("node", 64, 64),)
 
     def devices(self) -> tuple[Device, ...]:
-        return ()
+        return (Device("node/gpu0", "node", "T4"),) if self.gpu else ()
 
     async def start(self, spec: WorkerSpec) -> _Handle:
         self.clock.advance(5.0)
@@ -310,6 +314,17 @@ class FakeClient:
 
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+
+
+def _t4_profile() -> LatencyProfile:
+    """The toy stages on half a T4 only (an idle worker then holds a share, so its idle time costs)."""
+    points = [
+        ProfilePoint(stage, "T4", b, v, 0.5, (5.0 + 0.5 * b) / (1.5 if v == 2 else 1.0))
+        for stage in ("double", "inc")
+        for v in (1, 2)
+        for b in (1, 2, 4, 8, 16, 32)
+    ]
+    return LatencyProfile(points, {(stage, "T4"): 20.0 for stage in ("double", "inc")})
 
 
 def _call(stage: str, run: str, item: int) -> StageCall:
@@ -365,8 +380,9 @@ def store(tmp_path: Path) -> Iterator[CostStore]:
 
 def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_says(store: CostStore) -> None:
     clock = ManualClock()
-    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), settings=ESGSettings(wait_for_batch=False),
-                backend=FakeBackend(clock), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    # Half-T4 workers: their warm idle time costs (the share's price), so the runs' idle parts are not zero.
+    pool = Pool(_t4_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=ESGSettings(wait_for_batch=False),
+                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
     client = FakeClient()
     settled: list[RunRecords] = []
 
@@ -493,10 +509,10 @@ AT_EXIT = """
 import json, sys, uuid
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.integration import artifacts, recording
-from esg_prefect.model import PriceSheet
+from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint
+from esg_prefect.model.cluster import Device
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
-from tests.toy_stages import toy_profile
 
 out, url = sys.argv[1], sys.argv[2]
 
@@ -505,8 +521,15 @@ def publish_run(records, client=None):  # stands in for the Prefect API
     with open(out, "a") as f:
         f.write(json.dumps([records.run_id, records.settled, cost.total, cost.idle]) + "\\n")
 
+class T4Inline(InlineBackend):  # a T4 to place half-T4 workers on: their idle time costs the share's price
+    def devices(self):
+        return (Device("inline/gpu0", self.nodes()[0].name, "T4"),)
+
+stages = ("double", "inc")
+points = [ProfilePoint(s, "T4", b, 1, 0.5, 5.0 + 0.5 * b) for s in stages for b in (1, 2, 4, 8)]
+profile = LatencyProfile(points, {(s, "T4"): 20.0 for s in stages})
 artifacts.publish_run = publish_run
-pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
+pool = Pool(profile, PriceSheet(1e-5, {"T4": 1e-4}), backend=T4Inline(vcpus=2))
 recording.attach_recorders(pool, artifacts=True, store=url)
 run = str(uuid.uuid4())
 toy = WorkflowDecl("toy", 800, (("double", "inc"),))

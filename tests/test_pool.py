@@ -146,7 +146,16 @@ def test_costs_attributed_to_runs_add_up_to_worker_time(inline_pool: Pool) -> No
     snap = inline_pool.snapshot()
     report = attribute_costs(snap.batches, snap.idles, PRICES)
     busy = sum(PRICES.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)
-    idle = sum(PRICES.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in snap.idles)
+    # idle: the GPU share all along, the vCPUs only while a pre-warm load runs
+    idle = sum(
+        (
+            i.gpu_share * PRICES.gpu_price_s(i.hardware) * (i.end_ms - i.start_ms)
+            + i.vcpus * PRICES.price_per_vcpu_s * i.loading_ms
+        )
+        / 1000
+        for i in snap.idles
+    )
+    assert snap.idles  # the warm workers idled; on these CPU workers only a pre-warm load of theirs is billed
     assert set(report.per_run) == {"run0", "run1", "run2"}
     assert math.isclose(sum(report.per_run.values()) + report.idle_unattributed, busy + idle, rel_tol=1e-9)
 

@@ -17,8 +17,8 @@ from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.report import _attribute, after_warmup, percentile, summarize
 from esg_prefect.scheduling.base import DecisionStats
 
-# A vCPU-second costs 0.001, a whole T4-second 0.01: a 1-vCPU half-T4 worker costs 0.006/s,
-# a 2-vCPU CPU worker 0.002/s.
+# A vCPU-second costs 0.001, a whole T4-second 0.01: a 1-vCPU half-T4 worker costs 0.006/s busy and
+# 0.005/s idle, a 2-vCPU worker with a fifth of a T4 0.004/s busy and 0.002/s idle (idle: the GPU share only).
 PRICES = PriceSheet(0.001, {"T4": 0.01})
 approx = lambda v: pytest.approx(v, rel=1e-12, abs=1e-15)  # noqa: E731
 
@@ -26,7 +26,7 @@ approx = lambda v: pytest.approx(v, rel=1e-12, abs=1e-15)  # noqa: E731
 def stage(
     job: str, req: str, wf: str, st: str, batch: str, size: int, ready: float, start: float, end: float, **kw: float
 ) -> StageRecord:
-    hw, share, vcpus = ("T4", 0.5, 1) if batch == "b1" else ("cpu", 0.0, 2)
+    hw, share, vcpus = ("T4", 0.5, 1) if batch == "b1" else ("T4", 0.2, 2)
     return StageRecord(
         job, req, wf, st, batch, size, "w1" if batch == "b1" else "w2", hw, share, vcpus, ready, start, end, 90.0, **kw
     )
@@ -49,12 +49,12 @@ def worked_example() -> tuple[
     batches = [
         # w1 (1 vCPU, half T4) runs r1 and r2 for 100 ms: 0.006 * 0.1 = 0.0006, 0.0003 each.
         BatchRecord("b1", "w1", (BatchItem("r1", "A"), BatchItem("r2", "B")), Config(2, 1, 0.5), "T4", 20.0, 120.0),
-        # w2 (2 vCPUs) runs r3 for 200 ms: 0.002 * 0.2 = 0.0004.
-        BatchRecord("b2", "w2", (BatchItem("r3", "C"),), Config(1, 2, 0.0), "cpu", 50.0, 250.0),
+        # w2 (2 vCPUs, a fifth of a T4) runs r3 for 200 ms: 0.004 * 0.2 = 0.0008.
+        BatchRecord("b2", "w2", (BatchItem("r3", "C"),), Config(1, 2, 0.2), "T4", 50.0, 250.0),
     ]
     idles = [
-        IdleRecord("w1", 1, 0.5, "T4", 120.0, 620.0),  # 0.006 * 0.5 = 0.003, to r1 and r2 (after b1)
-        IdleRecord("w2", 2, 0.0, "cpu", 0.0, 50.0),  # 0.002 * 0.05 = 0.0001, w2 warm before its first batch: to b2
+        IdleRecord("w1", 1, 0.5, "T4", 120.0, 620.0),  # 0.005 * 0.5 = 0.0025, to r1 and r2 (after b1)
+        IdleRecord("w2", 2, 0.2, "T4", 0.0, 50.0),  # 0.002 * 0.05 = 0.0001, w2 warm before its first batch: to b2
     ]
     decisions: list[object] = [
         DecisionStats(QueueKey("x", "s1"), expansions=4, decision_ms=1.0),
@@ -127,10 +127,10 @@ def test_summarize_worked_example_overall() -> None:
     assert (o.name, o.count, o.completed, o.failed, o.slo_met, o.at_risk) == ("all", 4, 3, 1, 2, 1)
     assert o.slo_hit_rate == 0.5
     assert (o.latency_p50_ms, o.latency_p95_ms, o.latency_p99_ms) == (190.0, approx(217.0), approx(219.4))
-    # busy 0.0006 + 0.0004; idle 0.003 + 0.0001, all of it caused by a batch (w2's lead idle time by b2)
-    assert (rep.busy_cost, rep.idle_cost, rep.idle_unattributed) == (approx(0.001), approx(0.0031), 0.0)
-    assert (o.cost_total, o.cost_per_request) == (approx(0.0041), approx(0.001025))
-    assert (o.batch_cost_total, o.batch_cost_per_request) == (approx(0.001), approx(0.00025))
+    # busy 0.0006 + 0.0008; idle 0.0025 + 0.0001, all of it caused by a batch (w2's lead idle time by b2)
+    assert (rep.busy_cost, rep.idle_cost, rep.idle_unattributed) == (approx(0.0014), approx(0.0026), 0.0)
+    assert (o.cost_total, o.cost_per_request) == (approx(0.004), approx(0.001))
+    assert (o.batch_cost_total, o.batch_cost_per_request) == (approx(0.0014), approx(0.00035))
     assert (o.batches, o.mean_batch_size, o.batch_size_hist) == (2, 1.5, ((1, 1), (2, 1)))
     # decision times 1.0 and 3.0 (one not measured); expansions 4, 2, 0
     assert (o.decisions, o.decision_p50_ms, o.decision_p99_ms, o.mean_expansions) == (3, 2.0, approx(2.98), 2.0)
@@ -140,18 +140,18 @@ def test_summarize_worked_example_per_workflow_and_stage() -> None:
     rep = summarize(*worked_example()[:4], PRICES, worked_example()[4])
     x, y = rep.workflow("x"), rep.workflow("y")
     assert (x.count, x.completed, x.slo_met, x.latency_p50_ms) == (2, 2, 1, 155.0)
-    # r1 and r2 each: 0.0003 of b1 plus 0.0015 of w1's idle time after it
+    # r1 and r2 each: 0.0003 of b1 plus 0.00125 of w1's idle time after it
     assert (x.cost_total, x.cost_per_request, x.batch_cost_per_request) == (
-        approx(0.0036),
-        approx(0.0018),
+        approx(0.0031),
+        approx(0.00155),
         approx(0.0003),
     )
     assert (x.batches, x.mean_batch_size, x.decisions, x.decision_p50_ms) == (1, 2.0, 2, 1.0)
     assert (y.count, y.failed, y.at_risk, y.slo_hit_rate) == (2, 1, 1, 0.5)
-    # r3: b2's 0.0004 plus w2's 0.0001 warm before it
+    # r3: b2's 0.0008 plus w2's 0.0001 warm before it
     assert (y.cost_total, y.batch_cost_total, y.decision_p50_ms, y.mean_expansions) == (
-        approx(0.0005),
-        approx(0.0004),
+        approx(0.0009),
+        approx(0.0008),
         3.0,
         2.0,
     )
@@ -168,9 +168,9 @@ def test_summarize_worked_example_per_workflow_and_stage() -> None:
         rep.workflow("z")
     # per flow run, the one cost figure with its busy/idle split
     assert {run: (c.busy, c.idle, c.unit) for run, c in rep.per_run.items()} == {
-        "A": (approx(0.0003), approx(0.0015), "$"),
-        "B": (approx(0.0003), approx(0.0015), "$"),
-        "C": (approx(0.0004), approx(0.0001), "$"),
+        "A": (approx(0.0003), approx(0.00125), "$"),
+        "B": (approx(0.0003), approx(0.00125), "$"),
+        "C": (approx(0.0008), approx(0.0001), "$"),
     }
     assert sum(c.total for c in rep.per_run.values()) == approx(rep.overall.cost_total)  # every worker ran a batch
 
@@ -178,8 +178,8 @@ def test_summarize_worked_example_per_workflow_and_stage() -> None:
 def test_separate_idle_billing_keeps_workflow_costs_to_batches() -> None:
     rep = summarize(*worked_example()[:4], PRICES, [], idle_billing="separate")
     assert rep.workflow("x").cost_total == approx(0.0006)
-    assert rep.idle_unattributed == approx(0.0031)
-    assert rep.overall.cost_total == approx(0.0041)  # the whole bill either way
+    assert rep.idle_unattributed == approx(0.0026)
+    assert rep.overall.cost_total == approx(0.004)  # the whole bill either way
 
 
 def test_to_dict_and_rows() -> None:
@@ -189,7 +189,7 @@ def test_to_dict_and_rows() -> None:
     assert set(d["workflows"]) == {"x", "y"}
     rows = rep.rows()
     assert [r["workflow"] for r in rows] == ["all", "x", "y"]
-    assert rows[0]["slo_hit_rate"] == 0.5 and rows[1]["cost_per_request"] == approx(0.0018)
+    assert rows[0]["slo_hit_rate"] == 0.5 and rows[1]["cost_per_request"] == approx(0.00155)
 
 
 def test_duplicate_request_ids_are_refused() -> None:
@@ -220,14 +220,14 @@ def test_grouped_attribution_equals_attribute_costs() -> None:
                 t += gap
     idles.append(IdleRecord("w9", 1, 0.5, "T4", 0.0, 40.0))  # a worker that never ran a batch
     rng.shuffle(batches)
-    never_used = 0.006 * 0.04
+    never_used = 0.005 * 0.04  # 40 ms idle at half a T4's 0.01/s, no vCPU
     for split in ("equal", "input_size"):
         for billing in ("attribute", "separate"):
             ref = attribute_costs(batches, idles, PRICES, split, billing)  # type: ignore[arg-type]
             if billing == "attribute":  # w2's idle before its first batch went to that batch; w9's to the line
                 assert ref.idle_unattributed == approx(never_used)
                 first = min((b for b in batches if b.worker_id == "w2"), key=lambda b: b.start_ms)
-                lead = 0.006 * 0.007 * split_weights(first.items, split)[0]  # type: ignore[arg-type]
+                lead = 0.005 * 0.007 * split_weights(first.items, split)[0]  # type: ignore[arg-type]
                 busy_only = attribute_costs(batches, [], PRICES, split, "separate")  # type: ignore[arg-type]
                 item = first.items[0].request_id
                 assert ref.per_request[item] - busy_only.per_request[item] >= lead * (1 - 1e-9)

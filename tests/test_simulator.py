@@ -12,6 +12,7 @@ import pytest
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
 from esg_prefect.exceptions import ConfigError, InvalidInputError, WorkflowError
+from esg_prefect.model.attribution import attribute_costs
 from esg_prefect.model.cluster import ClusterSnapshot
 from esg_prefect.model.config import Config, ConfigSpace
 from esg_prefect.model.pricing import PriceSheet
@@ -190,10 +191,12 @@ def test_hand_worked_run_per_invocation() -> None:
         ("w1", 110.0, 130.0),
         ("w2", 40.0, 110.0),
     ]
+    assert all(i.loading_ms == 0.0 for i in run.idles)  # no pre-warm start: no load in an idle interval
     rep = run.report
-    # 1 vCPU at 0.001/s: batches 15 + 25 + 10 + 20 ms, idle 85 + 20 + 70 ms
-    assert rep.busy_cost == pytest.approx(7e-5) and rep.idle_cost == pytest.approx(1.75e-4)
-    assert rep.overall.cost_total == pytest.approx(2.45e-4)
+    # 1 vCPU at 0.001/s: batches 15 + 25 + 10 + 20 ms = 7e-5. The idle 85 + 20 + 70 ms is free: an idle
+    # worker holds no vCPU, and these CPU workers hold no GPU share.
+    assert rep.busy_cost == pytest.approx(7e-5) and rep.idle_cost == 0.0
+    assert rep.overall.cost_total == pytest.approx(7e-5)
     assert (rep.overall.slo_hit_rate, rep.overall.latency_p50_ms, rep.overall.mean_batch_size) == (1.0, 35.0, 1.0)
     assert (run.rounds, run.cold_starts, run.end_ms) == (4, 2, 130.0)
 
@@ -261,12 +264,88 @@ def test_esg_tiny_case_invariants() -> None:
     for s in run.stages:
         last[s.request_id] = max(last.get(s.request_id, 0.0), s.end_ms)
     assert all(r.finish_ms == last[r.request_id] for r in done)
-    # billing invariant: the report's total is every batch and idle interval at its price
+    # billing invariant: the report's total is every batch at its worker's rate and every idle interval
+    # at its GPU share's price, plus its vCPUs for a pre-warm load at its start
     prices = PriceSheet.default()
     busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in run.batches)
-    idle = sum(prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000 for i in run.idles)
+    idle = sum(
+        (
+            i.gpu_share * prices.gpu_price_s(i.hardware) * (i.end_ms - i.start_ms)
+            + i.vcpus * prices.price_per_vcpu_s * i.loading_ms
+        )
+        / 1000
+        for i in run.idles
+    )
+    assert any(i.loading_ms > 0 for i in run.idles)  # a pre-warm load is among them
     assert run.report.overall.cost_total == pytest.approx(busy + idle)
     assert len(run.decisions) >= run.rounds > 0
+
+
+def mixed_case() -> Case:
+    """The hand-worked case under ESG, on one node of 4 vCPUs and a T4: 20 requests/s for 3 s.
+
+    Both stages run on 1 or 2 vCPUs alone or on 1 vCPU and half or all of the T4 (a cold start: 50 ms
+    on the CPU, 80 on the GPU), so the run has CPU-only workers and GPU ones, and pre-warm loads on both.
+    """
+    points = [
+        ProfilePoint(stage, hw, b, v, share, ms * (1 + 0.3 * (b - 1)) * scale)
+        for stage, ms in (("a", 10.0), ("b", 20.0))
+        for b in (1, 2, 4)
+        for hw, v, share, scale in (
+            ("cpu", 1, 0.0, 1.0),
+            ("cpu", 2, 0.0, 1 / 1.6),
+            ("T4", 1, 0.5, 1.0),
+            ("T4", 1, 1.0, 0.5),
+        )
+    ]
+    cold = {("a", "cpu"): 50.0, ("b", "cpu"): 50.0, ("a", "T4"): 80.0, ("b", "T4"): 80.0}
+    return cpu_case("esg", nodes=(NodeSpec("n0", 4, ("T4",)),)).with_(
+        profile=LatencyProfile(points, cold),
+        prices=PriceSheet(1e-3, {"T4": 1e-3}),
+        duration_s=3.0,
+        workload=WorkloadSpec("poisson", 20.0),
+        settings=ESGSettings(config_space=ConfigSpace((1, 2, 4), (1, 2), (0.0, 0.5, 1.0))),
+    )
+
+
+def test_billed_vcpus_never_exceed_the_nodes_and_cpu_idle_is_free_but_its_loads() -> None:
+    case = mixed_case()
+    run = simulate(case, seed=3)  # a seed with pre-warm loads on both kinds of worker
+    assert all(r.finish_ms is not None for r in run.requests) and case.warmup_s == 0.0
+    (node,) = case.cluster.nodes  # one node: every record is on it
+    loads = [i for i in run.idles if i.loading_ms > 0]
+    cpu_idles = [i for i in run.idles if i.gpu_share == 0.0]
+    # The case exercises what it checks: pre-warm loads on both kinds of worker, idle CPU-only workers.
+    assert {i.hardware for i in loads} == {"cpu", "T4"} and any(i.loading_ms == 0 for i in cpu_idles)
+    # Capacity: a batch holds its worker's vCPUs for its whole duration (cold start included), an idle
+    # interval only for its pre-warm load; idle workers hold none. Billed vCPU-ms stay within the node's.
+    held = [(b.start_ms, b.end_ms, b.config.vcpus) for b in run.batches]
+    held += [(i.start_ms, i.start_ms + i.loading_ms, i.vcpus) for i in loads]
+    billed_vcpu_ms = sum(v * (end - start) for start, end, v in held)
+    assert 0 < billed_vcpu_ms <= node.vcpus * run.end_ms
+    # ... and at every instant too (an interval frees its vCPUs before one starting then takes them).
+    edges = sorted([(start, v) for start, _, v in held] + [(end, -v) for _, end, v in held])
+    in_use = 0
+    for _, dv in edges:
+        in_use += dv
+        assert in_use <= node.vcpus
+    # CPU-only workers' idle intervals bill their loads' vCPU time and nothing else; GPU workers'
+    # their share all along. The report's idle cost is exactly that.
+    p = case.prices
+    cpu_loads = sum(i.vcpus * p.price_per_vcpu_s * i.loading_ms for i in cpu_idles) / 1000
+    assert cpu_loads > 0
+    assert attribute_costs(run.batches, cpu_idles, p).idle_total == pytest.approx(cpu_loads, rel=1e-12)
+    gpu_idle = sum(
+        (
+            i.gpu_share * p.gpu_price_s(i.hardware) * (i.end_ms - i.start_ms)
+            + i.vcpus * p.price_per_vcpu_s * i.loading_ms
+        )
+        / 1000
+        for i in run.idles
+        if i.gpu_share > 0
+    )
+    assert gpu_idle > 0
+    assert run.report.idle_cost == pytest.approx(gpu_idle + cpu_loads, rel=1e-12)
 
 
 def test_warmup_leaves_early_requests_out() -> None:

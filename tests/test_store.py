@@ -13,8 +13,10 @@ import concurrent.futures
 import glob
 import math
 import os
+import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -53,9 +55,12 @@ from tests.cost_records import (
     RUN_B,
     RUN_C,
     T0,
+    T4_PRICES,
+    T4InlineBackend,
     all_records,
     records_a,
     records_b,
+    t4_toy_profile,
 )
 from tests.toy_stages import toy_profile
 
@@ -201,13 +206,13 @@ def test_group_by_workflow_deployment_day(store: CostStore) -> None:
 
 def test_split_and_idle_billing_settings_are_honoured(store: CostStore) -> None:
     record_all(store)
-    # input sizes 1 (A) and 3 (B) in b1: b1's 1.0 and w1's idle 2.5 split 1:3
+    # input sizes 1 (A) and 3 (B) in b1: b1's 1.0 and w1's idle 2.5 split 1:3; b2 (0.4) and w2's idle (0.2) A's
     by_size = costs_by_key(store, split="input_size")
-    assert by_size[RUN_A] == pytest.approx(0.25 + 0.2 + 0.625 + 0.2, rel=1e-12)
+    assert by_size[RUN_A] == pytest.approx(0.25 + 0.4 + 0.625 + 0.2, rel=1e-12)
     assert by_size[RUN_B] == pytest.approx(0.75 + 1.875, rel=1e-12)
     separate = costs_by_key(store, idle_billing="separate")
-    assert [separate[RUN_A], separate[RUN_B], separate[RUN_C]] == pytest.approx([0.7, 0.5, 0.05], rel=1e-12)
-    assert separate[IDLE_KEY] == pytest.approx(2.5 + 0.2 + 0.5, rel=1e-12)
+    assert [separate[RUN_A], separate[RUN_B], separate[RUN_C]] == pytest.approx([0.9, 0.5, 0.05], rel=1e-12)
+    assert separate[IDLE_KEY] == pytest.approx(2.5 + 0.2 + 1.1, rel=1e-12)  # w1, w2, w4 (its load included)
     assert sum(separate.values()) == pytest.approx(EXPECTED_TOTAL, rel=1e-12)
     with pytest.raises(ConfigError, match="'by_weight'"):
         store.costs("run", split="by_weight")  # type: ignore[arg-type]
@@ -218,13 +223,14 @@ def test_split_and_idle_billing_settings_are_honoured(store: CostStore) -> None:
 def test_since_is_a_window_on_time(store: CostStore) -> None:
     record_all(store)
     second_day = datetime(2024, 5, 2, tzinfo=UTC)
-    assert costs_by_key(store, since=second_day) == pytest.approx({RUN_C: 0.05, IDLE_KEY: 0.5}, rel=1e-12)
+    # w4's idle interval (its load included) starts at T0+1d: in the window, on the idle line
+    assert costs_by_key(store, since=second_day) == pytest.approx({RUN_C: 0.05, IDLE_KEY: 1.1}, rel=1e-12)
     assert costs_by_key(store, since=T0 + DAY) == costs_by_key(store, since=second_day)
     assert costs_by_key(store, since=datetime(2024, 5, 2)) == costs_by_key(store, since=second_day)  # naive = UTC
     # from T0+600: b2 started before (left out); w1's idle started at 500 (left out); w2's idle (700) and
     # its batch b2 (500) -> no batch in the window before it: the idle line
     win = costs_by_key(store, since=T0 + 600)
-    assert win == pytest.approx({RUN_C: 0.05, IDLE_KEY: 0.2 + 0.5}, rel=1e-12)
+    assert win == pytest.approx({RUN_C: 0.05, IDLE_KEY: 0.2 + 1.1}, rel=1e-12)
     with pytest.raises(InvalidInputError, match="'yesterday'"):
         store.costs("run", since="yesterday")  # type: ignore[arg-type]
 
@@ -284,10 +290,11 @@ def test_open_idle_interval_is_replaced_by_its_longer_copy(store: CostStore) -> 
     from esg_prefect.model.attribution import IdleRecord
 
     record_all(store)
-    store.record_idles([IdleRecord("w9", 1, 0.0, "cpu", T0, T0 + 1000)], PriceSheet(0.5, {"T4": 4.0}))
-    store.record_idles([IdleRecord("w9", 1, 0.0, "cpu", T0, T0 + 3000)], PriceSheet(0.5, {"T4": 4.0}))
+    # w9 holds a quarter of a T4 (1.0 per s idle): open for 1 s, then closed after 3 s
+    store.record_idles([IdleRecord("w9", 1, 0.25, "T4", T0, T0 + 1000)], PriceSheet(0.5, {"T4": 4.0}))
+    store.record_idles([IdleRecord("w9", 1, 0.25, "T4", T0, T0 + 3000)], PriceSheet(0.5, {"T4": 4.0}))
     assert count(store, IdleRow) == 4
-    assert costs_by_key(store)[IDLE_KEY] == pytest.approx(EXPECTED_IDLE_LINE + 1.5, rel=1e-12)
+    assert costs_by_key(store)[IDLE_KEY] == pytest.approx(EXPECTED_IDLE_LINE + 3.0, rel=1e-12)
 
 
 def test_price_sheets_are_kept_per_batch(store: CostStore) -> None:
@@ -301,7 +308,7 @@ def test_price_sheets_are_kept_per_batch(store: CostStore) -> None:
     store.record(dear, scope="dear")
     assert count(store, PriceSheetRow) == 2
     got = costs_by_key(store, idle_billing="separate")
-    assert got[RUN_A] == pytest.approx(0.7 + 1.4, rel=1e-12)  # its share of b1, b2 at both prices
+    assert got[RUN_A] == pytest.approx(0.9 + 1.8, rel=1e-12)  # its share of b1 (0.5), b2 (0.4) at both prices
     assert got["other-run"] == pytest.approx(0.0)  # it has no items in those batches
 
 
@@ -322,17 +329,22 @@ def test_concurrent_writers(store: CostStore) -> None:
 # ---- migrations --------------------------------------------------------------------------------
 
 
-V2 = Migration(2, "runs.note", add_column("runs", "note", "VARCHAR(200)", "'none'"))
+SHIPPED = len(MIGRATIONS)
+"""The schema version this esg-prefect ships (the table classes describe it)."""
+NEXT = Migration(SHIPPED + 1, "runs.note", add_column("runs", "note", "VARCHAR(200)", "'none'"))
+"""A test-only next version: what a newer esg-prefect would apply to this one's databases."""
+ADDED_AFTER_V1 = {2: ("worker_idle", "loading_ms")}
+"""What each shipped migration after version 1 adds (table, column): what a version-1 database lacks."""
 
 
 def test_schema_version_and_migration_keep_data(store_url: str) -> None:
     with CostStore(store_url) as s:
-        assert s.schema_version == 1
+        assert s.schema_version == SHIPPED
         record_all(s)
         costs = s.costs("run")
-    # an esg-prefect that knows version 2 opens the version-1 database
-    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:
-        assert s.schema_version == 2
+    # an esg-prefect that knows the next version opens this one's database
+    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:
+        assert s.schema_version == SHIPPED + 1
         assert s.costs("run") == costs  # every row kept
         with s.engine.connect() as conn:
             cols = {c["name"] for c in inspect(conn).get_columns("runs")}
@@ -340,11 +352,54 @@ def test_schema_version_and_migration_keep_data(store_url: str) -> None:
             versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
         assert "note" in cols
         assert [tuple(n) for n in notes] == [(RUN_A, "none"), (RUN_B, "none"), (RUN_C, "none")]
-        assert [tuple(v) for v in versions] == [(1, MIGRATIONS[0].description), (2, "runs.note")]
-    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:  # applied once: a second ADD COLUMN would fail
-        assert s.schema_version == 2
-    with pytest.raises(ConfigError, match="schema version 2, newer than this esg-prefect knows \\(1\\)"):
+        assert [tuple(v) for v in versions] == [
+            *((m.version, m.description) for m in MIGRATIONS),
+            (SHIPPED + 1, "runs.note"),
+        ]
+    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:  # applied once: a second ADD COLUMN would fail
+        assert s.schema_version == SHIPPED + 1
+    newer = rf"schema version {SHIPPED + 1}, newer than this esg-prefect knows \({SHIPPED}\)"
+    with pytest.raises(ConfigError, match=newer):
         CostStore(store_url)
+
+
+def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) -> None:
+    """A store written at schema version 1 opens under the shipped migrations, its idle rows kept.
+
+    Version 1 had no ``worker_idle.loading_ms``: its idle intervals read as having no
+    pre-warm load, i.e. billed at their GPU share's price for their whole length.
+    """
+    assert sorted(ADDED_AFTER_V1) == [m.version for m in MIGRATIONS[1:]]  # a new migration: say what it adds
+    if store_url.startswith("sqlite") and sqlite3.sqlite_version_info < (3, 35, 0):
+        pytest.skip(f"SQLite {sqlite3.sqlite_version} cannot drop a column (3.35 can)")
+    # A fresh store stamped with version 1 alone is built from today's table classes: it has the
+    # columns later versions add. Dropping them leaves version 1's shape, with its rows.
+    with CostStore(store_url, migrations=MIGRATIONS[:1]) as s:
+        record_all(s)  # w4's 200 ms load is written, then lost with its column, as version 1 would never have kept it
+        with s.engine.begin() as conn:
+            for table, column in ADDED_AFTER_V1.values():
+                conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+        with s.engine.connect() as conn:
+            idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
+            versions = conn.execute(text("SELECT version FROM schema_version")).scalars().all()
+        assert idle_cols == {c.name for c in IdleRow.__table__.columns} - {"loading_ms"}  # type: ignore[attr-defined]
+        assert list(versions) == [1] and s.schema_version == 1
+    with CostStore(store_url) as s:
+        assert s.schema_version == SHIPPED
+        with s.engine.connect() as conn:
+            idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
+            versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
+            loads = conn.execute(select(IdleRow.worker_id, IdleRow.loading_ms).order_by(IdleRow.start_ms)).all()  # type: ignore[call-overload]
+        assert "loading_ms" in idle_cols
+        assert [tuple(v) for v in versions] == [(m.version, m.description) for m in MIGRATIONS]
+        assert count(s, IdleRow) == 3 and count(s, BatchRow) == 3 and count(s, RunRow) == 3
+        assert [tuple(r) for r in loads] == [("w1", 0.0), ("w2", 0.0), ("w4", 0.0)]
+        # w4's idle time at its quarter T4 alone (1.0 per s x 1 s): its load's vCPU (0.5 per s x 0.2 s) unknown
+        got = costs_by_key(s)
+        assert got == pytest.approx({**EXPECTED_PER_RUN, IDLE_KEY: EXPECTED_IDLE_LINE - 0.1}, rel=1e-12)
+        record_all(s)  # written again by this esg-prefect: the load is known now
+        assert costs_by_key(s) == pytest.approx({**EXPECTED_PER_RUN, IDLE_KEY: EXPECTED_IDLE_LINE}, rel=1e-12)
+        assert count(s, IdleRow) == 3
 
 
 def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
@@ -356,20 +411,21 @@ def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
         raise RuntimeError("disk on fire")
 
     with pytest.raises(RuntimeError, match="disk on fire"):
-        CostStore(store_url, migrations=(*MIGRATIONS, Migration(2, "broken", broken)))
+        CostStore(store_url, migrations=(*MIGRATIONS, Migration(SHIPPED + 1, "broken", broken)))
     with CostStore(store_url) as s:  # the half-done ADD COLUMN was rolled back with the version row
-        assert s.schema_version == 1
+        assert s.schema_version == SHIPPED
         with s.engine.connect() as conn:
             assert "half" not in {c["name"] for c in inspect(conn).get_columns("runs")}
-    with CostStore(store_url, migrations=(*MIGRATIONS, V2)) as s:
-        assert s.schema_version == 2
+    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:
+        assert s.schema_version == SHIPPED + 1
         assert costs_by_key(s)[RUN_A] == pytest.approx(EXPECTED_PER_RUN[RUN_A], rel=1e-12)
 
 
 def test_migrations_must_be_numbered_in_order(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    with pytest.raises(ConfigError, match=r"got \[1, 3\]"):
-        CostStore(url, migrations=(*MIGRATIONS, Migration(3, "gap", add_column("runs", "x", "INTEGER", "0"))))
+    gap = SHIPPED + 2  # skips SHIPPED + 1
+    with pytest.raises(ConfigError, match=re.escape(f"got {[*range(1, SHIPPED + 1), gap]}")):
+        CostStore(url, migrations=(*MIGRATIONS, Migration(gap, "gap", add_column("runs", "x", "INTEGER", "0"))))
 
 
 def test_tables_without_a_version_are_refused(tmp_path: Path) -> None:
@@ -401,7 +457,7 @@ def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no cost store at"):
         CostStore(str(tmp_path / "missing.db"), create=False)
     with CostStore(str(tmp_path / "sub" / "dir" / "c.db")) as s:  # folders made on first use
-        assert s.schema_version == 1 and "sub/dir/c.db" in repr(s)
+        assert s.schema_version == SHIPPED and "sub/dir/c.db" in repr(s)
     from esg_prefect.store.engine import safe_url
 
     assert safe_url("postgresql+psycopg://u:secret@h/db") == "postgresql+psycopg://u:***@h/db"
@@ -426,9 +482,14 @@ def _run_flows(pool: Pool, runs: list[str]) -> None:
 
 
 def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
-    """Per-run costs plus the idle line equal every worker second the pool billed, times its price."""
-    prices = PriceSheet(1e-5, {})
-    pool = Pool(toy_profile(), prices, backend=InlineBackend(vcpus=2), settings=ESGSettings(keep_alive_s=60.0))
+    """Per-run costs plus the idle line equal every worker second the pool billed, times its price.
+
+    Busy seconds at the worker's whole rate, idle seconds at its GPU share's (its vCPUs during a
+    pre-warm load): the workers hold shares of a T4, so their idle time costs something.
+    """
+    prices = T4_PRICES
+    backend = T4InlineBackend(vcpus=2)
+    pool = Pool(t4_toy_profile(), prices, backend=backend, settings=ESGSettings(keep_alive_s=60.0))
     ended: list[RunRecords] = []
     all_ended = threading.Event()
     n_runs = 12
@@ -457,9 +518,17 @@ def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
     batches, idles = final
     assert count(store, IdleRow) == len(idles) == flushed  # longer copies replaced the open intervals
     assert batches and any(len(b.items) > 1 for b in batches)
-    worker_time_cost = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in batches) + sum(
-        prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - i.start_ms) / 1000.0 for i in idles
+    assert all(b.hardware == "T4" and b.config.gpu_share > 0 for b in batches)
+    idle_time_cost = sum(  # the GPU share all along, the vCPUs only while a pre-warm load ran
+        (
+            i.gpu_share * prices.gpu_price_s(i.hardware) * (i.end_ms - i.start_ms)
+            + i.vcpus * prices.price_per_vcpu_s * i.loading_ms
+        )
+        / 1000.0
+        for i in idles
     )
+    assert idle_time_cost > 0  # the invariant covers idle time
+    worker_time_cost = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in batches) + idle_time_cost
     for billing in ("attribute", "separate"):
         rows = store.costs("run", idle_billing=billing)  # type: ignore[arg-type]
         assert math.isclose(sum(r.cost for r in rows), worker_time_cost, rel_tol=1e-9), billing

@@ -43,10 +43,11 @@ def _whole_from_records(run, case) -> float:
     for b in run.batches:
         if b.start_ms >= w0:
             total += p.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware) * (b.end_ms - b.start_ms)
-    for i in run.idles:
+    for i in run.idles:  # the GPU share all along, the vCPUs during a pre-warm load
         start = max(i.start_ms, w0)
         if i.end_ms > start:
-            total += p.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * (i.end_ms - start)
+            load = max(0.0, i.start_ms + i.loading_ms - start)
+            total += i.gpu_share * p.gpu_price_s(i.hardware) * (i.end_ms - start) + i.vcpus * p.price_per_vcpu_s * load
     return total / 1000.0
 
 
@@ -54,8 +55,9 @@ def _whole_from_records(run, case) -> float:
 def test_split_sums_to_the_whole_bill(scheduler: str, warmup_s: float) -> None:
     job = wb.Job(CELL, scheduler, (), 4.0, warmup_s)
     case = wb.job_case(job)
-    run, prewarms = wb.simulate_recorded(case)
-    bill = wb.bill_split(run, case, prewarms)
+    run = wb.simulate(case)
+    bill = wb.bill_split(run, case)
+    prewarms = [i for i in run.idles if i.loading_ms > 0]
     whole = _whole_from_records(run, case)
     assert whole > 0
     assert min(bill.busy, bill.idle, bill.cold) >= 0

@@ -276,7 +276,7 @@ class Core:
         """A pre-warm start finished loading: the worker is idle and warm (its load billed as idle time)."""
         w = self.fleet.workers.get(worker_id)
         if w is not None and w.starting is not None:
-            self._expiring(self.fleet.warmed(w))
+            self._expiring(self.fleet.warmed(w, t))
             self._dirty = True
 
     def worker_lost(self, worker_id: str) -> None:

@@ -65,6 +65,7 @@ class FleetWorker:
         "fresh",
         "hardware",
         "idle_since_ms",
+        "loaded_ms",
         "node",
         "share",
         "stage",
@@ -90,11 +91,20 @@ class FleetWorker:
         self.free_at_ms: float | None = None  # while busy: when its batch or load is predicted to end
         self.view: Worker | None = None  # the immutable view, until the state changes
         self.fresh = False  # warm from a pre-warm start, no batch run yet
+        self.loaded_ms: float | None = None  # when its pre-warm load ended, until that idle interval closes
 
     @property
     def busy(self) -> bool:
         """Whether it runs (or is starting for) a batch."""
         return self.idle_since_ms is None
+
+    def idle_record(self, now_ms: float) -> IdleRecord | None:
+        """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked."""
+        start = self.idle_since_ms
+        if start is None or now_ms <= start:
+            return None
+        loading = 0.0 if self.loaded_ms is None else min(max(self.loaded_ms, start), now_ms) - start
+        return _idle_record(self.worker_id, self.vcpus, self.share, self.hardware, start, now_ms, loading)
 
     def as_worker(self) -> Worker:
         """The immutable view the scheduler sees (cached until the worker changes)."""
@@ -278,16 +288,18 @@ class Fleet:
         w.starting = now_ms
         return w
 
-    def warmed(self, w: FleetWorker) -> float:
-        """A pre-warm start is done: the worker is idle and warm; returns when its keep-alive runs out.
+    def warmed(self, w: FleetWorker, now_ms: float) -> float:
+        """A pre-warm start is done at ``now_ms``: the worker is idle and warm; returns when its keep-alive runs out.
 
         Its idle time is counted from the start's beginning, so the load is billed
-        (as idle time, attributed to the runs of the worker's first batch).
+        (as the first part of its first idle interval, with the vCPUs it held,
+        attributed to the runs of the worker's first batch).
         """
         if w.starting is None:
             raise InvalidInputError(f"worker {w.worker_id} is not starting")
         since, w.starting = w.starting, None
         w.fresh = True
+        w.loaded_ms = max(since, now_ms)
         return self._to_idle(w, since)
 
     def finish(self, w: FleetWorker, record: BatchRecord, now_ms: float) -> float:
@@ -442,9 +454,10 @@ class Fleet:
                 self._arm(last, last.idle_since_ms)
 
     def _close_idle(self, w: FleetWorker, now_ms: float) -> None:
-        start = w.idle_since_ms
-        if start is not None and now_ms > start:
-            self.idles.append(_idle_record(w.worker_id, w.vcpus, w.share, w.hardware, start, now_ms))
+        record = w.idle_record(now_ms)
+        w.loaded_ms = None
+        if record is not None:
+            self.idles.append(record)
 
     # ---- keep-alive ----------------------------------------------------------------------
 

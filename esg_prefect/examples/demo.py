@@ -10,8 +10,9 @@ runs its model on a batch of one inside the flow's process.
 Both runners first serve one request per workflow, unmeasured, so that models
 are loaded (and, under ESG, workers warm) before the measured workload.
 
-Costs: under ESG, each worker is billed for its busy and warm idle time at the
-price sheet's vCPU price, and each flow run's cost is its one cost figure
+Costs: under ESG, each worker is billed for what it holds: its vCPUs while it
+runs a batch or loads (an idle worker process holds none), and a GPU share, if
+it has one, for its whole life (``docs/decisions/idle-vcpus.md``); each flow run's cost is its one cost figure
 (:mod:`esg_prefect.model.attribution`, ``docs/decisions/one-cost.md``): its
 shares of its batches' busy time and of the idle time they caused, read once
 the pool has closed, when the last idle intervals have closed too, so that it
@@ -73,11 +74,12 @@ def cost_ratio_line(esg: DemoRun, threadpool: DemoRun) -> str:
 
     Why two: the thread pool is billed per call (the calls' own time, as a
     per-invocation platform bills), ESG per worker, idle keep-alive included
-    (ESG-SPEC section 6). On the calls' busy time alone (the paper's cost
-    model, the simulator's "batch $/req") the two are compared like for like;
-    with idle time billed ESG also pays for keeping warm workers, which at the
-    demo's light load is most of its bill. Printing only the second would hide
-    what batching saves; printing only the first would hide what warm workers cost.
+    (ESG-SPEC section 6): a worker's GPU share is billed while it idles, its
+    vCPUs are not (it holds none then). On the calls' busy time alone (the
+    paper's cost model, the simulator's "batch $/req") the two are compared
+    like for like; the second figure adds what ESG's warm workers cost while
+    idle, which on a GPU is most of a light load's bill and on CPU workers
+    only their pre-warm loads. Printing only one would hide the other.
     """
     busy = f"{threadpool.cost_busy / esg.cost_busy:.2f}" if esg.cost_busy > 0 else "n/a"
     total = f"{threadpool.cost_total / esg.cost_total:.2f}" if esg.cost_total > 0 else "n/a"
@@ -97,8 +99,8 @@ def verdict_line(esg: DemoRun, threadpool: DemoRun) -> str:
         cost = "not comparable (a cost of 0)"
     return (
         f"ESG met {esg.slo_met:.0%} of SLOs against the thread pool's {threadpool.slo_met:.0%} ({slo}), "
-        f"and was {cost} per request (ESG billed for its workers' whole life, busy or idle; "
-        "the thread pool for its calls' own time x torch's threads, as a per-invocation platform bills)"
+        f"and was {cost} per request (ESG billed for its workers' vCPUs while they compute or load and "
+        "GPU shares for their whole life; the thread pool for its calls' own time x torch's threads)"
     )
 
 

@@ -1,7 +1,10 @@
 """Cost attribution: from batches and idle time to per-request and per-run costs.
 
 ESG-SPEC section 6. A worker is billed for all the time it holds resources:
-busy (running batches, cold starts included) and idle (kept warm). Each batch's
+busy (running batches, cold starts included) and idle (kept warm). An idle
+worker holds its GPU share but no vCPU (the platform hands those to busy
+workers), so idle time is billed at the share's price, and a pre-warm start's
+load, which holds both, at the whole rate (:func:`idle_cost`). Each batch's
 cost is split among its jobs, equally (default) or by input size (a knob).
 
 A flow run's cost is defined once, here, and every surface shows it (the
@@ -21,7 +24,7 @@ idle time those batches caused:
 With ``idle_billing="separate"`` every idle interval is on that line instead.
 
 Invariant (tested): ``sum(per_run.values()) + idle_unattributed`` equals the
-sum over workers of ``(busy + idle time) * price rate``; with
+sum over workers of ``busy time * rate + idle time * idle rate``; with
 ``idle_billing="attribute"`` the idle line holds only the never-used workers,
 so per-run costs alone add up to the whole bill whenever every worker ran a batch.
 
@@ -102,7 +105,12 @@ class BatchRecord:
 
 @dataclass(frozen=True, slots=True)
 class IdleRecord:
-    """An interval in which a worker held its resources without work."""
+    """An interval in which a worker was warm without work; ``loading_ms``: its first part spent loading.
+
+    A pre-warmed worker's first idle interval begins with its load (a start off
+    the requests' path), in which it holds its vCPUs as a batch's cold start
+    does; the rest of the interval holds only its GPU share.
+    """
 
     worker_id: str
     vcpus: int
@@ -110,6 +118,7 @@ class IdleRecord:
     hardware: str
     start_ms: float
     end_ms: float
+    loading_ms: float = 0.0
 
     def __post_init__(self) -> None:
         Worker(
@@ -118,6 +127,10 @@ class IdleRecord:
         if not (math.isfinite(self.start_ms) and math.isfinite(self.end_ms)) or self.end_ms < self.start_ms:
             raise InvalidInputError(
                 f"idle record of {self.worker_id}: need start_ms <= end_ms, got {self.start_ms}, {self.end_ms}"
+            )
+        if not (math.isfinite(self.loading_ms) and 0.0 <= self.loading_ms <= self.end_ms - self.start_ms):
+            raise InvalidInputError(
+                f"idle record of {self.worker_id}: loading_ms must be within the interval, got {self.loading_ms!r}"
             )
 
 
@@ -279,8 +292,9 @@ def attribute_costs(
 
 
 def idle_cost(idle: IdleRecord, prices: PriceSheet) -> float:
-    """What an idle interval costs: its worker's rate times its length."""
-    return prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms) / 1000.0
+    """What an idle interval costs: its GPU share for its whole length, its vCPUs for the load at its start."""
+    held = idle.loading_ms * idle.vcpus * prices.price_per_vcpu_s
+    return (prices.idle_rate_per_s(idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms) + held) / 1000.0
 
 
 def _report(

@@ -4,6 +4,11 @@
 and ``cost_per_request = batch_cost / batch``. Prices are per second; a whole
 GPU of type ``hw`` costs ``price_per_gpu_s[hw]``, a share of it pays pro rata.
 
+A worker pays for what it holds (``docs/decisions/idle-vcpus.md``): its GPU
+share for its whole life (the share stays reserved on its device), its vCPUs
+while it runs a batch or loads (the platform hands an idle worker's vCPUs to
+busy ones). Idle time is therefore billed at :meth:`PriceSheet.idle_rate_per_s`.
+
 The default sheet (``PriceSheet.default()``) is illustrative: on-demand list
 prices of public clouds in 2024, rounded (vCPU $0.04/h; T4 $0.35/h; V100
 $2.48/h; A10 $1.00/h; A100 $3.67/h; H100 $6.98/h; H200 $10.60/h). Users give
@@ -134,6 +139,10 @@ class PriceSheet:
     def rate_per_s(self, vcpus: int, gpu_share: float, hardware: str) -> float:
         """Per-second price of a worker holding ``vcpus`` and ``gpu_share`` of ``hardware``."""
         return vcpus * self.price_per_vcpu_s + gpu_share * self.gpu_price_s(hardware)
+
+    def idle_rate_per_s(self, gpu_share: float, hardware: str) -> float:
+        """Per-second price of an idle warm worker: its GPU share only (it holds no vCPU while idle)."""
+        return gpu_share * self.gpu_price_s(hardware)
 
     def batch_cost(self, config: Config, hardware: str, latency_ms: float) -> float:
         """Cost of running one batch with ``config`` for ``latency_ms``."""

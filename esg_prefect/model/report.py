@@ -433,7 +433,8 @@ def after_warmup(
         if i.end_ms <= start_ms:
             continue
         if i.start_ms < start_ms:
-            i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms)
+            loading = max(0.0, i.loading_ms - (start_ms - i.start_ms))
+            i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms, loading)
         cut_idles.append(i)
     batch_list = list(batches)
     return Window(

@@ -128,8 +128,9 @@ class CallBook:
         for w in core.fleet.workers.values():  # idle time so far, not yet closed
             if not w.busy and w.idle_since_ms is not None:
                 idle_since[w.worker_id] = w.idle_since_ms
-                if now > w.idle_since_ms:
-                    idles.append(IdleRecord(w.worker_id, w.vcpus, w.share, w.hardware, w.idle_since_ms, now))
+                record = w.idle_record(now)
+                if record is not None:
+                    idles.append(record)
         requests = {
             rid: RequestRow(
                 r.run_id,

@@ -300,7 +300,9 @@ class CandidateTables:
         through after its last batch, and a warm one's the idle gap this use
         closes (its gap class) past one cold start, at most its cold twin's extra: using a worker that
         would otherwise expire keeps it billed, while one in steady use costs its
-        busy time.
+        busy time. The idle time is priced at the worker's whole rate, though it
+        is billed at its GPU share's: a weight on idle time that keeps cold
+        starts off the requests' path (``docs/decisions/idle-vcpus.md``).
         """
         hw, v, share, warm = res
         key = (stage, hw, v, share, batch, warm)

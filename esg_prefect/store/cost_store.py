@@ -104,7 +104,7 @@ class CostStore:
     Examples:
         >>> store = CostStore("sqlite://")        # in memory
         >>> store.schema_version
-        1
+        2
         >>> store.costs("run")[-1].key
         '(unattributed idle)'
     """

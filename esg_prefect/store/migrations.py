@@ -54,12 +54,6 @@ def _create_v1(conn: Connection) -> None:
     StoreModel.metadata.create_all(conn)
 
 
-MIGRATIONS: tuple[Migration, ...] = (
-    Migration(1, "runs, stage calls, batches and their items, worker idle intervals, price sheets", _create_v1),
-)
-"""Every schema version, oldest first; the last one is the version the table classes describe."""
-
-
 def check_migrations(migrations: Sequence[Migration]) -> None:
     """Versions must be 1, 2, ..., N: a gap or a duplicate would skip or repeat a step.
 
@@ -163,3 +157,14 @@ def add_column(table: str, column: str, ddl_type: str, default_sql: str) -> Call
         conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl_type} DEFAULT {default_sql}"))
 
     return apply
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "runs, stage calls, batches and their items, worker idle intervals, price sheets", _create_v1),
+    Migration(
+        2,
+        "worker_idle.loading_ms: a pre-warm load at an idle interval's start",
+        add_column("worker_idle", "loading_ms", "FLOAT", "0"),
+    ),
+)
+"""Every schema version, oldest first; the last one is the version the table classes describe."""

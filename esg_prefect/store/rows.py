@@ -178,6 +178,7 @@ def idle_rows(idles: Iterable[IdleRecord], prices: PriceSheet, scope: str) -> li
             "start_ms": i.start_ms,
             "end_ms": i.end_ms,
             "sheet_id": sid,
+            "loading_ms": i.loading_ms,
         }
         for i in idles
     ]
@@ -198,4 +199,4 @@ def batch_record(row: BatchRow, items: Iterable[BatchItemRow]) -> BatchRecord:
 
 def idle_record(row: IdleRow) -> IdleRecord:
     """A stored idle interval as the model's record."""
-    return IdleRecord(row.worker_id, row.vcpus, row.gpu_share, row.hardware, row.start_ms, row.end_ms)
+    return IdleRecord(row.worker_id, row.vcpus, row.gpu_share, row.hardware, row.start_ms, row.end_ms, row.loading_ms)

@@ -139,6 +139,7 @@ class IdleRow(StoreModel, table=True):
     start_ms: float = Field(index=True)
     end_ms: float
     sheet_id: str = Field(foreign_key="price_sheets.sheet_id")
+    loading_ms: float = Field(default=0.0, description="the interval's first part spent on a pre-warm load")
 
 
 DATA_TABLES: tuple[type[StoreModel], ...] = (PriceSheetRow, RunRow, BatchRow, BatchItemRow, StageCallRow, IdleRow)
