@@ -29,18 +29,10 @@ from typing import Any
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.control.core import Core
 from esg_prefect.control.events import (
-    Action,
-    BatchFinished,
     CallArrived,
-    FailJobs,
-    StartBatch,
-    StartWorker,
-    StopWorker,
-    WakeAt,
 )
-from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.control.fleet import Fleet
 from esg_prefect.control.records import (
-    BatchDone,
     BatchListener,
     PoolSnapshot,
     RunListener,
@@ -63,19 +55,17 @@ from esg_prefect.model.report import Report, summarize
 from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.call_ids import CallIds
 from esg_prefect.runtime.clock import Cancellable, PoolClock, perf_ms, wall_ms
-from esg_prefect.runtime.execution import Pending, execute
+from esg_prefect.runtime.execution import Pending
 from esg_prefect.runtime.listeners import Listeners
 from esg_prefect.runtime.planner import Planner
+from esg_prefect.runtime.pool_actions import PoolActions
 from esg_prefect.runtime.pool_records import CallBook
 from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
     LocalProcessBackend,
     WorkerBackend,
-    WorkerDiedError,
     WorkerHandle,
-    WorkerLoadError,
-    WorkerSpec,
 )
 from esg_prefect.runtime.workflows import WorkflowRegistry
 from esg_prefect.scheduling import ESGSettings, Scheduler
@@ -97,7 +87,7 @@ _DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs
 _DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
-class Pool:
+class Pool(PoolActions):
     """AFW queues, the control core and a worker backend, shared by many flow runs.
 
     Args:
@@ -470,120 +460,6 @@ class Pool:
             return
         self._apply(actions, now)
 
-    # ---- the loop: actions out ------------------------------------------------------------------
-
-    def _apply(self, actions: list[Action], now: float) -> None:
-        for a in actions:
-            if isinstance(a, StartBatch):
-                self._spawn(self._run_batch(a, [self._pending[j.job_id] for j in a.jobs]))
-            elif isinstance(a, WakeAt):
-                if a.t not in self._timers:
-                    self._timers[a.t] = self.clock.call_at(a.t, self._on_timer, a.t)
-            elif isinstance(a, StopWorker):
-                handle = self._handles.pop(a.worker_id, None)
-                if handle is not None:
-                    self._spawn(handle.stop())
-            elif isinstance(a, FailJobs):
-                for job in a.jobs:
-                    self._fail(job.job_id, StageRejectedError(a.reason), now)
-            elif isinstance(a, StartWorker):
-                self._spawn(self._load(a))
-
-    def _fail(self, call_id: str, exc: Exception, now: float) -> None:
-        p = self._pending.pop(call_id, None)
-        if p is not None:
-            self._finish(p, None, exc, now, now)
-
-    def _spec(self, w: FleetWorker, path: str) -> WorkerSpec:
-        return WorkerSpec(w.worker_id, path, w.node, w.device_id, w.hardware, w.vcpus, w.share)
-
-    async def _load(self, a: StartWorker) -> None:
-        """A pre-warm start: load the worker off the requests' path; a start that fails is dropped."""
-        wid, path = a.worker.worker_id, self._stage_paths.get(a.queue)
-        try:
-            if path is None:
-                raise WorkerLoadError(f"no stage path known for {a.queue}")
-            handle = await self.backend.start(self._spec(a.worker, path))
-        except (WorkerLoadError, WorkerDiedError) as exc:
-            logger.warning("pre-warm start of worker %s failed (%s); dropped", wid, exc)
-            self.core.worker_lost(wid)
-            self._settle_soon()
-            return
-        if self._closed or wid not in self.core.fleet.workers:
-            await handle.stop()
-            return
-        self._handles[wid] = handle
-        logger.debug("worker %s: %s", wid, a.reason)
-        self.core.worker_ready(wid, self.clock.now())
-        self._settle_soon()
-
-    async def _run_batch(self, a: StartBatch, pendings: list[Pending]) -> None:
-        w, d, start = a.worker, a.dispatch, a.t
-        stage = d.queue.stage
-
-        def measured(idx: list[int], ms: float) -> None:
-            self._correct(stage, w, [pendings[i].job.input_size for i in idx], ms)
-
-        handle = self._handles.get(w.worker_id)
-        out = await execute(
-            self.backend, handle, self._spec(w, pendings[0].call.stage_path), pendings, self.clock.now, measured
-        )
-        end = self.clock.now()
-        failed = frozenset(pendings[i].call.call_id for i, (_, err) in out.results.items() if err is not None)
-        requeue = tuple(pendings[i].call.call_id for i in out.requeue)
-        lost = out.died is not None
-        core = self.core
-        core.finished(BatchFinished(a.batch_id, end, failed, requeue, lost, out.cold_ms))
-        if lost:
-            self._handles.pop(w.worker_id, None)
-            logger.warning("worker %s lost (%s); %d call(s) requeued", w.worker_id, out.died, len(requeue))
-        elif out.handle is not None:
-            self._handles[w.worker_id] = out.handle
-        runs = {p.call.run_id for p in pendings}
-        self._book.batch(len(core.fleet.batches) - 1, runs)  # the record finished() just made
-        self._listen.expect(a.batch_id)  # before any caller hears of the batch: it may wait for its records
-        first_call = len(self._book.calls)
-        for i, p in enumerate(pendings):
-            if i not in out.results:
-                continue  # back in its queue (solo)
-            value, err = out.results[i]
-            res = None
-            if err is None:
-                res = StageResult(
-                    p.call.call_id,
-                    value,
-                    a.batch_id,
-                    len(pendings),
-                    w.worker_id,
-                    w.hardware,
-                    w.vcpus,
-                    w.share,
-                    start - p.job.ready_ms,
-                    d.predicted_ms,
-                    end - start,
-                    a.cold,
-                    d.at_risk,
-                    d.reason,
-                    len(runs),
-                )
-            self._pending.pop(p.call.call_id, None)
-            self._finish(p, res, err, start, end)
-        if self._listen.batches:
-            calls = tuple(self._book.calls[first_call:])
-            done = BatchDone(core.fleet.batches[-1], calls, d.queue.workflow, stage, self.prices)
-            self._listen.batch_done(self._book.batch_done(done, core, self._registry.slo_ms))
-        self._settle_soon()
-
-    def _finish(self, p: Pending, res: StageResult | None, err: BaseException | None, start: float, end: float) -> None:
-        self._ids.finish(p.call.call_id, p.future)
-        self._book.call(p.call, p.job.ready_ms, res, err, start, end)
-        if not p.future.done():  # exactly once
-            if err is None:
-                assert res is not None
-                p.future.set_result(res)
-            else:
-                p.future.set_exception(err)
-
     # ---- the online correction ------------------------------------------------------------------
 
     def _alias(self, name: str, stage: str) -> None:
@@ -594,11 +470,6 @@ class Pool:
     def _replanned(self) -> None:
         if self._core is not None:
             self._core.replan(self.planner.scheduler, self.planner.tables)
-
-    def _correct(self, stage: str, w: FleetWorker, sizes: list[float], actual_ms: float) -> None:
-        """Fold a batch's time as the pool saw it into the online correction; re-plan on drift."""
-        if self.planner.correct(stage, w.hardware, w.vcpus, w.share, sizes, actual_ms, self.clock.now()):
-            self._replanned()
 
     # ---- reading and closing --------------------------------------------------------------------
 
