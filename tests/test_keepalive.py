@@ -324,3 +324,31 @@ def test_best_effort_keep_alive_out_of_range_is_named() -> None:
     for bad in (-1.0, float("inf"), float("nan"), True):
         with pytest.raises(ConfigError, match="best_effort_keep_alive"):
             ESGSettings(best_effort_keep_alive=bad)
+
+
+def test_keep_alive_by_price_scales_the_histograms_keep_alive_too() -> None:
+    """Once the stage's gaps set the keep-alive, a worker on a type ten times the cheapest's price keeps a tenth."""
+    from esg_prefect.model.cluster import Device
+
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=2.0, min_ms=0.0)
+    devices = (Device("n0/gpu0", "n0", "T4"), Device("n0/gpu1", "n0", "A100"))
+    fleet = Fleet((Node("n0", 8, max_workers=8),), devices, 60_000.0)
+    fleet.adaptive = AdaptiveKeepAlive(policy, lambda stage, hw: 100.0)  # floor: 200 ms on either type
+    fleet.set_keep_alive(60_000.0, PriceSheet(0.01, {"T4": 0.5, "A100": 5.0}).keep_alive_scales({"T4", "A100"}))
+    cfg = Config(1, 1, 0.5)
+    t4 = fleet.acquire(Placement("n0", "n0/gpu0", None, 4), "a", cfg, "T4", 0.0)
+    a100 = fleet.acquire(Placement("n0", "n0/gpu1", None, 4), "a", cfg, "A100", 0.0)
+    item = (BatchItem("r", "r"),)
+    # Before the stage has gaps enough: the fixed window, by price (60 s and 6 s).
+    assert fleet.finish(a100, BatchRecord("a0", a100.worker_id, item, cfg, "A100", 0.0, 10.0), 10.0) == 6_010.0
+    t = 0.0
+    for i in range(4):  # the T4 worker's reuses: 50 ms gaps fill the histogram (its percentile is under the floor)
+        if i:
+            t += 50.0
+            fleet.acquire(Placement("n0", "n0/gpu0", t4.worker_id, 1), "a", cfg, "T4", t)
+        fleet.finish(t4, BatchRecord(f"t{i}", t4.worker_id, item, cfg, "T4", t, t + 10.0), t + 10.0)
+        t += 10.0
+    assert fleet.keep_alive_of(t4) == 200.0  # the floor, whole on the cheapest type
+    assert fleet.keep_alive_of(a100) == pytest.approx(20.0)  # a tenth of it on a type ten times dearer
+    fleet.set_keep_alive(60_000.0)  # keep_alive_by_price off: no scale
+    assert fleet.keep_alive_of(a100) == 200.0

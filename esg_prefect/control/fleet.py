@@ -220,7 +220,10 @@ class Fleet:
             return min(fixed, self.best_effort_keep_alive * self.cold_start_ms(w.stage, w.hardware))
         if self.adaptive is None or self._per_stage.get(w.stage, 0) <= 1:
             return fixed  # a stage's last worker keeps the fixed window: bursts after a lull find it warm
-        return self.adaptive.keep_alive_ms(w.stage, fixed, w.worker_id, w.hardware)
+        # By price too (keep_alive_by_price): a dear worker's gaps earn it less time, and once it
+        # expires the next start may land on the cheapest type that fits.
+        scale = self._keep_alive_scales.get(w.hardware, 1.0)
+        return scale * self.adaptive.keep_alive_ms(w.stage, self.keep_alive_ms, w.worker_id, w.hardware)
 
     # ---- applying a placement ------------------------------------------------------
 

@@ -79,8 +79,9 @@ class ESGSettings:
             is cheaper (docs/results.md, "Best effort").
         keep_alive_s: how long an idle warm worker is kept.
         keep_alive_by_price: the platform's keep-alive depends on the GPU type: an
-            idle worker on the cheapest type present keeps ``keep_alive_s``, one on
-            a dearer type that times the cheapest type's price over its own
+            idle worker on the cheapest type present keeps its keep-alive
+            (``keep_alive_s``, or the histogram policy's value), one on a dearer
+            type that times the cheapest type's price over its own
             (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`).
             Applied by the simulator and the runtime pool to every scheduler (not
             in the paper, which bills no idle time; docs/results.md, "Idle
