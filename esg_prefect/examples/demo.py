@@ -133,6 +133,10 @@ def quiet_prefect() -> None:
 
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # A temporary API's consumers are cancelled at exit and SQLAlchemy's pool logs the cancelled rollback
+    # as an error with a traceback; nothing is lost (the database is a throw-away). Here for this process;
+    # warm_prefect() does it for the API's server process.
+    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
@@ -155,12 +159,15 @@ def latency_settings() -> Iterator[None]:
 def warm_prefect() -> None:
     """Start Prefect's API (the ephemeral one when no server is configured) before the burst.
 
-    A temporary API's server process, started here, inherits this process's
-    environment: it gets a root log level of CRITICAL. At exit Prefect cancels
+    A temporary API's server process inherits this process's environment at
+    its start: it gets a root log level of CRITICAL. At exit Prefect cancels
     its consumers while the in-memory database closes, and SQLAlchemy's pool
-    logs that as an error with a traceback (seen in 1 of 5 fresh demo runs)
-    though nothing is lost. This process's own logging was set up at import
-    and keeps its levels.
+    logs that as an error with a traceback though nothing is lost. The setting
+    stays for the whole process: a client that needs the API after Prefect's
+    exit hook stopped the first server (the run recorder publishing a last
+    run's artifacts) starts another one, and that one printed the traceback
+    in 1 of 5 fresh demo runs while the setting was undone after the warm-up.
+    This process's own logging was set up at import and keeps its levels.
     """
     from prefect import flow
 
@@ -168,15 +175,9 @@ def warm_prefect() -> None:
     def warm_up() -> int:
         return 1
 
-    key = "PREFECT_LOGGING_ROOT_LEVEL"
-    before = os.environ.get(key)
-    if not os.environ.get("PREFECT_API_URL") and before is None:
-        os.environ[key] = "CRITICAL"
-    try:
-        warm_up()
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
+    if not os.environ.get("PREFECT_API_URL"):
+        os.environ.setdefault("PREFECT_LOGGING_ROOT_LEVEL", "CRITICAL")
+    warm_up()
 
 
 def warm_requests(call: Callable[[int, str], Any]) -> None:
