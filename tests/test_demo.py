@@ -184,3 +184,15 @@ def test_the_result_tables_read_whole_at_80_columns() -> None:
     flat = " ".join(text.split())  # lines wrap at 80
     assert "esg: 9/9 requests ok" in flat and "whole bill $3.200e-04" in flat
     assert "calls billed $1.900e-04" in flat  # the thread pool: its calls' own time
+
+
+def test_the_temporary_apis_logging_config_is_prefects_with_sqlalchemy_quiet() -> None:
+    """The file the demo points the temporary API at: Prefect's own config, read by Prefect, SQLAlchemy at CRITICAL."""
+    from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH, load_logging_config
+
+    from esg_prefect.examples.demo import quiet_sqlalchemy_logging
+
+    path = quiet_sqlalchemy_logging()
+    ours, prefects = load_logging_config(path), load_logging_config(DEFAULT_LOGGING_SETTINGS_PATH)
+    assert ours["loggers"].pop("sqlalchemy") == {"level": "CRITICAL"}
+    assert ours == prefects  # nothing else changed, Prefect's settings filled in as in its own file

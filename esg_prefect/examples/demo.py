@@ -123,6 +123,8 @@ def quiet_prefect() -> None:
     of 34 s on Prefect's default SQLite file, against 1.6 s in memory).
     """
     ephemeral_api_defaults()
+    if not os.environ.get("PREFECT_API_URL") and "PREFECT_LOGGING_SETTINGS_PATH" not in os.environ:
+        os.environ["PREFECT_LOGGING_SETTINGS_PATH"] = str(quiet_sqlalchemy_logging())
     os.environ.setdefault("PREFECT_LOGGING_TO_CONSOLE", "false")
     # Run logs go to the API (the UI shows them) through their own handler; the console handler
     # shows warnings only. Set here: Prefect configures its loggers from its logging.yml at import.
@@ -133,10 +135,31 @@ def quiet_prefect() -> None:
 
     for name in ("prefect", "prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    # A temporary API's consumers are cancelled at exit and SQLAlchemy's pool logs the cancelled rollback
-    # as an error with a traceback; nothing is lost (the database is a throw-away). Here for this process;
-    # warm_prefect() does it for the API's server process.
-    logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+    logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)  # as the file above does for the API's process
+
+
+def quiet_sqlalchemy_logging() -> Path:
+    """Prefect's own logging config with SQLAlchemy's loggers at CRITICAL, written for the temporary API; its path.
+
+    At exit Prefect stops the temporary API's server while its consumers hold
+    the in-memory database, and SQLAlchemy's pool logs the cancelled rollback
+    as an error with a 20-line traceback (2 of 5 fresh demo runs) though
+    nothing is lost: the database is a throw-away. SQLAlchemy gives its top
+    logger a level of its own (WARNING), so a quiet root level does not reach
+    it; a logger entry in the config the server process reads does. Prefect's
+    file is copied as text, its ``${...}`` settings left for Prefect to fill.
+    """
+    import getpass
+    import importlib.util
+    import tempfile
+
+    spec = importlib.util.find_spec("prefect")  # without importing it: it reads its settings once
+    assert spec is not None and spec.submodule_search_locations
+    text = (Path(next(iter(spec.submodule_search_locations))) / "logging" / "logging.yml").read_text()
+    text = text.replace("\nloggers:\n", "\nloggers:\n  sqlalchemy:\n    level: CRITICAL\n\n", 1)
+    path = Path(tempfile.gettempdir()) / f"esg-prefect-demo-logging-{getpass.getuser()}.yml"
+    path.write_text(text)
+    return path
 
 
 @contextlib.contextmanager
@@ -160,14 +183,10 @@ def warm_prefect() -> None:
     """Start Prefect's API (the ephemeral one when no server is configured) before the burst.
 
     A temporary API's server process inherits this process's environment at
-    its start: it gets a root log level of CRITICAL. At exit Prefect cancels
-    its consumers while the in-memory database closes, and SQLAlchemy's pool
-    logs that as an error with a traceback though nothing is lost. The setting
-    stays for the whole process: a client that needs the API after Prefect's
-    exit hook stopped the first server (the run recorder publishing a last
-    run's artifacts) starts another one, and that one printed the traceback
-    in 1 of 5 fresh demo runs while the setting was undone after the warm-up.
-    This process's own logging was set up at import and keeps its levels.
+    its start: it gets a root log level of CRITICAL (its services log errors
+    as the in-memory database goes at exit) and the logging config of
+    :func:`quiet_sqlalchemy_logging`. This process's own logging was set up
+    at import and keeps its levels.
     """
     from prefect import flow
 
