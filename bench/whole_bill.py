@@ -310,9 +310,9 @@ def run_job(job: Job) -> dict[str, Any]:
         if r.arrival_ms >= w0:
             lat[r.workflow].append(math.inf if r.finish_ms is None else r.finish_ms - r.arrival_ms)
     p99 = {w.name: (p99_with_failures(lat[w.name]), w.slo_ms) for w in case.workflows}
-    rate = case.prices.rate_per_s
-    run_total = sum(rate(b.config.vcpus, b.config.gpu_share, b.hardware) * b.duration_ms for b in run.batches)
-    run_total += sum(idle_cost(i, case.prices) * 1000.0 for i in run.idles)
+    prices = case.prices
+    run_total = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in run.batches)
+    run_total += sum(idle_cost(i, prices) for i in run.idles)  # $, the whole run
     return {
         "cell": job.cell.name,
         "trace": job.cell.trace,
@@ -327,7 +327,7 @@ def run_job(job: Job) -> dict[str, Any]:
         "cold": bill.cold / n,
         "whole": bill.whole / n,
         "batch": o.batch_cost_per_request,
-        "whole_run": run_total / 1000.0 / max(len(run.requests), 1),
+        "whole_run": run_total / max(len(run.requests), 1),
         "p99": p99,
         "workers": run.cold_starts,
         "prewarm": run.prewarm_starts,
