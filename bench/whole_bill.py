@@ -56,6 +56,13 @@ in it, idle time in it), per request arrived in it:
 The run ends when its last request ends, and idle workers are billed up to
 then (the keep-alive left after the end is not billed), as in the report.
 
+Where the idle goes (a table after the goal test, ESG and the best baseline):
+the idle dollars between two batches of one worker (a share held while its
+stage's calls come too sparse to keep it busy), and those before a worker's
+first batch or after its last (pre-warm waits and keep-alive tails: what
+starting and stopping workers costs), with the share utilisation
+(GPU-share-seconds busy over those held).
+
 p99 per workflow: over the requests that arrived in the window, a request that
 did not finish counting as infinitely late (with no failures, the report's p99).
 
@@ -101,7 +108,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
-from esg_prefect.model.attribution import idle_cost
+from esg_prefect.model.attribution import idle_cost, idle_cost_split
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.simulator import simulate, standard_case
 from esg_prefect.simulator.case import Case
@@ -164,16 +171,31 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Bill:
-    """Dollars billed in the report's window, split three ways (module docstring)."""
+    """Dollars billed in the report's window, split three ways (module docstring), and where the idle went.
+
+    ``idle_gaps`` is the part of ``idle`` between two batches of one worker (a
+    share held while its stage's calls come too sparse to keep it busy); the
+    rest of ``idle`` lies before a worker's first batch or after its last (the
+    lifecycle: pre-warm waits and keep-alive tails). ``share_busy`` and
+    ``share_held`` are GPU-share-seconds busy and held (busy, cold or idle).
+    """
 
     busy: float
     idle: float
     cold: float
+    idle_gaps: float = 0.0
+    share_busy: float = 0.0
+    share_held: float = 0.0
 
     @property
     def whole(self) -> float:
         """Everything billed."""
         return self.busy + self.idle + self.cold
+
+    @property
+    def share_utilisation(self) -> float:
+        """Share-seconds busy over share-seconds held (1.0 with nothing held)."""
+        return self.share_busy / self.share_held if self.share_held > 0 else 1.0
 
 
 def grid_cells(quick: bool = False, trace_seeds: Sequence[int] = (0,)) -> list[Cell]:
@@ -254,15 +276,19 @@ def _field_names() -> set[str]:
 
 
 def bill_split(run: SimRun, case: Case) -> Bill:
-    """Busy, idle and cold dollars of ``run`` in its report's window (module docstring)."""
+    """Busy, idle and cold dollars of ``run`` in its report's window, and the idle's breakdown (:class:`Bill`)."""
     w0 = case.warmup_s * 1000.0
     prices = case.prices
     cold_of: dict[str, float] = {}
     for s in run.stages:
         if s.cold_start_ms > 0:
             cold_of[s.batch_id] = max(cold_of.get(s.batch_id, 0.0), s.cold_start_ms)
-    busy = idle = cold = 0.0
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    busy = idle = cold = gaps = share_busy = share_held = 0.0
     for b in run.batches:
+        first[b.worker_id] = min(first.get(b.worker_id, math.inf), b.start_ms)
+        last[b.worker_id] = max(last.get(b.worker_id, -math.inf), b.end_ms)
         if b.start_ms < w0:
             continue
         rate = prices.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware)
@@ -270,14 +296,20 @@ def bill_split(run: SimRun, case: Case) -> Bill:
         c = min(cold_of.get(b.batch_id, 0.0), dur)
         cold += rate * c / 1000.0
         busy += rate * (dur - c) / 1000.0
+        share_busy += b.config.gpu_share * (dur - c) / 1000.0
+        share_held += b.config.gpu_share * dur / 1000.0
     for i in run.idles:
         start, end = max(i.start_ms, w0), i.end_ms
         if end <= start:
             continue
         load = max(0.0, min(end, i.start_ms + i.loading_ms) - start)  # a pre-warm start's load: vCPUs held too
-        cold += prices.rate_per_s(i.vcpus, i.gpu_share, i.hardware) * load / 1000.0
-        idle += prices.idle_rate_per_s(i.gpu_share, i.hardware) * (end - start - load) / 1000.0
-    return Bill(busy, idle, cold)
+        loading, waiting = idle_cost_split(replace(i, start_ms=start, loading_ms=load), prices)
+        cold += loading
+        idle += waiting
+        if first.get(i.worker_id, math.inf) < i.start_ms + 1e-9 and i.end_ms <= last.get(i.worker_id, -math.inf) + 1e-9:
+            gaps += waiting
+        share_held += i.gpu_share * (end - start) / 1000.0
+    return Bill(busy, idle, cold, gaps, share_busy, share_held)
 
 
 def p99_with_failures(latencies: Sequence[float]) -> float:
@@ -326,6 +358,8 @@ def run_job(job: Job) -> dict[str, Any]:
         "idle": bill.idle / n,
         "cold": bill.cold / n,
         "whole": bill.whole / n,
+        "idle_gaps": bill.idle_gaps / n,
+        "share_utilisation": bill.share_utilisation,
         "batch": o.batch_cost_per_request,
         "whole_run": run_total / max(len(run.requests), 1),
         "p99": p99,
@@ -508,6 +542,22 @@ def summary_rows(verdicts: Sequence[Verdict]) -> list[str]:
     return out
 
 
+def idle_rows(verdicts: Sequence[Verdict]) -> list[str]:
+    """One markdown row per cell: where ESG's and the best baseline's idle bill goes (:class:`Bill`)."""
+    out = [
+        "| cell | scheduler | idle $/req | between batches | before first / after last | share utilisation |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in verdicts:
+        for r in (v.esg, v.best):
+            ends = r["idle"] - r["idle_gaps"]
+            out.append(
+                f"| {v.cell} | {r['scheduler']} | {r['idle']:.2e} | {r['idle_gaps']:.2e} | {ends:.2e} "
+                f"| {r['share_utilisation']:.2f} |"
+            )
+    return out
+
+
 def sweep_lines(rows: Sequence[dict[str, Any]], cells: Sequence[Cell]) -> list[str]:
     """Every baseline setting run: SLO hit rate and whole bill per request, the chosen one starred."""
     out = []
@@ -658,6 +708,10 @@ def main() -> None:
     print("The goal test per cell (ratio = best baseline's whole bill / ESG's; 'incl. warm-up': whole runs):")
     print()
     print("\n".join(summary_rows(verdicts)))
+    print()
+    print("Where the idle bill goes (between two batches of a worker, or before its first / after its last):")
+    print()
+    print("\n".join(idle_rows(verdicts)))
     print()
     print("Keep-alive sweep (SLO hit rate / whole $ per request; * = chosen):")
     print("\n".join(sweep_lines(rows, cells)))

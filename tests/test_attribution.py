@@ -19,6 +19,7 @@ from esg_prefect.model.attribution import (
     IdleRecord,
     attribute_costs,
     idle_cost,
+    idle_cost_split,
 )
 from esg_prefect.model.config import Config
 from esg_prefect.model.pricing import PriceSheet
@@ -117,6 +118,8 @@ def test_a_prewarm_load_in_an_idle_interval_bills_its_vcpus() -> None:
     rec = IdleRecord("w1", 1, 0.5, "T4", 0.0, 1000.0, loading_ms=200.0)
     # half a T4 for the whole 1 s, plus its 1 vCPU for the 0.2 s load: 0.5 * 4.0 * 1.0 + 1 * 0.5 * 0.2 = 2.1
     assert idle_cost(rec, PRICES) == pytest.approx(2.1, rel=1e-12)
+    # in two parts: the load at the worker's whole rate (2.0 + 0.5 per s, 0.2 s), the rest at its share's (0.8 s)
+    assert idle_cost_split(rec, PRICES) == (pytest.approx(0.5, rel=1e-12), pytest.approx(1.6, rel=1e-12))
     # lead idle time, load included, goes to the worker's first batch (1 s * 2.5 busy)
     rep = attribute_costs([batch("b1", "w1", [BatchItem("r1", "A")], 1000.0, 2000.0)], [rec], PRICES)
     assert (rep.per_run_busy, rep.per_run_idle) == ({"A": 2.5}, {"A": pytest.approx(2.1, rel=1e-12)})

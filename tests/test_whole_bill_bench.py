@@ -79,6 +79,52 @@ def test_split_sums_to_the_whole_bill(scheduler: str, warmup_s: float) -> None:
         assert bill.cold > from_batches
 
 
+@pytest.mark.parametrize("scheduler", ["esg", "fast-gshare"])
+def test_the_idle_bill_splits_into_gaps_between_batches_and_the_lifecycle(scheduler: str) -> None:
+    job = wb.Job(CELL, scheduler, (), 4.0, 1.0)
+    case = wb.job_case(job)
+    run = wb.simulate(case)
+    bill = wb.bill_split(run, case)
+    w0, p = case.warmup_s * 1000.0, case.prices
+    spans: dict[str, list[float]] = {}
+    for b in run.batches:
+        spans.setdefault(b.worker_id, []).append(b.start_ms)
+        spans[b.worker_id].append(b.end_ms)
+    gaps = ends = 0.0
+    for i in run.idles:
+        start = max(i.start_ms, w0)
+        if i.end_ms <= start:
+            continue
+        load = max(0.0, i.start_ms + i.loading_ms - start)
+        dollars = i.gpu_share * p.gpu_price_s(i.hardware) * (i.end_ms - start - load) / 1000.0
+        mine = spans.get(i.worker_id, [])
+        if mine and min(mine) <= i.start_ms and i.end_ms <= max(mine):
+            gaps += dollars
+        else:
+            ends += dollars
+    assert gaps > 0 and ends > 0
+    assert math.isclose(bill.idle_gaps, gaps, rel_tol=1e-9)
+    assert math.isclose(bill.idle - bill.idle_gaps, ends, rel_tol=1e-9)
+    # share-seconds: busy ones are the batches' time past their cold starts, held ones every record's time
+    held = sum(b.config.gpu_share * (b.end_ms - b.start_ms) for b in run.batches if b.start_ms >= w0)
+    held += sum(i.gpu_share * (i.end_ms - max(i.start_ms, w0)) for i in run.idles if i.end_ms > max(i.start_ms, w0))
+    assert math.isclose(bill.share_held, held / 1000.0, rel_tol=1e-9)
+    assert 0.0 < bill.share_busy < bill.share_held
+    assert 0.0 < bill.share_utilisation < 1.0
+
+
+def test_idle_rows_name_both_schedulers_per_cell(rows: list[dict]) -> None:
+    v = wb.judge(CELL.name, rows)
+    table = wb.idle_rows([v])
+    assert len(table) == 2 + 2
+    for line, r in zip(table[2:], (v.esg, v.best), strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:2] == [CELL.name, r["scheduler"]]
+        idle, gaps, ends, util = (float(c) for c in cells[2:])
+        assert math.isclose(idle, gaps + ends, rel_tol=0.02)  # three digits shown
+        assert 0.0 < util <= 1.0
+
+
 def test_rows_carry_the_split_per_request(rows: list[dict]) -> None:
     assert {r["scheduler"] for r in rows} == {"esg", "fast-gshare", "triton"}
     assert len(rows) == 5  # ESG once, each baseline at its defaults and a fixed 3 s keep-alive

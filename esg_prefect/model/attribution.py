@@ -293,8 +293,19 @@ def attribute_costs(
 
 def idle_cost(idle: IdleRecord, prices: PriceSheet) -> float:
     """What an idle interval costs: its GPU share for its whole length, its vCPUs for the load at its start."""
-    held = idle.loading_ms * idle.vcpus * prices.price_per_vcpu_s
-    return (prices.idle_rate_per_s(idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms) + held) / 1000.0
+    loading, waiting = idle_cost_split(idle, prices)
+    return loading + waiting
+
+
+def idle_cost_split(idle: IdleRecord, prices: PriceSheet) -> tuple[float, float]:
+    """:func:`idle_cost` in two parts, in dollars: the load at its start (at the worker's whole rate), the rest.
+
+    The load is a pre-warm start's cold start, off the requests' path (``IdleRecord.loading_ms``);
+    the rest is idle time proper, billed at the GPU share's price only.
+    """
+    share_rate = prices.idle_rate_per_s(idle.gpu_share, idle.hardware)
+    loading = (share_rate + idle.vcpus * prices.price_per_vcpu_s) * idle.loading_ms / 1000.0
+    return loading, share_rate * (idle.end_ms - idle.start_ms - idle.loading_ms) / 1000.0
 
 
 def _report(
