@@ -61,7 +61,8 @@ the idle dollars between two batches of one worker (a share held while its
 stage's calls come too sparse to keep it busy), and those before a worker's
 first batch or after its last (pre-warm waits and keep-alive tails: what
 starting and stopping workers costs), with the share utilisation
-(GPU-share-seconds busy over those held).
+(GPU-share-seconds busy over those held), and the ratio ESG would reach with
+those ends free (the best baseline's whole bill over ESG's less its ends).
 
 p99 per workflow: over the requests that arrived in the window, a request that
 did not finish counting as infinitely late (with no failures, the report's p99).
@@ -543,17 +544,27 @@ def summary_rows(verdicts: Sequence[Verdict]) -> list[str]:
 
 
 def idle_rows(verdicts: Sequence[Verdict]) -> list[str]:
-    """One markdown row per cell: where ESG's and the best baseline's idle bill goes (:class:`Bill`)."""
+    """One markdown row per cell and scheduler (ESG, the best baseline): where the idle bill goes (:class:`Bill`).
+
+    ESG's row also gives the ratio it would reach if its workers cost nothing
+    before their first batch or after their last: the most a lifecycle rule
+    alone could win at today's batches and utilisation.
+    """
     out = [
-        "| cell | scheduler | idle $/req | between batches | before first / after last | share utilisation |",
-        "|---|---|---|---|---|---|",
+        "| cell | scheduler | idle $/req | between batches | before first / after last | share utilisation "
+        "| ratio without the ends |",
+        "|---|---|---|---|---|---|---|",
     ]
     for v in verdicts:
         for r in (v.esg, v.best):
             ends = r["idle"] - r["idle_gaps"]
+            bound = ""
+            if r is v.esg:
+                rest = r["whole"] - ends
+                bound = f"{v.best['whole'] / rest:.2f}" if rest > 0 else "inf"
             out.append(
                 f"| {v.cell} | {r['scheduler']} | {r['idle']:.2e} | {r['idle_gaps']:.2e} | {ends:.2e} "
-                f"| {r['share_utilisation']:.2f} |"
+                f"| {r['share_utilisation']:.2f} | {bound} |"
             )
     return out
 

@@ -120,9 +120,15 @@ def test_idle_rows_name_both_schedulers_per_cell(rows: list[dict]) -> None:
     for line, r in zip(table[2:], (v.esg, v.best), strict=True):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:2] == [CELL.name, r["scheduler"]]
-        idle, gaps, ends, util = (float(c) for c in cells[2:])
+        idle, gaps, ends, util = (float(c) for c in cells[2:6])
         assert math.isclose(idle, gaps + ends, rel_tol=0.02)  # three digits shown
         assert 0.0 < util <= 1.0
+        if r is v.esg:  # the best baseline's bill over ESG's without its ends: at least the ratio itself
+            bound = float(cells[6])
+            assert bound == pytest.approx(v.best["whole"] / (r["whole"] - (r["idle"] - r["idle_gaps"])), abs=0.005)
+            assert bound >= round(v.ratio, 2)
+        else:
+            assert cells[6] == ""
 
 
 def test_rows_carry_the_split_per_request(rows: list[dict]) -> None:
