@@ -37,13 +37,13 @@ from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint
 from esg_prefect.model.attribution import (
     BatchItem,
     BatchRecord,
-    CostLedger,
     IdleRecord,
     attribute_costs,
     idle_cost,
 )
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import Config
+from esg_prefect.model.ledger import CostLedger
 from esg_prefect.model.report import _attribute, after_warmup, summarize
 from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.pool_records import final_records

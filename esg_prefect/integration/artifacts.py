@@ -14,7 +14,7 @@ same ``esg-prefect costs`` and the demo show: its shares of its batches' busy
 time and of the warm idle time those batches caused. It is final only once
 the idle interval after each of its batches has closed (the worker's next
 batch, its keep-alive expiry, the pool's close), so the publisher waits for
-that (:class:`~esg_prefect.model.attribution.CostLedger`), and publishes
+that (:class:`~esg_prefect.model.ledger.CostLedger`), and publishes
 whatever is still pending when the pool closes. It names the flow run
 explicitly through the client API, so publishing after the flow run ended,
 from outside any flow run context, is fine; tags are the one flow run field
@@ -45,7 +45,8 @@ from esg_prefect.integration.run_views import merged_tags, short_id
 from esg_prefect.integration.run_views import money as money
 from esg_prefect.integration.run_views import run_summary as run_summary
 from esg_prefect.integration.run_views import run_table as run_table
-from esg_prefect.model.attribution import CostLedger, IdleRecord, run_deadline
+from esg_prefect.model.attribution import IdleRecord
+from esg_prefect.model.ledger import CostLedger, run_deadline
 from esg_prefect.runtime.pool_records import final_records
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ class RunPublisher:
     """A pool's run and batch listener: publishes each flow run's artifacts and tags once its cost is final.
 
     It follows the pool's batches and closed idle intervals in a
-    :class:`~esg_prefect.model.attribution.CostLedger`. An ended run is
+    :class:`~esg_prefect.model.ledger.CostLedger`. An ended run is
     published when the idle interval after each of its batches has closed:
     most often a later batch on the same worker shows that (the pool hands
     closed idle time over with each batch); when the pool goes quiet, the
