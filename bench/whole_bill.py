@@ -37,7 +37,7 @@ the cheapest whole bill among its settings whose SLO hit rate is within
 setting that won; the sweep itself is printed after the verdicts.
 
 Bill. Over the report's window (from the end of the warm-up to the end of the
-run, as ``esg_prefect.model.report.after_warmup`` cuts it: batches dispatched
+run, as ``esg_prefect.model.window.after_warmup`` cuts it: batches dispatched
 in it, idle time in it), per request arrived in it:
   * cold = each batch's cold start (the batch record spans dispatch to end, the
     stage records say how much of it was the worker's start) plus each

@@ -44,7 +44,8 @@ from esg_prefect.model.attribution import (
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import Config
 from esg_prefect.model.ledger import CostLedger
-from esg_prefect.model.report import _attribute, after_warmup, summarize
+from esg_prefect.model.report import _attribute, summarize
+from esg_prefect.model.window import after_warmup
 from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec

@@ -14,7 +14,8 @@ from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
-from esg_prefect.model.report import _attribute, after_warmup, percentile, summarize
+from esg_prefect.model.report import _attribute, percentile, summarize
+from esg_prefect.model.window import after_warmup
 from esg_prefect.scheduling.base import DecisionStats
 
 # A vCPU-second costs 0.001, a whole T4-second 0.01: a 1-vCPU half-T4 worker costs 0.006/s busy and

@@ -68,7 +68,7 @@ def bill_split(run: Any, case: Any) -> dict[str, float]:
     worker's load included, as the report bills it: the worker holds its share
     with no job).
     """
-    from esg_prefect.model.report import after_warmup
+    from esg_prefect.model.window import after_warmup
 
     report = run.report
     window = after_warmup(run.requests, run.stages, run.batches, run.idles, case.warmup_s * 1000.0)

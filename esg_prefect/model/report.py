@@ -381,71 +381,6 @@ def _attribute(
     return merge_reports(parts)
 
 
-# ---- a measurement window ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """The records of a run that fall in a measurement window starting at ``start_ms``.
-
-    Attributes:
-        requests: requests that arrived at or after ``start_ms``.
-        stages: the stage calls of those requests.
-        batches: batches dispatched at or after ``start_ms``.
-        idles: idle intervals, cut to begin no earlier than ``start_ms``.
-        prior_workers: workers that ran batches dispatched before ``start_ms``: idle
-            time of theirs with no batch before it in the window was caused by a
-            batch outside it, so it is not the worker's lead idle time (pass it to
-            :func:`summarize`; see :func:`~esg_prefect.model.attribution.idle_owners`).
-    """
-
-    requests: tuple[RequestRecord, ...]
-    stages: tuple[StageRecord, ...]
-    batches: tuple[BatchRecord, ...]
-    idles: tuple[IdleRecord, ...]
-    prior_workers: frozenset[str] = frozenset()
-
-
-def after_warmup(
-    requests: Iterable[RequestRecord],
-    stages: Iterable[StageRecord],
-    batches: Iterable[BatchRecord],
-    idles: Iterable[IdleRecord],
-    start_ms: float,
-) -> Window:
-    """Drop what happened before ``start_ms`` (a warm-up), so a report shows the steady state.
-
-    Requests count if they arrived in the window; the cost counted is what
-    was billed in it (batches dispatched in it, idle time in it), so a run
-    that starts cold does not charge its start-up to the steady state.
-    Both the simulator and the live runtime measure windows through this
-    function, then :func:`summarize` the result.
-
-    Example:
-        >>> reqs = [RequestRecord("a", "a", "w", 0.0, 5.0, 10.0), RequestRecord("b", "b", "w", 20.0, 25.0, 10.0)]
-        >>> [r.request_id for r in after_warmup(reqs, [], [], [], 10.0).requests]
-        ['b']
-    """
-    reqs = tuple(r for r in requests if r.arrival_ms >= start_ms)
-    kept = {r.request_id for r in reqs}
-    cut_idles = []
-    for i in idles:
-        if i.end_ms <= start_ms:
-            continue
-        if i.start_ms < start_ms:
-            loading = max(0.0, i.loading_ms - (start_ms - i.start_ms))
-            i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms, loading)
-        cut_idles.append(i)
-    batch_list = list(batches)
-    return Window(
-        reqs,
-        tuple(s for s in stages if s.request_id in kept),
-        tuple(b for b in batch_list if b.start_ms >= start_ms),
-        tuple(cut_idles),
-        frozenset(b.worker_id for b in batch_list if b.start_ms < start_ms),
-    )
-
-
 # ---- summarize ------------------------------------------------------------------------
 
 
@@ -539,7 +474,7 @@ def summarize(
         split: how a batch's cost is split among its jobs.
         idle_billing: attribute idle time to the batches that caused it (the
             module :mod:`~esg_prefect.model.attribution`'s definition), or keep it separate.
-        prior_workers: for a window's records, :attr:`Window.prior_workers`.
+        prior_workers: for a window's records, :attr:`~esg_prefect.model.window.Window.prior_workers`.
 
     Returns:
         The report; workflows appear sorted by name.

@@ -218,7 +218,7 @@ class Case:
         seed: default seed of :func:`~esg_prefect.simulator.run_case`.
         sim: simulated-platform behaviour.
         warmup_s: requests arriving earlier, and what was billed earlier, are
-            left out of the report (:func:`~esg_prefect.model.report.after_warmup`):
+            left out of the report (:func:`~esg_prefect.model.window.after_warmup`):
             a run starts with no warm worker, a platform in service does not.
 
     Raises:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.records import RequestRecord, StageRecord
-from esg_prefect.model.report import Report, after_warmup, summarize
+from esg_prefect.model.report import Report, summarize
+from esg_prefect.model.window import after_warmup
 from esg_prefect.scheduling.base import DecisionStats
 from esg_prefect.scheduling.registry import create_scheduler
 from esg_prefect.scheduling.search import Clock
