@@ -110,6 +110,7 @@ from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
 from esg_prefect.model.attribution import idle_cost, idle_cost_split
+from esg_prefect.model.window import after_warmup
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.simulator import simulate, standard_case
 from esg_prefect.simulator.case import Case
@@ -286,12 +287,12 @@ def bill_split(run: SimRun, case: Case) -> Bill:
             cold_of[s.batch_id] = max(cold_of.get(s.batch_id, 0.0), s.cold_start_ms)
     first: dict[str, float] = {}
     last: dict[str, float] = {}
-    busy = idle = cold = gaps = share_busy = share_held = 0.0
     for b in run.batches:
         first[b.worker_id] = min(first.get(b.worker_id, math.inf), b.start_ms)
         last[b.worker_id] = max(last.get(b.worker_id, -math.inf), b.end_ms)
-        if b.start_ms < w0:
-            continue
+    window = after_warmup((), (), run.batches, run.idles, w0)  # the report's cut: idle time and its loads in it
+    busy = idle = cold = gaps = share_busy = share_held = 0.0
+    for b in window.batches:
         rate = prices.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware)
         dur = b.end_ms - b.start_ms
         c = min(cold_of.get(b.batch_id, 0.0), dur)
@@ -299,17 +300,13 @@ def bill_split(run: SimRun, case: Case) -> Bill:
         busy += rate * (dur - c) / 1000.0
         share_busy += b.config.gpu_share * (dur - c) / 1000.0
         share_held += b.config.gpu_share * dur / 1000.0
-    for i in run.idles:
-        start, end = max(i.start_ms, w0), i.end_ms
-        if end <= start:
-            continue
-        load = max(0.0, min(end, i.start_ms + i.loading_ms) - start)  # a pre-warm start's load: vCPUs held too
-        loading, waiting = idle_cost_split(replace(i, start_ms=start, loading_ms=load), prices)
+    for i in window.idles:
+        loading, waiting = idle_cost_split(i, prices)  # a pre-warm start's load: vCPUs held too
         cold += loading
         idle += waiting
-        if first.get(i.worker_id, math.inf) < i.start_ms + 1e-9 and i.end_ms <= last.get(i.worker_id, -math.inf) + 1e-9:
+        if first.get(i.worker_id, math.inf) < i.start_ms and i.end_ms <= last.get(i.worker_id, -math.inf):
             gaps += waiting
-        share_held += i.gpu_share * (end - start) / 1000.0
+        share_held += i.gpu_share * (i.end_ms - i.start_ms) / 1000.0
     return Bill(busy, idle, cold, gaps, share_busy, share_held)
 
 

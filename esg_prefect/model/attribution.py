@@ -303,9 +303,9 @@ def idle_cost_split(idle: IdleRecord, prices: PriceSheet) -> tuple[float, float]
     The load is a pre-warm start's cold start, off the requests' path (``IdleRecord.loading_ms``);
     the rest is idle time proper, billed at the GPU share's price only.
     """
-    share_rate = prices.idle_rate_per_s(idle.gpu_share, idle.hardware)
-    loading = (share_rate + idle.vcpus * prices.price_per_vcpu_s) * idle.loading_ms / 1000.0
-    return loading, share_rate * (idle.end_ms - idle.start_ms - idle.loading_ms) / 1000.0
+    loading = prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware) * idle.loading_ms / 1000.0
+    waiting = prices.idle_rate_per_s(idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms - idle.loading_ms)
+    return loading, waiting / 1000.0
 
 
 def _report(
