@@ -594,3 +594,13 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
         assert costs_by_key(store, idle_billing="separate")["run0"] == pytest.approx(by_run["run0"], rel=1e-9)
     finally:
         pool.close()
+
+
+def test_a_store_missing_version_1_but_holding_later_ones_is_refused(store_url: str) -> None:
+    """Version 1 is only ever stamped by a fresh create; its absence beside later versions is a hand edit."""
+    with CostStore(store_url) as s:
+        record_all(s)
+        with s.engine.begin() as conn:
+            conn.execute(text("DELETE FROM schema_version WHERE version = 1"))
+    with pytest.raises(ConfigError, match="lacks version 1 but holds later ones"):
+        CostStore(store_url)

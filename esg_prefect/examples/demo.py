@@ -117,6 +117,8 @@ def quiet_prefect() -> None:
     """Keep run logs in the API (the UI shows them) but off this console; a fast throw-away API.
 
     Call it before anything imports prefect: Prefect reads its settings once.
+    It changes this process's environment and loggers for good, so only entry
+    points call it (``esg-prefect demo`` and the bench scripts), never a library.
     The temporary API gets an in-memory database
     (:func:`~esg_prefect.integration.api_check.ephemeral_api_defaults`: on the
     2-core development machine, 60 trivial 8-task flow runs at 2/s took a p95

@@ -51,7 +51,17 @@ class Migration:
 
 
 def _create_v1(conn: Connection) -> None:
-    StoreModel.metadata.create_all(conn)
+    """Version 1 is never applied as a step: an unversioned database is created at the newest
+    shape and stamped with every version (:func:`_create_fresh`), so any versioned one has 1.
+
+    ``create_all`` here would build today's tables, and the later steps' ``ADD COLUMN`` would
+    then fail on columns already there; a database stamped with later versions but not 1 was
+    edited by hand, and is refused rather than guessed at.
+    """
+    raise ConfigError(
+        "the cost store's schema_version table lacks version 1 but holds later ones: "
+        "it was edited by hand; restore the version rows or point the store at an empty database"
+    )
 
 
 def check_migrations(migrations: Sequence[Migration]) -> None:
