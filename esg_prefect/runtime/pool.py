@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import sys
 import threading
@@ -45,8 +44,7 @@ from esg_prefect.exceptions import (
     StageCallError,
     StageRejectedError,
 )
-from esg_prefect.model.cluster import Device, Node
-from esg_prefect.model.config import CPU, ConfigSpace
+from esg_prefect.model.config import CPU
 from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -60,6 +58,7 @@ from esg_prefect.runtime.listeners import Listeners
 from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool_actions import PoolActions
 from esg_prefect.runtime.pool_records import CallBook
+from esg_prefect.runtime.pool_resources import PoolResources, within_backend
 from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
@@ -87,7 +86,7 @@ _DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs
 _DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
-class Pool(PoolActions):
+class Pool(PoolActions, PoolResources):
     """AFW queues, the control core and a worker backend, shared by many flow runs.
 
     Args:
@@ -126,7 +125,7 @@ class Pool(PoolActions):
         self.clock = clock or PoolClock()
         self.prices = prices or PriceSheet.default()
         self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
-        self.settings = _within_backend(settings or ESGSettings(), self.backend)
+        self.settings = within_backend(settings or ESGSettings(), self.backend)
         self.scheduler_name = scheduler
         self.planner = Planner(
             profile if profile is not None else load_default_profile(),
@@ -337,47 +336,6 @@ class Pool(PoolActions):
             self._refresh()
         return self._core
 
-    def _refresh(self) -> None:
-        """Follow the backend's nodes and devices (a Ray cluster's can change) and their keep-alive."""
-        assert self._core is not None
-        nodes, devices = self.backend.nodes(), self.backend.devices()
-        listed = {n.name for n in nodes}
-        gone = [n for n in self._core.fleet.nodes if n.name not in listed]
-        if gone:
-            nodes, devices = self._nodes_left(gone, nodes, devices)
-        if self._resources != (nodes, devices):
-            fleet = self._core.fleet
-            fleet.set_resources(nodes, devices)
-            present = fleet.hardware_types()
-            if self.settings.keep_alive_by_price:
-                fleet.set_keep_alive(fleet.keep_alive_ms, self.prices.keep_alive_scales(present))
-            self._resources = (nodes, devices)
-
-    def _nodes_left(
-        self, gone: list[Node], nodes: tuple[Node, ...], devices: tuple[Device, ...]
-    ) -> tuple[tuple[Node, ...], tuple[Device, ...]]:
-        """The view once nodes the backend no longer lists (a Ray node that left) are gone with their workers.
-
-        Idle workers there are dropped now, so that no batch goes to them. A node where a
-        batch still runs stays, with no room for another worker, until that batch fails and
-        its calls go back to their queue: the scheduler's view must hold every worker's node.
-        """
-        assert self._core is not None
-        names = {n.name for n in gone}
-        running: dict[str, int] = {}
-        for w in [w for w in self._core.fleet.workers.values() if w.node in names]:
-            if w.busy:
-                running[w.node] = running.get(w.node, 0) + 1
-                continue
-            logger.warning("worker %s dropped: its node %s has left", w.worker_id, w.node)
-            self._core.worker_lost(w.worker_id)
-            handle = self._handles.pop(w.worker_id, None)
-            if handle is not None:
-                self._spawn(handle.stop())
-        kept = tuple(Node(n.name, n.vcpus, running[n.name]) for n in gone if n.name in running)
-        kept_devices = tuple(d for d in self._core.fleet.devices.values() if d.node in running)
-        return nodes + kept, devices + kept_devices
-
     def _on_submit(self, call: StageCall, fut: concurrent.futures.Future[StageResult]) -> None:
         try:
             self._admit(call, fut)
@@ -498,13 +456,3 @@ class Pool(PoolActions):
             if not fut.done():
                 fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
-
-
-def _within_backend(settings: ESGSettings, backend: WorkerBackend) -> ESGSettings:
-    """The settings without worker vCPU options above the backend's ``max_worker_vcpus`` (where it has one)."""
-    cap = getattr(backend, "max_worker_vcpus", None)
-    space = settings.config_space
-    if not isinstance(cap, int) or all(v <= cap for v in space.vcpus):
-        return settings
-    kept = tuple(v for v in space.vcpus if v <= cap) or (min(space.vcpus),)
-    return dataclasses.replace(settings, config_space=ConfigSpace(space.batches, kept, space.gpu_shares))
