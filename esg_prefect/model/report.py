@@ -51,6 +51,7 @@ from esg_prefect.model.attribution import (
     attribute_costs,
     merge_reports,
 )
+from esg_prefect.model.decision_stats import DecisionCounts, decision_counts
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
 
@@ -251,89 +252,6 @@ def _row(g: GroupSummary) -> dict[str, Any]:
     }
 
 
-# ---- decision statistics: DecisionStats objects or plain dicts ----------------------
-
-
-_MISSING = object()
-
-
-def _field(item: object, name: str) -> Any:
-    # dicts and attribute objects first (cheap checks: a run has a decision per queue per round);
-    # any other Mapping after them.
-    if isinstance(item, dict):
-        return item.get(name)
-    value = getattr(item, name, _MISSING)
-    if value is not _MISSING:
-        return value
-    if isinstance(item, Mapping):
-        return item.get(name)
-    return None
-
-
-def _workflow_of(item: object) -> str | None:
-    """The workflow of a decision's queue: a QueueKey, a ``"workflow/stage"`` string, or a dict."""
-    queue = _field(item, "queue")
-    if queue is None:
-        wf = _field(item, "workflow")
-        return None if wf is None else str(wf)
-    if isinstance(queue, str):
-        return queue.split("/", 1)[0]
-    if isinstance(queue, Mapping):
-        wf = queue.get("workflow")
-        return None if wf is None else str(wf)
-    wf = getattr(queue, "workflow", None)
-    return None if wf is None else str(wf)
-
-
-class _Decisions:
-    """What the report needs of a group's decisions: how many, their timed durations, their expansions."""
-
-    __slots__ = ("count", "expansions", "times")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.expansions = 0
-        self.times: list[float] = []
-
-    @classmethod
-    def total(cls, groups: Iterable[_Decisions]) -> _Decisions:
-        """All of ``groups`` together."""
-        out = cls()
-        for d in groups:
-            out.count += d.count
-            out.expansions += d.expansions
-            out.times += d.times
-        return out
-
-
-def _decisions(items: Iterable[object]) -> dict[str | None, _Decisions]:
-    """Decision statistics per workflow (None: no workflow known), accumulated without an object each.
-
-    A run holds one per queue per round (150,000 in a minute of the standard case).
-    """
-    out: dict[str | None, _Decisions] = {}
-    for item in items:
-        wf: Any = _MISSING
-        if not isinstance(item, dict):  # fast path: a DecisionStats-like object with a QueueKey-like queue
-            it: Any = item
-            try:
-                wf, ms, exp = it.queue.workflow, it.decision_ms, it.expansions
-            except AttributeError:
-                wf = _MISSING
-            if not isinstance(wf, str):
-                wf = _MISSING
-        if wf is _MISSING:
-            wf, ms, exp = _workflow_of(item), _field(item, "decision_ms"), _field(item, "expansions")
-        acc = out.get(wf)
-        if acc is None:
-            acc = out[wf] = _Decisions()
-        acc.count += 1
-        acc.expansions += int(exp or 0)
-        if ms is not None:
-            acc.times.append(float(ms))
-    return out
-
-
 # ---- cost attribution in linear time ------------------------------------------------
 
 
@@ -388,7 +306,7 @@ def _group(
     name: str,
     requests: Sequence[RequestRecord],
     stage_records: Sequence[StageRecord],
-    decisions: _Decisions,
+    decisions: DecisionCounts,
     cost_total: float,
     batch_cost_total: float,
 ) -> GroupSummary:
@@ -488,7 +406,7 @@ def summarize(
         dup = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise InvalidInputError(f"duplicate request ids in the records: {dup[:5]}")
     stage_recs = list(stages)
-    decs = _decisions(decisions)
+    decs = decision_counts(decisions)
     batch_list = list(batches)
     costs = _attribute(batch_list, list(idles), prices, split, idle_billing, prior_workers)
     busy = _attribute(batch_list, [], prices, split, "separate")
@@ -503,8 +421,8 @@ def summarize(
         wf_reqs = by_wf.get(wf, [])
         wf_cost = sum(costs.per_request.get(r.request_id, 0.0) for r in wf_reqs)
         wf_busy = sum(busy.per_request.get(r.request_id, 0.0) for r in wf_reqs)
-        groups.append(_group(wf, wf_reqs, stages_by_wf.get(wf, []), decs.get(wf) or _Decisions(), wf_cost, wf_busy))
-    overall = _group(ALL, reqs, stage_recs, _Decisions.total(decs.values()), costs.total, costs.busy_total)
+        groups.append(_group(wf, wf_reqs, stages_by_wf.get(wf, []), decs.get(wf) or DecisionCounts(), wf_cost, wf_busy))
+    overall = _group(ALL, reqs, stage_recs, DecisionCounts.total(decs.values()), costs.total, costs.busy_total)
     return Report(
         overall=overall,
         workflows=tuple(groups),
