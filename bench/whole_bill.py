@@ -100,25 +100,40 @@ import argparse
 import math
 import os
 import resource
-import statistics
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
-from esg_prefect.model.attribution import idle_cost, idle_cost_split
-from esg_prefect.model.window import after_warmup
+from esg_prefect.model.attribution import idle_cost
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.simulator import simulate, standard_case
 from esg_prefect.simulator.case import Case
 from esg_prefect.simulator.experiments import PRIOR_WORK
-from esg_prefect.simulator.run import SimRun
 from esg_prefect.simulator.standard import STANDARD_RATE_PER_S, STANDARD_TRACE
 
-ESG = "esg"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules next to this bench, however it is loaded
+
+from whole_bill_report import ESG as ESG
+from whole_bill_report import GOAL_RATIO as GOAL_RATIO
+from whole_bill_report import SLO_TOLERANCE as SLO_TOLERANCE
+from whole_bill_report import Verdict as Verdict
+from whole_bill_report import idle_rows as idle_rows
+from whole_bill_report import judge as judge
+from whole_bill_report import pick_setting as pick_setting
+from whole_bill_report import plot as plot
+from whole_bill_report import result_line as result_line
+from whole_bill_report import setting_label as setting_label
+from whole_bill_report import summary_rows as summary_rows
+from whole_bill_report import sweep_lines as sweep_lines
+from whole_bill_report import table_rows as table_rows
+from whole_bill_split import Bill as Bill
+from whole_bill_split import bill_split as bill_split
+
 SCHEDULERS: tuple[str, ...] = (ESG, *PRIOR_WORK)
 KEEP_ALIVE_SWEEP: tuple[float, ...] = (3.0, 15.0, 60.0)
 """Fixed keep-alive windows (``keep_alive_s``) each baseline runs at, besides the defaults."""
@@ -134,9 +149,6 @@ LIFECYCLE_KNOBS: tuple[str, ...] = (
     "allow_eviction",
 )
 """The platform's lifecycle knobs the header prints (those the tree has)."""
-SLO_TOLERANCE = 0.005
-"""0.5 points of SLO hit rate."""
-GOAL_RATIO = 1.25
 STANDARD_SEEDS: tuple[int, ...] = (0, 1, 2)
 TRACES: dict[str, str] = {"code": "azure_llm_code", "conv": "azure_llm_conv"}
 RATE_FRACTIONS: dict[str, float] = {"low": 0.25, "mid": 0.5, "near": 1.0}
@@ -169,35 +181,6 @@ class Job:
     setting: Setting
     duration_s: float
     warmup_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Bill:
-    """Dollars billed in the report's window, split three ways (module docstring), and where the idle went.
-
-    ``idle_gaps`` is the part of ``idle`` between two batches of one worker (a
-    share held while its stage's calls come too sparse to keep it busy); the
-    rest of ``idle`` lies before a worker's first batch or after its last (the
-    lifecycle: pre-warm waits and keep-alive tails). ``share_busy`` and
-    ``share_held`` are GPU-share-seconds busy and held (busy, cold or idle).
-    """
-
-    busy: float
-    idle: float
-    cold: float
-    idle_gaps: float = 0.0
-    share_busy: float = 0.0
-    share_held: float = 0.0
-
-    @property
-    def whole(self) -> float:
-        """Everything billed."""
-        return self.busy + self.idle + self.cold
-
-    @property
-    def share_utilisation(self) -> float:
-        """Share-seconds busy over share-seconds held (1.0 with nothing held)."""
-        return self.share_busy / self.share_held if self.share_held > 0 else 1.0
 
 
 def grid_cells(quick: bool = False, trace_seeds: Sequence[int] = (0,)) -> list[Cell]:
@@ -275,39 +258,6 @@ def lifecycle_sweep(keep_alives: Sequence[float] = KEEP_ALIVE_SWEEP) -> tuple[Se
 
 def _field_names() -> set[str]:
     return {f.name for f in fields(ESGSettings)}
-
-
-def bill_split(run: SimRun, case: Case) -> Bill:
-    """Busy, idle and cold dollars of ``run`` in its report's window, and the idle's breakdown (:class:`Bill`)."""
-    w0 = case.warmup_s * 1000.0
-    prices = case.prices
-    cold_of: dict[str, float] = {}
-    for s in run.stages:
-        if s.cold_start_ms > 0:
-            cold_of[s.batch_id] = max(cold_of.get(s.batch_id, 0.0), s.cold_start_ms)
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    for b in run.batches:
-        first[b.worker_id] = min(first.get(b.worker_id, math.inf), b.start_ms)
-        last[b.worker_id] = max(last.get(b.worker_id, -math.inf), b.end_ms)
-    window = after_warmup((), (), run.batches, run.idles, w0)  # the report's cut: idle time and its loads in it
-    busy = idle = cold = gaps = share_busy = share_held = 0.0
-    for b in window.batches:
-        rate = prices.rate_per_s(b.config.vcpus, b.config.gpu_share, b.hardware)
-        dur = b.end_ms - b.start_ms
-        c = min(cold_of.get(b.batch_id, 0.0), dur)
-        cold += rate * c / 1000.0
-        busy += rate * (dur - c) / 1000.0
-        share_busy += b.config.gpu_share * (dur - c) / 1000.0
-        share_held += b.config.gpu_share * dur / 1000.0
-    for i in window.idles:
-        loading, waiting = idle_cost_split(i, prices)  # a pre-warm start's load: vCPUs held too
-        cold += loading
-        idle += waiting
-        if first.get(i.worker_id, math.inf) < i.start_ms and i.end_ms <= last.get(i.worker_id, -math.inf):
-            gaps += waiting
-        share_held += i.gpu_share * (i.end_ms - i.start_ms) / 1000.0
-    return Bill(busy, idle, cold, gaps, share_busy, share_held)
 
 
 def p99_with_failures(latencies: Sequence[float]) -> float:
@@ -399,225 +349,6 @@ def run_jobs(jobs: Sequence[Job], processes: int, progress: bool = False) -> lis
 
 def _indexed(item: tuple[int, Job]) -> tuple[int, dict[str, Any]]:
     return item[0], run_job(item[1])
-
-
-# ---- choosing and judging --------------------------------------------------------------------
-
-
-def setting_label(setting: Setting) -> str:
-    """How a lifecycle setting prints: ``defaults``, ``fixed 3 s``..."""
-    if not setting:
-        return "defaults"
-    d = dict(setting)
-    parts = []
-    if "keep_alive_policy" in d:
-        parts.append(str(d.pop("keep_alive_policy")))
-    if "keep_alive_s" in d:
-        parts.append(f"{d.pop('keep_alive_s'):g} s")
-    parts.extend(f"{k}={v}" for k, v in d.items())
-    return " ".join(parts)
-
-
-def pick_setting(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Of one baseline's rows in one cell: the cheapest whole bill within SLO_TOLERANCE of its best SLO hit rate."""
-    rows = list(rows)
-    top = max(r["slo_hit_rate"] for r in rows)
-    ok = [r for r in rows if r["slo_hit_rate"] >= top - SLO_TOLERANCE - 1e-12]
-    return min(ok, key=lambda r: (r["whole"], -r["slo_hit_rate"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The goal test of one cell (module docstring)."""
-
-    cell: str
-    esg: dict[str, Any]
-    chosen: dict[str, dict[str, Any]]
-    best: dict[str, Any]
-    ratio: float
-    slo_delta_points: float
-    p99_over: tuple[str, ...]
-
-    @property
-    def misses(self) -> list[str]:
-        """The conditions missed, in words (empty: the cell is won)."""
-        out = []
-        if not self.esg["requests"]:
-            return ["no requests in the window"]
-        if not self.ratio >= GOAL_RATIO:
-            out.append(f"cost: whole-bill ratio {self.ratio:.2f} < {GOAL_RATIO:g}")
-        if self.slo_delta_points < -SLO_TOLERANCE * 100 - 1e-9:
-            out.append(f"SLO: {self.slo_delta_points:+.2f} points vs best baseline")
-        if self.p99_over:
-            out.append("p99 over SLO: " + ", ".join(self.p99_over))
-        return out
-
-    @property
-    def won(self) -> bool:
-        """Whether every condition holds."""
-        return not self.misses
-
-
-def judge(cell: str, rows: Sequence[dict[str, Any]]) -> Verdict:
-    """ESG against the best baseline in one cell's rows."""
-    esg = next(r for r in rows if r["scheduler"] == ESG)
-    chosen = {
-        b: pick_setting(r for r in rows if r["scheduler"] == b)
-        for b in PRIOR_WORK
-        if any(r["scheduler"] == b for r in rows)
-    }
-    top = max(r["slo_hit_rate"] for r in chosen.values())
-    near_top = [r for r in chosen.values() if r["slo_hit_rate"] >= top - SLO_TOLERANCE - 1e-12]
-    best = min(near_top, key=lambda r: (r["whole"], -r["slo_hit_rate"]))
-    ratio = best["whole"] / esg["whole"] if esg["whole"] > 0 else math.nan
-    over = tuple(f"{wf} {p:.0f}>{slo:.0f} ms" for wf, (p, slo) in esg["p99"].items() if p > slo)
-    delta = (esg["slo_hit_rate"] - best["slo_hit_rate"]) * 100.0
-    return Verdict(cell, esg, chosen, best, ratio, delta, over)
-
-
-def result_line(verdicts: Sequence[Verdict], wall_s: float) -> str:
-    """The bench's last line (module docstring)."""
-    judged = [v for v in verdicts if not math.isnan(v.ratio)] or list(verdicts)
-    worst = min(judged, key=lambda v: v.ratio)
-    won = sum(1 for v in verdicts if v.won)
-    median = statistics.median(v.ratio for v in judged)
-    slo_min = min(v.esg["slo_hit_rate"] for v in verdicts)
-    p99_miss = sum(1 for v in verdicts if v.p99_over)
-    return (
-        f"RESULT worst_cell={worst.cell} whole_bill_ratio_worst={worst.ratio:.3f} "
-        f"cells_won={won}/{len(verdicts)} whole_bill_ratio_median={median:.3f} "
-        f"esg_slo_min={slo_min:.4f} p99_misses={p99_miss} wall_s={wall_s:.0f}"
-    )
-
-
-# ---- printing --------------------------------------------------------------------------------
-
-
-def _worst_p99(p99: dict[str, tuple[float, float]]) -> str:
-    wf, (p, slo) = max(p99.items(), key=lambda kv: kv[1][0] / kv[1][1])
-    mark = " **over**" if p > slo else ""
-    shown = "inf" if math.isinf(p) else f"{p:.0f}"
-    return f"{shown}/{slo:.0f} {wf}{mark}"
-
-
-def table_rows(verdicts: Sequence[Verdict]) -> list[str]:
-    """The markdown table of every cell and scheduler."""
-    out = [
-        "| cell | rate /s | scheduler | setting | SLO hit | whole $/req | busy | idle | cold "
-        "| batch $/req (paper) | worst p99/SLO ms | workers | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v in verdicts:
-        for r in (v.esg, *v.chosen.values()):
-            if r is v.esg:
-                verdict = "won" if v.won else "**missed**: " + "; ".join(v.misses)
-            else:
-                verdict = "best baseline" if r is v.best else ""
-            out.append(
-                f"| {v.cell} | {r['rate_per_s']:g} | {r['scheduler']} | {setting_label(r['setting'])} "
-                f"| {r['slo_hit_rate']:.4f} | {r['whole']:.3e} | {r['busy']:.2e} | {r['idle']:.2e} "
-                f"| {r['cold']:.2e} | {r['batch']:.3e} | {_worst_p99(r['p99'])} | {r['workers']} | {verdict} |"
-            )
-    return out
-
-
-def summary_rows(verdicts: Sequence[Verdict]) -> list[str]:
-    """One markdown row per cell: the goal test."""
-    out = [
-        "| cell | best baseline (setting) | its whole $/req | ESG whole $/req | ratio | ESG SLO | baseline SLO "
-        "| ratio incl. warm-up | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v in verdicts:
-        b, e = v.best, v.esg
-        warm = b["whole_run"] / e["whole_run"] if e["whole_run"] > 0 else math.inf
-        verdict = "won" if v.won else "**missed**: " + "; ".join(v.misses)
-        out.append(
-            f"| {v.cell} | {b['scheduler']} ({setting_label(b['setting'])}) | {b['whole']:.3e} "
-            f"| {e['whole']:.3e} | {v.ratio:.2f} | {e['slo_hit_rate']:.4f} | {b['slo_hit_rate']:.4f} "
-            f"| {warm:.2f} | {verdict} |"
-        )
-    return out
-
-
-def idle_rows(verdicts: Sequence[Verdict]) -> list[str]:
-    """One markdown row per cell and scheduler (ESG, the best baseline): where the idle bill goes (:class:`Bill`).
-
-    ESG's row also gives the ratio it would reach if its workers cost nothing
-    before their first batch or after their last: the most a lifecycle rule
-    alone could win at today's batches and utilisation.
-    """
-    out = [
-        "| cell | scheduler | idle $/req | between batches | before first / after last | share utilisation "
-        "| ratio without the ends |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for v in verdicts:
-        for r in (v.esg, v.best):
-            ends = r["idle"] - r["idle_gaps"]
-            bound = ""
-            if r is v.esg:
-                rest = r["whole"] - ends
-                bound = f"{v.best['whole'] / rest:.2f}" if rest > 0 else "inf"
-            out.append(
-                f"| {v.cell} | {r['scheduler']} | {r['idle']:.2e} | {r['idle_gaps']:.2e} | {ends:.2e} "
-                f"| {r['share_utilisation']:.2f} | {bound} |"
-            )
-    return out
-
-
-def sweep_lines(rows: Sequence[dict[str, Any]], cells: Sequence[Cell]) -> list[str]:
-    """Every baseline setting run: SLO hit rate and whole bill per request, the chosen one starred."""
-    out = []
-    for cell in cells:
-        for b in PRIOR_WORK:
-            mine = [r for r in rows if r["cell"] == cell.name and r["scheduler"] == b]
-            if not mine:
-                continue
-            pick = pick_setting(mine)
-            parts = [
-                f"{setting_label(r['setting'])}{'*' if r is pick else ''}: {r['slo_hit_rate']:.4f} / {r['whole']:.2e}"
-                for r in mine
-            ]
-            out.append(f"{cell.name:<12} {b:<15} " + "   ".join(parts))
-    return out
-
-
-def plot(verdicts: Sequence[Verdict], path: str) -> None:
-    """Stacked busy/idle/cold bars per scheduler, one panel per cell (own y axis: ranges differ)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(verdicts)
-    cols = min(3, n)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
-    parts = (("busy", "#4c72b0"), ("idle", "#dd8452"), ("cold", "#c44e52"))
-    for ax, v in zip(axes.flat, verdicts, strict=False):
-        rows = [v.esg, *v.chosen.values()]
-        names = [r["scheduler"] + (" (best)" if r is v.best else "") for r in rows]
-        bottom = [0.0] * len(rows)
-        for key, color in parts:
-            vals = [r[key] * 1e6 for r in rows]
-            ax.bar(names, vals, bottom=bottom, color=color, label=key)
-            bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
-        ax.set_title(f"{v.cell} ({v.esg['rate_per_s']:g}/s): ratio {v.ratio:.2f}{'' if v.won else ' (missed)'}")
-        ax.set_ylabel("$ per million requests")
-        ax.tick_params(axis="x", labelrotation=35, labelsize=8)
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", ncol=3)
-    fig.suptitle(
-        "Whole bill per request: ESG (defaults) vs prior work (each at its best lifecycle setting); "
-        "ratio = best baseline / ESG"
-    )
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---- calibration -----------------------------------------------------------------------------
