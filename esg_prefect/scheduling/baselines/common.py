@@ -117,6 +117,10 @@ class BaselineBase:
         self._options: dict[
             tuple[str, frozenset[str], tuple[float, ...] | None], tuple[tuple[float, float, Resource, int], ...]
         ] = {}
+        self._setup()
+
+    def _setup(self) -> None:
+        """A baseline's own caches, made after the shared state above (none here)."""
 
     # ---- queue orders ---------------------------------------------------------------
 

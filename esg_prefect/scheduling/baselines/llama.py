@@ -22,15 +22,11 @@ EDF, and its own placement (ESG_Dispatch's placement is used).
 
 from __future__ import annotations
 
-from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.slo import critical_path
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Dispatch, Hold, SchedulingResult, Snapshot, plain_stats
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource
 from esg_prefect.scheduling.dispatch import ClusterView
-from esg_prefect.scheduling.search import Clock
-from esg_prefect.scheduling.settings import ESGSettings
 
 
 class LlamaScheduler(BaselineBase):
@@ -38,14 +34,7 @@ class LlamaScheduler(BaselineBase):
 
     name = "llama"
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        prices: PriceSheet,
-        settings: ESGSettings | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        super().__init__(profile, prices, settings, clock)
+    def _setup(self) -> None:
         self._shares: dict[tuple[Workflow, str, frozenset[str]], float] = {}
         self._whole: dict[tuple[str, frozenset[str]], list[Resource]] = {}
 

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import math
 
-from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import (
     DecisionStats,
@@ -50,8 +48,6 @@ from esg_prefect.scheduling.base import (
 )
 from esg_prefect.scheduling.baselines.common import BaselineBase, Resource, stage_budget_ms
 from esg_prefect.scheduling.dispatch import ClusterView
-from esg_prefect.scheduling.search import Clock
-from esg_prefect.scheduling.settings import ESGSettings
 
 
 class _RoundCounts:
@@ -80,14 +76,7 @@ class INFlessScheduler(BaselineBase):
 
     name = "infless"
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        prices: PriceSheet,
-        settings: ESGSettings | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        super().__init__(profile, prices, settings, clock)
+    def _setup(self) -> None:
         # Per (stage, hardware present, budget): the options worth trying, and the fallback.
         self._choices: dict[
             tuple[str, frozenset[str], float],
@@ -198,14 +187,7 @@ class FaSTGShareScheduler(BaselineBase):
 
     name = "fast-gshare"
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        prices: PriceSheet,
-        settings: ESGSettings | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        super().__init__(profile, prices, settings, clock)
+    def _setup(self) -> None:
         self._ones: dict[tuple[str, frozenset[str]], list[tuple[float, float, Resource, int]]] = {}  # batch-1 options
 
     def choose(self, stage: str, budget_ms: float, view: ClusterView) -> tuple[Resource, float]:

@@ -158,14 +158,7 @@ class PerInvocationScheduler(BaselineBase):
 
     name = "per-invocation"
 
-    def __init__(
-        self,
-        profile: LatencyProfile,
-        prices: PriceSheet,
-        settings: ESGSettings | None = None,
-        clock: Clock | None = None,
-    ) -> None:
-        super().__init__(profile, prices, settings, clock)
+    def _setup(self) -> None:
         # Per (stage, hardware present): how many whole-GPU resources, and the covered ones with their
         # batch-1 latency, GPU types by price.
         self._types: dict[tuple[str, frozenset[str]], tuple[int, list[tuple[Resource, float]]]] = {}
