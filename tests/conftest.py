@@ -1,11 +1,16 @@
-"""Shared fixtures: one Prefect test harness for the whole run (it takes seconds to start)."""
+"""Shared fixtures: one Prefect test harness for the whole run (it takes seconds to start); store URLs."""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
+import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +42,86 @@ def prefect_harness() -> Iterator[None]:
         for server in list(SubprocessASGIServer._instances.values()):
             with contextlib.suppress(Exception):
                 server.stop()
+
+
+# ---- a PostgreSQL server of our own, when its binaries are installed --------------------------
+
+PG_SKIP = (
+    "PostgreSQL server binaries (initdb, pg_ctl) not found: CI installs them with "
+    "scripts/install_postgres.sh (apt-get install -y postgresql)"
+)
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found and shutil.which("initdb"):
+        return Path(found).resolve().parent
+    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True):
+        if (Path(cand) / "pg_ctl").exists() and (Path(cand) / "initdb").exists():
+            return Path(cand)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[str]:
+    """A PostgreSQL cluster in a temp folder on 127.0.0.1; yields the server URL without a database."""
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip(PG_SKIP)
+    pytest.importorskip("psycopg", reason="the psycopg driver is missing: pip install 'psycopg[binary]>=3.1'")
+    # initdb refuses to run as root: then run the server as the 'postgres' user the package created.
+    user = "postgres" if os.geteuid() == 0 else None
+    if user is not None:
+        import pwd
+
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            pytest.skip(f"running as root and there is no {user!r} user to run PostgreSQL as; {PG_SKIP}")
+    data = Path(tempfile.mkdtemp(prefix="esg-pg-"))
+    if user is not None:
+        shutil.chown(data, user)
+    port = _free_port()
+    log = data / "server.log"
+
+    def run(*args: str) -> None:
+        proc = subprocess.run(args, user=user, capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
+
+    try:
+        run(str(bindir / "initdb"), "-D", str(data / "db"), "-U", "esg", "--auth=trust", "-E", "UTF8", "--no-sync")
+        opts = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
+        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-l", str(log), "-w", "-t", "30", "start")
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        shutil.rmtree(data, ignore_errors=True)
+        pytest.fail(f"could not start PostgreSQL from {bindir}: {exc}")
+    try:
+        import psycopg
+
+        with psycopg.connect(f"postgresql://esg@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE costs")
+        yield f"postgresql+psycopg://esg@127.0.0.1:{port}/costs"
+    finally:
+        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL of an empty store database: a SQLite file, or the PostgreSQL database emptied."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'costs.db'}"
+    import psycopg
+
+    url: str = request.getfixturevalue("pg_server")
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        conn.execute("DROP SCHEMA public CASCADE")  # faster than a database per test
+        conn.execute("CREATE SCHEMA public")
+    return url

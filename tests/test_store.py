@@ -1,31 +1,23 @@
 """The cost store: records from a real pool, the billing invariant, idempotent upserts, migrations, group-bys.
 
 Every store test runs on SQLite in tmp_path and, where PostgreSQL's server
-binaries are installed, on a throwaway PostgreSQL cluster started by this
-module (``initdb`` in a temp folder, ``pg_ctl start`` on a free port bound to
-127.0.0.1, stopped at the end). CI installs them with
-``scripts/install_postgres.sh``.
+binaries are installed, on a throwaway PostgreSQL cluster started per module by
+tests/conftest.py's ``store_url`` (``initdb`` in a temp folder, ``pg_ctl start``
+on a free port bound to 127.0.0.1, stopped at the end). CI installs them with
+``scripts/install_postgres.sh``. Migrations: tests/test_store_migrations.py.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import glob
 import math
-import os
-import re
-import shutil
-import socket
-import sqlite3
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import func, select
 
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.control.records import RunRecords
@@ -39,12 +31,11 @@ from esg_prefect.store import (
     IDLE_KEY,
     NO_DEPLOYMENT,
     CostStore,
-    Migration,
     attach_store,
     default_store_path,
     resolve_url,
 )
-from esg_prefect.store.migrations import MIGRATIONS, add_column
+from esg_prefect.store.migrations import MIGRATIONS
 from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PriceSheetRow, RunRow, StageCallRow
 from tests.cost_records import (
     DAY,
@@ -63,88 +54,6 @@ from tests.cost_records import (
     t4_toy_profile,
 )
 from tests.toy_stages import toy_profile
-
-# ---- a PostgreSQL server of our own, when its binaries are installed --------------------------
-
-PG_SKIP = (
-    "PostgreSQL server binaries (initdb, pg_ctl) not found: CI installs them with "
-    "scripts/install_postgres.sh (apt-get install -y postgresql)"
-)
-
-
-def _pg_bin() -> Path | None:
-    found = shutil.which("pg_ctl")
-    if found and shutil.which("initdb"):
-        return Path(found).resolve().parent
-    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True):
-        if (Path(cand) / "pg_ctl").exists() and (Path(cand) / "initdb").exists():
-            return Path(cand)
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[str]:
-    """A PostgreSQL cluster in a temp folder on 127.0.0.1; yields the server URL without a database."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip(PG_SKIP)
-    pytest.importorskip("psycopg", reason="the psycopg driver is missing: pip install 'psycopg[binary]>=3.1'")
-    # initdb refuses to run as root: then run the server as the 'postgres' user the package created.
-    user = "postgres" if os.geteuid() == 0 else None
-    if user is not None:
-        import pwd
-
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            pytest.skip(f"running as root and there is no {user!r} user to run PostgreSQL as; {PG_SKIP}")
-    data = Path(tempfile.mkdtemp(prefix="esg-pg-"))
-    if user is not None:
-        shutil.chown(data, user)
-    port = _free_port()
-    log = data / "server.log"
-
-    def run(*args: str) -> None:
-        proc = subprocess.run(args, user=user, capture_output=True, text=True, timeout=60, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr or proc.stdout}")
-
-    try:
-        run(str(bindir / "initdb"), "-D", str(data / "db"), "-U", "esg", "--auth=trust", "-E", "UTF8", "--no-sync")
-        opts = f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c fsync=off"
-        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-o", opts, "-l", str(log), "-w", "-t", "30", "start")
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(data, ignore_errors=True)
-        pytest.fail(f"could not start PostgreSQL from {bindir}: {exc}")
-    try:
-        import psycopg
-
-        with psycopg.connect(f"postgresql://esg@127.0.0.1:{port}/postgres", autocommit=True) as conn:
-            conn.execute("CREATE DATABASE costs")
-        yield f"postgresql+psycopg://esg@127.0.0.1:{port}/costs"
-    finally:
-        run(str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(data, ignore_errors=True)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A URL of an empty store database: a SQLite file, or the PostgreSQL database emptied."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'costs.db'}"
-    import psycopg
-
-    url: str = request.getfixturevalue("pg_server")
-    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
-        conn.execute("DROP SCHEMA public CASCADE")  # faster than a database per test
-        conn.execute("CREATE SCHEMA public")
-    return url
 
 
 @pytest.fixture
@@ -326,116 +235,8 @@ def test_concurrent_writers(store: CostStore) -> None:
     assert sum(costs_by_key(store).values()) == pytest.approx(4 * EXPECTED_TOTAL, rel=1e-12)
 
 
-# ---- migrations --------------------------------------------------------------------------------
-
-
 SHIPPED = len(MIGRATIONS)
 """The schema version this esg-prefect ships (the table classes describe it)."""
-NEXT = Migration(SHIPPED + 1, "runs.note", add_column("runs", "note", "VARCHAR(200)", "'none'"))
-"""A test-only next version: what a newer esg-prefect would apply to this one's databases."""
-ADDED_AFTER_V1 = {2: ("worker_idle", "loading_ms")}
-"""What each shipped migration after version 1 adds (table, column): what a version-1 database lacks."""
-
-
-def test_schema_version_and_migration_keep_data(store_url: str) -> None:
-    with CostStore(store_url) as s:
-        assert s.schema_version == SHIPPED
-        record_all(s)
-        costs = s.costs("run")
-    # an esg-prefect that knows the next version opens this one's database
-    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:
-        assert s.schema_version == SHIPPED + 1
-        assert s.costs("run") == costs  # every row kept
-        with s.engine.connect() as conn:
-            cols = {c["name"] for c in inspect(conn).get_columns("runs")}
-            notes = conn.execute(text("SELECT run_id, note FROM runs ORDER BY arrival_ms")).all()
-            versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
-        assert "note" in cols
-        assert [tuple(n) for n in notes] == [(RUN_A, "none"), (RUN_B, "none"), (RUN_C, "none")]
-        assert [tuple(v) for v in versions] == [
-            *((m.version, m.description) for m in MIGRATIONS),
-            (SHIPPED + 1, "runs.note"),
-        ]
-    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:  # applied once: a second ADD COLUMN would fail
-        assert s.schema_version == SHIPPED + 1
-    newer = rf"schema version {SHIPPED + 1}, newer than this esg-prefect knows \({SHIPPED}\)"
-    with pytest.raises(ConfigError, match=newer):
-        CostStore(store_url)
-
-
-def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) -> None:
-    """A store written at schema version 1 opens under the shipped migrations, its idle rows kept.
-
-    Version 1 had no ``worker_idle.loading_ms``: its idle intervals read as having no
-    pre-warm load, i.e. billed at their GPU share's price for their whole length.
-    """
-    assert sorted(ADDED_AFTER_V1) == [m.version for m in MIGRATIONS[1:]]  # a new migration: say what it adds
-    if store_url.startswith("sqlite") and sqlite3.sqlite_version_info < (3, 35, 0):
-        pytest.skip(f"SQLite {sqlite3.sqlite_version} cannot drop a column (3.35 can)")
-    # A fresh store stamped with version 1 alone is built from today's table classes: it has the
-    # columns later versions add. Dropping them leaves version 1's shape, with its rows.
-    with CostStore(store_url, migrations=MIGRATIONS[:1]) as s:
-        record_all(s)  # w4's 200 ms load is written, then lost with its column, as version 1 would never have kept it
-        with s.engine.begin() as conn:
-            for table, column in ADDED_AFTER_V1.values():
-                conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
-        with s.engine.connect() as conn:
-            idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
-            versions = conn.execute(text("SELECT version FROM schema_version")).scalars().all()
-        assert idle_cols == {c.name for c in IdleRow.__table__.columns} - {"loading_ms"}  # type: ignore[attr-defined]
-        assert list(versions) == [1] and s.schema_version == 1
-    with CostStore(store_url) as s:
-        assert s.schema_version == SHIPPED
-        with s.engine.connect() as conn:
-            idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
-            versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
-            loads = conn.execute(select(IdleRow.worker_id, IdleRow.loading_ms).order_by(IdleRow.start_ms)).all()  # type: ignore[call-overload]
-        assert "loading_ms" in idle_cols
-        assert [tuple(v) for v in versions] == [(m.version, m.description) for m in MIGRATIONS]
-        assert count(s, IdleRow) == 3 and count(s, BatchRow) == 3 and count(s, RunRow) == 3
-        assert [tuple(r) for r in loads] == [("w1", 0.0), ("w2", 0.0), ("w4", 0.0)]
-        # w4's idle time at its quarter T4 alone (1.0 per s x 1 s): its load's vCPU (0.5 per s x 0.2 s) unknown
-        got = costs_by_key(s)
-        assert got == pytest.approx({**EXPECTED_PER_RUN, IDLE_KEY: EXPECTED_IDLE_LINE - 0.1}, rel=1e-12)
-        record_all(s)  # written again by this esg-prefect: the load is known now
-        assert costs_by_key(s) == pytest.approx({**EXPECTED_PER_RUN, IDLE_KEY: EXPECTED_IDLE_LINE}, rel=1e-12)
-        assert count(s, IdleRow) == 3
-
-
-def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:
-    with CostStore(store_url) as s:
-        record_all(s)
-
-    def broken(conn: object) -> None:
-        add_column("runs", "half", "VARCHAR(20)", "'x'")(conn)  # type: ignore[arg-type]
-        raise RuntimeError("disk on fire")
-
-    with pytest.raises(RuntimeError, match="disk on fire"):
-        CostStore(store_url, migrations=(*MIGRATIONS, Migration(SHIPPED + 1, "broken", broken)))
-    with CostStore(store_url) as s:  # the half-done ADD COLUMN was rolled back with the version row
-        assert s.schema_version == SHIPPED
-        with s.engine.connect() as conn:
-            assert "half" not in {c["name"] for c in inspect(conn).get_columns("runs")}
-    with CostStore(store_url, migrations=(*MIGRATIONS, NEXT)) as s:
-        assert s.schema_version == SHIPPED + 1
-        assert costs_by_key(s)[RUN_A] == pytest.approx(EXPECTED_PER_RUN[RUN_A], rel=1e-12)
-
-
-def test_migrations_must_be_numbered_in_order(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'c.db'}"
-    gap = SHIPPED + 2  # skips SHIPPED + 1
-    with pytest.raises(ConfigError, match=re.escape(f"got {[*range(1, SHIPPED + 1), gap]}")):
-        CostStore(url, migrations=(*MIGRATIONS, Migration(gap, "gap", add_column("runs", "x", "INTEGER", "0"))))
-
-
-def test_tables_without_a_version_are_refused(tmp_path: Path) -> None:
-    import sqlite3
-
-    path = tmp_path / "foreign.db"
-    with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
-    with pytest.raises(ConfigError, match=r"tables \['runs'\] but no schema_version rows"):
-        CostStore(f"sqlite:///{path}")
 
 
 # ---- where the store lives ---------------------------------------------------------------------
@@ -594,13 +395,3 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
         assert costs_by_key(store, idle_billing="separate")["run0"] == pytest.approx(by_run["run0"], rel=1e-9)
     finally:
         pool.close()
-
-
-def test_a_store_missing_version_1_but_holding_later_ones_is_refused(store_url: str) -> None:
-    """Version 1 is only ever stamped by a fresh create; its absence beside later versions is a hand edit."""
-    with CostStore(store_url) as s:
-        record_all(s)
-        with s.engine.begin() as conn:
-            conn.execute(text("DELETE FROM schema_version WHERE version = 1"))
-    with pytest.raises(ConfigError, match="lacks version 1 but holds later ones"):
-        CostStore(store_url)
