@@ -53,6 +53,7 @@ def local_ray() -> Iterator[LocalCluster]:
 def ray_pool(local_ray: LocalCluster) -> Iterator[Pool]:
     profile = toy_profile().aliased({"held": "slow"})  # the held stage, planned as the toy "slow" one
     pool = Pool(profile, PRICES, settings=ESGSettings(wait_for_batch=False), backend=RayBackend())
+    assert not pool.settings.idle_vcpus  # "busy" reservation (the default): idle actors hold no Ray CPUs
     try:
         yield pool
     finally:
@@ -123,6 +124,7 @@ def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_ray_worker_loads_runs_and_reports_its_resources(local_ray: LocalCluster) -> None:
     be = RayBackend(cpu_reservation="lifetime")
+    assert be.holds_idle_vcpus  # the pool bills its workers' idle vCPUs (tests/test_idle_vcpus.py)
     (node,) = be.nodes()
     assert node.vcpus == 2 and be.devices() == ()
 

@@ -44,6 +44,7 @@ def test_defaults_are_the_specs() -> None:
         ("best_effort_tolerance", float("nan")),
         ("best_effort_tolerance", True),
         ("keep_alive_by_price", "yes"),
+        ("idle_vcpus", 1),
     ],
 )
 def test_bad_knob_is_named(field: str, value: object) -> None:

@@ -98,13 +98,16 @@ class FleetWorker:
         """Whether it runs (or is starting for) a batch."""
         return self.idle_since_ms is None
 
-    def idle_record(self, now_ms: float) -> IdleRecord | None:
-        """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked."""
+    def idle_record(self, now_ms: float, vcpus_held: bool = False) -> IdleRecord | None:
+        """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked.
+
+        ``vcpus_held``: the platform held its vCPUs while it idled (:attr:`Fleet.idle_vcpus`).
+        """
         start = self.idle_since_ms
         if start is None or now_ms <= start:
             return None
         loading = 0.0 if self.loaded_ms is None else min(max(self.loaded_ms, start), now_ms) - start
-        return _idle_record(self.worker_id, self.vcpus, self.share, self.hardware, start, now_ms, loading)
+        return _idle_record(self.worker_id, self.vcpus, self.share, self.hardware, start, now_ms, loading, vcpus_held)
 
     def as_worker(self) -> Worker:
         """The immutable view the scheduler sees (cached until the worker changes)."""
@@ -162,6 +165,7 @@ class Fleet:
         self._of_stage: dict[str, dict[str, FleetWorker]] = {}  # live workers per stage, by id
         self.busy = BusyAverage(SCALE_DOWN_WINDOW_MS)  # busy workers per stage, averaged over time
         self.scale_down_utilization = 0.0  # 0: off; set by the control core from the platform settings
+        self.idle_vcpus = False  # idle workers hold their vCPUs (billed); set by the control core from the settings
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] = []
         self.idles: list[IdleRecord] = []
@@ -457,7 +461,7 @@ class Fleet:
                 self._arm(last, last.idle_since_ms)
 
     def _close_idle(self, w: FleetWorker, now_ms: float) -> None:
-        record = w.idle_record(now_ms)
+        record = w.idle_record(now_ms, self.idle_vcpus)
         w.loaded_ms = None
         if record is not None:
             self.idles.append(record)

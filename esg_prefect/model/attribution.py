@@ -109,7 +109,9 @@ class IdleRecord:
 
     A pre-warmed worker's first idle interval begins with its load (a start off
     the requests' path), in which it holds its vCPUs as a batch's cold start
-    does; the rest of the interval holds only its GPU share.
+    does; the rest of the interval holds only its GPU share, unless
+    ``vcpus_held``: on a platform that reserves a worker's vCPUs for its life,
+    it holds (and pays for) them too.
     """
 
     worker_id: str
@@ -119,6 +121,7 @@ class IdleRecord:
     start_ms: float
     end_ms: float
     loading_ms: float = 0.0
+    vcpus_held: bool = False
 
     def __post_init__(self) -> None:
         Worker(
@@ -301,10 +304,13 @@ def idle_cost_split(idle: IdleRecord, prices: PriceSheet) -> tuple[float, float]
     """:func:`idle_cost` in two parts, in dollars: the load at its start (at the worker's whole rate), the rest.
 
     The load is a pre-warm start's cold start, off the requests' path (``IdleRecord.loading_ms``);
-    the rest is idle time proper, billed at the GPU share's price only.
+    the rest is idle time proper, billed at the GPU share's price only (the whole rate when the
+    worker held its vCPUs idle, ``IdleRecord.vcpus_held``).
     """
-    loading = prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware) * idle.loading_ms / 1000.0
-    waiting = prices.idle_rate_per_s(idle.gpu_share, idle.hardware) * (idle.end_ms - idle.start_ms - idle.loading_ms)
+    whole = prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware)
+    loading = whole * idle.loading_ms / 1000.0
+    rate = whole if idle.vcpus_held else prices.idle_rate_per_s(idle.gpu_share, idle.hardware)
+    waiting = rate * (idle.end_ms - idle.start_ms - idle.loading_ms)
     return loading, waiting / 1000.0
 
 

@@ -65,7 +65,7 @@ def after_warmup(
             continue
         if i.start_ms < start_ms:
             loading = max(0.0, i.loading_ms - (start_ms - i.start_ms))
-            i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms, loading)
+            i = IdleRecord(i.worker_id, i.vcpus, i.gpu_share, i.hardware, start_ms, i.end_ms, loading, i.vcpus_held)
         cut_idles.append(i)
     batch_list = list(batches)
     return Window(

@@ -128,7 +128,7 @@ class CallBook:
         for w in core.fleet.workers.values():  # idle time so far, not yet closed
             if not w.busy and w.idle_since_ms is not None:
                 idle_since[w.worker_id] = w.idle_since_ms
-                record = w.idle_record(now)
+                record = w.idle_record(now, core.fleet.idle_vcpus)
                 if record is not None:
                     idles.append(record)
         requests = {

@@ -87,7 +87,15 @@ class PoolResources:
 
 
 def within_backend(settings: ESGSettings, backend: WorkerBackend) -> ESGSettings:
-    """The settings without worker vCPU options above the backend's ``max_worker_vcpus`` (where it has one)."""
+    """The settings as the backend can honour them.
+
+    Worker vCPU options above the backend's ``max_worker_vcpus`` (where it has one) are
+    dropped, and a backend that holds a worker's vCPUs for its whole life
+    (``holds_idle_vcpus``: Ray's ``cpu_reservation="lifetime"``) bills them while it idles
+    (``idle_vcpus``), so that the bill is what the workers held.
+    """
+    if getattr(backend, "holds_idle_vcpus", False) is True and not settings.idle_vcpus:
+        settings = dataclasses.replace(settings, idle_vcpus=True)
     cap = getattr(backend, "max_worker_vcpus", None)
     space = settings.config_space
     if not isinstance(cap, int) or all(v <= cap for v in space.vcpus):

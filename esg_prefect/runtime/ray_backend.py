@@ -241,7 +241,8 @@ class RayBackend:
             model in memory.
         cpu_reservation: ``"busy"`` (actors reserve no Ray CPUs; ESG bounds busy
             vCPUs per node, as in its model) or ``"lifetime"`` (``num_cpus=vcpus``
-            held by each actor for its whole life).
+            held by each actor for its whole life, and billed for it: the pool
+            sets ``idle_vcpus``).
         start_timeout_s: how long a new actor may wait for Ray to place it and
             load its model before the start fails.
         refresh_s: how often the node list is read again from Ray (nodes join
@@ -278,6 +279,7 @@ class RayBackend:
         if self._owns_ray:
             self.ray.init(address=address, namespace=namespace, **(init_kwargs or {}))
         self.cpu_reservation = cpu_reservation
+        self.holds_idle_vcpus = cpu_reservation == "lifetime"  # the pool then bills idle vCPUs (idle_vcpus)
         self._max_workers = max_workers_per_node
         self._start_timeout_s = start_timeout_s
         self._refresh_s = refresh_s

@@ -117,6 +117,11 @@ class ESGSettings:
         idle_billing: attribute warm idle time to the runs served before it (a
             pre-warmed worker's first idle time to its first batch's runs), or
             show it on a separate idle line.
+        idle_vcpus: bill an idle worker's vCPUs as well as its GPU share, for
+            a platform that holds them for a worker's whole life. Off: an idle
+            worker is a sleeping process that holds its share only
+            (docs/decisions/idle-vcpus.md). The pool turns it on for a backend
+            that reserves vCPUs per worker (Ray's ``cpu_reservation="lifetime"``).
         allow_eviction: stop idle workers of other stages to make room for a
             cold start when no free capacity is left.
         reserve_overhead: the runtime measures the caller's time between pooled
@@ -217,6 +222,7 @@ class ESGSettings:
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
+    idle_vcpus: bool = False
     allow_eviction: bool = True
     reserve_overhead: bool = True
     correction_alpha: float = 0.25
@@ -251,7 +257,7 @@ class ESGSettings:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
         more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
-        whole_bill = ("keep_alive_by_price", "share_batches")
+        whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus")
         for name in (*bools, *more, *whole_bill):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -378,6 +384,7 @@ class PlatformSettings:
     correction_alpha: float
     cost_split: Literal["equal", "input_size"]
     idle_billing: Literal["attribute", "separate"]
+    idle_vcpus: bool
 
 
 @dataclass(frozen=True, slots=True)

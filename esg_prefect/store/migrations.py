@@ -176,5 +176,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "worker_idle.loading_ms: a pre-warm load at an idle interval's start",
         add_column("worker_idle", "loading_ms", "FLOAT", "0"),
     ),
+    Migration(
+        3,
+        "worker_idle.vcpus_held: a worker that held its vCPUs while idle",
+        add_column("worker_idle", "vcpus_held", "BOOLEAN", "FALSE"),
+    ),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

@@ -179,6 +179,7 @@ def idle_rows(idles: Iterable[IdleRecord], prices: PriceSheet, scope: str) -> li
             "end_ms": i.end_ms,
             "sheet_id": sid,
             "loading_ms": i.loading_ms,
+            "vcpus_held": i.vcpus_held,
         }
         for i in idles
     ]
@@ -199,4 +200,13 @@ def batch_record(row: BatchRow, items: Iterable[BatchItemRow]) -> BatchRecord:
 
 def idle_record(row: IdleRow) -> IdleRecord:
     """A stored idle interval as the model's record."""
-    return IdleRecord(row.worker_id, row.vcpus, row.gpu_share, row.hardware, row.start_ms, row.end_ms, row.loading_ms)
+    return IdleRecord(
+        row.worker_id,
+        row.vcpus,
+        row.gpu_share,
+        row.hardware,
+        row.start_ms,
+        row.end_ms,
+        row.loading_ms,
+        bool(row.vcpus_held),
+    )

@@ -140,6 +140,7 @@ class IdleRow(StoreModel, table=True):
     end_ms: float
     sheet_id: str = Field(foreign_key="price_sheets.sheet_id")
     loading_ms: float = Field(default=0.0, description="the interval's first part spent on a pre-warm load")
+    vcpus_held: bool = Field(default=False, description="the worker held its vCPUs while idle (billed for them)")
 
 
 DATA_TABLES: tuple[type[StoreModel], ...] = (PriceSheetRow, RunRow, BatchRow, BatchItemRow, StageCallRow, IdleRow)
