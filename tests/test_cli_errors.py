@@ -52,7 +52,10 @@ def _one_line(err: str) -> str:
         (["simulate", "--set", "keep_alive_by_price"], ("--set", "KEY=VALUE", "'keep_alive_by_price'")),
         (["simulate", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
         # demo
-        (["demo", "--rate", "-1"], ("rate_per_s must be a finite number > 0, got -1.0",)),
+        (["demo", "--rate", "-1"], ("--rate must be a finite number > 0 (requests per second), got -1.0",)),
+        (["demo", "--rate", "0"], ("--rate must be a finite number > 0", "got 0.0")),
+        (["demo", "--rate", "nan"], ("--rate must be a finite number > 0", "got nan")),
+        (["demo", "--rate", "0.01"], ("--rate 0.01 would spread 120 requests over 3.33 h", ">= 0.0333 here")),
         (["demo", "--trace", "nope"], ("unknown trace 'nope'", "known")),
         (["demo", "--requests", "0"], ("--requests must be at least 1, got 0",)),
         (["demo", "--runs-shown", "-2"], ("--runs-shown must be 0 or more, got -2",)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -12,6 +13,25 @@ from esg_prefect.integration.api_check import check_prefect_api
 
 WIDTH = 100
 """The demo's tables fit this many columns, and stay readable at 80."""
+
+
+MAX_WINDOW_S = 3600.0
+"""The longest arrival window the demo accepts: it runs in real time."""
+
+
+def check_rate(rate: float, requests: int) -> None:
+    """Refuse a ``--rate`` that is not a positive number, or that spreads the requests over more than an hour.
+
+    Raises:
+        InvalidInputError: naming the value.
+    """
+    if not (math.isfinite(rate) and rate > 0):
+        raise InvalidInputError(f"--rate must be a finite number > 0 (requests per second), got {rate!r}")
+    if requests / rate > MAX_WINDOW_S:
+        raise InvalidInputError(
+            f"--rate {rate:g} would spread {requests} requests over {requests / rate / 3600:.3g} h; the demo runs in "
+            f"real time, so it takes rates that fit them in an hour (>= {requests / MAX_WINDOW_S:.3g} here)"
+        )
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +62,8 @@ def register(app: typer.Typer) -> None:
             raise InvalidInputError(f"--requests must be at least 1, got {requests}")
         if runs_shown < 0:
             raise InvalidInputError(f"--runs-shown must be 0 or more, got {runs_shown}")
+        if rate is not None:
+            check_rate(rate, requests)
         check_prefect_api(os.environ.get("PREFECT_API_URL"))
         d.demo_arrivals(requests, rate if rate is not None else 1.0, seed, trace)  # refuses a bad rate or trace
 
