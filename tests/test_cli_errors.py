@@ -45,6 +45,8 @@ def _one_line(err: str) -> str:
         (["simulate", "--rate", "abc"], ("--rate", "'abc'", "valid number")),
         (["simulate", "--duration", "-1"], ("--duration", "-1.0", "finite number > 0")),
         (["simulate", "--warmup", "-1"], ("--warmup", "-1.0", "finite number >= 0")),
+        (["simulate", "--warmup", "100"], ("--warmup", "must be below --duration (60 s), got 100")),
+        (["simulate", "--duration", "1e9"], ("--duration", "3e+11 requests", "at most 1e+08")),
         (["simulate", "--tightness", "0"], ("--tightness", "0.0", "finite number > 0")),
         (["simulate", "--case", "/nonexistent.json"], ("--case", "'/nonexistent.json'", "case JSON file")),
         (["simulate", "--trace", "nope", "--duration", "1"], ("--trace", "'nope'", "azure_functions_2019", "csv:")),

@@ -23,6 +23,15 @@ def test_simulate_writes_case_and_report(tmp_path: Path) -> None:
     assert case["scheduler"] == "fast-gshare" and report["overall"]["count"] > 0
 
 
+def test_simulate_says_when_it_caps_the_warm_up(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["simulate", "-s", "fast-gshare", "--rate", "60", "--duration", "2", "--warmup", "1.5", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "note: the warm-up is at most half the run: 1 s, not 1.5" in result.stderr
+    assert json.loads(result.stdout[result.stdout.index("{") :])["overall"]["count"] > 0
+
+
 def test_simulate_runs_a_case_file(tmp_path: Path) -> None:
     from esg_prefect.simulator import standard_case
 

@@ -241,6 +241,10 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
     )
 
 
+MAX_REQUESTS = 1e8
+"""The most requests one simulated run may hold (each is kept until the report)."""
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` command."""
 
@@ -250,7 +254,9 @@ def register(app: typer.Typer) -> None:
         rate: float = typer.Option(300.0, help="Mean arrival rate, requests/s (standard case)."),
         trace: str = typer.Option("azure_functions_2019", help="Workload trace."),
         duration: float = typer.Option(60.0, help="Arrival window, s."),
-        warmup: float = typer.Option(20.0, help="Leading seconds left out of the report."),
+        warmup: float | None = typer.Option(
+            None, help="Leading seconds left out of the report [default: 20, at most half the run]."
+        ),
         tightness: float = typer.Option(5.0, help="SLO = tightness x batch-1 critical path on a T4."),
         profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
         seed: int = typer.Option(0, help="Seed of arrivals and service times."),
@@ -269,6 +275,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one case and print its report (the standard case unless --case is given)."""
         from esg_prefect.simulator import simulate, standard_case
+        from esg_prefect.simulator.standard import STANDARD_WARMUP_S
 
         check_scheduler(scheduler)
         if case_file is not None:
@@ -278,7 +285,18 @@ def register(app: typer.Typer) -> None:
         else:
             check_number(rate, "--rate", "mean requests/s")
             check_number(duration, "--duration", "arrival window, s")
-            check_number(warmup, "--warmup", "s left out of the report", zero_ok=True)
+            if warmup is not None:
+                check_number(warmup, "--warmup", "s left out of the report", zero_ok=True)
+            if rate * duration > MAX_REQUESTS:
+                raise typer.BadParameter(
+                    f"{duration:g} s at {rate:g} requests/s is {rate * duration:.3g} requests; one run holds its "
+                    f"requests in memory: at most {MAX_REQUESTS:.0e} (split the window into several runs)",
+                    param_hint="--duration",
+                )
+            if warmup is not None and warmup >= duration:
+                raise typer.BadParameter(
+                    f"must be below --duration ({duration:g} s), got {warmup:g}", param_hint="--warmup"
+                )
             check_number(tightness, "--tightness", "SLO / batch-1 critical path")
             check_trace(trace)
             case = standard_case(
@@ -286,13 +304,17 @@ def register(app: typer.Typer) -> None:
                 rate_per_s=rate,
                 trace=trace,
                 duration_s=duration,
-                warmup_s=warmup,
+                warmup_s=STANDARD_WARMUP_S if warmup is None else warmup,
                 tightness=tightness,
                 seed=seed,
                 profile=profile,
             )
         case = with_settings(case, settings or [])
         console = Console(stderr=as_json)
+        if case_file is None and warmup is not None and case.warmup_s != warmup:
+            console.print(
+                f"note: the warm-up is at most half the run: {case.warmup_s:g} s, not {warmup:g}", highlight=False
+            )
         with progress_bar(console) as progress:
             task = progress.add_task(f"{case.scheduler} on {case.workload.trace}", total=1.0)
             clock = WallClock()
