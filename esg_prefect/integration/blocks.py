@@ -178,6 +178,10 @@ class ESGSchedulerSettings(Block):
     idle_billing: Literal["attribute", "separate"] = Field(
         default=_knob("idle_billing"), description="Bill idle time to the runs served before it, or on its own line."
     )
+    idle_vcpus: bool = Field(
+        default=_knob("idle_vcpus"),
+        description="Bill an idle worker's vCPUs too (a platform that holds them for a worker's life).",
+    )
     allow_eviction: bool = Field(
         default=_knob("allow_eviction"), description="Stop idle workers of other stages to make room."
     )
