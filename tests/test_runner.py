@@ -51,6 +51,33 @@ def test_runner_contract() -> None:
         ESGTaskRunner(pool=Pool(toy_profile(), backend=InlineBackend()), settings=settings)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"scheduler": "nope"}, "unknown scheduler 'nope'; known: esg, "),
+        ({"settings": {"tick_ms": -1}}, "tick_ms must be a finite number > 0, got -1"),
+        ({"settings": {"tick": 3}}, "unknown ESG settings ['tick']"),
+        ({"settings": 5}, "settings must be ESGSettings, a dict of them, .* got int"),
+        ({"prices": 3.0}, "prices must be a PriceSheet, .* got float"),
+        ({"profile": "/no/such/profile.csv"}, "no profile file '/no/such/profile.csv'"),
+    ],
+)
+def test_an_embedded_pools_bad_options_are_refused_when_the_runner_is_made(
+    kwargs: dict[str, object], named: str
+) -> None:
+    """Not at the first stage call of a flow run: the runner is made where the flow is defined."""
+    from esg_prefect.exceptions import ConfigError
+
+    with pytest.raises((InvalidInputError, ConfigError), match=named.replace("[", r"\[").replace("]", r"\]")):
+        ESGTaskRunner(**kwargs)  # type: ignore[arg-type]
+
+
+def test_settings_given_as_a_dict_are_the_same_runner_as_esg_settings() -> None:
+    runner = ESGTaskRunner(settings={"share_batches": True, "tick_ms": 2.0})
+    assert runner == ESGTaskRunner(settings=ESGSettings(share_batches=True, tick_ms=2.0))
+    assert runner.duplicate()._config["settings"] == ESGSettings(share_batches=True, tick_ms=2.0)
+
+
 def test_concurrent_flow_runs_share_batches(pool: Pool) -> None:
     @flow(task_runner=ESGTaskRunner(pool=pool))
     def toy_flow(x: int) -> int:

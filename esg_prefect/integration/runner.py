@@ -66,6 +66,31 @@ def _resolve(value: Any, block_type: str) -> Any:
     return value
 
 
+def _check_embedded(scheduler: str, settings: Any, profile: str | Path | None, prices: Any) -> Any:
+    """Refuse what an embedded pool would fail on at the first stage call, naming it; a dict of
+    settings becomes :class:`ESGSettings` (its keys and values checked)."""
+    from esg_prefect.integration import blocks
+    from esg_prefect.scheduling.registry import scheduler_names
+
+    names = scheduler_names()
+    if scheduler not in names:
+        raise InvalidInputError(f"unknown scheduler {scheduler!r}; known: {', '.join(names)} (esg-prefect schedulers)")
+    if isinstance(settings, dict):
+        settings = ESGSettings.from_dict(settings)
+    elif settings is not None and not isinstance(settings, (ESGSettings, blocks.ESGSchedulerSettings, str)):
+        raise InvalidInputError(
+            "settings must be ESGSettings, a dict of them, an ESGSchedulerSettings block or a saved one's name, "
+            f"got {type(settings).__name__}"
+        )
+    if prices is not None and not isinstance(prices, (PriceSheet, blocks.ESGPriceSheet, str)):
+        raise InvalidInputError(
+            f"prices must be a PriceSheet, an ESGPriceSheet block or a saved one's name, got {type(prices).__name__}"
+        )
+    if profile is not None and not Path(profile).is_file():
+        raise InvalidInputError(f"no profile file {str(profile)!r}; write one with `esg-prefect profile`")
+    return settings
+
+
 def shared_pool(
     scheduler: str = "esg",
     settings: ESGSettings | Any | None = None,
@@ -135,7 +160,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         address: URL of a pool service (``esg-prefect pool serve``) instead of an embedded pool.
         token: bearer token of the pool service.
         scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
-        settings: ESG knobs for the embedded pool: :class:`ESGSettings`, an
+        settings: ESG knobs for the embedded pool: :class:`ESGSettings`, a dict of them, an
             ``ESGSchedulerSettings`` block, or the name of a saved one (loaded on first use).
         profile: path of a latency profile CSV; default the profiles shipped with esg-prefect.
         backend: ``"process"`` (worker processes, the default) or ``"inline"`` (threads).
@@ -194,6 +219,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             raise InvalidInputError("give either pool= or address= (the pool service), not both")
         if address is not None and not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        settings = _check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
         self._address = address
