@@ -16,7 +16,7 @@ KEY = QueueKey("wf", "st")
 CASES = [
     (Job, ("j1", "r1", "r1", KEY, 1.0, 2.0, 30.0, 40.0, "n0", 1.5)),
     (StageRecord, ("j1", "r1", "wf", "st", "b1", 2, "w1", "T4", 0.5, 1, 1.0, 2.0, 9.0, 6.5, 0.0, 0.25)),
-    (IdleRecord, ("w1", 2, 0.25, "T4", 10.0, 20.0, 2.5)),
+    (IdleRecord, ("w1", 2, 0.25, "T4", 10.0, 20.0, 2.5, True)),
     (Worker, ("w1", "n0", "g0", "T4", 1, 0.5, "wf/st", True, None, False, 12.5, True)),
 ]
 
