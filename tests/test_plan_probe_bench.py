@@ -1,0 +1,77 @@
+"""bench/plan_probe.py: the plan it holds ESG to fits each stage's budget, and the hold restricts ESG."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("plan_probe_bench", ROOT / "bench" / "plan_probe.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pp = _bench()
+
+
+def test_each_stages_plan_carries_its_rate_within_its_budget_at_least_price() -> None:
+    from esg_prefect.scheduling.tables import CandidateTables
+
+    case = pp.wb.job_case(pp.wb.Job(pp.wb.Cell("tiny", "azure_functions_2019", 80.0, 0), "esg", (), 4.0, 1.0))
+    tables = CandidateTables(case.load_profile(), case.prices, case.settings)
+    hardware = frozenset(case.cluster.gpu_counts()) | {"cpu"}
+    budgets = pp.stage_budgets(case, tables, hardware)
+    stages = sorted({s for wf in case.workflows for s in wf.topological_order()})
+    rates = {s: 20.0 + 10.0 * i for i, s in enumerate(stages)}
+    plans = pp.plan(case, rates, 0.6)
+    assert plans.keys() == set(stages)
+    for stage, (price, hw, vcpus, share, batch, n, lat) in plans.items():
+        lam = rates[stage]
+        assert lat == tables.latency_ms(stage, batch, vcpus, share, hw)
+        assert lat + (batch - 1) / lam * 1000.0 <= budgets[stage]  # fills and runs within its part of the SLO
+        assert n == max(1, math.ceil(lam * lat / 1000.0 / batch / 0.6))  # at most 0.6 busy
+        assert price == pytest.approx(
+            n
+            * (
+                share * case.prices.gpu_price_s(hw)
+                + vcpus * case.prices.price_per_vcpu_s * lam * lat / 1000 / batch / n
+            )
+        )
+    # a higher rate never plans a cheaper fleet for a stage: the same options, more work
+    doubled = pp.plan(case, {s: 2 * r for s, r in rates.items()}, 0.6)
+    assert all(doubled[s][0] >= plans[s][0] * (1 - 1e-12) for s in stages)
+
+
+def test_held_to_a_plan_esg_offers_only_its_kind_and_no_start_past_its_count() -> None:
+    calls = []
+
+    class View:
+        def __init__(self, held: int) -> None:
+            self.held = held
+
+        def workers_of_kind(self, stage: str, hw: str, vcpus: int, share: float) -> int:
+            calls.append((stage, hw, vcpus, share))
+            return self.held
+
+    offered = (("T4", 1, 0.2, 0), ("T4", 1, 0.4, 0), ("T4", 1, 0.4, 3), ("V100", 1, 0.4, 0))
+    original = pp.esg_1q.ESG1Q._placeable
+    pp.esg_1q.ESG1Q._placeable = lambda self, stage, view, now_ms: offered
+    try:
+        hold = pp.held_to({"s": (1.0, "T4", 1, 0.4, 2, 2, 5.0)}, {"s": 2})
+        assert hold(None, "s", View(1), 0.0) == (("T4", 1, 0.4, 0), ("T4", 1, 0.4, 3))  # room for one more
+        assert hold(None, "s", View(2), 0.0) == (("T4", 1, 0.4, 3),)  # full: only the warm one
+        assert hold(None, "other", View(9), 0.0) == offered  # a stage without a plan is left alone
+    finally:
+        pp.esg_1q.ESG1Q._placeable = original
+    assert calls == [("s", "T4", 1, 0.4)] * 2
