@@ -12,7 +12,12 @@ could win on the whole bill before anyone builds one. Per cell of ``bench/whole_
    stage holds the plan's count (``--online``: the count follows the queues' EWMA rates each
    round, FaST-GShare-like's rule, instead of the oracle's mean), so a queue waits for a worker.
 
-Run:  python bench/plan_probe.py [--cells standard-s0,conv-mid] [--online] [--rho 0.6] [--extra 0]
+``--window-ms`` counts the stage's calls over a window instead of the EWMAs, ``--peak-s`` sizes for
+the highest such count of the last seconds, ``--spill`` lets a stage below its count start any kind
+when the plan's kind has no room.
+
+Run:  python bench/plan_probe.py [--cells standard-s0,conv-mid] [--online [--window-ms 1000] [--peak-s 10]]
+      [--spill] [--rho 0.6] [--extra 0]
 Prints per cell the plan and the whole bill per request and SLO hit rate of both runs; the best
 baseline's figures are in ``bench/whole_bill.py``'s grid. Findings: docs/decisions/whole-bill.md.
 """
@@ -35,6 +40,9 @@ from esg_prefect.scheduling.esg import ESGScheduler
 from esg_prefect.scheduling.tables import CandidateTables
 from esg_prefect.simulator import simulate
 from esg_prefect.simulator.case import Case
+
+SPILL = False
+"""``--spill``: below its count, a stage whose plan kind has no room may start any kind."""
 
 Plan = tuple[float, str, int, float, int, int, float]
 """(price per s, hardware, vcpus, share, batch, workers, batch latency ms)."""
@@ -91,17 +99,23 @@ def held_to(plans: dict[str, Plan], counts: dict[str, int]) -> Any:
         if p is None:
             return out
         full = view.workers_of_kind(stage, p[1], p[2], p[3]) >= counts[stage]
-        return tuple(r for r in out if (r[0], r[1], r[2]) == (p[1], p[2], p[3]) and (r[3] or not full))
+        kept = tuple(r for r in out if (r[0], r[1], r[2]) == (p[1], p[2], p[3]) and (r[3] or not full))
+        if SPILL and not full and not any(not r[3] for r in kept):
+            return out  # the plan's kind has no room left: any kind, as ESG would choose
+        return kept
 
     return placeable
 
 
-def counted_by_rate(plans: dict[str, Plan], counts: dict[str, int], rho: float, extra: int, window_ms: float) -> Any:
+def counted_by_rate(
+    plans: dict[str, Plan], counts: dict[str, int], rho: float, extra: int, window_ms: float, peak_ms: float = 0.0
+) -> Any:
     """ESG's decide, with each stage's count set first from its rate: its queues' EWMA rates, or
     with ``window_ms`` the calls counted into its queues over that window (each call once)."""
     original = ESGScheduler.decide
     seen: set[str] = set()
     ready: dict[str, deque[float]] = {}
+    peaks: dict[str, deque[tuple[float, float]]] = {}
 
     def decide(self: Any, snapshot: Any, now_ms: float) -> Any:
         lam: dict[str, float] = {}
@@ -118,6 +132,14 @@ def counted_by_rate(plans: dict[str, Plan], counts: dict[str, int], rho: float, 
             while times and times[0] < now_ms - window_ms:
                 times.popleft()
             lam[stage] = len(times) / window_ms * 1000.0
+            if peak_ms > 0:  # the highest such rate over the last peak_ms: up at once, down after peak_ms
+                hist = peaks.setdefault(stage, deque())
+                while hist and hist[-1][1] <= lam[stage]:
+                    hist.pop()
+                hist.append((now_ms, lam[stage]))
+                while hist[0][0] < now_ms - peak_ms:
+                    hist.popleft()
+                lam[stage] = hist[0][1]
         for stage, p in plans.items():
             counts[stage] = max(1, math.ceil(lam.get(stage, 0.0) * p[6] / 1000.0 / p[4] / rho)) + extra
         return original(self, snapshot, now_ms)
@@ -132,9 +154,13 @@ def main() -> None:
     parser.add_argument("--rho", type=float, default=0.6, help="planned utilisation of a stage's workers")
     parser.add_argument("--extra", type=int, default=0, help="workers allowed past the count")
     parser.add_argument("--window-ms", type=float, default=0.0, help="--online: count calls over this window (0: EWMA)")
+    parser.add_argument("--spill", action="store_true", help="below the count, any kind when the plan's has no room")
+    parser.add_argument("--peak-s", type=float, default=0.0, help="--window-ms: size for the peak count of this long")
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     args = parser.parse_args()
+    global SPILL
+    SPILL = args.spill
     cells = {c.name: c for c in wb.grid_cells()}
     unknown = [n for n in args.cells.split(",") if n not in cells]
     if unknown or not 0 < args.rho <= 1 or args.extra < 0:
@@ -152,7 +178,8 @@ def main() -> None:
         counts = {stage: p[5] + args.extra for stage, p in plans.items()}
         esg_1q.ESG1Q._placeable = held_to(plans, counts)  # type: ignore[method-assign]
         if args.online:
-            ESGScheduler.decide = counted_by_rate(plans, counts, args.rho, args.extra, args.window_ms)  # type: ignore[method-assign]
+            decide_by_rate = counted_by_rate(plans, counts, args.rho, args.extra, args.window_ms, args.peak_s * 1000.0)
+            ESGScheduler.decide = decide_by_rate  # type: ignore[method-assign]
         held = simulate(case)
         print(f"{name}: " + "; ".join(f"{st} {p[1]} v{p[2]} s{p[3]} b{p[4]} n{p[5]}" for st, p in plans.items()))
         for label, run in (("ESG defaults", base), ("held to plan", held)):

@@ -72,6 +72,46 @@ def test_held_to_a_plan_esg_offers_only_its_kind_and_no_start_past_its_count() -
         assert hold(None, "s", View(1), 0.0) == (("T4", 1, 0.4, 0), ("T4", 1, 0.4, 3))  # room for one more
         assert hold(None, "s", View(2), 0.0) == (("T4", 1, 0.4, 3),)  # full: only the warm one
         assert hold(None, "other", View(9), 0.0) == offered  # a stage without a plan is left alone
+        pp.SPILL = True
+        no_room = (("T4", 1, 0.4, 3), ("V100", 1, 0.4, 0))  # the plan's kind only warm: no room for another
+        pp.esg_1q.ESG1Q._placeable = lambda self, stage, view, now_ms: no_room
+        hold = pp.held_to({"s": (1.0, "T4", 1, 0.4, 2, 2, 5.0)}, {"s": 2})
+        assert hold(None, "s", View(1), 0.0) == no_room  # below its count: any kind, as ESG would choose
+        assert hold(None, "s", View(2), 0.0) == (("T4", 1, 0.4, 3),)  # at its count: still held
     finally:
         pp.esg_1q.ESG1Q._placeable = original
-    assert calls == [("s", "T4", 1, 0.4)] * 2
+        pp.SPILL = False
+    assert calls == [("s", "T4", 1, 0.4)] * 4
+
+
+def test_the_online_count_follows_the_calls_counted_over_its_window_and_holds_its_peak() -> None:
+    from types import SimpleNamespace as NS
+
+    def snapshot(stage_jobs: dict[str, list[tuple[str, float]]]) -> NS:
+        return NS(
+            queues=[
+                NS(key=NS(stage=st), jobs=[NS(job_id=j, ready_ms=t) for j, t in jobs], arrival_rate_per_s=0.0)
+                for st, jobs in stage_jobs.items()
+            ]
+        )
+
+    original = pp.ESGScheduler.decide
+    pp.ESGScheduler.decide = lambda self, snapshot, now_ms: "decided"
+    try:
+        plans = {"s": (1.0, "T4", 1, 0.4, 2, 1, 100.0)}  # batch 2 in 100 ms: 20 calls/s per worker at full load
+        counts = {"s": 1}
+        decide = pp.counted_by_rate(plans, counts, 0.5, 0, 1000.0)
+        burst = [(f"j{i}", 900.0 + i) for i in range(40)]  # 40 calls in the last second: 40/s
+        assert decide(None, snapshot({"s": burst}), 1000.0) == "decided"
+        assert counts["s"] == 4  # 40/s x 0.1 s / 2 per batch / 0.5 utilisation
+        assert decide(None, snapshot({"s": burst}), 1500.0) == "decided" and counts["s"] == 4  # each call once
+        decide(None, snapshot({"s": []}), 2000.0)  # the window has passed them: none left
+        assert counts["s"] == 1
+        peak = pp.counted_by_rate(plans, counts, 0.5, 0, 1000.0, peak_ms=5000.0)
+        peak(None, snapshot({"s": burst}), 1000.0)
+        peak(None, snapshot({"s": []}), 2000.0)
+        assert counts["s"] == 4  # the burst's count holds for the peak window
+        peak(None, snapshot({"s": []}), 6500.0)
+        assert counts["s"] == 1
+    finally:
+        pp.ESGScheduler.decide = original
