@@ -14,10 +14,11 @@ could win on the whole bill before anyone builds one. Per cell of ``bench/whole_
 
 ``--window-ms`` counts the stage's calls over a window instead of the EWMAs, ``--peak-s`` sizes for
 the highest such count of the last seconds, ``--spill`` lets a stage below its count start any kind
-when the plan's kind has no room.
+when the plan's kind has no room, ``--soft`` lets any warm worker serve (the plan then holds only
+which workers start, and how many).
 
 Run:  python bench/plan_probe.py [--cells standard-s0,conv-mid] [--online [--window-ms 1000] [--peak-s 10]]
-      [--spill] [--rho 0.6] [--extra 0]
+      [--spill] [--soft] [--rho 0.6] [--extra 0]
 Prints per cell the plan and the whole bill per request and SLO hit rate of both runs; the best
 baseline's figures are in ``bench/whole_bill.py``'s grid. Findings: docs/decisions/whole-bill.md.
 """
@@ -43,6 +44,8 @@ from esg_prefect.simulator.case import Case
 
 SPILL = False
 """``--spill``: below its count, a stage whose plan kind has no room may start any kind."""
+SOFT = False
+"""``--soft``: any warm worker may serve; the plan holds only which workers start, and how many."""
 
 Plan = tuple[float, str, int, float, int, int, float]
 """(price per s, hardware, vcpus, share, batch, workers, batch latency ms)."""
@@ -99,7 +102,11 @@ def held_to(plans: dict[str, Plan], counts: dict[str, int]) -> Any:
         if p is None:
             return out
         full = view.workers_of_kind(stage, p[1], p[2], p[3]) >= counts[stage]
-        kept = tuple(r for r in out if (r[0], r[1], r[2]) == (p[1], p[2], p[3]) and (r[3] or not full))
+        kind = (p[1], p[2], p[3])
+        if SOFT:  # any warm worker; a new one only of the plan's kind, below the count
+            kept = tuple(r for r in out if r[3] or ((r[0], r[1], r[2]) == kind and not full))
+        else:
+            kept = tuple(r for r in out if (r[0], r[1], r[2]) == kind and (r[3] or not full))
         if SPILL and not full and not any(not r[3] for r in kept):
             return out  # the plan's kind has no room left: any kind, as ESG would choose
         return kept
@@ -155,12 +162,13 @@ def main() -> None:
     parser.add_argument("--extra", type=int, default=0, help="workers allowed past the count")
     parser.add_argument("--window-ms", type=float, default=0.0, help="--online: count calls over this window (0: EWMA)")
     parser.add_argument("--spill", action="store_true", help="below the count, any kind when the plan's has no room")
+    parser.add_argument("--soft", action="store_true", help="any warm worker may serve; the plan holds the starts")
     parser.add_argument("--peak-s", type=float, default=0.0, help="--window-ms: size for the peak count of this long")
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=10.0)
     args = parser.parse_args()
-    global SPILL
-    SPILL = args.spill
+    global SPILL, SOFT
+    SPILL, SOFT = args.spill, args.soft
     cells = {c.name: c for c in wb.grid_cells()}
     unknown = [n for n in args.cells.split(",") if n not in cells]
     if unknown or not 0 < args.rho <= 1 or args.extra < 0:

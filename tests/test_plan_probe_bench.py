@@ -78,10 +78,16 @@ def test_held_to_a_plan_esg_offers_only_its_kind_and_no_start_past_its_count() -
         hold = pp.held_to({"s": (1.0, "T4", 1, 0.4, 2, 2, 5.0)}, {"s": 2})
         assert hold(None, "s", View(1), 0.0) == no_room  # below its count: any kind, as ESG would choose
         assert hold(None, "s", View(2), 0.0) == (("T4", 1, 0.4, 3),)  # at its count: still held
+        pp.SPILL, pp.SOFT = False, True
+        pp.esg_1q.ESG1Q._placeable = lambda self, stage, view, now_ms: (*offered, ("V100", 1, 0.4, 2))
+        hold = pp.held_to({"s": (1.0, "T4", 1, 0.4, 2, 2, 5.0)}, {"s": 2})
+        soft_full = (("T4", 1, 0.4, 3), ("V100", 1, 0.4, 2))  # any warm worker serves; no new one at the count
+        assert hold(None, "s", View(2), 0.0) == soft_full
+        assert hold(None, "s", View(1), 0.0) == (("T4", 1, 0.4, 0), *soft_full)  # below it: the plan's kind
     finally:
         pp.esg_1q.ESG1Q._placeable = original
-        pp.SPILL = False
-    assert calls == [("s", "T4", 1, 0.4)] * 4
+        pp.SPILL = pp.SOFT = False
+    assert calls == [("s", "T4", 1, 0.4)] * 6
 
 
 def test_the_online_count_follows_the_calls_counted_over_its_window_and_holds_its_peak() -> None:
