@@ -234,6 +234,21 @@ class ESGSchedulerSettings(Block):
         lt=1,
         description="Least relative saving per job that justifies a pre-warm start.",
     )
+    stage_plan: bool = Field(
+        default=_knob("stage_plan"),
+        description="Hold a steady stage's worker starts to one kind and a count sized to its measured rate.",
+    )
+    stage_plan_utilization: float = Field(
+        default=_knob("stage_plan_utilization"),
+        gt=0,
+        le=1,
+        description="Utilisation a stage's planned workers are sized for.",
+    )
+    stage_plan_gate: float = Field(
+        default=_knob("stage_plan_gate"),
+        gt=1,
+        description="A stage is held only while its peak 1 s call count over 30 s is within this multiple of its mean.",
+    )
     size_aware: bool = Field(
         default=_knob("size_aware"),
         description="Cypress: pack batches by their items' predicted time where the profile has a size model.",

@@ -98,6 +98,7 @@ from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.sharing import SharedBatches
+from esg_prefect.scheduling.stage_plan import StagePlanner
 from esg_prefect.scheduling.tables import CandidateTables, Choice
 
 __all__ = ["ESGScheduler", "QueueDecision"]
@@ -152,6 +153,8 @@ class ESGScheduler(ESG1Q):
         # Batches across workflows' queues of one stage (share_batches; not with Cypress's packing).
         share = self.settings.share_batches and self._packing is None
         self._sharing = SharedBatches(self.tables, self.settings.config_space.max_batch) if share else None
+        # A steady stage's starts held to one kind and a count (stage_plan; scheduling.stage_plan).
+        self._planner = StagePlanner(self.tables) if self.settings.stage_plan else None
 
     # ---- the round ---------------------------------------------------------
 
@@ -160,6 +163,8 @@ class ESGScheduler(ESG1Q):
         view = self._views.view(snapshot.cluster)
         if self._hardware is not None:
             self._hardware.observe(snapshot, now_ms)
+        if self._planner is not None:
+            self._planner.observe(snapshot, now_ms, view.hardware)
         if self._review is not None:
             self._review.hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []

@@ -24,6 +24,7 @@ from esg_prefect.scheduling.kept import Kept, with_decision_ms
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.search import Clock, astar_plan
 from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.scheduling.stage_plan import StagePlanner
 from esg_prefect.scheduling.tables import CandidateTables, Choice, FirstPick, Resource, gap_class, to_us
 
 __all__ = ["ESG1Q"]
@@ -38,6 +39,7 @@ class ESG1Q:
     _memo: Memo
     _hardware: HardwareSelector | None
     _late: BestEffort
+    _planner: StagePlanner | None
 
     if TYPE_CHECKING:
 
@@ -49,7 +51,11 @@ class ESG1Q:
         With ``idle_aware`` and ``now_ms``, a warm resource carries the gap class
         of its most recently idle worker (the one the placement reuses first).
         """
-        return view.remember(("esg-placeable", stage, now_ms), lambda: self._placeable(stage, view, now_ms))
+        planner = self._planner
+        if planner is None:
+            return view.remember(("esg-placeable", stage, now_ms), lambda: self._placeable(stage, view, now_ms))
+        key = ("esg-placeable", stage, now_ms)
+        return view.remember(key, lambda: planner.restrict(stage, self._placeable(stage, view, now_ms), view))
 
     def _placeable(self, stage: str, view: ClusterView, now_ms: float | None) -> tuple[Resource, ...]:
         hardware = view.hardware

@@ -177,6 +177,15 @@ class ESGSettings:
             docs/results.md, "Pre-warming").
         prewarm_saving: the least relative saving per job that justifies a
             start, in (0, 1).
+        stage_plan: hold a steady stage's worker starts to one kind and a
+            count sized to its measured rate (any warm worker still serves;
+            :mod:`~esg_prefect.scheduling.stage_plan`; not in the paper,
+            docs/decisions/whole-bill.md, section 10).
+        stage_plan_utilization: the utilisation a stage's planned workers are
+            sized for, in (0, 1].
+        stage_plan_gate: a stage is held only while its highest 1 s count of
+            calls over the last 30 s is at most this multiple of its 30 s mean
+            (> 1).
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -233,6 +242,9 @@ class ESGSettings:
     share_batches: bool = False
     prewarm: bool = True
     prewarm_saving: float = 0.2
+    stage_plan: bool = True
+    stage_plan_utilization: float = 0.6
+    stage_plan_gate: float = 1.5
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7
@@ -257,7 +269,7 @@ class ESGSettings:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
         more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
-        whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus")
+        whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus", "stage_plan")
         for name in (*bools, *more, *whole_bill):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -278,6 +290,8 @@ class ESGSettings:
             "a finite number >= 0 (ms)",
         )
         _number("prewarm_saving", self.prewarm_saving, lambda v: 0.0 < v < 1.0, "in (0, 1)")
+        _number("stage_plan_utilization", self.stage_plan_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+        _number("stage_plan_gate", self.stage_plan_gate, lambda v: 1.0 < v < math.inf, "a finite number > 1")
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,

@@ -1,0 +1,210 @@
+"""Which workers a steady stage may start, and how many, from its measured rate (``stage_plan``).
+
+ESG sizes each batch for the queue of the moment and starts a worker wherever the search finds one
+cheaper; on the whole bill that leaves a stage with workers of several shares, each partly idle.
+This planner holds a stage's *starts* to one kind and a count, as the rate-based baselines do, while
+ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section 10):
+
+* **the kind**: per stage, the (hardware, vCPUs, share, batch) of least price per second (shares
+  for their life, vCPUs while busy) whose batch fills at the stage's rate and runs within the
+  stage's part of its workflows' SLOs (split in proportion to the stages' fastest latencies) at
+  utilisation ``stage_plan_utilization``; chosen from the stage's calls counted over 30 s, and
+  chosen again only when that rate has moved by a quarter;
+* **the count**: the workers of that kind the stage's queues' rates (their EWMAs) need at that
+  utilisation, each round;
+* **the hold**: any warm worker may still serve; a new worker must be of the plan's kind and the
+  stage below its count, or of any kind when the plan's kind has no room left;
+* **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
+  30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
+  stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.base import Snapshot
+from esg_prefect.scheduling.dispatch import ClusterView
+from esg_prefect.scheduling.first_stage import Resource
+from esg_prefect.scheduling.tables import CandidateTables
+
+__all__ = ["StagePlan", "StagePlanner", "plan_stage", "stage_budgets"]
+
+HISTORY_MS = 30_000.0
+"""How long a stage's calls are counted for its kind and its steadiness."""
+PEAK_WINDOW_MS = 1_000.0
+"""The window of the counts whose highest value the gate compares with the mean."""
+SETTLE_MS = 10_000.0
+"""History a stage needs before its plan may hold."""
+REPLAN = 0.25
+"""Relative change of the 30 s rate that makes the kind be chosen again."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """A stage's planned kind, for the rate it was chosen at."""
+
+    hardware: str
+    vcpus: int
+    gpu_share: float
+    batch: int
+    latency_ms: float
+    price_per_s: float
+    rate_per_s: float
+
+
+def stage_budgets(
+    workflows: tuple[Workflow, ...], tables: CandidateTables, hardware: frozenset[str]
+) -> dict[str, float]:
+    """Each stage's part of its workflows' SLOs, in proportion to the fastest latencies on the critical path
+    (the least over the workflows that use it). A workflow with a stage the profile lacks is left out: its
+    calls are refused by ESG_1Q, naming the stage."""
+    out: dict[str, float] = {}
+    for wf in workflows:
+        order = wf.topological_order()
+        try:
+            fastest = {s: tables.min_latency_ms(s, hardware) for s in order}
+        except MissingProfileError:
+            continue
+        path: dict[str, float] = {}
+        for s in order:
+            path[s] = fastest[s] + max((path[p] for p in wf.predecessors(s)), default=0.0)
+        critical = max(path.values())
+        for s in order:
+            out[s] = min(out.get(s, math.inf), wf.slo_ms * fastest[s] / critical)
+    return out
+
+
+def plan_stage(
+    tables: CandidateTables, stage: str, rate_per_s: float, budget_ms: float, hardware: frozenset[str], rho: float
+) -> StagePlan | None:
+    """The least-price kind that carries ``rate_per_s`` within ``budget_ms`` at utilisation ``rho``; None if none.
+
+    A batch of ``b`` fits when its latency plus the time ``b`` calls take to arrive is within the
+    budget; ``n`` workers carry the rate when ``rate x latency / b / n <= rho``. The price is the
+    ``n`` workers' shares for their life and their vCPUs while busy.
+    """
+    if rate_per_s <= 0:
+        return None
+    prices = tables.prices
+    best: tuple[float, float, StagePlan] | None = None
+    for hw in sorted(hardware & tables.profile.hardware_types(stage)):
+        for vcpus, share in tables.resources(hw):
+            for b in tables.settings.config_space.batches:
+                lat = tables.latency_ms(stage, b, vcpus, share, hw)
+                if lat is None or lat + (b - 1) / rate_per_s * 1000.0 > budget_ms:
+                    continue
+                load = rate_per_s * lat / 1000.0 / b  # busy workers needed
+                n = max(1, math.ceil(load / rho))
+                price = n * share * prices.gpu_price_s(hw) + vcpus * prices.price_per_vcpu_s * load
+                if best is None or (price, lat) < best[:2]:
+                    best = (price, lat, StagePlan(hw, vcpus, share, b, lat, price, rate_per_s))
+    return None if best is None else best[2]
+
+
+class _Stage:
+    """What the planner keeps per stage: recent calls, its plan, its count."""
+
+    __slots__ = ("calls", "count", "peaks", "plan", "recent", "steady")
+
+    def __init__(self) -> None:
+        self.calls: deque[float] = deque()  # ready times over the last HISTORY_MS
+        self.recent: deque[float] = deque()  # ready times over the last PEAK_WINDOW_MS
+        self.peaks: deque[tuple[float, int]] = deque()  # (when, 1 s count), decreasing: the window's maximum first
+        self.plan: StagePlan | None = None
+        self.count = 1
+        self.steady = False
+
+
+class StagePlanner:
+    """Per-stage plans, counts and gates, updated once a round from the snapshot (module docstring)."""
+
+    def __init__(self, tables: CandidateTables) -> None:
+        self.tables = tables
+        self.rho = tables.settings.stage_plan_utilization
+        self.gate = tables.settings.stage_plan_gate
+        self._stages: dict[str, _Stage] = {}
+        self._last_ms = -math.inf
+        self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
+        self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool], tuple[Resource, ...]] = {}
+
+    def stage(self, name: str) -> _Stage | None:
+        """The planner's state of stage ``name`` (None before its first call)."""
+        return self._stages.get(name)
+
+    def observe(self, snapshot: Snapshot, now_ms: float, hardware: frozenset[str]) -> None:
+        """Count the calls that became ready since the last round; update each stage's plan, count and gate."""
+        rates: dict[str, float] = {}
+        new: dict[str, list[float]] = {}
+        for q in snapshot.queues:
+            rates[q.key.stage] = rates.get(q.key.stage, 0.0) + q.arrival_rate_per_s
+            # a call is counted in the first round it is in a queue: the round after the instant it became ready
+            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if j.ready_ms > self._last_ms)
+        self._last_ms = now_ms
+        for name, times in new.items():
+            st = self._stages.get(name)
+            if st is None:
+                st = self._stages[name] = _Stage()
+            times.sort()
+            st.calls.extend(times)
+            st.recent.extend(times)
+        workflows = tuple(sorted(snapshot.workflows.values(), key=lambda w: w.name))
+        budgets = self._budgets.get((workflows, hardware))
+        if budgets is None:
+            budgets = self._budgets[(workflows, hardware)] = stage_budgets(workflows, self.tables, hardware)
+        for name, st in self._stages.items():
+            self._update(name, st, now_ms, rates.get(name, 0.0), budgets, hardware)
+
+    def _update(
+        self, name: str, st: _Stage, now_ms: float, ewma: float, budgets: dict[str, float], hardware: frozenset[str]
+    ) -> None:
+        calls, recent = st.calls, st.recent
+        while calls and calls[0] < now_ms - HISTORY_MS:
+            calls.popleft()
+        while recent and recent[0] < now_ms - PEAK_WINDOW_MS:
+            recent.popleft()
+        peaks = st.peaks
+        while peaks and peaks[-1][1] <= len(recent):
+            peaks.pop()
+        peaks.append((now_ms, len(recent)))
+        while peaks[0][0] < now_ms - HISTORY_MS:
+            peaks.popleft()
+        span_ms = now_ms - calls[0] if calls else 0.0
+        mean = len(calls) / span_ms * 1000.0 if span_ms > 0 else 0.0
+        peak = peaks[0][1] / PEAK_WINDOW_MS * 1000.0
+        st.steady = span_ms >= SETTLE_MS and peak <= self.gate * mean
+        if not st.steady or name not in budgets:
+            return
+        if st.plan is None or abs(mean - st.plan.rate_per_s) > REPLAN * st.plan.rate_per_s:
+            st.plan = plan_stage(self.tables, name, mean, budgets[name], hardware, self.rho) or st.plan
+        if st.plan is not None:
+            st.count = max(1, math.ceil(ewma * st.plan.latency_ms / 1000.0 / st.plan.batch / self.rho))
+
+    def restrict(self, stage: str, resources: tuple[Resource, ...], view: ClusterView) -> tuple[Resource, ...]:
+        """``resources`` with the stage's hold applied: any warm one; a cold one only of the plan's kind below the
+        count, or of any kind when the plan's kind has no room (all of them when the stage is not held)."""
+        st = self._stages.get(stage)
+        if st is None or not st.steady or st.plan is None:
+            return resources
+        p = st.plan
+        kind = (p.hardware, p.vcpus, p.gpu_share)
+        full = view.workers_of_kind(stage, *kind) >= st.count
+        # The same answer object for the same inputs: ESG_1Q keeps a queue's answer while its
+        # resources are the same object (scheduling.kept), and the same few recur round after round.
+        key = (resources, kind, full)
+        got = self._held.get(key)
+        if got is None:
+            if len(self._held) > 4096:
+                self._held.clear()
+            if full:
+                got = tuple(r for r in resources if r[3])
+            elif any(not r[3] and (r[0], r[1], r[2]) == kind for r in resources):
+                got = tuple(r for r in resources if r[3] or (r[0], r[1], r[2]) == kind)
+            else:
+                got = resources  # the plan's kind has no room: any kind, as ESG chooses
+            self._held[key] = got
+        return got

@@ -1,0 +1,128 @@
+"""The per-stage plan (``stage_plan``): the kind and count a steady stage's starts are held to.
+
+Worked by hand on a one-stage profile (T4 shares 0.2 and 0.4, batches 1, 2 and 4): the planned
+kind at two rates, the count from the queues' rates, the steadiness gate on a steady and a bursty
+stream, and the hold on the placeable resources.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from esg_prefect.exceptions import ConfigError
+from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
+from esg_prefect.model.config import ConfigSpace
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.scheduling.stage_plan import StagePlanner, plan_stage, stage_budgets
+from esg_prefect.scheduling.tables import CandidateTables
+
+LATENCY = {0.2: {1: 10.0, 2: 14.0, 4: 22.0}, 0.4: {1: 5.0, 2: 7.0, 4: 11.0}}  # ms, mean = p95
+HW = frozenset({"T4"})
+WF = Workflow.chain("w", ["s"], slo_ms=30.0)
+
+
+def _tables(**knobs: Any) -> CandidateTables:
+    points = [
+        ProfilePoint("s", "T4", b, 1, share, lat, lat)
+        for share, by_batch in LATENCY.items()
+        for b, lat in by_batch.items()
+    ]
+    settings = ESGSettings(config_space=ConfigSpace((1, 2, 4), (1,), (0.2, 0.4)), **knobs)
+    return CandidateTables(LatencyProfile(points, {("s", "T4"): 50.0}), PriceSheet(0.01, {"T4": 1.0}), settings)
+
+
+def test_the_plan_is_the_least_price_kind_that_carries_the_rate_within_the_budget() -> None:
+    tables = _tables()
+    assert stage_budgets((WF,), tables, HW) == {"s": 30.0}  # one stage: the whole SLO
+    # 100/s: share 0.2 needs two workers (batch 1: 1.0 busy; batch 2: 0.7) -> 0.41 or 0.407 per s;
+    # share 0.4 batch 2 fills in 10 ms, runs in 7 (17 <= 30), 0.35 busy on one worker: 0.4 + 0.0035
+    p = plan_stage(tables, "s", 100.0, 30.0, HW, 0.6)
+    assert p is not None and (p.hardware, p.gpu_share, p.batch, p.latency_ms) == ("T4", 0.4, 2, 7.0)
+    assert p.price_per_s == pytest.approx(0.4035) and p.rate_per_s == 100.0
+    # 40/s: share 0.2 at batch 1 is 0.4 busy on one worker, 0.204 per s; batch 2 would wait 25 ms to fill
+    p = plan_stage(tables, "s", 40.0, 30.0, HW, 0.6)
+    assert p is not None and (p.gpu_share, p.batch) == (0.2, 1) and p.price_per_s == pytest.approx(0.204)
+    assert plan_stage(tables, "s", 100.0, 4.0, HW, 0.6) is None  # nothing runs within 4 ms
+    assert plan_stage(tables, "s", 0.0, 30.0, HW, 0.6) is None
+
+
+def _snapshot(ready_ms: list[float], rate: float) -> NS:
+    jobs = [NS(job_id=f"j{t}", ready_ms=t) for t in ready_ms]
+    return NS(queues=[NS(key=NS(stage="s"), jobs=jobs, arrival_rate_per_s=rate)], workflows={"w": WF})
+
+
+def _feed(planner: StagePlanner, times: list[float], rate: float, until_ms: float, step_ms: float = 50.0) -> None:
+    """Rounds every ``step_ms`` up to ``until_ms``, each with the calls that became ready since the last."""
+    t, i = 0.0, 0
+    while t <= until_ms:
+        j = i
+        while j < len(times) and times[j] <= t:
+            j += 1
+        planner.observe(_snapshot(times[i:j], rate), t, HW)  # type: ignore[arg-type]
+        i, t = j, t + step_ms
+
+
+def test_a_steady_stage_is_planned_and_counted_and_a_bursty_one_is_left_alone() -> None:
+    steady = StagePlanner(_tables())
+    _feed(steady, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)  # 100/s, evenly, for 15 s
+    st = steady.stage("s")
+    assert st is not None and st.steady and st.plan is not None
+    assert (st.plan.gpu_share, st.plan.batch) == (0.4, 2) and st.plan.rate_per_s == pytest.approx(100.0, rel=0.01)
+    assert st.count == 1  # 100/s x 7 ms / 2 per batch / 0.6
+    steady.observe(_snapshot([], 400.0), 15_050.0, HW)  # type: ignore[arg-type]
+    assert st.count == 3  # the queues' rate went up fourfold: ceil(400 x 0.007 / 2 / 0.6)
+
+    young = StagePlanner(_tables())
+    _feed(young, [10.0 * k for k in range(1, 801)], 100.0, 8_000.0)
+    assert young.stage("s").steady is False  # type: ignore[union-attr]  # under 10 s of history
+
+    bursty = StagePlanner(_tables())
+    waves = [5_000.0 * w + 2.0 * k for w in range(4) for k in range(50)]  # 50 calls in 0.1 s every 5 s
+    _feed(bursty, waves, 10.0, 16_000.0)
+    b = bursty.stage("s")
+    assert b is not None and not b.steady and b.plan is None  # peak 50/s, mean about 13/s: over 1.5x
+
+
+class _View:
+    def __init__(self, held: int) -> None:
+        self.held = held
+
+    def workers_of_kind(self, stage: str, hw: str, vcpus: int, share: float) -> int:
+        assert (stage, hw, vcpus, share) == ("s", "T4", 1, 0.4)
+        return self.held
+
+
+def test_the_hold_lets_any_warm_worker_serve_and_starts_only_the_plans_kind_below_its_count() -> None:
+    planner = StagePlanner(_tables())
+    _feed(planner, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    cold_small, cold_plan, warm_small, warm_plan = (
+        ("T4", 1, 0.2, 0),
+        ("T4", 1, 0.4, 0),
+        ("T4", 1, 0.2, 3),
+        ("T4", 1, 0.4, 2),
+    )
+    offered = (cold_small, warm_small, cold_plan, warm_plan)
+    assert planner.restrict("s", offered, _View(0)) == (warm_small, cold_plan, warm_plan)  # type: ignore[arg-type]
+    assert planner.restrict("s", offered, _View(1)) == (warm_small, warm_plan)  # type: ignore[arg-type]  # at count
+    no_room = (cold_small, warm_small)  # the plan's kind cannot start: any kind, as ESG would choose
+    assert planner.restrict("s", no_room, _View(0)) == no_room  # type: ignore[arg-type]
+    assert planner.restrict("other", offered, _View(9)) == offered  # type: ignore[arg-type]  # no plan: untouched
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("stage_plan", "yes"),
+        ("stage_plan_utilization", 0.0),
+        ("stage_plan_utilization", 1.5),
+        ("stage_plan_gate", 1.0),
+        ("stage_plan_gate", float("inf")),
+        ("stage_plan_gate", True),
+    ],
+)
+def test_bad_stage_plan_knobs_are_named(knob: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=knob):
+        ESGSettings(**{knob: value})  # type: ignore[arg-type]
