@@ -126,3 +126,24 @@ def test_the_hold_lets_any_warm_worker_serve_and_starts_only_the_plans_kind_belo
 def test_bad_stage_plan_knobs_are_named(knob: str, value: object) -> None:
     with pytest.raises(ConfigError, match=knob):
         ESGSettings(**{knob: value})  # type: ignore[arg-type]
+
+
+def test_on_a_steady_case_the_plan_starts_fewer_workers_for_a_smaller_bill_at_the_same_slo() -> None:
+    """The standard case at its rate for 25 s (the gate opens after 10 s): the plan's fleet is the cheaper."""
+    from dataclasses import replace
+
+    from esg_prefect.model.attribution import idle_cost
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case("esg", duration_s=25.0, warmup_s=5.0, seed=0)
+    runs = {on: simulate(replace(case, settings=replace(case.settings, stage_plan=on))) for on in (False, True)}
+
+    def bill(on: bool) -> float:
+        run, prices = runs[on], case.prices
+        busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in run.batches)
+        return busy + sum(idle_cost(i, prices) for i in run.idles)
+
+    assert runs[True].cold_starts < runs[False].cold_starts
+    assert bill(True) < 0.95 * bill(False)
+    slo = {on: runs[on].report.overall.slo_hit_rate for on in (False, True)}
+    assert slo[True] >= slo[False] - 0.005
