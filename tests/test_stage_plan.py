@@ -147,3 +147,12 @@ def test_on_a_steady_case_the_plan_starts_fewer_workers_for_a_smaller_bill_at_th
     assert bill(True) < 0.95 * bill(False)
     slo = {on: runs[on].report.overall.slo_hit_rate for on in (False, True)}
     assert slo[True] >= slo[False] - 0.005
+
+
+def test_a_call_is_counted_once_in_the_round_its_ready_time_has_come() -> None:
+    planner = StagePlanner(_tables())
+    planner.observe(_snapshot([5.0, 120.0], 0.0), 100.0, HW)  # type: ignore[arg-type]  # 120 ms is not ready yet
+    st = planner.stage("s")
+    assert st is not None and list(st.calls) == [5.0]
+    planner.observe(_snapshot([5.0, 120.0], 0.0), 150.0, HW)  # type: ignore[arg-type]  # both still queued
+    assert list(st.calls) == [5.0, 120.0]

@@ -143,7 +143,8 @@ class StagePlanner:
         for q in snapshot.queues:
             rates[q.key.stage] = rates.get(q.key.stage, 0.0) + q.arrival_rate_per_s
             # a call is counted in the first round it is in a queue: the round after the instant it became ready
-            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if j.ready_ms > self._last_ms)
+            last = self._last_ms
+            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
         self._last_ms = now_ms
         for name, times in new.items():
             st = self._stages.get(name)
