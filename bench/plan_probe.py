@@ -3,7 +3,8 @@
 Not a scheduler: an experiment that patches ESG in this process to test how much a per-stage plan
 could win on the whole bill before anyone builds one. Per cell of ``bench/whole_bill.py``'s grid:
 
-1. ESG at its defaults runs the cell; each stage's mean rate is counted from its jobs (an oracle:
+1. ESG at its defaults, less its own per-stage plan (``stage_plan``, the built form of this
+   probe), runs the cell; each stage's mean rate is counted from its jobs (an oracle:
    the true mean over the window, which no online scheduler knows).
 2. Per stage, the plan is the (hardware, vCPUs, share, batch) and worker count of least price per
    second (shares held for life, vCPUs while busy) whose batch fills and runs within the stage's
@@ -29,6 +30,7 @@ import argparse
 import math
 import sys
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ import whole_bill as wb
 
 from esg_prefect.scheduling import esg_1q
 from esg_prefect.scheduling.esg import ESGScheduler
+from esg_prefect.scheduling.stage_plan import plan_stage, stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables
 from esg_prefect.simulator import simulate
 from esg_prefect.simulator.case import Case
@@ -51,44 +54,18 @@ Plan = tuple[float, str, int, float, int, int, float]
 """(price per s, hardware, vcpus, share, batch, workers, batch latency ms)."""
 
 
-def stage_budgets(case: Case, tables: CandidateTables, hardware: frozenset[str]) -> dict[str, float]:
-    """Each stage's part of its workflows' SLOs, in proportion to the fastest latencies on the critical path."""
-    out: dict[str, float] = {}
-    for wf in case.workflows:
-        order = wf.topological_order()
-        fastest = {s: tables.min_latency_ms(s, hardware) for s in order}
-        path: dict[str, float] = {}
-        for s in order:
-            path[s] = fastest[s] + max((path[p] for p in wf.predecessors(s)), default=0.0)
-        critical = max(path.values())
-        for s in order:
-            out[s] = min(out.get(s, math.inf), wf.slo_ms * fastest[s] / critical)
-    return out
-
-
 def plan(case: Case, rates: dict[str, float], rho: float) -> dict[str, Plan]:
-    """The least-price kind and count per stage that carries its rate within its budget."""
+    """The least-price kind and count per stage that carries its rate within its budget
+    (:func:`~esg_prefect.scheduling.stage_plan.plan_stage`, ESG's own planner)."""
     tables = CandidateTables(case.load_profile(), case.prices, case.settings)
     hardware = frozenset(case.cluster.gpu_counts()) | {"cpu"}
-    budgets = stage_budgets(case, tables, hardware)
-    prices = case.prices
+    budgets = stage_budgets(tuple(case.workflows), tables, hardware)
     out: dict[str, Plan] = {}
     for stage, lam in rates.items():
-        best: Plan | None = None
-        for hw in sorted(hardware & tables.profile.hardware_types(stage)):
-            for vcpus, share in tables.resources(hw):
-                for b in case.settings.config_space.batches:
-                    lat = tables.latency_ms(stage, b, vcpus, share, hw)
-                    if lat is None or lam <= 0 or lat + (b - 1) / lam * 1000.0 > budgets[stage]:
-                        continue
-                    n = max(1, math.ceil(lam * lat / 1000.0 / b / rho))
-                    busy = lam * lat / 1000.0 / b / n
-                    price = n * (share * prices.gpu_price_s(hw) + vcpus * prices.price_per_vcpu_s * busy)
-                    cand: Plan = (price, hw, vcpus, share, b, n, lat)
-                    if best is None or cand < best:
-                        best = cand
-        if best is not None:
-            out[stage] = best
+        p = plan_stage(tables, stage, lam, budgets[stage], hardware, rho)
+        if p is not None:
+            n = max(1, math.ceil(lam * p.latency_ms / 1000.0 / p.batch / rho))
+            out[stage] = (p.price_per_s, p.hardware, p.vcpus, p.gpu_share, p.batch, n, p.latency_ms)
     return out
 
 
@@ -176,7 +153,8 @@ def main() -> None:
     placeable, decide = esg_1q.ESG1Q._placeable, ESGScheduler.decide
     for name in args.cells.split(","):
         job = wb.Job(cells[name], wb.ESG, (), args.duration, args.warmup)
-        case = wb.job_case(job)
+        case = wb.job_case(job)  # ESG without its own per-stage plan: the probe holds it instead
+        case = case.with_(settings=replace(case.settings, stage_plan=False))
         esg_1q.ESG1Q._placeable, ESGScheduler.decide = placeable, decide  # type: ignore[method-assign]
         base = simulate(case)
         rates: dict[str, float] = {}
@@ -190,7 +168,7 @@ def main() -> None:
             ESGScheduler.decide = decide_by_rate  # type: ignore[method-assign]
         held = simulate(case)
         print(f"{name}: " + "; ".join(f"{st} {p[1]} v{p[2]} s{p[3]} b{p[4]} n{p[5]}" for st, p in plans.items()))
-        for label, run in (("ESG defaults", base), ("held to plan", held)):
+        for label, run in (("ESG, no plan", base), ("held to plan", held)):
             n = run.report.overall.count or 1
             bill = wb.bill_split(run, case)
             print(

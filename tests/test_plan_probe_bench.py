@@ -31,7 +31,7 @@ def test_each_stages_plan_carries_its_rate_within_its_budget_at_least_price() ->
     case = pp.wb.job_case(pp.wb.Job(pp.wb.Cell("tiny", "azure_functions_2019", 80.0, 0), "esg", (), 4.0, 1.0))
     tables = CandidateTables(case.load_profile(), case.prices, case.settings)
     hardware = frozenset(case.cluster.gpu_counts()) | {"cpu"}
-    budgets = pp.stage_budgets(case, tables, hardware)
+    budgets = pp.stage_budgets(tuple(case.workflows), tables, hardware)
     stages = sorted({s for wf in case.workflows for s in wf.topological_order()})
     rates = {s: 20.0 + 10.0 * i for i, s in enumerate(stages)}
     plans = pp.plan(case, rates, 0.6)
