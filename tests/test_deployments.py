@@ -15,7 +15,6 @@ one for the module's xdist group):
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -35,6 +34,7 @@ import yaml  # type: ignore[import-untyped]
 from esg_prefect.integration.run_views import cost_column, money
 from esg_prefect.store import CostStore
 from tests.prefect_server import ROOT, PrefectServer, free_port, prefect_server, spawn, stop, tail, wait_http
+from tests.scripts import load_script
 
 pytestmark = [pytest.mark.service, pytest.mark.slow, pytest.mark.xdist_group("deployments")]
 
@@ -56,11 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
 
 
 def load_serve_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("esg_deployments_serve", ROOT / "deployments" / "serve.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("esg_deployments_serve", "deployments/serve.py")
 
 
 def yaml_deployments() -> dict[str, dict[str, Any]]:

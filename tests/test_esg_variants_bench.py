@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.scripts import load_script
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("esg_variants_bench", ROOT / "bench" / "esg_variants.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("esg_variants_bench", "bench/esg_variants.py")
 
 
 ev = _bench()

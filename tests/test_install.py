@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -10,15 +9,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_install() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("esg_install", ROOT / "scripts" / "install.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("esg_install", "scripts/install.py")
 
 
 def report(*packages: tuple[str, str]) -> dict[str, object]:

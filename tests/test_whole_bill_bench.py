@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 import subprocess
@@ -12,16 +11,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("whole_bill_bench", ROOT / "bench" / "whole_bill.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("whole_bill_bench", "bench/whole_bill.py")
 
 
 wb = _bench()
