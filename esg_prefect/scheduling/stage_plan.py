@@ -153,7 +153,7 @@ class StagePlanner:
             times.sort()
             st.calls.extend(times)
             st.recent.extend(times)
-        workflows = tuple(sorted(snapshot.workflows.values(), key=lambda w: w.name))
+        workflows = tuple(snapshot.workflows.values())  # the core's dict: the same order every round
         budgets = self._budgets.get((workflows, hardware))
         if budgets is None:
             budgets = self._budgets[(workflows, hardware)] = stage_budgets(workflows, self.tables, hardware)
