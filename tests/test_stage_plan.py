@@ -1,7 +1,7 @@
 """The per-stage plan (``stage_plan``): the kind and count a steady stage's starts are held to.
 
 Worked by hand on a one-stage profile (T4 shares 0.2 and 0.4, batches 1, 2 and 4): the planned
-kind at two rates, the count from the queues' rates, the steadiness gate on a steady and a bursty
+kind at two rates, the count from the calls counted, the steadiness gate on a steady and a bursty
 stream, and the hold on the placeable resources.
 """
 
@@ -73,7 +73,13 @@ def test_a_steady_stage_is_planned_and_counted_and_a_bursty_one_is_left_alone() 
     assert (st.plan.gpu_share, st.plan.batch) == (0.4, 2) and st.plan.rate_per_s == pytest.approx(100.0, rel=0.01)
     assert st.count == 1  # 100/s x 7 ms / 2 per batch / 0.6
     steady.observe(_snapshot([], 400.0), 15_050.0, HW)  # type: ignore[arg-type]
-    assert st.count == 3  # the queues' rate went up fourfold: ceil(400 x 0.007 / 2 / 0.6)
+    assert st.count == 1  # a queue's EWMA (a clump read as 400/s) does not move it: the calls counted do
+
+    busier = StagePlanner(_tables())
+    _feed(busier, [1000.0 / 240.0 * k for k in range(1, 3601)], 0.0, 15_000.0)  # 240/s; the EWMAs say nothing
+    sb = busier.stage("s")
+    assert sb is not None and sb.plan is not None and (sb.plan.gpu_share, sb.plan.batch) == (0.2, 2)
+    assert sb.count == 3  # ceil(240 x 0.014 / 2 / 0.6): three shares of 0.2 (0.6) beat two of 0.4
 
     young = StagePlanner(_tables())
     _feed(young, [10.0 * k for k in range(1, 801)], 100.0, 8_000.0)

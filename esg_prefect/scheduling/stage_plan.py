@@ -10,8 +10,9 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   stage's part of its workflows' SLOs (split in proportion to the stages' fastest latencies) at
   utilisation ``stage_plan_utilization``; chosen from the stage's calls counted over 30 s, and
   chosen again only when that rate has moved by a quarter;
-* **the count**: the workers of that kind the stage's queues' rates (their EWMAs) need at that
-  utilisation, each round;
+* **the count**: the workers of that kind the same counted 30 s rate needs at that utilisation,
+  each round (not the queues' EWMAs: a snapshot lists only queues with calls waiting, so their sum
+  swings between nothing and the clumps in which a batch's results reach the next stage);
 * **the hold**: any warm worker may still serve; a new worker must be of the plan's kind and the
   stage below its count, or of any kind when the plan's kind has no room left;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
@@ -138,10 +139,8 @@ class StagePlanner:
 
     def observe(self, snapshot: Snapshot, now_ms: float, hardware: frozenset[str]) -> None:
         """Count the calls that became ready since the last round; update each stage's plan, count and gate."""
-        rates: dict[str, float] = {}
         new: dict[str, list[float]] = {}
         for q in snapshot.queues:
-            rates[q.key.stage] = rates.get(q.key.stage, 0.0) + q.arrival_rate_per_s
             # a call is counted in the first round it is in a queue: the round after the instant it became ready
             last = self._last_ms
             new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
@@ -158,10 +157,10 @@ class StagePlanner:
         if budgets is None:
             budgets = self._budgets[(workflows, hardware)] = stage_budgets(workflows, self.tables, hardware)
         for name, st in self._stages.items():
-            self._update(name, st, now_ms, rates.get(name, 0.0), budgets, hardware)
+            self._update(name, st, now_ms, budgets, hardware)
 
     def _update(
-        self, name: str, st: _Stage, now_ms: float, ewma: float, budgets: dict[str, float], hardware: frozenset[str]
+        self, name: str, st: _Stage, now_ms: float, budgets: dict[str, float], hardware: frozenset[str]
     ) -> None:
         calls, recent = st.calls, st.recent
         while calls and calls[0] < now_ms - HISTORY_MS:
@@ -183,7 +182,7 @@ class StagePlanner:
         if st.plan is None or abs(mean - st.plan.rate_per_s) > REPLAN * st.plan.rate_per_s:
             st.plan = plan_stage(self.tables, name, mean, budgets[name], hardware, self.rho) or st.plan
         if st.plan is not None:
-            st.count = max(1, math.ceil(ewma * st.plan.latency_ms / 1000.0 / st.plan.batch / self.rho))
+            st.count = max(1, math.ceil(mean * st.plan.latency_ms / 1000.0 / st.plan.batch / self.rho))
 
     def restrict(self, stage: str, resources: tuple[Resource, ...], view: ClusterView) -> tuple[Resource, ...]:
         """``resources`` with the stage's hold applied: any warm one; a cold one only of the plan's kind below the
