@@ -64,8 +64,7 @@ def plan(case: Case, rates: dict[str, float], rho: float) -> dict[str, Plan]:
     for stage, lam in rates.items():
         p = plan_stage(tables, stage, lam, budgets[stage], hardware, rho)
         if p is not None:
-            n = max(1, math.ceil(lam * p.latency_ms / 1000.0 / p.batch / rho))
-            out[stage] = (p.price_per_s, p.hardware, p.vcpus, p.gpu_share, p.batch, n, p.latency_ms)
+            out[stage] = (p.price_per_s, p.hardware, p.vcpus, p.gpu_share, p.batch, p.workers(lam, rho), p.latency_ms)
     return out
 
 

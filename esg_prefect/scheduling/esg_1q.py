@@ -51,10 +51,10 @@ class ESG1Q:
         With ``idle_aware`` and ``now_ms``, a warm resource carries the gap class
         of its most recently idle worker (the one the placement reuses first).
         """
+        key = ("esg-placeable", stage, now_ms)
         planner = self._planner
         if planner is None:
-            return view.remember(("esg-placeable", stage, now_ms), lambda: self._placeable(stage, view, now_ms))
-        key = ("esg-placeable", stage, now_ms)
+            return view.remember(key, lambda: self._placeable(stage, view, now_ms))
         return view.remember(key, lambda: planner.restrict(stage, self._placeable(stage, view, now_ms), view))
 
     def _placeable(self, stage: str, view: ClusterView, now_ms: float | None) -> tuple[Resource, ...]:

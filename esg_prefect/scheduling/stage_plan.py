@@ -57,6 +57,10 @@ class StagePlan:
     price_per_s: float
     rate_per_s: float
 
+    def workers(self, rate_per_s: float, rho: float) -> int:
+        """Workers of this kind that carry ``rate_per_s`` at utilisation ``rho`` (at least one)."""
+        return max(1, math.ceil(rate_per_s * self.latency_ms / 1000.0 / self.batch / rho))
+
 
 def stage_budgets(
     workflows: tuple[Workflow, ...], tables: CandidateTables, hardware: frozenset[str]
@@ -140,9 +144,9 @@ class StagePlanner:
     def observe(self, snapshot: Snapshot, now_ms: float, hardware: frozenset[str]) -> None:
         """Count the calls that became ready since the last round; update each stage's plan, count and gate."""
         new: dict[str, list[float]] = {}
+        last = self._last_ms
         for q in snapshot.queues:
             # a call is counted in the first round it is in a queue: the round after the instant it became ready
-            last = self._last_ms
             new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
         self._last_ms = now_ms
         for name, times in new.items():
@@ -182,7 +186,7 @@ class StagePlanner:
         if st.plan is None or abs(mean - st.plan.rate_per_s) > REPLAN * st.plan.rate_per_s:
             st.plan = plan_stage(self.tables, name, mean, budgets[name], hardware, self.rho) or st.plan
         if st.plan is not None:
-            st.count = max(1, math.ceil(mean * st.plan.latency_ms / 1000.0 / st.plan.batch / self.rho))
+            st.count = st.plan.workers(mean, self.rho)
 
     def restrict(self, stage: str, resources: tuple[Resource, ...], view: ClusterView) -> tuple[Resource, ...]:
         """``resources`` with the stage's hold applied: any warm one; a cold one only of the plan's kind below the
@@ -202,8 +206,8 @@ class StagePlanner:
                 self._held.clear()
             if full:
                 got = tuple(r for r in resources if r[3])
-            elif any(not r[3] and (r[0], r[1], r[2]) == kind for r in resources):
-                got = tuple(r for r in resources if r[3] or (r[0], r[1], r[2]) == kind)
+            elif any(not r[3] and r[:3] == kind for r in resources):
+                got = tuple(r for r in resources if r[3] or r[:3] == kind)
             else:
                 got = resources  # the plan's kind has no room: any kind, as ESG chooses
             self._held[key] = got
