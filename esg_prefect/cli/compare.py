@@ -400,7 +400,7 @@ def register(app: typer.Typer) -> None:
             _report_e1(console, groups["E1"], load_values, out, results, md)
         if "E6-trace" in groups:
             bill_bars(groups["E6-trace"], "trace_label", out / "e6_traces.png", "E6: bursty (code) vs steady (conv)")
-            print_table(console, "E6: traces", groups["E6-trace"], ("trace_label", *RUN_COLUMNS))
+            print_table(console, "E6: traces", groups["E6-trace"], ("trace_label", *RUN_COLUMNS), keys=2)
             md.append("## E6 traces\n\n" + markdown_table(groups["E6-trace"], ("trace_label", *RUN_COLUMNS)))
         if "E6-slo" in groups:
             plots.slo_and_cost(
@@ -410,17 +410,17 @@ def register(app: typer.Typer) -> None:
                 out / "e6_tightness.png",
                 "E6: SLO tightness sweep",
             )
-            print_table(console, "E6: SLO tightness", groups["E6-slo"], ("tightness", *RUN_COLUMNS))
+            print_table(console, "E6: SLO tightness", groups["E6-slo"], ("tightness", *RUN_COLUMNS), keys=2)
             md.append("## E6 SLO tightness\n\n" + markdown_table(groups["E6-slo"], ("tightness", *RUN_COLUMNS)))
         if "E5-sim" in groups:
-            print_table(console, "E5: horizon in simulation", groups["E5-sim"], ("horizon", *RUN_COLUMNS))
+            print_table(console, "E5: horizon in simulation", groups["E5-sim"], ("horizon", *RUN_COLUMNS), keys=2)
             md.append("## E5 horizon in simulation\n\n" + markdown_table(groups["E5-sim"], ("horizon", *RUN_COLUMNS)))
         if "E7" in groups:
             st = ex.stall_rows(groups["E7"])
             results["E7-stalls"] = st
             plots.stalls(st, out / "e7_stalls.png")
             cols = ("scheduler", "workflow", "stage", *STALL_COLUMNS)
-            print_table(console, "E7: stall breakdown (mean ms per job)", st, cols)
+            print_table(console, "E7: stall breakdown (mean ms per job)", st, cols, keys=3)
             md.append("## E7 stall breakdown\n\n" + markdown_table(st, cols))
         for key, key_cols in (
             ("E3", ("space", "stages", "configs", "pareto_options", "p50_ms", "p99_ms", "mean_expansions")),

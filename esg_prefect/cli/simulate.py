@@ -47,14 +47,41 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_table(console: Console, title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """A rich table of ``columns`` of ``rows``."""
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*(_fmt(r.get(c)) for c in columns))
-    console.print(table)
+def column_groups(widths: Sequence[int], room: int, keys: int = 1) -> list[list[int]]:
+    """Indexes of the columns of each table, so that each fits ``room`` characters with the first ``keys``
+    columns (the row's name) in every one.
+
+    ``widths`` are the columns' content widths; each column takes three more (padding and border),
+    the table one more. A column too wide to fit beside the keys still gets a table of its own.
+    """
+    head = list(range(min(keys, len(widths))))
+    base = 1 + sum(widths[i] + 3 for i in head)
+    groups: list[list[int]] = []
+    used = room
+    for i in range(len(head), len(widths)):
+        if not groups or used + widths[i] + 3 > room:
+            groups.append(list(head))
+            used = base
+        groups[-1].append(i)
+        used += widths[i] + 3
+    return groups if groups else [head]
+
+
+def print_table(
+    console: Console, title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], keys: int = 1
+) -> None:
+    """A rich table of ``columns`` of ``rows``; on a console too narrow for it, several tables of fewer
+    columns, each led by the first ``keys`` columns, so that no header or value is cut short."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    groups = column_groups(widths, console.width, keys)
+    for n, group in enumerate(groups):
+        table = Table(title=f"{title} ({n + 1}/{len(groups)})" if len(groups) > 1 else title)
+        for i in group:
+            table.add_column(columns[i], no_wrap=True, min_width=widths[i])
+        for row in cells:
+            table.add_row(*(row[i] for i in group))
+        console.print(table)
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -332,5 +359,5 @@ def register(app: typer.Typer) -> None:
         print_table(console, f"{case.scheduler}: {case.name} case, seed {seed}", report.rows(), REPORT_COLUMNS)
         stage_rows = [s.to_dict() for s in report.stages]
         cols = ("workflow", "stage", "jobs", "queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_batch_size")
-        print_table(console, "where the time goes (mean ms per job)", stage_rows, cols)
+        print_table(console, "where the time goes (mean ms per job)", stage_rows, cols, keys=2)
         console.print(summary_line(run, case, wall))
