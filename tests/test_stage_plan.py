@@ -2,7 +2,7 @@
 
 Worked by hand on a one-stage profile (T4 shares 0.2 and 0.4, batches 1, 2 and 4): the planned
 kind at two rates, the count from the calls counted, the steadiness gate on a steady and a bursty
-stream, and the hold on the placeable resources.
+stream, and the hold and the drain on the placeable resources.
 """
 
 from __future__ import annotations
@@ -112,15 +112,55 @@ def test_the_hold_lets_any_warm_worker_serve_and_starts_only_the_plans_kind_belo
     )
     offered = (cold_small, warm_small, cold_plan, warm_plan)
     assert planner.restrict("s", offered, _View(0)) == (warm_small, cold_plan, warm_plan)  # type: ignore[arg-type]
-    assert planner.restrict("s", offered, _View(1)) == (warm_small, warm_plan)  # type: ignore[arg-type]  # at count
+    # at its count of one: any warm worker still serves (a one-worker stage is not drained, stage_plan_drain 2)
+    assert planner.restrict("s", offered, _View(1)) == (warm_small, warm_plan)  # type: ignore[arg-type]
     no_room = (cold_small, warm_small)  # the plan's kind cannot start: any kind, as ESG would choose
     assert planner.restrict("s", no_room, _View(0)) == no_room  # type: ignore[arg-type]
     assert planner.restrict("other", offered, _View(9)) == offered  # type: ignore[arg-type]  # no plan: untouched
 
 
+class _Kinds:
+    """A cluster view that answers how many workers of each share the stage holds."""
+
+    def __init__(self, **held: int) -> None:
+        self.held = {float(k[1:]) / 10: v for k, v in held.items()}  # s2=3: three of share 0.2
+
+    def workers_of_kind(self, stage: str, hw: str, vcpus: int, share: float) -> int:
+        return self.held.get(share, 0)
+
+
+def test_a_stage_at_a_count_of_two_or_more_drains_to_the_plans_kind() -> None:
+    cold_small, warm_small, cold_big, warm_big = (
+        ("T4", 1, 0.2, 0),
+        ("T4", 1, 0.2, 2),
+        ("T4", 1, 0.4, 0),
+        ("T4", 1, 0.4, 1),
+    )
+    offered = (cold_small, warm_small, cold_big, warm_big)
+    busy_plan_kind = (cold_small, cold_big, warm_big)  # no idle worker of the plan's kind
+
+    def planner(**knobs: Any) -> StagePlanner:
+        p = StagePlanner(_tables(**knobs))
+        _feed(p, [1000.0 / 240.0 * k for k in range(1, 3601)], 0.0, 15_000.0)  # 240/s: three of share 0.2
+        st = p.stage("s")
+        assert st is not None and st.plan is not None and (st.plan.gpu_share, st.count) == (0.2, 3)
+        return p
+
+    default = planner()
+    assert default.restrict("s", offered, _Kinds(s2=2)) == (cold_small, warm_small, warm_big)  # type: ignore[arg-type]  # below count
+    assert default.restrict("s", offered, _Kinds(s2=3)) == (warm_small,)  # type: ignore[arg-type]  # at count: its kind only
+    assert default.restrict("s", busy_plan_kind, _Kinds(s2=3)) == ()  # type: ignore[arg-type]  # the queue waits
+    # the drain needs a count of stage_plan_drain workers; 0 turns it off: at count, any warm worker serves
+    for knobs in ({"stage_plan_drain": 4}, {"stage_plan_drain": 0}):
+        assert planner(**knobs).restrict("s", offered, _Kinds(s2=3)) == (warm_small, warm_big)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
+        ("stage_plan_drain", -1),
+        ("stage_plan_drain", 1.5),
+        ("stage_plan_drain", True),
         ("stage_plan", "yes"),
         ("stage_plan_utilization", 0.0),
         ("stage_plan_utilization", 1.5),

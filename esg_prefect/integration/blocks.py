@@ -249,6 +249,11 @@ class ESGSchedulerSettings(Block):
         gt=1,
         description="A stage is held only while its peak 1 s call count over 30 s is within this multiple of its mean.",
     )
+    stage_plan_drain: int = Field(
+        default=_knob("stage_plan_drain"),
+        ge=0,
+        description="A held stage at a count of at least this many workers serves only on its plan's kind (0: off).",
+    )
     size_aware: bool = Field(
         default=_knob("size_aware"),
         description="Cypress: pack batches by their items' predicted time where the profile has a size model.",

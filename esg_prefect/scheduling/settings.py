@@ -178,14 +178,19 @@ class ESGSettings:
         prewarm_saving: the least relative saving per job that justifies a
             start, in (0, 1).
         stage_plan: hold a steady stage's worker starts to one kind and a
-            count sized to its measured rate (any warm worker still serves;
-            :mod:`~esg_prefect.scheduling.stage_plan`; not in the paper,
+            count sized to its measured rate (any warm worker still serves
+            but for ``stage_plan_drain``; :mod:`~esg_prefect.scheduling.stage_plan`; not in the paper,
             docs/decisions/whole-bill.md, section 10).
         stage_plan_utilization: the utilisation a stage's planned workers are
             sized for, in (0, 1].
         stage_plan_gate: a stage is held only while its highest 1 s count of
             calls over the last 30 s is at most this multiple of its 30 s mean
             (> 1).
+        stage_plan_drain: a held stage at its count, when that count is at
+            least this many workers, sends its batches only to idle workers of
+            the plan's kind (they wait for one), so that its other warm workers
+            idle out; 0: never. A stage of one worker is left out by default:
+            its queue would wait behind each batch.
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -245,6 +250,7 @@ class ESGSettings:
     stage_plan: bool = True
     stage_plan_utilization: float = 0.6
     stage_plan_gate: float = 1.5
+    stage_plan_drain: int = 2
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7
@@ -292,6 +298,12 @@ class ESGSettings:
         _number("prewarm_saving", self.prewarm_saving, lambda v: 0.0 < v < 1.0, "in (0, 1)")
         _number("stage_plan_utilization", self.stage_plan_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         _number("stage_plan_gate", self.stage_plan_gate, lambda v: 1.0 < v < math.inf, "a finite number > 1")
+        if (
+            isinstance(self.stage_plan_drain, bool)
+            or not isinstance(self.stage_plan_drain, int)
+            or self.stage_plan_drain < 0
+        ):
+            raise ConfigError(f"stage_plan_drain must be an int >= 0 (0: off), got {self.stage_plan_drain!r}")
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,

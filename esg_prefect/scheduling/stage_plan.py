@@ -15,6 +15,11 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   swings between nothing and the clumps in which a batch's results reach the next stage);
 * **the hold**: any warm worker may still serve; a new worker must be of the plan's kind and the
   stage below its count, or of any kind when the plan's kind has no room left;
+* **the drain**: a stage at a count of ``stage_plan_drain`` (2) workers or more sends its batches
+  only to idle workers of the plan's kind, waiting for one when all are busy, so that the warm
+  workers of other kinds (its warm-up's, a former plan's) idle out instead of taking a share of its
+  load, each partly idle. A stage of one worker may still use them: its queue would wait behind
+  each batch;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
@@ -132,10 +137,11 @@ class StagePlanner:
         self.tables = tables
         self.rho = tables.settings.stage_plan_utilization
         self.gate = tables.settings.stage_plan_gate
+        self.drain = tables.settings.stage_plan_drain
         self._stages: dict[str, _Stage] = {}
         self._last_ms = -math.inf
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
-        self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool], tuple[Resource, ...]] = {}
+        self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
 
     def stage(self, name: str) -> _Stage | None:
         """The planner's state of stage ``name`` (None before its first call)."""
@@ -190,21 +196,25 @@ class StagePlanner:
 
     def restrict(self, stage: str, resources: tuple[Resource, ...], view: ClusterView) -> tuple[Resource, ...]:
         """``resources`` with the stage's hold applied: any warm one; a cold one only of the plan's kind below the
-        count, or of any kind when the plan's kind has no room (all of them when the stage is not held)."""
+        count, or of any kind when the plan's kind has no room (all of them when the stage is not held); at a count
+        of ``stage_plan_drain`` or more, only the plan's kind's warm ones (none: the queue waits)."""
         st = self._stages.get(stage)
         if st is None or not st.steady or st.plan is None:
             return resources
         p = st.plan
         kind = (p.hardware, p.vcpus, p.gpu_share)
         full = view.workers_of_kind(stage, *kind) >= st.count
+        drain = full and 0 < self.drain <= st.count
         # The same answer object for the same inputs: ESG_1Q keeps a queue's answer while its
         # resources are the same object (scheduling.kept), and the same few recur round after round.
-        key = (resources, kind, full)
+        key = (resources, kind, full, drain)
         got = self._held.get(key)
         if got is None:
             if len(self._held) > 4096:
                 self._held.clear()
-            if full:
+            if drain:
+                got = tuple(r for r in resources if r[3] and r[:3] == kind)
+            elif full:
                 got = tuple(r for r in resources if r[3])
             elif any(not r[3] and r[:3] == kind for r in resources):
                 got = tuple(r for r in resources if r[3] or r[:3] == kind)
