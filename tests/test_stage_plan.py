@@ -112,7 +112,7 @@ def test_the_hold_lets_any_warm_worker_serve_and_starts_only_the_plans_kind_belo
     )
     offered = (cold_small, warm_small, cold_plan, warm_plan)
     assert planner.restrict("s", offered, _View(0)) == (warm_small, cold_plan, warm_plan)  # type: ignore[arg-type]
-    # at its count of one: any warm worker still serves (a one-worker stage is not drained, stage_plan_drain 2)
+    # at its count: any warm worker still serves (no drain by default)
     assert planner.restrict("s", offered, _View(1)) == (warm_small, warm_plan)  # type: ignore[arg-type]
     no_room = (cold_small, warm_small)  # the plan's kind cannot start: any kind, as ESG would choose
     assert planner.restrict("s", no_room, _View(0)) == no_room  # type: ignore[arg-type]
@@ -129,7 +129,7 @@ class _Kinds:
         return self.held.get(share, 0)
 
 
-def test_a_stage_at_a_count_of_two_or_more_drains_to_the_plans_kind() -> None:
+def test_with_the_drain_a_stage_at_a_count_of_two_or_more_serves_only_on_the_plans_kind() -> None:
     cold_small, warm_small, cold_big, warm_big = (
         ("T4", 1, 0.2, 0),
         ("T4", 1, 0.2, 2),
@@ -146,12 +146,12 @@ def test_a_stage_at_a_count_of_two_or_more_drains_to_the_plans_kind() -> None:
         assert st is not None and st.plan is not None and (st.plan.gpu_share, st.count) == (0.2, 3)
         return p
 
-    default = planner()
-    assert default.restrict("s", offered, _Kinds(s2=2)) == (cold_small, warm_small, warm_big)  # type: ignore[arg-type]  # below count
-    assert default.restrict("s", offered, _Kinds(s2=3)) == (warm_small,)  # type: ignore[arg-type]  # at count: its kind only
-    assert default.restrict("s", busy_plan_kind, _Kinds(s2=3)) == ()  # type: ignore[arg-type]  # the queue waits
-    # the drain needs a count of stage_plan_drain workers; 0 turns it off: at count, any warm worker serves
-    for knobs in ({"stage_plan_drain": 4}, {"stage_plan_drain": 0}):
+    drained = planner(stage_plan_drain=2)  # the setting measured; off by default
+    assert drained.restrict("s", offered, _Kinds(s2=2)) == (cold_small, warm_small, warm_big)  # type: ignore[arg-type]  # below count
+    assert drained.restrict("s", offered, _Kinds(s2=3)) == (warm_small,)  # type: ignore[arg-type]  # at count: its kind only
+    assert drained.restrict("s", busy_plan_kind, _Kinds(s2=3)) == ()  # type: ignore[arg-type]  # the queue waits
+    # the drain needs a count of stage_plan_drain workers; 0 (the default) turns it off: any warm worker serves
+    for knobs in ({"stage_plan_drain": 4}, {}):
         assert planner(**knobs).restrict("s", offered, _Kinds(s2=3)) == (warm_small, warm_big)  # type: ignore[arg-type]
 
 

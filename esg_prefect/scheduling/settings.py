@@ -178,8 +178,8 @@ class ESGSettings:
         prewarm_saving: the least relative saving per job that justifies a
             start, in (0, 1).
         stage_plan: hold a steady stage's worker starts to one kind and a
-            count sized to its measured rate (any warm worker still serves
-            but for ``stage_plan_drain``; :mod:`~esg_prefect.scheduling.stage_plan`; not in the paper,
+            count sized to its measured rate (any warm worker still serves;
+            :mod:`~esg_prefect.scheduling.stage_plan`; not in the paper,
             docs/decisions/whole-bill.md, section 10).
         stage_plan_utilization: the utilisation a stage's planned workers are
             sized for, in (0, 1].
@@ -189,8 +189,9 @@ class ESGSettings:
         stage_plan_drain: a held stage at its count, when that count is at
             least this many workers, sends its batches only to idle workers of
             the plan's kind (they wait for one), so that its other warm workers
-            idle out; 0: never. A stage of one worker is left out by default:
-            its queue would wait behind each batch.
+            idle out; 0 (the default): never. Off because a drained stage whose
+            queue backs up runs ever smaller batches and cannot catch up
+            (docs/decisions/whole-bill.md, section 10); 2 is the setting measured.
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -250,7 +251,7 @@ class ESGSettings:
     stage_plan: bool = True
     stage_plan_utilization: float = 0.6
     stage_plan_gate: float = 1.5
-    stage_plan_drain: int = 2
+    stage_plan_drain: int = 0
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7

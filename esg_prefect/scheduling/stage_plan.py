@@ -15,11 +15,12 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   swings between nothing and the clumps in which a batch's results reach the next stage);
 * **the hold**: any warm worker may still serve; a new worker must be of the plan's kind and the
   stage below its count, or of any kind when the plan's kind has no room left;
-* **the drain**: a stage at a count of ``stage_plan_drain`` (2) workers or more sends its batches
-  only to idle workers of the plan's kind, waiting for one when all are busy, so that the warm
-  workers of other kinds (its warm-up's, a former plan's) idle out instead of taking a share of its
-  load, each partly idle. A stage of one worker may still use them: its queue would wait behind
-  each batch;
+* **the drain** (``stage_plan_drain``, off by default): a stage at a count of that many workers or
+  more sends its batches only to idle workers of the plan's kind, waiting for one when all are
+  busy, so that the warm workers of other kinds (its warm-up's, a former plan's) idle out instead of
+  taking a part of its load, each partly idle. Off because once such a stage's queue backs up, ESG
+  runs it in ever smaller batches, below the throughput its count was sized for, and it does not
+  catch up (measured in docs/decisions/whole-bill.md, section 10);
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
