@@ -57,7 +57,7 @@ def column_groups(widths: Sequence[int], room: int, keys: int = 1) -> list[list[
     head = list(range(min(keys, len(widths))))
     base = 1 + sum(widths[i] + 3 for i in head)
     groups: list[list[int]] = []
-    used = room
+    used = 0
     for i in range(len(head), len(widths)):
         if not groups or used + widths[i] + 3 > room:
             groups.append(list(head))
