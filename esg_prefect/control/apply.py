@@ -10,6 +10,7 @@ it turns into actions, and a placement's evictions are carried out first.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING
 
 from esg_prefect.control.events import Action, FailJobs, StartBatch, StartWorker, StopWorker
@@ -18,7 +19,9 @@ from esg_prefect.control.state import Flight, Queue, Request
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.unchecked import unchecked
+from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import Dispatch, Placement, Scheduler, SchedulingResult
+from esg_prefect.scheduling.settings import PlatformSettings
 from esg_prefect.scheduling.tables import CandidateTables
 
 __all__ = ["DecisionApplier"]
@@ -34,6 +37,8 @@ class DecisionApplier:
     tables: CandidateTables
     fleet: Fleet
     queues: dict[QueueKey, Queue]
+    workflows: MutableMapping[str, Workflow]
+    settings: PlatformSettings
     flights: dict[str, Flight]
     prewarms: int
     at_risk_cold_starts: int
@@ -59,9 +64,13 @@ class DecisionApplier:
             self._dispatch(d, now, actions)
         for st in result.starts:  # placed after the round's dispatches, as the scheduler placed them
             if st.queue not in self.queues:
-                raise InvalidInputError(
-                    f"scheduler {self.scheduler.name!r} started a worker for unknown queue {st.queue}"
-                )
+                wf = self.workflows.get(st.queue.workflow)
+                if wf is None or st.queue.stage not in wf.stages:
+                    raise InvalidInputError(
+                        f"scheduler {self.scheduler.name!r} started a worker for unknown queue {st.queue}"
+                    )
+                # a workflow's stage that has had no call yet (a start ahead of the first wave)
+                self.queues[st.queue] = Queue(st.queue, self.settings.rate_ewma_alpha)
             w = self.fleet.prewarm(
                 self._evictions(st.placement, now, actions), st.queue.stage, st.config, st.hardware, now
             )

@@ -254,6 +254,10 @@ class ESGSchedulerSettings(Block):
         ge=0,
         description="A held stage at a count of at least this many workers serves only on its plan's kind (0: off).",
     )
+    lookahead_starts: bool = Field(
+        default=_knob("lookahead_starts"),
+        description="Start the next stages' workers as a batch goes out, where they have none idle or starting.",
+    )
     size_aware: bool = Field(
         default=_knob("size_aware"),
         description="Cypress: pack batches by their items' predicted time where the profile has a size model.",

@@ -52,6 +52,10 @@ class StageBindings:
         self._path_of: dict[str, str] = {}  # the pool's stage name -> import path
         self._name_of: dict[tuple[str, str], str] = {}  # (workflow, declared stage) -> the pool's name
 
+    def path_of(self, name: str) -> str | None:
+        """The import path bound to the pool's stage ``name``, in any workflow (None before its first call)."""
+        return self._path_of.get(name)
+
     def resolve(self, workflow: str, stage: str, path: str) -> Binding:
         """The binding of a call's stage, without recording it (see :meth:`commit`).
 

@@ -27,6 +27,7 @@ from esg_prefect.control.events import (
 from esg_prefect.control.fleet import FleetWorker
 from esg_prefect.control.records import BatchDone
 from esg_prefect.exceptions import StageRejectedError
+from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.execution import Pending, execute
 from esg_prefect.runtime.workers import WorkerDiedError, WorkerLoadError, WorkerSpec
 
@@ -61,6 +62,7 @@ class PoolActions:
     _pending: dict[str, Pending]
     _handles: dict[str, WorkerHandle]
     _stage_paths: dict[QueueKey, str]
+    _bindings: StageBindings
     _timers: dict[float, Cancellable]
     _ids: CallIds
     _book: CallBook
@@ -107,7 +109,8 @@ class PoolActions:
 
     async def _load(self, a: StartWorker) -> None:
         """A pre-warm start: load the worker off the requests' path; a start that fails is dropped."""
-        wid, path = a.worker.worker_id, self._stage_paths.get(a.queue)
+        # the queue's own path, or the stage's from another workflow (a start ahead of the queue's first call)
+        wid, path = a.worker.worker_id, self._stage_paths.get(a.queue) or self._bindings.path_of(a.queue.stage)
         try:
             if path is None:
                 raise WorkerLoadError(f"no stage path known for {a.queue}")

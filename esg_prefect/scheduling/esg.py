@@ -78,6 +78,7 @@ from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.unchecked import unchecked
+from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import (
     DecisionStats,
     Dispatch,
@@ -92,7 +93,7 @@ from esg_prefect.scheduling.best_effort import BestEffort
 from esg_prefect.scheduling.busy_warm import Bookings, BusyWarm
 from esg_prefect.scheduling.dispatch import ViewCache
 from esg_prefect.scheduling.esg_1q import ESG1Q
-from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Packing, Prewarm, QueueDecision
+from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Lookahead, Packing, Prewarm, QueueDecision
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock
@@ -150,6 +151,7 @@ class ESGScheduler(ESG1Q):
         # latest one-stage answer; per cold-resource tuple their options once warm.
         self._memo = Memo()
         self._prewarm = Prewarm(self.tables, self._hardware, self._memo) if self.settings.prewarm else None
+        self._lookahead = Lookahead(self.tables, self._memo) if self.settings.lookahead_starts else None
         # Batches across workflows' queues of one stage (share_batches; not with Cypress's packing).
         share = self.settings.share_batches and self._packing is None
         self._sharing = SharedBatches(self.tables, self.settings.config_space.max_batch) if share else None
@@ -165,6 +167,8 @@ class ESGScheduler(ESG1Q):
             self._hardware.observe(snapshot, now_ms)
         if self._planner is not None:
             self._planner.observe(snapshot, now_ms, view.hardware)
+        if self._lookahead is not None:
+            self._lookahead.observe(snapshot)
         if self._review is not None:
             self._review.hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []
@@ -173,6 +177,7 @@ class ESGScheduler(ESG1Q):
         stats: list[DecisionStats] = []
         starts: list[Start] = []
         candidates: list[tuple[QueueKey, Choice, float]] = []  # warm dispatches that may call for a pre-warm
+        sent: list[tuple[Workflow, str, int]] = []  # the round's batches, for the lookahead
         queues = [q for q in snapshot.queues if q.jobs]
         pending = {q.key: self._edf(q) for q in queues}
         queues.sort(key=lambda q: (self._edf_key(pending[q.key][0]), q.key))
@@ -262,9 +267,13 @@ class ESGScheduler(ESG1Q):
                         self._reason(c, dec, placement.rule),
                     )
                 )
+                sent.append((wf, c.stage, len(batch)))
                 if self._prewarm is not None and not dec.at_risk and not placement.cold:
                     left = self._deadline(batch[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
                     candidates.append((q.key, c, left))
+        if self._lookahead is not None:
+            workflows = tuple(snapshot.workflows.values())
+            self._lookahead.starts(sent, workflows, view, lambda st: self.placeable_resources(st, view, now_ms), starts)
         # Pre-warm starts take what the round's dispatches left: every queue is served first.
         for key, c, left in candidates:
             assert self._prewarm is not None

@@ -15,22 +15,27 @@ through, in this order:
    queue until they finish (:mod:`~esg_prefect.scheduling.hybrid`).
 4. **Commit**: the round's view takes the capacity; the dispatch is emitted.
 
-After every queue was served, **pre-warm** (``prewarm``) starts cheaper workers
-with the capacity the round left (:class:`Prewarm`).
+After every queue was served, **lookahead** (``lookahead_starts``) starts the
+next stages' workers for the round's batches (:class:`Lookahead`), and
+**pre-warm** (``prewarm``) starts cheaper workers with the capacity the round
+left (:class:`Prewarm`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from esg_prefect.model.jobs import QueueKey
-from esg_prefect.scheduling.base import DecisionStats, Placement, Start
+from esg_prefect.model.workflow import Workflow
+from esg_prefect.scheduling.base import DecisionStats, Placement, Snapshot, Start
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.packing import pack, packs
+from esg_prefect.scheduling.stage_plan import stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
 
 
@@ -126,7 +131,9 @@ class Prewarm:
             resources = self.hardware.restrict(key, resources)
         # The cheapest (then fastest, then first) of the cold resources' options once warm within the
         # slack, if it costs at most the ceiling.
-        found = next((e for e in self._warm_options(stage, resources, batch) if e[1] <= left_ms), None)
+        found = next(
+            (e for e in warm_options(self.tables, self.memo, stage, resources, batch) if e[1] <= left_ms), None
+        )
         if found is None or found[0] > ceiling:
             return None
         per_job, best = found[0], found[3]
@@ -143,25 +150,84 @@ class Prewarm:
         )
         return Start(key, cfg, hw, placement, reason)
 
-    def _warm_options(
-        self, stage: str, resources: tuple[Resource, ...], batch: int
-    ) -> tuple[tuple[float, float, int, Choice], ...]:
-        """Each cold resource's option for ``batch`` once warm, as (cost, latency, position, choice), cheapest first.
 
-        Kept per placeable-resources tuple (the same few recur round after round), anchored to it.
-        """
-        key = ("warm", stage, id(resources), batch)
-        got: tuple[tuple[float, float, int, Choice], ...] | None = self.memo.get(key, resources)
-        if got is not None:
-            return got
-        out = []
-        for i, (hw, vcpus, share, warm) in enumerate(resources):
-            if warm:
-                continue
-            o = self.tables.single_option(stage, (hw, vcpus, share, True), batch)
-            if o is not None:
-                assert isinstance(o.payload, Choice)
-                out.append((o.cost, o.payload.latency_ms, i, o.payload))
-        options = tuple(sorted(out, key=lambda e: e[:3]))
-        self.memo.put(key, options, resources)
-        return options
+class Lookahead:
+    """Start the next stages' workers as a batch goes out (``lookahead_starts``).
+
+    A burst of requests reaches a pipeline's stages one after another. ESG's plan for a batch prices
+    the next stages warm; where one has no idle warm worker and none starting, the wave would meet a
+    cold start there, late and often on a dear type. The start is made now, while the batch runs:
+    the cheapest kind that runs the batch within the next stage's part of its workflow's SLO once warm
+    (:func:`~esg_prefect.scheduling.stage_plan.stage_budgets`), with room and without stopping anyone,
+    one per stage a round.
+    """
+
+    def __init__(self, tables: CandidateTables, memo: Memo) -> None:
+        self.tables, self.memo = tables, memo
+        self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
+        self._seen: set[str] = set()
+
+    def observe(self, snapshot: Snapshot) -> None:
+        """Note the stages that have had calls: only those are started ahead (a runtime worker loads the code
+        its stage's calls named, so a stage no call has reached yet cannot be loaded)."""
+        seen = self._seen
+        for q in snapshot.queues:
+            seen.add(q.key.stage)
+
+    def starts(
+        self,
+        sent: list[tuple[Workflow, str, int]],
+        workflows: tuple[Workflow, ...],
+        view: ClusterView,
+        resources: Callable[[str], tuple[Resource, ...]],
+        starts: list[Start],
+    ) -> None:
+        """Append to ``starts`` the workers that the round's batches ``sent`` (workflow, stage, size) call for."""
+        key = (workflows, view.hardware)
+        budgets = self._budgets.get(key)
+        if budgets is None:
+            budgets = self._budgets[key] = stage_budgets(workflows, self.tables, view.hardware)
+        for wf, stage, n in sent:
+            for nxt in wf.successors(stage):
+                budget = budgets.get(nxt)
+                if budget is None or nxt not in self._seen or view.warm_resources(nxt):
+                    continue
+                if any(s.queue.stage == nxt for s in starts):
+                    continue
+                if any(w.starting for w in view.busy_by_stage.get(nxt, ())):
+                    continue
+                res = resources(nxt)
+                found = next((e for e in warm_options(self.tables, self.memo, nxt, res, n) if e[1] <= budget), None)
+                if found is None:
+                    continue
+                cfg, hw = found[3].config, found[3].hardware
+                placement = view.place(nxt, cfg.vcpus, cfg.gpu_share, hw, ())
+                if placement is None or not placement.cold or placement.evict:
+                    continue
+                view.commit(placement, cfg.vcpus, cfg.gpu_share)
+                reason = f"lookahead: {hw} share {cfg.gpu_share} for a batch of {n} coming from {stage}"
+                starts.append(Start(QueueKey(wf.name, nxt), cfg, hw, placement, reason))
+
+
+def warm_options(
+    tables: CandidateTables, memo: Memo, stage: str, resources: tuple[Resource, ...], batch: int
+) -> tuple[tuple[float, float, int, Choice], ...]:
+    """Each cold resource's option for ``batch`` once warm, as (cost, latency, position, choice), cheapest first.
+
+    Kept per placeable-resources tuple (the same few recur round after round), anchored to it.
+    """
+    key = ("warm", stage, id(resources), batch)
+    got: tuple[tuple[float, float, int, Choice], ...] | None = memo.get(key, resources)
+    if got is not None:
+        return got
+    out = []
+    for i, (hw, vcpus, share, warm) in enumerate(resources):
+        if warm:
+            continue
+        o = tables.single_option(stage, (hw, vcpus, share, True), batch)
+        if o is not None:
+            assert isinstance(o.payload, Choice)
+            out.append((o.cost, o.payload.latency_ms, i, o.payload))
+    options = tuple(sorted(out, key=lambda e: e[:3]))
+    memo.put(key, options, resources)
+    return options

@@ -192,6 +192,15 @@ class ESGSettings:
             idle out; 0 (the default): never. Off because a drained stage whose
             queue backs up runs ever smaller batches and cannot catch up
             (docs/decisions/whole-bill.md, section 10); 2 is the setting measured.
+        lookahead_starts: after a round's dispatches of a stage, start a
+            worker for each next stage of the workflow that has no idle warm
+            worker and none starting: the cheapest kind that runs the batch
+            within the next stage's part of the SLO once warm, paid off the
+            requests' path while the batch runs, so that a wave of calls
+            meets warm workers downstream (not in the paper;
+            :class:`~esg_prefect.scheduling.esg_round.Lookahead`). Off by
+            default: it raises SLO hits on bursty loads and costs more on
+            steady ones (docs/decisions/whole-bill.md, section 11).
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -252,6 +261,7 @@ class ESGSettings:
     stage_plan_utilization: float = 0.6
     stage_plan_gate: float = 1.5
     stage_plan_drain: int = 0
+    lookahead_starts: bool = False
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7
@@ -276,7 +286,7 @@ class ESGSettings:
                 raise ConfigError(f"{name} must be one of {allowed}, got {v!r}")
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
         more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
-        whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus", "stage_plan")
+        whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus", "stage_plan", "lookahead_starts")
         for name in (*bools, *more, *whole_bill):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
