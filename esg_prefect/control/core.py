@@ -189,6 +189,8 @@ class Core(DecisionApplier):
             q = self.queues[key] = Queue(key, self.settings.rate_ewma_alpha)
         q.jobs[ev.job_id] = job
         q.state = None
+        if self.fleet.adaptive is not None:
+            self.fleet.adaptive.waves.observe(key.stage, t)
         try:  # noqa: SIM105 (suppress() costs a context manager per call)
             q.rate.observe(t)
         except InvalidInputError:  # a clock that stepped back: skip this gap

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.scheduling.settings import PlatformSettings
+from esg_prefect.scheduling.waves import Waves
 
 BINS_PER_DECADE = 8
 _LOW_MS = 1.0  # gaps below 1 ms fall in the first bin
@@ -44,6 +45,8 @@ class GapPolicy:
 
     Attributes:
         percentile: which percentile of the measured gaps to keep a worker for (0-100).
+        percentile_waves: the percentile instead while the worker's stage's calls come in waves
+            (:class:`~esg_prefect.scheduling.waves.Waves`).
         margin: extra fraction on top of that percentile.
         floor_cold_starts: the least keep-alive, in cold starts of the worker's stage on its hardware.
         min_ms: the least keep-alive whatever the cold start (a profile without cold starts reads 0).
@@ -53,6 +56,7 @@ class GapPolicy:
     """
 
     percentile: float = 99.0
+    percentile_waves: float = 99.0
     margin: float = 0.1
     floor_cold_starts: float = 20.0
     min_ms: float = 1000.0
@@ -63,6 +67,8 @@ class GapPolicy:
     def __post_init__(self) -> None:
         if not (0.0 < self.percentile <= 100.0):
             raise ConfigError(f"keep-alive percentile must be in (0, 100], got {self.percentile!r}")
+        if not (0.0 < self.percentile_waves <= 100.0):
+            raise ConfigError(f"keep-alive percentile in waves must be in (0, 100], got {self.percentile_waves!r}")
         if not (math.isfinite(self.margin) and self.margin >= 0.0):
             raise ConfigError(f"keep-alive margin must be a finite number >= 0, got {self.margin!r}")
         if not (math.isfinite(self.floor_cold_starts) and self.floor_cold_starts >= 0.0):
@@ -121,7 +127,11 @@ def adaptive_keep_alive(
     """The policy the platform settings ask for, with the stages' cold starts; None for the fixed window."""
     if settings.keep_alive_policy == "fixed":
         return None
-    policy = GapPolicy(percentile=settings.keep_alive_percentile, floor_cold_starts=settings.keep_alive_cold_starts)
+    policy = GapPolicy(
+        percentile=settings.keep_alive_percentile,
+        percentile_waves=settings.keep_alive_percentile_waves,
+        floor_cold_starts=settings.keep_alive_cold_starts,
+    )
     return AdaptiveKeepAlive(policy, cold_start_ms)
 
 
@@ -140,6 +150,7 @@ class AdaptiveKeepAlive:
         self.cold_start_ms = cold_start_ms
         self._stages: dict[str, GapHistogram] = {}
         self._workers: dict[str, GapHistogram] = {}
+        self.waves = Waves()  # fed the stages' calls by the control core
 
     def observe(self, stage: str, gap_ms: float, worker_id: str | None = None) -> bool:
         """A warm worker of ``stage`` was reused after ``gap_ms`` idle; True when that made its histogram usable."""
@@ -167,10 +178,11 @@ class AdaptiveKeepAlive:
         p = self.policy
         if h is None or h.total < p.min_samples:
             return fixed_ms
-        gap = h.percentile(p.percentile)
+        pct = p.percentile_waves if self.waves.in_waves(stage) else p.percentile
+        gap = h.percentile(pct)
         mine = self._workers.get(worker_id) if worker_id is not None else None
         if mine is not None and mine.total >= p.worker_samples:
-            gap = max(gap, mine.percentile(p.percentile))
+            gap = max(gap, mine.percentile(pct))
         return min(fixed_ms, max(self.floor_ms(stage, hardware), gap * (1.0 + p.margin)))
 
     def floor_ms(self, stage: str, hardware: str) -> float:

@@ -152,6 +152,12 @@ class ESGSchedulerSettings(Block):
     keep_alive_percentile: float = Field(
         default=_knob("keep_alive_percentile"), gt=0, le=100, description="Percentile of the gaps kept for."
     )
+    keep_alive_percentile_waves: float = Field(
+        default=_knob("keep_alive_percentile_waves"),
+        gt=0,
+        le=100,
+        description="Percentile of the gaps kept for where a stage's calls come in waves.",
+    )
     keep_alive_cold_starts: float = Field(
         default=_knob("keep_alive_cold_starts"),
         ge=0,
@@ -256,7 +262,7 @@ class ESGSchedulerSettings(Block):
     )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),
-        description="Start the next stages' workers as a batch goes out, where they have none idle or starting.",
+        description="Start a next stage's worker as a batch goes out, where its calls come in waves and none is idle.",
     )
     size_aware: bool = Field(
         default=_knob("size_aware"),

@@ -168,7 +168,7 @@ class ESGScheduler(ESG1Q):
         if self._planner is not None:
             self._planner.observe(snapshot, now_ms, view.hardware)
         if self._lookahead is not None:
-            self._lookahead.observe(snapshot)
+            self._lookahead.observe(snapshot, now_ms)
         if self._review is not None:
             self._review.hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []

@@ -23,6 +23,7 @@ left (:class:`Prewarm`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -37,6 +38,7 @@ from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.packing import pack, packs
 from esg_prefect.scheduling.stage_plan import stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
+from esg_prefect.scheduling.waves import Waves
 
 
 class DecisionKind(StrEnum):
@@ -154,25 +156,32 @@ class Prewarm:
 class Lookahead:
     """Start the next stages' workers as a batch goes out (``lookahead_starts``).
 
-    A burst of requests reaches a pipeline's stages one after another. ESG's plan for a batch prices
+    A wave of requests reaches a pipeline's stages one after another. ESG's plan for a batch prices
     the next stages warm; where one has no idle warm worker and none starting, the wave would meet a
     cold start there, late and often on a dear type. The start is made now, while the batch runs:
     the cheapest kind that runs the batch within the next stage's part of its workflow's SLO once warm
     (:func:`~esg_prefect.scheduling.stage_plan.stage_budgets`), with room and without stopping anyone,
-    one per stage a round.
+    one per stage a round. Only for a stage whose calls come in waves (:mod:`~esg_prefect.scheduling.waves`):
+    on a steady stage every worker is busy often, and a start each time would add workers its queue does
+    not need.
     """
 
     def __init__(self, tables: CandidateTables, memo: Memo) -> None:
         self.tables, self.memo = tables, memo
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
-        self._seen: set[str] = set()
+        self._last_ms = -math.inf  # the previous round: calls ready after it are new
+        self.waves = Waves()
 
-    def observe(self, snapshot: Snapshot) -> None:
-        """Note the stages that have had calls: only those are started ahead (a runtime worker loads the code
-        its stage's calls named, so a stage no call has reached yet cannot be loaded)."""
-        seen = self._seen
+    def observe(self, snapshot: Snapshot, now_ms: float) -> None:
+        """Feed the calls that became ready since the last round to the stages' wave detector (a stage with no call
+        yet is never in waves, so it is never started ahead: a runtime worker loads the code its calls named)."""
+        last, new = self._last_ms, dict[str, list[float]]()
         for q in snapshot.queues:
-            seen.add(q.key.stage)
+            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
+        for stage, times in new.items():
+            for t in sorted(times):  # a stage's calls in time order, across its workflows' queues
+                self.waves.observe(stage, t)
+        self._last_ms = now_ms
 
     def starts(
         self,
@@ -190,7 +199,7 @@ class Lookahead:
         for wf, stage, n in sent:
             for nxt in wf.successors(stage):
                 budget = budgets.get(nxt)
-                if budget is None or nxt not in self._seen or view.warm_resources(nxt):
+                if budget is None or not self.waves.in_waves(nxt) or view.warm_resources(nxt):
                     continue
                 if any(s.queue.stage == nxt for s in starts):
                     continue

@@ -94,6 +94,10 @@ class ESGSettings:
             until the stage has enough gaps and for a stage's last worker;
             ``"fixed"`` always keeps the fixed window. Applied to every scheduler (docs/decisions/whole-bill.md).
         keep_alive_percentile: that percentile of the gaps (a 10 % margin is added).
+        keep_alive_percentile_waves: the percentile instead for a stage whose
+            calls come in waves (:mod:`esg_prefect.scheduling.waves`): its
+            idle workers go sooner in a lull, and the next wave's are started
+            ahead (``lookahead_starts``; docs/decisions/whole-bill.md, section 11).
         keep_alive_cold_starts: the least keep-alive of the histogram policy, in
             cold starts of the worker's stage on its hardware (ski rental: a
             restart costs its load and, on a request's path, SLO slack).
@@ -193,14 +197,14 @@ class ESGSettings:
             queue backs up runs ever smaller batches and cannot catch up
             (docs/decisions/whole-bill.md, section 10); 2 is the setting measured.
         lookahead_starts: after a round's dispatches of a stage, start a
-            worker for each next stage of the workflow that has no idle warm
-            worker and none starting: the cheapest kind that runs the batch
-            within the next stage's part of the SLO once warm, paid off the
-            requests' path while the batch runs, so that a wave of calls
-            meets warm workers downstream (not in the paper;
-            :class:`~esg_prefect.scheduling.esg_round.Lookahead`). Off by
-            default: it raises SLO hits on bursty loads and costs more on
-            steady ones (docs/decisions/whole-bill.md, section 11).
+            worker for each next stage of the workflow whose calls come in
+            waves (:mod:`esg_prefect.scheduling.waves`) and that has no idle
+            warm worker and none starting: the cheapest kind that runs the
+            batch within the next stage's part of the SLO once warm, paid off
+            the requests' path while the batch runs, so that a wave meets warm
+            workers downstream (not in the paper;
+            :class:`~esg_prefect.scheduling.esg_round.Lookahead`;
+            docs/decisions/whole-bill.md, section 11).
         size_aware: when the profile carries an input-size model (Cypress,
             :mod:`esg_prefect.scheduling.packing`), pack each batch by its
             items' predicted time instead of their count; no effect on a
@@ -240,6 +244,7 @@ class ESGSettings:
     keep_alive_by_price: bool = True
     keep_alive_policy: Literal["histogram", "fixed"] = "histogram"
     keep_alive_percentile: float = 99.0
+    keep_alive_percentile_waves: float = 90.0
     keep_alive_cold_starts: float = 20.0
     best_effort_keep_alive: float = 2.0
     scale_down_utilization: float = 0.0
@@ -261,7 +266,7 @@ class ESGSettings:
     stage_plan_utilization: float = 0.6
     stage_plan_gate: float = 1.5
     stage_plan_drain: int = 0
-    lookahead_starts: bool = False
+    lookahead_starts: bool = True
     size_aware: bool = True
     hardware_selection: bool = False
     hardware_utilization: float = 0.7
@@ -322,6 +327,9 @@ class ESGSettings:
             "a finite number >= 0",
         )
         _number("keep_alive_percentile", self.keep_alive_percentile, lambda v: 0.0 < v <= 100.0, "in (0, 100]")
+        _number(
+            "keep_alive_percentile_waves", self.keep_alive_percentile_waves, lambda v: 0.0 < v <= 100.0, "in (0, 100]"
+        )
         _number(
             "keep_alive_cold_starts",
             self.keep_alive_cold_starts,
@@ -414,6 +422,7 @@ class PlatformSettings:
     keep_alive_by_price: bool
     keep_alive_policy: Literal["histogram", "fixed"]
     keep_alive_percentile: float
+    keep_alive_percentile_waves: float
     keep_alive_cold_starts: float
     best_effort_keep_alive: float
     scale_down_utilization: float
