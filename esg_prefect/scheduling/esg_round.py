@@ -36,7 +36,7 @@ from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.packing import pack, packs
-from esg_prefect.scheduling.stage_plan import stage_budgets
+from esg_prefect.scheduling.stage_plan import new_calls, stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
 from esg_prefect.scheduling.waves import Waves
 
@@ -175,11 +175,8 @@ class Lookahead:
     def observe(self, snapshot: Snapshot, now_ms: float) -> None:
         """Feed the calls that became ready since the last round to the stages' wave detector (a stage with no call
         yet is never in waves, so it is never started ahead: a runtime worker loads the code its calls named)."""
-        last, new = self._last_ms, dict[str, list[float]]()
-        for q in snapshot.queues:
-            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
-        for stage, times in new.items():
-            for t in sorted(times):  # a stage's calls in time order, across its workflows' queues
+        for stage, times in new_calls(snapshot, self._last_ms, now_ms).items():
+            for t in times:
                 self.waves.observe(stage, t)
         self._last_ms = now_ms
 

@@ -39,7 +39,7 @@ from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.first_stage import Resource
 from esg_prefect.scheduling.tables import CandidateTables
 
-__all__ = ["StagePlan", "StagePlanner", "plan_stage", "stage_budgets"]
+__all__ = ["StagePlan", "StagePlanner", "new_calls", "plan_stage", "stage_budgets"]
 
 HISTORY_MS = 30_000.0
 """How long a stage's calls are counted for its kind and its steadiness."""
@@ -66,6 +66,20 @@ class StagePlan:
     def workers(self, rate_per_s: float, rho: float) -> int:
         """Workers of this kind that carry ``rate_per_s`` at utilisation ``rho`` (at least one)."""
         return max(1, math.ceil(rate_per_s * self.latency_ms / 1000.0 / self.batch / rho))
+
+
+def new_calls(snapshot: Snapshot, last_ms: float, now_ms: float) -> dict[str, list[float]]:
+    """Per stage, the ready times (sorted) of the waiting calls that became ready after ``last_ms``, up to ``now_ms``.
+
+    A call is counted in the first round it is in a queue, the round after the instant it became ready; a
+    stage's calls are merged across its workflows' queues.
+    """
+    new: dict[str, list[float]] = {}
+    for q in snapshot.queues:
+        new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last_ms < j.ready_ms <= now_ms)
+    for times in new.values():
+        times.sort()
+    return new
 
 
 def stage_budgets(
@@ -150,17 +164,12 @@ class StagePlanner:
 
     def observe(self, snapshot: Snapshot, now_ms: float, hardware: frozenset[str]) -> None:
         """Count the calls that became ready since the last round; update each stage's plan, count and gate."""
-        new: dict[str, list[float]] = {}
-        last = self._last_ms
-        for q in snapshot.queues:
-            # a call is counted in the first round it is in a queue: the round after the instant it became ready
-            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
+        new = new_calls(snapshot, self._last_ms, now_ms)
         self._last_ms = now_ms
         for name, times in new.items():
             st = self._stages.get(name)
             if st is None:
                 st = self._stages[name] = _Stage()
-            times.sort()
             st.calls.extend(times)
             st.recent.extend(times)
         workflows = tuple(snapshot.workflows.values())  # the core's dict: the same order every round
