@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import DecisionStats, Placement, Snapshot, Start
@@ -125,7 +126,7 @@ class Prewarm:
     ) -> Start | None:
         """A worker to start for queue ``key``, just served by ``c`` within ``left_ms``, or None."""
         stage = key.stage
-        if any(w.starting for w in view.busy_by_stage.get(stage, ())) or any(s.queue.stage == stage for s in starts):
+        if starting(stage, view, starts):
             return None
         batch = c.config.batch
         ceiling = (1.0 - self.saving) * self.tables.prices.batch_cost(c.config, c.hardware, c.latency_ms) / batch
@@ -142,15 +143,11 @@ class Prewarm:
         cfg, hw, lat = best.config, best.hardware, best.latency_ms
         if view.has_idle_warm(stage, cfg.vcpus, cfg.gpu_share, hw):
             return None
-        placement = view.place(stage, cfg.vcpus, cfg.gpu_share, hw, ())
-        if placement is None or not placement.cold or placement.evict:
-            return None
-        view.commit(placement, cfg.vcpus, cfg.gpu_share)
         reason = (
             f"pre-warm: {hw} share {cfg.gpu_share} would run batch {batch} in {lat:.1f} ms at "
             f"{per_job:.3g} per job, under {ceiling:.3g} on {c.hardware} share {c.config.gpu_share}"
         )
-        return Start(key, cfg, hw, placement, reason)
+        return start_cold(key, cfg, hw, view, reason)
 
 
 class Lookahead:
@@ -198,21 +195,32 @@ class Lookahead:
                 budget = budgets.get(nxt)
                 if budget is None or not self.waves.in_waves(nxt) or view.warm_resources(nxt):
                     continue
-                if any(s.queue.stage == nxt for s in starts):
-                    continue
-                if any(w.starting for w in view.busy_by_stage.get(nxt, ())):
+                if starting(nxt, view, starts):
                     continue
                 res = resources(nxt)
                 found = next((e for e in warm_options(self.tables, self.memo, nxt, res, n) if e[1] <= budget), None)
                 if found is None:
                     continue
                 cfg, hw = found[3].config, found[3].hardware
-                placement = view.place(nxt, cfg.vcpus, cfg.gpu_share, hw, ())
-                if placement is None or not placement.cold or placement.evict:
-                    continue
-                view.commit(placement, cfg.vcpus, cfg.gpu_share)
                 reason = f"lookahead: {hw} share {cfg.gpu_share} for a batch of {n} coming from {stage}"
-                starts.append(Start(QueueKey(wf.name, nxt), cfg, hw, placement, reason))
+                got = start_cold(QueueKey(wf.name, nxt), cfg, hw, view, reason)
+                if got is not None:
+                    starts.append(got)
+
+
+def starting(stage: str, view: ClusterView, starts: list[Start]) -> bool:
+    """Whether a worker of ``stage`` is loading or among this round's ``starts`` (one start per stage at a time)."""
+    return any(w.starting for w in view.busy_by_stage.get(stage, ())) or any(s.queue.stage == stage for s in starts)
+
+
+def start_cold(key: QueueKey, cfg: Config, hardware: str, view: ClusterView, reason: str) -> Start | None:
+    """A start of ``cfg`` on ``hardware`` for queue ``key``, placed where it has room without stopping anyone and
+    committed to ``view``; None where there is no such room."""
+    placement = view.place(key.stage, cfg.vcpus, cfg.gpu_share, hardware, ())
+    if placement is None or not placement.cold or placement.evict:
+        return None
+    view.commit(placement, cfg.vcpus, cfg.gpu_share)
+    return Start(key, cfg, hardware, placement, reason)
 
 
 def warm_options(
