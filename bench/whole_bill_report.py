@@ -53,6 +53,15 @@ def pick_setting(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return min(ok, key=lambda r: (r["whole"], -r["slo_hit_rate"]))
 
 
+def _beside(x: float, limit: float, sign: str = "") -> str:
+    """``x`` to two decimals, or as many more as it takes not to read as ``limit`` (1.249 is not "1.25")."""
+    for digits in (2, 3, 4, 5):
+        text = f"{x:{sign}.{digits}f}"
+        if float(text) != limit:
+            return text
+    return f"{x:{sign}g}"
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The goal test of one cell (module docstring)."""
@@ -72,9 +81,10 @@ class Verdict:
         if not self.esg["requests"]:
             return ["no requests in the window"]
         if not self.ratio >= GOAL_RATIO:
-            out.append(f"cost: whole-bill ratio {self.ratio:.2f} < {GOAL_RATIO:g}")
+            out.append(f"cost: whole-bill ratio {_beside(self.ratio, GOAL_RATIO)} < {GOAL_RATIO:g}")
         if self.slo_delta_points < -SLO_TOLERANCE * 100 - 1e-9:
-            out.append(f"SLO: {self.slo_delta_points:+.2f} points vs best baseline")
+            points = _beside(self.slo_delta_points, -SLO_TOLERANCE * 100, "+")
+            out.append(f"SLO: {points} points vs best baseline")
         if self.p99_over:
             out.append("p99 over SLO: " + ", ".join(self.p99_over))
         return out

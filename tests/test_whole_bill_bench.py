@@ -212,3 +212,15 @@ def test_bad_trace_seeds_and_unknown_cells_get_one_line() -> None:
             [sys.executable, str(ROOT / "bench" / "whole_bill.py"), *args], capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_verdict_never_reads_as_the_goal_it_missed() -> None:
+    esg = {"requests": 100, "slo_hit_rate": 0.99, "whole": 1.0, "p99": {}}
+    near = wb.Verdict("c", esg, {}, esg, 1.2494, -0.5004, ())
+    assert near.misses == [
+        "cost: whole-bill ratio 1.249 < 1.25",
+        "SLO: -0.5004 points vs best baseline",
+    ]
+    far = wb.Verdict("c", esg, {}, esg, 1.17, -0.56, ())
+    assert far.misses == ["cost: whole-bill ratio 1.17 < 1.25", "SLO: -0.56 points vs best baseline"]
+    assert wb.Verdict("c", esg, {}, esg, 1.25, -0.5, ()).won
