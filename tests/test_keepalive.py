@@ -129,8 +129,11 @@ def _run(core: Core, gaps: int, gap_ms: float = 50.0, spare: bool = True) -> flo
 
 
 def test_the_core_keeps_a_worker_for_its_stages_gaps_once_it_has_seen_enough() -> None:
-    # 150 cold starts of 10 ms; scale-down off (the spare worker's load alone would make ours surplus).
-    hist = replace(SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=150.0, scale_down_utilization=0.0)
+    # 150 cold starts of 10 ms; scale-down off, in waves too (the spare worker's load alone would make ours
+    # surplus: with 2 s gaps the stage comes in waves).
+    hist = replace(
+        SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=150.0, scale_down_utilization=0.0, scale_down_waves=0.0
+    )
     # Fewer gaps than the policy needs (20): the fixed window.
     assert _run(_core(hist), 10) == 60_000.0
     # 20 gaps of 50 ms: 50 ms is bin 13, edge 10^(14/8) = 56.2 ms, +10 %: 61.9 ms, under the 1.5 s floor.
@@ -257,6 +260,65 @@ def test_a_stage_whose_load_needs_its_workers_keeps_them_and_off_keeps_every_win
     fleet, ws, _ = _burst_fleet(0.0, 100.0)
     assert fleet.next_expiry_ms() == 100.0 + 60_000.0
     assert [w.worker_id for w in fleet.expire(60_119.0)] == [ws[0].worker_id, ws[1].worker_id]
+
+
+def _wave_fleet(waves: bool, prewarmed: bool = False) -> tuple[Fleet, list[FleetWorker], float]:
+    """Stage a with three workers, busy from 3,000 ms to 3,100 and going idle 10 ms apart (one pre-warmed instead, if
+    asked); floor 2,000 ms (20 cold starts of 100 ms), window 60 s; ``scale_down_waves`` 0.5. With ``waves`` its calls
+    came at 0-1,000 ms and 2,500-3,000 ms (a 1.5 s lull in 3 s: in waves), else every 10 ms from 0 to 3,000."""
+    policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=20.0, min_ms=0.0)
+    adaptive = AdaptiveKeepAlive(policy, lambda s, h: 100.0)
+    times = [float(t) for t in range(0, 3001, 10) if not waves or t <= 1000 or t >= 2500]
+    for t in times:
+        adaptive.waves.observe("a", t)
+    assert adaptive.waves.in_waves("a") == waves
+    fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=adaptive)
+    fleet.scale_down_waves = 0.5
+    cfg = Config(1, 1, 0.0)
+    ws = [fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 3000.0) for _ in range(2)]
+    if prewarmed:
+        spare = fleet.prewarm(Placement("n0", None, None, 4), "a", cfg, "cpu", 3000.0)
+    else:
+        ws.append(fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 3000.0))
+    t = 3100.0
+    if prewarmed:
+        fleet.warmed(spare, t - 10.0)  # idle since the start's beginning (3,000), no batch yet
+    for i, w in enumerate(ws):
+        t = 3100.0 + 10.0 * i
+        fleet.finish(w, BatchRecord(f"b{i}", w.worker_id, (BatchItem("r", "r"),), cfg, "cpu", 3000.0, t), t)
+    return fleet, ([spare] if prewarmed else []) + ws, t
+
+
+def test_in_waves_the_workers_a_stage_s_load_no_longer_needs_go_once_idle_a_lull() -> None:
+    """One worker is needed at 50 % (the busy average is about 0.06); the two that idled longest go 440 ms (a 400 ms
+    lull and the 10 % margin) into their idle time, under the 2 s floor; the most recently idle keeps the window."""
+    fleet, (w1, w2, w3), t = _wave_fleet(waves=True)
+    assert fleet.adaptive is not None and fleet.adaptive.lull_ms() == pytest.approx(440.0)
+    assert [w.worker_id for w in fleet.expire(3539.0)] == []
+    assert [w.worker_id for w in fleet.expire(3540.0)] == [w1.worker_id]
+    assert [w.worker_id for w in fleet.expire(3550.0)] == [w2.worker_id]
+    assert fleet.next_expiry_ms() == t + 60_000.0 and list(fleet.workers) == [w3.worker_id]
+
+
+def test_a_steady_stage_and_a_pre_warmed_worker_keep_the_usual_rule() -> None:
+    """The same three workers of a stage whose calls never pause keep the fixed window (too few gaps for the
+    histogram; scale_down_utilization is off). In waves, a pre-warmed worker with no batch yet is not surplus to cut:
+    it keeps its window while the longest-idle worker with batches goes after the lull."""
+    fleet, _, _ = _wave_fleet(waves=False)
+    assert fleet.next_expiry_ms() == 3100.0 + 60_000.0
+    assert fleet.expire(10_000.0) == []
+    fleet, (spare, w1, w2), _ = _wave_fleet(waves=True, prewarmed=True)
+    assert spare.fresh and not w1.fresh
+    assert [w.worker_id for w in fleet.expire(3540.0)] == [w1.worker_id]
+    assert fleet.expire(50_000.0) == [] and set(fleet.workers) == {spare.worker_id, w2.worker_id}
+
+
+def test_scale_down_waves_out_of_range_is_named_and_reaches_the_fleet() -> None:
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ConfigError, match="scale_down_waves"):
+            ESGSettings(scale_down_waves=bad)  # type: ignore[arg-type]
+    assert _core(SETTINGS).fleet.scale_down_waves == 0.5  # on by default
+    assert _core(replace(SETTINGS, scale_down_waves=0.0)).fleet.scale_down_waves == 0.0
 
 
 def test_scale_down_utilization_out_of_range_is_named() -> None:

@@ -226,8 +226,9 @@ def test_packing_by_predicted_time_meets_more_slos_on_prompts_of_real_length() -
     def overall(aware: bool, prewarm: bool) -> GroupSummary:
         case = sized_case(aware, rate_per_s=100.0, duration_s=30.0, warmup_s=10.0, slo_ms=150.0)
         # On the paper's busy-time objective (idle_aware off): idle-aware consolidation also keeps
-        # queues off the warm-up's workers, and would blur what packing alone gains.
-        settings = replace(case.settings, prewarm=prewarm, idle_aware=False)
+        # queues off the warm-up's workers, and would blur what packing alone gains. So would the
+        # lull's scale-down (this case's stages come in waves): it stops the warm-up's spare workers.
+        settings = replace(case.settings, prewarm=prewarm, idle_aware=False, scale_down_waves=0.0)
         return simulate(replace(case, settings=settings)).report.overall
 
     for prewarm, gain in ((True, 0.01), (False, 0.03)):

@@ -100,6 +100,7 @@ class Core(DecisionApplier):
         if fleet.adaptive is None:  # the keep-alive policy is the platform's: one place for every driver
             fleet.adaptive = adaptive_keep_alive(settings, tables.profile.cold_start_ms)
         fleet.scale_down_utilization = settings.scale_down_utilization
+        fleet.scale_down_waves = settings.scale_down_waves
         fleet.idle_vcpus = settings.idle_vcpus
         fleet.best_effort_keep_alive = settings.best_effort_keep_alive
         fleet.cold_start_ms = tables.profile.cold_start_ms

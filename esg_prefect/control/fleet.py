@@ -99,10 +99,8 @@ class FleetWorker:
         return self.idle_since_ms is None
 
     def idle_record(self, now_ms: float, vcpus_held: bool = False) -> IdleRecord | None:
-        """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked.
-
-        ``vcpus_held``: the platform held its vCPUs while it idled (:attr:`Fleet.idle_vcpus`).
-        """
+        """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked;
+        ``vcpus_held``: the platform held its vCPUs while it idled (:attr:`Fleet.idle_vcpus`)."""
         start = self.idle_since_ms
         if start is None or now_ms <= start:
             return None
@@ -165,6 +163,7 @@ class Fleet:
         self._of_stage: dict[str, dict[str, FleetWorker]] = {}  # live workers per stage, by id
         self.busy = BusyAverage(SCALE_DOWN_WINDOW_MS)  # busy workers per stage, averaged over time
         self.scale_down_utilization = 0.0  # 0: off; set by the control core from the platform settings
+        self.scale_down_waves = 0.0  # the same for a stage in waves, its surplus kept a lull; 0: off
         self.idle_vcpus = False  # idle workers hold their vCPUs (billed); set by the control core from the settings
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] = []
@@ -360,26 +359,26 @@ class Fleet:
         self._snapshot = None
         self.busy.change(w.stage, since_ms, -1)
         at = self._arm(w, since_ms)
-        if self.adaptive is not None and self.scale_down_utilization > 0:
-            self._scale_down(w.stage, since_ms)
+        if self.adaptive is not None:
+            if self.scale_down_waves > 0 and self.adaptive.waves.in_waves(w.stage):
+                self._scale_down(w.stage, since_ms, self.scale_down_waves, self.adaptive.lull_ms())
+            elif self.scale_down_utilization > 0:
+                self._scale_down(w.stage, since_ms, self.scale_down_utilization)
         return at
 
-    def _scale_down(self, stage: str, now_ms: float) -> None:
-        """Past the workers a stage's measured load needs, its longest-idle workers get the keep-alive floor.
+    def _scale_down(self, stage: str, now_ms: float, utilization: float, lull_ms: float | None = None) -> None:
+        """Past the workers a stage's measured load needs, its longest-idle workers get a short keep-alive.
 
-        Needed: the stage's busy workers averaged over time
-        (:class:`~esg_prefect.control.keepalive.BusyAverage`) over
-        ``scale_down_utilization``, at least one. The surplus idle workers that
-        idled longest (the placement reuses the most recently idle first, so
-        they are the ones no load comes back to) expire once they have idled
-        the floor, instead of the percentile of the stage's gaps: after a
-        burst, the workers it needed go once its load has gone.
+        Needed: the stage's busy workers averaged over time (:class:`~esg_prefect.control.keepalive.BusyAverage`)
+        over ``utilization``, at least one. The surplus that idled longest (no load comes back to them: the placement
+        reuses the most recently idle first) expire after the floor, not the gaps' percentile; with ``lull_ms`` (a
+        stage in waves) after a lull, floor or not, but a pre-warmed worker with no batch yet keeps the usual rule.
         """
         assert self.adaptive is not None
         live = self._of_stage.get(stage)
         if not live:
             return
-        needed = max(1, math.ceil(self.busy.value(stage, now_ms) / self.scale_down_utilization))
+        needed = max(1, math.ceil(self.busy.value(stage, now_ms) / utilization))
         surplus = len(live) - needed
         if surplus <= 0:
             return
@@ -389,7 +388,10 @@ class Fleet:
         )
         for w in idle[:surplus]:
             assert w.idle_since_ms is not None
-            keep = min(self.adaptive.floor_ms(stage, w.hardware), self.keep_alive_of(w))
+            if lull_ms is not None and w.fresh:
+                continue
+            short = self.adaptive.floor_ms(stage, w.hardware) if lull_ms is None else lull_ms
+            keep = min(short, self.keep_alive_of(w))
             at = max(now_ms, w.idle_since_ms + keep)
             w.expiry_token += 1
             self._expiry_seq += 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.scheduling.settings import PlatformSettings
-from esg_prefect.scheduling.waves import Waves
+from esg_prefect.scheduling.waves import LULL_MS, Waves
 
 BINS_PER_DECADE = 8
 _LOW_MS = 1.0  # gaps below 1 ms fall in the first bin
@@ -184,6 +184,10 @@ class AdaptiveKeepAlive:
         if mine is not None and mine.total >= p.worker_samples:
             gap = max(gap, mine.percentile(pct))
         return min(fixed_ms, max(self.floor_ms(stage, hardware), gap * (1.0 + p.margin)))
+
+    def lull_ms(self) -> float:
+        """How long a wavy stage's surplus worker idles before it goes (``scale_down_waves``): a lull and the margin."""
+        return LULL_MS * (1.0 + self.policy.margin)
 
     def floor_ms(self, stage: str, hardware: str) -> float:
         """The least keep-alive of a worker of ``stage`` on ``hardware``."""

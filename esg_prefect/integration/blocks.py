@@ -175,6 +175,13 @@ class ESGSchedulerSettings(Block):
         description="Keep the workers a stage's measured load needs at this utilisation; the rest expire "
         "after the keep-alive floor (0: off).",
     )
+    scale_down_waves: float = Field(
+        default=_knob("scale_down_waves"),
+        ge=0,
+        le=1,
+        description="For a stage whose calls come in waves: keep the workers its load needs at this utilisation; "
+        "the rest expire once idle for a lull (0: off).",
+    )
     redistribute_slack: bool = Field(
         default=_knob("redistribute_slack"), description="Recompute later deadlines from real finish times."
     )

@@ -116,6 +116,17 @@ class ESGSettings:
             turns it off: on the bursty Azure code trace it cut ESG's bill by up
             to a fifth but lost SLO hits (docs/decisions/whole-bill.md). Applied
             to every scheduler.
+        scale_down_waves: a stage whose calls come in waves
+            (:mod:`~esg_prefect.scheduling.waves`) keeps the workers its
+            measured load needs at this utilisation, as
+            ``scale_down_utilization`` sizes them; the surplus that idled
+            longest go once idle for a lull (400 ms and the policy's margin),
+            floor or not, so the workers a wave used and its load no longer
+            needs go early in the lull and the next wave's are started ahead
+            (``lookahead_starts``). A pre-warmed worker with no batch yet keeps
+            the usual rule. In [0, 1]; 0 turns it off. Applied to every
+            scheduler; it trades some SLO hits at a bursty trace's high rates
+            for a smaller bill (docs/decisions/whole-bill.md, section 12).
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it (a
@@ -248,6 +259,7 @@ class ESGSettings:
     keep_alive_cold_starts: float = 20.0
     best_effort_keep_alive: float = 2.0
     scale_down_utilization: float = 0.0
+    scale_down_waves: float = 0.5
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
@@ -342,12 +354,8 @@ class ESGSettings:
             lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0 (cold starts; 0: off)",
         )
-        _number(
-            "scale_down_utilization",
-            self.scale_down_utilization,
-            lambda v: 0.0 <= v <= 1.0,
-            "in [0, 1] (0: off)",
-        )
+        for name in ("scale_down_utilization", "scale_down_waves"):
+            _number(name, getattr(self, name), lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
         _number("hardware_utilization", self.hardware_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         if not isinstance(self.corun_table, str) or not self.corun_table:
             raise ConfigError(f"corun_table must be 'default' or a CSV path, got {self.corun_table!r}")
@@ -426,6 +434,7 @@ class PlatformSettings:
     keep_alive_cold_starts: float
     best_effort_keep_alive: float
     scale_down_utilization: float
+    scale_down_waves: float
     allow_eviction: bool
     correction_alpha: float
     cost_split: Literal["equal", "input_size"]
