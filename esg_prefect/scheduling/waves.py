@@ -1,10 +1,12 @@
 """Which stages' calls come in waves: bursts apart by lulls, as on the Azure LLM code trace.
 
-Two policies read it. ESG's lookahead starts the next stages' workers as a wave's batch goes out
-(:class:`~esg_prefect.scheduling.esg_round.Lookahead`), and the platform's keep-alive then lets a wavy
+Three policies read it. ESG's lookahead starts the next stages' workers as a wave's batch goes out
+(:class:`~esg_prefect.scheduling.esg_round.Lookahead`); the platform's keep-alive then lets a wavy
 stage's idle workers go at a lower percentile of its gaps (``keep_alive_percentile_waves``,
-:mod:`~esg_prefect.control.keepalive`). A steady stage keeps both as they were: its calls never pause
-for ``LULL_MS``. Both feed it the same calls (their ready times, in order), so they agree.
+:mod:`~esg_prefect.control.keepalive`), and those its load no longer needs once idle for a lull
+(``scale_down_waves``, :class:`~esg_prefect.control.fleet.Fleet`). A steady stage keeps all three as
+they were: its calls never pause for ``LULL_MS``. ESG and the platform feed it the same calls (their
+ready times, in order), so they agree.
 """
 
 from __future__ import annotations
