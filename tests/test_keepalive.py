@@ -262,12 +262,12 @@ def test_a_stage_whose_load_needs_its_workers_keeps_them_and_off_keeps_every_win
     assert [w.worker_id for w in fleet.expire(60_119.0)] == [ws[0].worker_id, ws[1].worker_id]
 
 
-def _wave_fleet(waves: bool, prewarmed: bool = False) -> tuple[Fleet, list[FleetWorker], float]:
+def _wave_fleet(waves: bool, prewarmed: bool = False, cold_ms: float = 100.0) -> tuple[Fleet, list[FleetWorker], float]:
     """Stage a with three workers, busy from 3,000 ms to 3,100 and going idle 10 ms apart (one pre-warmed instead, if
     asked); floor 2,000 ms (20 cold starts of 100 ms), window 60 s; ``scale_down_waves`` 0.5. With ``waves`` its calls
     came at 0-1,000 ms and 2,500-3,000 ms (a 1.5 s lull in 3 s: in waves), else every 10 ms from 0 to 3,000."""
     policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=20.0, min_ms=0.0)
-    adaptive = AdaptiveKeepAlive(policy, lambda s, h: 100.0)
+    adaptive = AdaptiveKeepAlive(policy, lambda s, h: cold_ms)
     times = [float(t) for t in range(0, 3001, 10) if not waves or t <= 1000 or t >= 2500]
     for t in times:
         adaptive.waves.observe("a", t)
@@ -293,11 +293,19 @@ def test_in_waves_the_workers_a_stage_s_load_no_longer_needs_go_once_idle_a_lull
     """One worker is needed at 50 % (the busy average is about 0.06); the two that idled longest go 440 ms (a 400 ms
     lull and the 10 % margin) into their idle time, under the 2 s floor; the most recently idle keeps the window."""
     fleet, (w1, w2, w3), t = _wave_fleet(waves=True)
-    assert fleet.adaptive is not None and fleet.adaptive.lull_ms() == pytest.approx(440.0)
+    assert fleet.adaptive is not None and fleet.adaptive.lull_ms("a", "cpu") == pytest.approx(440.0)
     assert [w.worker_id for w in fleet.expire(3539.0)] == []
     assert [w.worker_id for w in fleet.expire(3540.0)] == [w1.worker_id]
     assert [w.worker_id for w in fleet.expire(3550.0)] == [w2.worker_id]
     assert fleet.next_expiry_ms() == t + 60_000.0 and list(fleet.workers) == [w3.worker_id]
+
+
+def test_a_surplus_worker_slow_to_start_idles_two_of_its_cold_starts_first() -> None:
+    """With 300 ms cold starts (floor 6 s), a lull's 440 ms is less than two restarts: the surplus goes at 600 ms."""
+    fleet, (w1, w2, _), _ = _wave_fleet(waves=True, cold_ms=300.0)
+    assert fleet.adaptive is not None and fleet.adaptive.lull_ms("a", "cpu") == pytest.approx(600.0)
+    assert [w.worker_id for w in fleet.expire(3699.0)] == []
+    assert [w.worker_id for w in fleet.expire(3710.0)] == [w1.worker_id, w2.worker_id]
 
 
 def test_a_steady_stage_and_a_pre_warmed_worker_keep_the_usual_rule() -> None:

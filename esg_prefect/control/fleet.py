@@ -361,17 +361,17 @@ class Fleet:
         at = self._arm(w, since_ms)
         if self.adaptive is not None:
             if self.scale_down_waves > 0 and self.adaptive.waves.in_waves(w.stage):
-                self._scale_down(w.stage, since_ms, self.scale_down_waves, self.adaptive.lull_ms())
+                self._scale_down(w.stage, since_ms, self.scale_down_waves, lull=True)
             elif self.scale_down_utilization > 0:
                 self._scale_down(w.stage, since_ms, self.scale_down_utilization)
         return at
 
-    def _scale_down(self, stage: str, now_ms: float, utilization: float, lull_ms: float | None = None) -> None:
+    def _scale_down(self, stage: str, now_ms: float, utilization: float, lull: bool = False) -> None:
         """Past the workers a stage's measured load needs, its longest-idle workers get a short keep-alive.
 
         Needed: the stage's busy workers averaged over time (:class:`~esg_prefect.control.keepalive.BusyAverage`)
         over ``utilization``, at least one. The surplus that idled longest (no load comes back to them: the placement
-        reuses the most recently idle first) expire after the floor, not the gaps' percentile; with ``lull_ms`` (a
+        reuses the most recently idle first) expire after the floor, not the gaps' percentile; with ``lull`` (a
         stage in waves) after a lull, floor or not, but a pre-warmed worker with no batch yet keeps the usual rule.
         """
         assert self.adaptive is not None
@@ -388,9 +388,9 @@ class Fleet:
         )
         for w in idle[:surplus]:
             assert w.idle_since_ms is not None
-            if lull_ms is not None and w.fresh:
+            if lull and w.fresh:
                 continue
-            short = self.adaptive.floor_ms(stage, w.hardware) if lull_ms is None else lull_ms
+            short = self.adaptive.lull_ms(stage, w.hardware) if lull else self.adaptive.floor_ms(stage, w.hardware)
             keep = min(short, self.keep_alive_of(w))
             at = max(now_ms, w.idle_since_ms + keep)
             w.expiry_token += 1

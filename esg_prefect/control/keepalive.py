@@ -35,6 +35,9 @@ BINS_PER_DECADE = 8
 _LOW_MS = 1.0  # gaps below 1 ms fall in the first bin
 _DECADES = 7  # up to 10^7 ms (about 2.8 hours); longer gaps fall in the last bin
 _BINS = BINS_PER_DECADE * _DECADES
+LULL_RESTARTS = 2.0
+"""A wavy stage's surplus worker idles at least this many of its cold starts before it goes: ski rental's
+break-even (idling one cold start costs what a restart does) with a margin for the restart's wait."""
 SCALE_DOWN_WINDOW_MS = 5000.0
 """Time constant of the busy-worker average that scale-down sizes a stage by."""
 
@@ -185,9 +188,11 @@ class AdaptiveKeepAlive:
             gap = max(gap, mine.percentile(pct))
         return min(fixed_ms, max(self.floor_ms(stage, hardware), gap * (1.0 + p.margin)))
 
-    def lull_ms(self) -> float:
-        """How long a wavy stage's surplus worker idles before it goes (``scale_down_waves``): a lull and the margin."""
-        return LULL_MS * (1.0 + self.policy.margin)
+    def lull_ms(self, stage: str, hardware: str) -> float:
+        """How long a wavy stage's surplus worker idles before it goes (``scale_down_waves``): a lull and the margin,
+        and never less than :data:`LULL_RESTARTS` of its cold starts (stopping sooner costs more than it saves)."""
+        restart = 0.0 if self.cold_start_ms is None else LULL_RESTARTS * self.cold_start_ms(stage, hardware)
+        return max(LULL_MS * (1.0 + self.policy.margin), restart)
 
     def floor_ms(self, stage: str, hardware: str) -> float:
         """The least keep-alive of a worker of ``stage`` on ``hardware``."""

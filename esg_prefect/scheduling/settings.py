@@ -120,8 +120,9 @@ class ESGSettings:
             (:mod:`~esg_prefect.scheduling.waves`) keeps the workers its
             measured load needs at this utilisation, as
             ``scale_down_utilization`` sizes them; the surplus that idled
-            longest go once idle for a lull (400 ms and the policy's margin),
-            floor or not, so the workers a wave used and its load no longer
+            longest go once idle for a lull (400 ms and the policy's margin,
+            or two of their cold starts if longer), not the floor, so the
+            workers a wave used and its load no longer
             needs go early in the lull and the next wave's are started ahead
             (``lookahead_starts``). A pre-warmed worker with no batch yet keeps
             the usual rule. In [0, 1]; 0 turns it off. Applied to every
