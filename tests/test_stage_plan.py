@@ -16,7 +16,7 @@ from esg_prefect.exceptions import ConfigError
 from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
 from esg_prefect.model.config import ConfigSpace
 from esg_prefect.scheduling import ESGSettings
-from esg_prefect.scheduling.stage_plan import StagePlanner, plan_stage, stage_budgets
+from esg_prefect.scheduling.stage_plan import NewCalls, StagePlanner, plan_stage, stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables
 
 LATENCY = {0.2: {1: 10.0, 2: 14.0, 4: 22.0}, 0.4: {1: 5.0, 2: 7.0, 4: 11.0}}  # ms, mean = p95
@@ -54,6 +54,15 @@ def _snapshot(ready_ms: list[float], rate: float) -> NS:
     return NS(queues=[NS(key=NS(stage="s"), jobs=jobs, arrival_rate_per_s=rate)], workflows={"w": WF})
 
 
+_CALLS: dict[int, NewCalls] = {}  # each planner's scan of new calls, as ESG's round keeps one
+
+
+def _observe(planner: StagePlanner, snapshot: NS, now_ms: float) -> None:
+    """One round of ``planner`` on ``snapshot``, with the calls new since its last round."""
+    new = _CALLS.setdefault(id(planner), NewCalls()).take(snapshot, now_ms)  # type: ignore[arg-type]
+    planner.observe(new, snapshot, now_ms, HW)  # type: ignore[arg-type]
+
+
 def _feed(planner: StagePlanner, times: list[float], rate: float, until_ms: float, step_ms: float = 50.0) -> None:
     """Rounds every ``step_ms`` up to ``until_ms``, each with the calls that became ready since the last."""
     t, i = 0.0, 0
@@ -61,7 +70,7 @@ def _feed(planner: StagePlanner, times: list[float], rate: float, until_ms: floa
         j = i
         while j < len(times) and times[j] <= t:
             j += 1
-        planner.observe(_snapshot(times[i:j], rate), t, HW)  # type: ignore[arg-type]
+        _observe(planner, _snapshot(times[i:j], rate), t)
         i, t = j, t + step_ms
 
 
@@ -72,7 +81,7 @@ def test_a_steady_stage_is_planned_and_counted_and_a_bursty_one_is_left_alone() 
     assert st is not None and st.steady and st.plan is not None
     assert (st.plan.gpu_share, st.plan.batch) == (0.4, 2) and st.plan.rate_per_s == pytest.approx(100.0, rel=0.01)
     assert st.count == 1  # 100/s x 7 ms / 2 per batch / 0.6
-    steady.observe(_snapshot([], 400.0), 15_050.0, HW)  # type: ignore[arg-type]
+    _observe(steady, _snapshot([], 400.0), 15_050.0)
     assert st.count == 1  # a queue's EWMA (a clump read as 400/s) does not move it: the calls counted do
 
     busier = StagePlanner(_tables())
@@ -213,9 +222,14 @@ def test_the_defaults_do_not_collapse_where_the_drain_did() -> None:
 
 
 def test_a_call_is_counted_once_in_the_round_its_ready_time_has_come() -> None:
+    calls = NewCalls()
+    snap = _snapshot([5.0, 120.0], 0.0)
+    assert calls.take(snap, 100.0) == {"s": [5.0]}  # type: ignore[arg-type]  # 120 ms is not ready yet
+    assert calls.take(snap, 150.0) == {"s": [120.0]}  # type: ignore[arg-type]  # both still queued, 5 ms counted
+    assert calls.take(snap, 200.0) == {"s": []}  # type: ignore[arg-type]
     planner = StagePlanner(_tables())
-    planner.observe(_snapshot([5.0, 120.0], 0.0), 100.0, HW)  # type: ignore[arg-type]  # 120 ms is not ready yet
+    _observe(planner, snap, 100.0)
     st = planner.stage("s")
     assert st is not None and list(st.calls) == [5.0]
-    planner.observe(_snapshot([5.0, 120.0], 0.0), 150.0, HW)  # type: ignore[arg-type]  # both still queued
+    _observe(planner, snap, 150.0)
     assert list(st.calls) == [5.0, 120.0]

@@ -99,7 +99,7 @@ from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.sharing import SharedBatches
-from esg_prefect.scheduling.stage_plan import StagePlanner
+from esg_prefect.scheduling.stage_plan import NewCalls, StagePlanner
 from esg_prefect.scheduling.tables import CandidateTables, Choice
 
 __all__ = ["ESGScheduler", "QueueDecision"]
@@ -157,6 +157,8 @@ class ESGScheduler(ESG1Q):
         self._sharing = SharedBatches(self.tables, self.settings.config_space.max_batch) if share else None
         # A steady stage's starts held to one kind and a count (stage_plan; scheduling.stage_plan).
         self._planner = StagePlanner(self.tables) if self.settings.stage_plan else None
+        # The calls new since the last round, scanned once for the planner and the lookahead.
+        self._calls = NewCalls() if self._planner is not None or self._lookahead is not None else None
 
     # ---- the round ---------------------------------------------------------
 
@@ -165,10 +167,12 @@ class ESGScheduler(ESG1Q):
         view = self._views.view(snapshot.cluster)
         if self._hardware is not None:
             self._hardware.observe(snapshot, now_ms)
-        if self._planner is not None:
-            self._planner.observe(snapshot, now_ms, view.hardware)
-        if self._lookahead is not None:
-            self._lookahead.observe(snapshot, now_ms)
+        if self._calls is not None:
+            new = self._calls.take(snapshot, now_ms)
+            if self._planner is not None:
+                self._planner.observe(new, snapshot, now_ms, view.hardware)
+            if self._lookahead is not None:
+                self._lookahead.observe(new)
         if self._review is not None:
             self._review.hybrid.begin_round(snapshot.cluster, now_ms)
         dispatches: list[Dispatch] = []

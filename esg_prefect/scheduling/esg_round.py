@@ -23,21 +23,20 @@ left (:class:`Prewarm`).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.workflow import Workflow
-from esg_prefect.scheduling.base import DecisionStats, Placement, Snapshot, Start
+from esg_prefect.scheduling.base import DecisionStats, Placement, Start
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.packing import pack, packs
-from esg_prefect.scheduling.stage_plan import new_calls, stage_budgets
+from esg_prefect.scheduling.stage_plan import stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
 from esg_prefect.scheduling.waves import Waves
 
@@ -166,16 +165,15 @@ class Lookahead:
     def __init__(self, tables: CandidateTables, memo: Memo) -> None:
         self.tables, self.memo = tables, memo
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
-        self._last_ms = -math.inf  # the previous round: calls ready after it are new
         self.waves = Waves()
 
-    def observe(self, snapshot: Snapshot, now_ms: float) -> None:
-        """Feed the calls that became ready since the last round to the stages' wave detector (a stage with no call
-        yet is never in waves, so it is never started ahead: a runtime worker loads the code its calls named)."""
-        for stage, times in new_calls(snapshot, self._last_ms, now_ms).items():
+    def observe(self, new: Mapping[str, Sequence[float]]) -> None:
+        """Feed ``new``, the calls that became ready since the last round (:class:`~esg_prefect.scheduling.stage_plan.
+        NewCalls`), to the stages' wave detector (a stage with no call yet is never in waves, so it is never started
+        ahead: a runtime worker loads the code its calls named)."""
+        for stage, times in new.items():
             for t in times:
                 self.waves.observe(stage, t)
-        self._last_ms = now_ms
 
     def starts(
         self,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
@@ -39,7 +40,7 @@ from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.first_stage import Resource
 from esg_prefect.scheduling.tables import CandidateTables
 
-__all__ = ["StagePlan", "StagePlanner", "new_calls", "plan_stage", "stage_budgets"]
+__all__ = ["NewCalls", "StagePlan", "StagePlanner", "plan_stage", "stage_budgets"]
 
 HISTORY_MS = 30_000.0
 """How long a stage's calls are counted for its kind and its steadiness."""
@@ -68,18 +69,27 @@ class StagePlan:
         return max(1, math.ceil(rate_per_s * self.latency_ms / 1000.0 / self.batch / rho))
 
 
-def new_calls(snapshot: Snapshot, last_ms: float, now_ms: float) -> dict[str, list[float]]:
-    """Per stage, the ready times (sorted) of the waiting calls that became ready after ``last_ms``, up to ``now_ms``.
+class NewCalls:
+    """Per stage, the calls that became ready since the previous round: one scan of the queues a round, which the
+    stage planner and the lookahead's wave detector both read.
 
     A call is counted in the first round it is in a queue, the round after the instant it became ready; a
     stage's calls are merged across its workflows' queues.
     """
-    new: dict[str, list[float]] = {}
-    for q in snapshot.queues:
-        new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last_ms < j.ready_ms <= now_ms)
-    for times in new.values():
-        times.sort()
-    return new
+
+    def __init__(self) -> None:
+        self._last_ms = -math.inf
+
+    def take(self, snapshot: Snapshot, now_ms: float) -> dict[str, list[float]]:
+        """The ready times (sorted) per stage of the waiting calls that became ready after the previous round,
+        up to ``now_ms``; the next round counts from ``now_ms``."""
+        last, self._last_ms = self._last_ms, now_ms
+        new: dict[str, list[float]] = {}
+        for q in snapshot.queues:
+            new.setdefault(q.key.stage, []).extend(j.ready_ms for j in q.jobs if last < j.ready_ms <= now_ms)
+        for times in new.values():
+            times.sort()
+        return new
 
 
 def stage_budgets(
@@ -154,7 +164,6 @@ class StagePlanner:
         self.gate = tables.settings.stage_plan_gate
         self.drain = tables.settings.stage_plan_drain
         self._stages: dict[str, _Stage] = {}
-        self._last_ms = -math.inf
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
         self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
 
@@ -162,10 +171,11 @@ class StagePlanner:
         """The planner's state of stage ``name`` (None before its first call)."""
         return self._stages.get(name)
 
-    def observe(self, snapshot: Snapshot, now_ms: float, hardware: frozenset[str]) -> None:
-        """Count the calls that became ready since the last round; update each stage's plan, count and gate."""
-        new = new_calls(snapshot, self._last_ms, now_ms)
-        self._last_ms = now_ms
+    def observe(
+        self, new: Mapping[str, Sequence[float]], snapshot: Snapshot, now_ms: float, hardware: frozenset[str]
+    ) -> None:
+        """Count ``new``, the calls that became ready since the last round (:class:`NewCalls`); update each stage's
+        plan, count and gate."""
         for name, times in new.items():
             st = self._stages.get(name)
             if st is None:
