@@ -9,7 +9,7 @@ import pytest
 
 from esg_prefect.control.core import Core
 from esg_prefect.control.events import BatchFinished, CallArrived, StartBatch, StopWorker, WakeAt
-from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.control.fleet import Fleet
 from esg_prefect.control.keepalive import (
     SCALE_DOWN_WINDOW_MS,
     AdaptiveKeepAlive,
@@ -18,6 +18,7 @@ from esg_prefect.control.keepalive import (
     GapPolicy,
     adaptive_keep_alive,
 )
+from esg_prefect.control.worker import FleetWorker
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.model import LatencyProfile, PriceSheet
 from esg_prefect.model.attribution import BatchItem, BatchRecord

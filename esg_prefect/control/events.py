@@ -16,7 +16,7 @@ from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.scheduling.base import Dispatch
 
 if TYPE_CHECKING:
-    from esg_prefect.control.fleet import FleetWorker
+    from esg_prefect.control.worker import FleetWorker
 
 # ---- events --------------------------------------------------------------------------------
 

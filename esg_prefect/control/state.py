@@ -10,7 +10,7 @@ import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from esg_prefect.control.fleet import FleetWorker
+from esg_prefect.control.worker import FleetWorker
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.slo import SLODistribution
 from esg_prefect.model.workflow import Workflow

@@ -24,8 +24,8 @@ from esg_prefect.control.events import (
     StopWorker,
     WakeAt,
 )
-from esg_prefect.control.fleet import FleetWorker
 from esg_prefect.control.records import BatchDone
+from esg_prefect.control.worker import FleetWorker
 from esg_prefect.exceptions import StageRejectedError
 from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.execution import Pending, execute

@@ -20,7 +20,8 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from esg_prefect.control.fleet import Fleet, FleetWorker
+from esg_prefect.control.fleet import Fleet
+from esg_prefect.control.worker import FleetWorker
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.config import Config
 from esg_prefect.model.interference import CoRunModel
