@@ -382,6 +382,15 @@ class Fleet:
             if last.idle_since_ms is not None and last.starting is None:
                 self._arm(last, last.idle_since_ms)
 
+    def open_idles(self, now_ms: float) -> list[IdleRecord]:
+        """The idle intervals not yet closed, of the workers idle now, up to ``now_ms`` (a bill so far)."""
+        out = []
+        for w in self.workers.values():
+            record = w.idle_record(now_ms, self.idle_vcpus)
+            if record is not None:
+                out.append(record)
+        return out
+
     def _close_idle(self, w: FleetWorker, now_ms: float) -> None:
         record = w.idle_record(now_ms, self.idle_vcpus)
         w.loaded_ms = None

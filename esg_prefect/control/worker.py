@@ -59,7 +59,7 @@ class FleetWorker:
         """Whether it runs (or is starting for) a batch."""
         return self.idle_since_ms is None
 
-    def idle_record(self, now_ms: float, vcpus_held: bool = False) -> IdleRecord | None:
+    def idle_record(self, now_ms: float, vcpus_held: bool) -> IdleRecord | None:
         """Its idle interval up to ``now_ms`` (None when busy or empty), a pre-warm load at its start marked;
         ``vcpus_held``: the platform held its vCPUs while it idled (:attr:`Fleet.idle_vcpus`)."""
         start = self.idle_since_ms

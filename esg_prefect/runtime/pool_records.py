@@ -125,12 +125,10 @@ class CallBook:
         idles = list(core.fleet.idles)
         closed = len(idles)
         idle_since: dict[str, float] = {}
-        for w in core.fleet.workers.values():  # idle time so far, not yet closed
+        for w in core.fleet.workers.values():
             if not w.busy and w.idle_since_ms is not None:
                 idle_since[w.worker_id] = w.idle_since_ms
-                record = w.idle_record(now, core.fleet.idle_vcpus)
-                if record is not None:
-                    idles.append(record)
+        idles.extend(core.fleet.open_idles(now))  # idle time so far, not yet closed
         requests = {
             rid: RequestRow(
                 r.run_id,
