@@ -26,11 +26,24 @@ def test_a_variant_against_the_defaults_prints_each_cell_and_a_result(capsys: py
     assert [r.split("|")[3].strip() for r in rows] == ["2", "2"]  # seeds counted
     assert rows[0].split("|")[5].strip() == "+0.0%"  # the reference against itself
     found = re.search(r"RESULT variant=consolidate_slack=0 cells_cheaper=(\d)/1 whole_change_median=([-+]\d\.\d+) "
-                      r"slo_points_min=([-+]\d+\.\d+)$", out.strip())  # fmt: skip
+                      r"slo_points_min=([-+]\d+\.\d+) slo_points_worst_seed=([-+]\d+\.\d+)$", out.strip())  # fmt: skip
     assert found, out
     change = float(rows[1].split("|")[5].strip().rstrip("%")) / 100
     assert float(found.group(2)) == pytest.approx(change, abs=6e-4)
     assert found.group(1) == ("1" if change < 0 else "0")
+    assert rows[0].split("|")[11:13] == [" 0/2 ", " +0.00 "]  # the reference against itself, seed by seed
+    assert float(found.group(4)) <= min(0.0, float(found.group(3))) + 1e-9  # one seed falls at least the mean's fall
+
+
+def test_the_paired_comparison_counts_seeds_and_finds_the_worst_one() -> None:
+    def run(whole: float, slo: float, requests: int = 10) -> dict[str, object]:
+        return {"requests": requests, "whole": whole, "slo_hit_rate": slo}
+
+    ref = [run(2e-6, 0.999), run(3e-6, 0.998), run(4e-6, 0.990), run(0.0, 0.0, requests=0)]
+    var = [run(1e-6, 0.990), run(2e-6, 0.999), run(5e-6, 0.990), run(1e-6, 1.0)]
+    got = ev.paired(ref, var)
+    assert got == {"cheaper": 2.0, "worst_points": pytest.approx(-0.9), "seeds": 3.0}
+    assert ev.paired(ref[:1], [run(3e-6, 1.0)]) == {"cheaper": 0.0, "worst_points": 0.0, "seeds": 1.0}
 
 
 def test_a_seed_with_no_request_is_left_out_of_the_means() -> None:
