@@ -128,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--variant", action="append", default=None, help="ESG settings 'k=v,k=v' (repeat)")
     parser.add_argument("--seeds", default="10,11,12", help="added to each cell's seed (default 10,11,12)")
     parser.add_argument("--only", default="", help="cells without their seed, e.g. conv-mid,code-near")
-    parser.add_argument("--duration", type=float, default=wb.DURATION_S, help="arrival window, s")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="run length of every cell, s (default: each cell's own)"
+    )
     parser.add_argument("--warmup", type=float, default=wb.WARMUP_S, help="warm-up left out, s")
     parser.add_argument("--processes", type=int, default=0, help="worker processes (0: one per CPU; 1: this one)")
     args = parser.parse_args(argv)
@@ -140,10 +142,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise SystemExit(f"esg_variants: --seeds wants integers, got {args.seeds!r}") from None
-    if not seeds or args.duration <= 0 or not 0 <= args.warmup < args.duration:
+    if not seeds or args.warmup < 0 or (args.duration is not None and not 0 <= args.warmup < args.duration):
         raise SystemExit("esg_variants: give at least one seed, a duration > 0 and 0 <= warm-up < duration")
     grid = cells([c for c in args.only.split(",") if c], seeds)
-    jobs = [wb.Job(c, wb.ESG, v, args.duration, args.warmup) for c in grid for v in variants]
+    length = {c: wb.cell_duration(c, args.warmup) if args.duration is None else args.duration for c in grid}
+    jobs = [wb.Job(c, wb.ESG, v, length[c], args.warmup) for c in grid for v in variants]
     processes = args.processes or max(1, len(os.sched_getaffinity(0)))
     t0 = time.perf_counter()
     rows = wb.run_jobs(jobs, processes)
@@ -151,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for job, row in zip(jobs, rows, strict=True):
         by.setdefault((short(job.cell), job.setting), []).append(row)
     names = list(dict.fromkeys(short(c) for c in grid))
-    print(f"ESG over seeds +{','.join(map(str, seeds))} per cell ({args.duration:g} s runs, {args.warmup:g} s warm-up)")
+    runs = "each cell's own run length" if args.duration is None else f"{args.duration:g} s runs"
+    print(f"ESG over seeds +{','.join(map(str, seeds))} per cell ({runs}, {args.warmup:g} s warm-up)")
     print()
     head = ("cell", "variant", "seeds", "whole $/req (geo. mean)", "change", "SLO hit", "change, points", "lowest",
             "p99 misses", "workers", "seeds cheaper", "worst seed, points")  # fmt: skip

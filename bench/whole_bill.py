@@ -18,9 +18,15 @@ Cells (``grid_cells``):
     ``CAPACITY_PER_S``. Capacity is measured, not computed: climbing a ladder of
     rates in ``CALIBRATION_STEP_PER_S`` steps (25 requests/s), the last rate
     before the first at which no prior-work baseline at any of its lifecycle
-    settings (below) meets ``CALIBRATION_SLO`` (99 %) of the SLOs; seed 0, this
-    bench's run length. ``--calibrate`` runs that ladder and prints it (the
+    settings (below) meets ``CALIBRATION_SLO`` (99 %) of the SLOs; seed 0,
+    ``DURATION_S`` runs. ``--calibrate`` runs that ladder and prints it (the
     baselines only, so ESG's changes do not move the rates; the platform's do).
+
+Run lengths (``cell_duration``): each cell runs a ``WARMUP_S`` warm-up and then
+a window long enough to expect ``MIN_WINDOW_REQUESTS`` requests, at least
+``MIN_WINDOW_S``: 30 s for the standard cells, up to 170 s for the code trace's
+low rate. The goal tolerates 0.5 SLO points, which a window of a few hundred
+requests cannot resolve; ``--duration`` gives every cell one length instead.
 
 Lifecycle settings. The platform's lifecycle knobs
 (``esg_prefect.scheduling.settings.PlatformSettings``) apply to every
@@ -153,11 +159,16 @@ STANDARD_SEEDS: tuple[int, ...] = (0, 1, 2)
 TRACES: dict[str, str] = {"code": "azure_llm_code", "conv": "azure_llm_conv"}
 RATE_FRACTIONS: dict[str, float] = {"low": 0.25, "mid": 0.5, "near": 1.0}
 CAPACITY_PER_S: dict[str, float] = {"azure_llm_code": 50.0, "azure_llm_conv": 300.0}
-"""Per trace: the rate ``--calibrate`` found (module docstring), with the default run length."""
+"""Per trace: the rate ``--calibrate`` found (module docstring)."""
 CALIBRATION_STEP_PER_S = 25.0
 CALIBRATION_SLO = 0.99
 DURATION_S = 30.0
+"""Run length of ``--calibrate``."""
 WARMUP_S = 10.0
+MIN_WINDOW_S = 20.0
+"""The shortest window of a grid cell (after the warm-up)."""
+MIN_WINDOW_REQUESTS = 2000
+"""Requests a cell's window must expect (``cell_duration``): one request is then 0.05 SLO points."""
 QUICK_DURATION_S = 6.0
 QUICK_WARMUP_S = 2.0
 
@@ -199,25 +210,38 @@ def grid_cells(quick: bool = False, trace_seeds: Sequence[int] = (0,)) -> list[C
     return cells
 
 
+def cell_duration(cell: Cell, warmup_s: float = WARMUP_S) -> float:
+    """A cell's run length: ``warmup_s`` and a window that expects ``MIN_WINDOW_REQUESTS``, at least ``MIN_WINDOW_S``.
+
+    The goal's SLO tolerance is 0.5 points; with
+    2,000 requests one request is 0.05 points and the binomial standard error
+    of a 99.5 % hit rate is 0.16 points, where a 20 s window at 12.5
+    requests/s (250 requests) makes one request 0.4 points.
+    """
+    return warmup_s + math.ceil(max(MIN_WINDOW_S, MIN_WINDOW_REQUESTS / cell.rate_per_s))
+
+
 def grid_jobs(
     cells: Sequence[Cell],
     schedulers: Sequence[str] = SCHEDULERS,
     sweep: Sequence[Setting] | None = None,
-    duration_s: float = DURATION_S,
+    duration_s: float | None = None,
     warmup_s: float = WARMUP_S,
 ) -> list[Job]:
     """ESG once per cell at its defaults, every other scheduler once per setting of ``sweep``; longest first.
 
-    ``sweep`` defaults to :func:`lifecycle_sweep`.
+    ``sweep`` defaults to :func:`lifecycle_sweep`; ``duration_s`` None: each
+    cell's :func:`cell_duration`.
     """
     settings = lifecycle_sweep() if sweep is None else tuple(sweep)
     jobs = []
     for cell in cells:
+        length = cell_duration(cell, warmup_s) if duration_s is None else duration_s
         for s in schedulers:
             for setting in ((),) if s == ESG else settings:
-                jobs.append(Job(cell, s, setting, duration_s, warmup_s))
+                jobs.append(Job(cell, s, setting, length, warmup_s))
     weight = {ESG: 3.0, "per-invocation": 2.0}  # the slowest to simulate, per request
-    return sorted(jobs, key=lambda j: -j.cell.rate_per_s * weight.get(j.scheduler, 1.0))
+    return sorted(jobs, key=lambda j: -j.cell.rate_per_s * (j.duration_s - j.warmup_s) * weight.get(j.scheduler, 1.0))
 
 
 def job_case(job: Job) -> Case:
@@ -398,7 +422,12 @@ def calibrate(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=None, help=f"arrival window, s (default {DURATION_S:g})")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="run length of every cell, s (default: each cell's own, cell_duration)",
+    )
     parser.add_argument("--warmup", type=float, default=None, help=f"warm-up left out, s (default {WARMUP_S:g})")
     parser.add_argument("--processes", type=int, default=0, help="worker processes (0: one per CPU; 1: in this one)")
     parser.add_argument("--quick", action="store_true", help="a subset with tiny runs (smoke test)")
@@ -408,11 +437,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated cell names to run (default: every cell)")
     args = parser.parse_args()
     processes = args.processes or os.cpu_count() or 1
-    duration = args.duration or (QUICK_DURATION_S if args.quick else DURATION_S)
+    duration = args.duration or (QUICK_DURATION_S if args.quick else None)
     warmup = args.warmup if args.warmup is not None else (QUICK_WARMUP_S if args.quick else WARMUP_S)
     if args.calibrate:
         for trace in TRACES.values():
-            calibrate(trace, duration, warmup, processes)
+            calibrate(trace, duration or DURATION_S, warmup, processes)
         return
     try:
         seeds = tuple(int(x) for x in args.trace_seeds.split(",") if x.strip())
@@ -428,10 +457,13 @@ def main() -> None:
     sweep = lifecycle_sweep(QUICK_KEEP_ALIVE_SWEEP if args.quick else KEEP_ALIVE_SWEEP)
     jobs = grid_jobs(cells, SCHEDULERS, sweep, duration, warmup)
     lifecycle = {k: getattr(standard_case().settings, k) for k in LIFECYCLE_KNOBS if k in _field_names()}
+    lengths = {j.cell.name: j.duration_s for j in jobs}
     print(
         f"whole bill: {len(cells)} cells x (ESG at its defaults + {len(PRIOR_WORK)} baselines x settings "
-        f"{' | '.join(setting_label(s) for s in sweep)}) = {len(jobs)} runs of {duration:g} s ({warmup:g} s "
-        f"warm-up); {min(processes, len(jobs))} process(es)\nplatform defaults: "
+        f"{' | '.join(setting_label(s) for s in sweep)}) = {len(jobs)} runs ({warmup:g} s warm-up); "
+        f"{min(processes, len(jobs))} process(es)\nrun lengths: "
+        + ", ".join(f"{c.name} {lengths[c.name]:g} s" for c in cells)
+        + "\nplatform defaults: "
         + ", ".join(f"{k}={v}" for k, v in lifecycle.items()),
         flush=True,
     )

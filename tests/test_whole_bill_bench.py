@@ -205,6 +205,20 @@ def test_trace_cells_at_more_seeds_keep_seed_zero_names() -> None:
     assert [c.name for c in wb.grid_cells(quick=True, trace_seeds=(0, 1))] == ["standard-s0", "conv-mid"]
 
 
+def test_each_cell_runs_long_enough_for_its_requests() -> None:
+    lengths = {c.name: wb.cell_duration(c) for c in wb.grid_cells()}
+    assert lengths["standard-s0"] == wb.WARMUP_S + wb.MIN_WINDOW_S == 30.0  # 300/s: the shortest window is plenty
+    assert lengths["code-low"] == 10.0 + 160.0  # 12.5/s: 2,000 requests take 160 s
+    assert lengths["conv-low"] == 10.0 + 27.0  # 75/s: 26.7 s, rounded up
+    for c in wb.grid_cells():
+        window = lengths[c.name] - wb.WARMUP_S
+        assert window >= wb.MIN_WINDOW_S and window * c.rate_per_s >= wb.MIN_WINDOW_REQUESTS
+    assert wb.cell_duration(wb.grid_cells()[3], warmup_s=20.0) == 180.0
+    jobs = wb.grid_jobs(wb.grid_cells()[3:5], ("esg",))
+    assert {j.cell.name: j.duration_s for j in jobs} == {"code-low": 170.0, "code-mid": 90.0}
+    assert {j.duration_s for j in wb.grid_jobs(wb.grid_cells()[3:5], ("esg",), duration_s=12.0)} == {12.0}
+
+
 def test_bad_trace_seeds_and_unknown_cells_get_one_line() -> None:
     for args, words in ((["--trace-seeds", "one"], "--trace-seeds must be comma-separated integers, got 'one'"),
                         (["--only", "nope"], "--only names unknown cells ['nope']")):  # fmt: skip
