@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.exceptions import StageRejectedError
 from esg_prefect.model import Workflow
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import Config
@@ -148,8 +149,13 @@ class FakeBackend:
         return None
 
 
-def run_pool(case: Case, arrivals: list[tuple[float, str]]) -> tuple[Pool, dict[str, float | None]]:
-    """The case's arrivals through a live pool on the virtual clock; the pool (closed) and each request's end."""
+def run_pool(
+    case: Case, arrivals: list[tuple[float, str]], errors: list[BaseException] | None = None
+) -> tuple[Pool, dict[str, float | None]]:
+    """The case's arrivals through a live pool on the virtual clock; the pool (closed) and each request's end.
+
+    ``errors`` collects the exceptions the failed calls raised in the caller.
+    """
     clock = VirtualClock()
     backend = FakeBackend(case, clock)
     pool = Pool(case.load_profile(), case.prices, case.scheduler, case.settings, backend, clock=clock)  # type: ignore[arg-type]
@@ -184,6 +190,8 @@ def run_pool(case: Case, arrivals: list[tuple[float, str]]) -> tuple[Pool, dict[
         exits: list[int],
     ) -> None:
         if f.exception() is not None:
+            if errors is not None:
+                errors.append(f.exception())  # type: ignore[arg-type]
             if rid not in ends:
                 ends[rid] = None
                 state["open"] -= 1
@@ -273,3 +281,24 @@ def test_shared_batches_are_the_same_in_pool_and_simulator() -> None:
     assert list(pool.core.fleet.batches) == list(sim.batches)
     assert list(pool.core.decisions) == list(sim.decisions)
     assert ends == {r.request_id: r.finish_ms for r in sim.requests}
+
+
+def test_shedding_is_the_same_in_pool_and_simulator() -> None:
+    # Ten times the conformance case's rate: calls that wait past twice their SLO fail, in both drivers.
+    case = conformance_case("esg")
+    case = replace(
+        case,
+        duration_s=1.0,
+        workload=replace(case.workload, rate_per_s=400.0),
+        settings=replace(case.settings, shed_after_slo=2.0),
+    )
+    arrivals = list(case.arrivals(case.seed))
+    sim = simulate(case, arrivals=arrivals)
+    errors: list[BaseException] = []
+    pool, ends = run_pool(case, arrivals, errors)
+    shed = [r for r in sim.requests if r.finish_ms is None]
+    assert len(shed) > len(sim.requests) / 10  # the case sheds
+    assert ends == {r.request_id: r.finish_ms for r in sim.requests}
+    assert list(pool.core.fleet.batches) == list(sim.batches)
+    assert errors and all(isinstance(e, StageRejectedError) for e in errors)
+    assert all(str(e).startswith("shed: request ") and "shed_after_slo=2 x its" in str(e) for e in errors)

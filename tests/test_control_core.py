@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from esg_prefect.control.core import Core
@@ -41,11 +43,14 @@ class Simple:
         self.reject: set[str] = set()  # stages whose jobs are rejected
         self.prewarm: set[str] = set()  # stages that get a pre-warm start instead of a dispatch
         self.bogus = False  # dispatch a job that is not waiting
+        self.hold: set[str] = set()  # stages whose jobs are left waiting
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         dispatches, rejects, starts = [], [], []
         for q in snapshot.queues:
             ids = tuple(j.job_id for j in q.jobs)
+            if q.key.stage in self.hold:
+                continue
             if q.key.stage in self.reject:
                 rejects.append(Reject(q.key, ids[:1], "too late"))
                 continue
@@ -120,6 +125,36 @@ def test_a_reject_fails_the_requests_other_queued_calls_too() -> None:
     (fail,) = [a for a in actions if isinstance(a, FailJobs)]
     assert sorted(j.job_id for j in fail.jobs) == ["j1", "j2"] and fail.reason == "too late"
     assert core.waiting == 0 and core.requests["r1"].failed and core.requests["r1"].open == 0
+
+
+def test_calls_waiting_past_shed_after_slo_fail_with_their_request_and_no_other() -> None:
+    core, sched = make_core()
+    core.settings = replace(SETTINGS, shed_after_slo=2.0).platform  # CHAIN's SLO is 500 ms: shed after 1 s
+    sched.hold.update(("a", "b"))
+    core.arrive(call("j1", 0.0))
+    core.arrive(call("j1b", 0.0, stage="b"))  # the same request in another queue (a fork)
+    core.arrive(call("j2", 600.0, req="r2"))
+    assert not [a for a in core.settle(1000.0) if isinstance(a, FailJobs)]  # at 1,000 ms: not past yet
+    actions = core.settle(1005.0)  # the next round (tick_ms 5)
+    (fail,) = [a for a in actions if isinstance(a, FailJobs)]
+    assert sorted(j.job_id for j in fail.jobs) == ["j1", "j1b"]
+    assert fail.reason == (
+        "shed: request r1 still queued 1005 ms after it arrived, past shed_after_slo=2 x its 500 ms SLO"
+    )
+    assert core.requests["r1"].failed and not core.requests["r2"].failed and core.waiting == 1
+    assert not [a for a in core.settle(1600.0) if isinstance(a, FailJobs)]
+    (late,) = [a for a in core.settle(1605.0) if isinstance(a, FailJobs)]
+    assert [j.job_id for j in late.jobs] == ["j2"] and core.waiting == 0
+
+
+def test_with_shedding_off_a_call_waits_as_long_as_it_takes() -> None:
+    core, sched = make_core()
+    sched.hold.add("a")
+    core.arrive(call("j1", 0.0))
+    assert not [a for a in core.settle(60_000.0) if isinstance(a, FailJobs)] and core.waiting == 1
+    sched.hold.clear()
+    (start,) = [a for a in core.settle(60_010.0) if isinstance(a, StartBatch)]
+    assert [j.job_id for j in start.jobs] == ["j1"]
 
 
 def test_requeued_jobs_go_back_to_the_front_of_their_queue() -> None:

@@ -15,6 +15,7 @@ def test_defaults_are_the_specs() -> None:
     assert (s.latency_blade, s.cost_blade, s.heuristic, s.search_horizon) == (True, True, "frontier", "segment")
     assert (s.percentile, s.infeasible_policy, s.redistribute_slack) == ("p95", "best_effort", True)
     assert len(s.config_space) == 198
+    assert s.shed_after_slo == 0.0  # no load shedding unless asked for
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,11 @@ def test_defaults_are_the_specs() -> None:
         ("best_effort_tolerance", True),
         ("keep_alive_by_price", "yes"),
         ("idle_vcpus", 1),
+        ("shed_after_slo", 0.5),
+        ("shed_after_slo", -1.0),
+        ("shed_after_slo", float("inf")),
+        ("shed_after_slo", float("nan")),
+        ("shed_after_slo", True),
     ],
 )
 def test_bad_knob_is_named(field: str, value: object) -> None:

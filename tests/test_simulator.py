@@ -141,6 +141,26 @@ def test_unfinished_requests_fail_after_the_drain() -> None:
     assert run.report.overall.failed == 1 and run.report.overall.slo_hit_rate == 0.0
 
 
+@pytest.mark.parametrize("scheduler", ["esg", "fast-gshare", "triton"])
+def test_shedding_bounds_every_dispatch_and_loses_no_request(scheduler: str) -> None:
+    # 600 requests/s on two T4s, four times what they serve: without shedding calls wait seconds.
+    case = tiny_case(scheduler).with_(duration_s=2.0, workload=WorkloadSpec("poisson", 600.0), seed=1)
+    slo = case.workflows[0].slo_ms
+    runs = {k: simulate(case.with_(settings=replace(case.settings, shed_after_slo=k))) for k in (0.0, 2.0)}
+    for k, run in runs.items():
+        arrived = {r.request_id: r.arrival_ms for r in run.requests}
+        dispatched = {b.batch_id: b.start_ms for b in run.batches}
+        waited = max(dispatched[s.batch_id] - arrived[s.request_id] for s in run.stages)
+        done = [r for r in run.requests if r.completed]
+        assert len(run.requests) == len(case.arrivals()) == len(done) + run.report.overall.failed
+        assert len({r.request_id for r in run.requests}) == len(run.requests)
+        if k:  # no call goes out later than k x SLO after its request arrived; the others failed
+            assert waited <= k * slo and run.report.overall.failed > len(run.requests) / 4
+        else:
+            assert waited > 4 * slo and run.report.overall.failed == 0
+    assert runs[2.0].end_ms < runs[0.0].end_ms
+
+
 def test_a_stage_without_profile_on_the_cluster_is_named() -> None:
     wf = Workflow.chain("x", ["a", "zzz"], 100.0)
     with pytest.raises(WorkflowError, match="'zzz' has no latency profile"):

@@ -18,7 +18,9 @@ What it owns:
   rejects fail the request's queued jobs, dispatches start batches (after
   their evictions), starts pre-warm workers;
 * workers through :class:`~esg_prefect.control.fleet.Fleet`: keep-alive,
-  expiry at the exact time its keep-alive runs out, billing records.
+  expiry at the exact time its keep-alive runs out, billing records;
+* load shedding (``shed_after_slo``, off by default): before a round, the
+  requests whose calls have waited that many times their SLO fail.
 """
 
 from __future__ import annotations
@@ -373,7 +375,35 @@ class Core(DecisionApplier):
             self._wake_at = t
             actions.append(_wake(t))
 
+    def _shed(self, now: float, actions: list[Action]) -> None:
+        """Fail the requests whose calls still wait ``shed_after_slo`` times their SLO after they arrived.
+
+        Every waiting call is checked (a queue's order is the order its calls
+        became ready, not their requests' arrival), so no call is dispatched
+        later than that; past capacity the queues, and a round's work, stay bounded.
+        """
+        k = self.settings.shed_after_slo
+        late: dict[str, tuple[Request, float]] = {}
+        for q in self.queues.values():
+            slo = self.workflows[q.key.workflow].slo_ms
+            limit = now - k * slo
+            for job in [j for j in q.jobs.values() if j.arrival_ms < limit]:
+                req = self._job_req.get(job.job_id)
+                if req is not None:
+                    late[req.request_id] = (req, slo)
+        for req, slo in late.values():
+            if not req.failed:
+                waited = now - req.arrival_ms
+                self._fail_request(
+                    req,
+                    f"shed: request {req.request_id} still queued {waited:.0f} ms after it arrived, past "
+                    f"shed_after_slo={k:g} x its {slo:g} ms SLO",
+                    actions,
+                )
+
     def _round(self, now: float, actions: list[Action]) -> None:
+        if self.settings.shed_after_slo > 0:
+            self._shed(now, actions)
         states = []
         for q in self.queues.values():
             if not q.jobs:

@@ -182,6 +182,12 @@ class ESGSchedulerSettings(Block):
         description="For a stage whose calls come in waves: keep the workers its load needs at this utilisation; "
         "the rest expire once idle for a lull (0: off).",
     )
+    shed_after_slo: float = Field(
+        default=_knob("shed_after_slo"),
+        ge=0,
+        description="Fail a request whose calls still wait this many times its SLO after it arrived "
+        "(0: off; else at least 1).",
+    )
     redistribute_slack: bool = Field(
         default=_knob("redistribute_slack"), description="Recompute later deadlines from real finish times."
     )

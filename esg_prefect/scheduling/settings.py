@@ -128,6 +128,13 @@ class ESGSettings:
             the usual rule. In [0, 1]; 0 turns it off. Applied to every
             scheduler; it trades some SLO hits at a bursty trace's high rates
             for a smaller bill (docs/decisions/whole-bill.md, section 12).
+        shed_after_slo: a request whose calls still wait in a queue this many
+            times its workflow's SLO after it arrived fails (its calls get
+            ``StageRejectedError`` saying so) before the next round: past
+            capacity the queues stay bounded and so does a round's work, as
+            Triton's queue timeouts and Ray Serve's ``max_queued_requests`` do.
+            0 (the default) or >= 1; 0 keeps every call until it is served.
+            Applied to every scheduler (docs/decisions/load-shedding.md).
         redistribute_slack: recompute later segments' deadlines from real finish times.
         cost_split: split a batch's cost among its jobs equally or by input size.
         idle_billing: attribute warm idle time to the runs served before it (a
@@ -261,6 +268,7 @@ class ESGSettings:
     best_effort_keep_alive: float = 2.0
     scale_down_utilization: float = 0.0
     scale_down_waves: float = 0.5
+    shed_after_slo: float = 0.0
     redistribute_slack: bool = True
     cost_split: Literal["equal", "input_size"] = "equal"
     idle_billing: Literal["attribute", "separate"] = "attribute"
@@ -357,6 +365,12 @@ class ESGSettings:
         )
         for name in ("scale_down_utilization", "scale_down_waves"):
             _number(name, getattr(self, name), lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
+        _number(
+            "shed_after_slo",
+            self.shed_after_slo,
+            lambda v: v == 0.0 or (math.isfinite(v) and v >= 1.0),
+            "0 (off) or a finite number >= 1 (times the workflow's SLO)",
+        )
         _number("hardware_utilization", self.hardware_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         if not isinstance(self.corun_table, str) or not self.corun_table:
             raise ConfigError(f"corun_table must be 'default' or a CSV path, got {self.corun_table!r}")
@@ -436,6 +450,7 @@ class PlatformSettings:
     best_effort_keep_alive: float
     scale_down_utilization: float
     scale_down_waves: float
+    shed_after_slo: float
     allow_eviction: bool
     correction_alpha: float
     cost_split: Literal["equal", "input_size"]
