@@ -73,6 +73,8 @@ Example:
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
@@ -140,6 +142,10 @@ class ESGScheduler(ESG1Q):
         self.tables = CandidateTables(profile, prices, self.settings)
         self.clock = clock
         self._views = ViewCache(self.settings.allow_eviction)
+        # EDF order's key, read at C speed (a queue past capacity holds thousands of jobs): the deadline
+        # _deadline reads, then ready time, then id.
+        first = "e2e_deadline_ms" if self.settings.search_horizon == "workflow" else "deadline_ms"
+        self._edf_attrs = attrgetter(first, "ready_ms", "job_id")
         self._busy = BusyWarm(self.tables)  # the rules for a stage's busy warm workers (scheduling.busy_warm)
         self._late = BestEffort(self.tables, self._busy, self._deadline)  # no plan meets the slack
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
@@ -304,11 +310,11 @@ class ESGScheduler(ESG1Q):
         key = ("edf", q.key)
         got: list[Job] | None = self._memo.get(key, q.jobs)
         if got is None:
-            got = self._memo.put(key, sorted(q.jobs, key=self._edf_key), q.jobs)
+            got = self._memo.put(key, sorted(q.jobs, key=self._edf_attrs), q.jobs)
         return list(got)
 
     def _edf_key(self, job: Job) -> tuple[float, float, str]:
-        return (self._deadline(job), job.ready_ms, job.job_id)
+        return self._edf_attrs(job)  # type: ignore[no-any-return]
 
     def _deadline(self, job: Job) -> float:
         return job.e2e_deadline_ms if self.settings.search_horizon == "workflow" else job.deadline_ms
