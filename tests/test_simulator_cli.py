@@ -32,6 +32,26 @@ def test_simulate_says_when_it_caps_the_warm_up(tmp_path: Path) -> None:
     assert json.loads(result.stdout[result.stdout.index("{") :])["overall"]["count"] > 0
 
 
+def test_simulate_says_once_when_the_queues_hold_seconds_of_arrivals(tmp_path: Path) -> None:
+    from esg_prefect.simulator import ClusterSpec, NodeSpec, WorkloadSpec, tiny_case
+
+    # 800 requests/s on one T4: the queues hold over 2,000 calls by the end, past 2 s of arrivals (1,600).
+    case = tiny_case("fast-gshare").with_(
+        cluster=ClusterSpec((NodeSpec("n0", 8, ("T4",)),)), workload=WorkloadSpec("poisson", 800.0), duration_s=3.0
+    )
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case.to_dict()))
+    result = CliRunner().invoke(app, ["simulate", "--case", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("calls are queued, over 2 s of arrivals") == 1
+    assert "--set shed_after_slo=3" in result.stderr
+    shed = CliRunner().invoke(app, ["simulate", "--case", str(path), "--json", "--set", "shed_after_slo=3"])
+    assert shed.exit_code == 0, shed.output
+    assert "calls are queued" not in shed.stderr  # shedding on: no note
+    light = CliRunner().invoke(app, ["simulate", "-s", "fast-gshare", "--rate", "60", "--duration", "2", "--json"])
+    assert light.exit_code == 0 and "calls are queued" not in light.stderr
+
+
 def test_simulate_runs_a_case_file(tmp_path: Path) -> None:
     from esg_prefect.simulator import standard_case
 

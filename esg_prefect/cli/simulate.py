@@ -268,6 +268,37 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
     )
 
 
+BACKLOG_S = 2.0
+"""Queued calls worth this many seconds of the case's arrivals (and at least ``BACKLOG_MIN``) mean the cluster is far
+past capacity: the run slows as the queues grow, and ``simulate`` says so once, with the knob that bounds them."""
+BACKLOG_MIN = 500
+
+
+class BacklogHint:
+    """Watches a run's queues from its progress callback; prints one note if they hold seconds of arrivals."""
+
+    def __init__(self, case: Any, console: Console) -> None:
+        self.console = console
+        self.limit = max(BACKLOG_MIN, BACKLOG_S * case.workload.rate_per_s)
+        self.armed = case.settings.shed_after_slo == 0
+        self.core: Any = None
+
+    def attach(self, controller: Any) -> None:
+        """``simulate``'s ``instrument`` hook: keep the run's control core."""
+        self.core = controller.core
+
+    def check(self) -> None:
+        """Print the note once, the first time the queued calls pass the limit (with shedding off)."""
+        if self.armed and self.core is not None and self.core.waiting > self.limit:
+            self.armed = False
+            self.console.print(
+                f"note: {self.core.waiting} calls are queued, over {BACKLOG_S:g} s of arrivals: the cluster is far "
+                "past capacity and the run slows as the queues grow; --set shed_after_slo=3 fails the calls still "
+                "queued 3x their SLO after their request arrived",
+                highlight=False,
+            )
+
+
 MAX_REQUESTS = 1e8
 """The most requests one simulated run may hold (each is kept until the report)."""
 
@@ -346,7 +377,13 @@ def register(app: typer.Typer) -> None:
             task = progress.add_task(f"{case.scheduler} on {case.workload.trace}", total=1.0)
             clock = WallClock()
             t0 = clock()
-            run = simulate(case, seed, clock=clock, progress=lambda f: progress.update(task, completed=f))
+            hint = BacklogHint(case, console)
+
+            def step(f: float) -> None:
+                progress.update(task, completed=f)
+                hint.check()
+
+            run = simulate(case, seed, clock=clock, progress=step, instrument=hint.attach)
             wall = (clock() - t0) / 1000.0
         report = run.report
         if out is not None:
