@@ -79,7 +79,8 @@ within ``SLO_TOLERANCE`` of the highest baseline SLO hit rate in the cell. ESG
 wins the cell when (1) the best baseline's whole bill per request is at least
 ``GOAL_RATIO`` (1.25) times ESG's, (2) ESG's SLO hit rate is at most
 ``SLO_TOLERANCE`` below the best baseline's, and (3) every workflow's p99
-under ESG is within its SLO. A missed cell names the conditions it missed.
+under ESG is within its SLO. A missed cell names the conditions it missed (beside
+ESG's p99 misses, the best baseline's own, where it has any).
 
 Runs go to ``--processes`` worker processes (default: one per CPU), the
 longest first; each finished run is noted on stderr, the tables go to stdout.

@@ -238,3 +238,8 @@ def test_a_verdict_never_reads_as_the_goal_it_missed() -> None:
     far = wb.Verdict("c", esg, {}, esg, 1.17, -0.56, ())
     assert far.misses == ["cost: whole-bill ratio 1.17 < 1.25", "SLO: -0.56 points vs best baseline"]
     assert wb.Verdict("c", esg, {}, esg, 1.25, -0.5, ()).won
+    base = {**esg, "p99": {"a": (136.0, 80.0), "b": (60.0, 170.0)}}
+    both = wb.Verdict("c", esg, {}, base, 1.5, 0.1, ("a 112>80 ms",))
+    assert both.misses == ["p99 over SLO: a 112>80 ms (the best baseline's too: a 136>80 ms)"] and not both.won
+    alone = wb.Verdict("c", esg, {}, {**esg, "p99": {"a": (70.0, 80.0)}}, 1.5, 0.1, ("a 112>80 ms",))
+    assert alone.misses == ["p99 over SLO: a 112>80 ms"]
