@@ -80,7 +80,10 @@ wins the cell when (1) the best baseline's whole bill per request is at least
 ``GOAL_RATIO`` (1.25) times ESG's, (2) ESG's SLO hit rate is at most
 ``SLO_TOLERANCE`` below the best baseline's, and (3) every workflow's p99
 under ESG is within its SLO. A missed cell names the conditions it missed (beside
-ESG's p99 misses, the best baseline's own, where it has any).
+ESG's p99 misses, the best baseline's own, where it has any). With several seeds of a cell
+type (``--trace-seeds``; the standard case always has three), a table per type follows: cells won,
+the ratio's median and range, ESG's SLO hit rate less the best baseline's (mean and worst), and the
+cells with a p99 over the SLO.
 
 Runs go to ``--processes`` worker processes (default: one per CPU), the
 longest first; each finished run is noted on stderr, the tables go to stdout.
@@ -129,6 +132,7 @@ from whole_bill_report import ESG as ESG
 from whole_bill_report import GOAL_RATIO as GOAL_RATIO
 from whole_bill_report import SLO_TOLERANCE as SLO_TOLERANCE
 from whole_bill_report import Verdict as Verdict
+from whole_bill_report import cell_type as cell_type
 from whole_bill_report import idle_rows as idle_rows
 from whole_bill_report import judge as judge
 from whole_bill_report import pick_setting as pick_setting
@@ -138,6 +142,7 @@ from whole_bill_report import setting_label as setting_label
 from whole_bill_report import summary_rows as summary_rows
 from whole_bill_report import sweep_lines as sweep_lines
 from whole_bill_report import table_rows as table_rows
+from whole_bill_report import type_rows as type_rows
 from whole_bill_split import Bill as Bill
 from whole_bill_split import bill_split as bill_split
 
@@ -481,6 +486,12 @@ def main() -> None:
     print()
     print("\n".join(summary_rows(verdicts)))
     print()
+    types = type_rows(verdicts)
+    if types:
+        print("Per cell type over its seeds (ratio and SLO delta as above):")
+        print()
+        print("\n".join(types))
+        print()
     print("Where the idle bill goes (between two batches of a worker, or before its first / after its last):")
     print()
     print("\n".join(idle_rows(verdicts)))

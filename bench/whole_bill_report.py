@@ -179,6 +179,46 @@ def summary_rows(verdicts: Sequence[Verdict]) -> list[str]:
     return out
 
 
+def cell_type(cell: str) -> str:
+    """A cell's name without its seed: ``code-low-s3`` and ``code-low`` are both ``code-low``."""
+    head, _, tail = cell.rpartition("-s")
+    return head if head and tail.isdigit() else cell
+
+
+def type_rows(verdicts: Sequence[Verdict]) -> list[str]:
+    """Per cell type over its seeds: cells won, the ratio's spread, the SLO delta; [] when no type has two seeds.
+
+    The goal is judged cell by cell; this table says how a type fares over its seeds, where one
+    seed's clump can decide a cell. A cell with no request in its window counts among the seeds
+    only, as the RESULT line leaves it out of the ratios.
+    """
+    by: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by.setdefault(cell_type(v.cell), []).append(v)
+    if all(len(vs) < 2 for vs in by.values()):
+        return []
+    out = [
+        "| cell type | seeds | won | ratio median (min-max) | SLO delta, points: mean (worst) | ESG SLO mean | "
+        "best baseline SLO mean | cells with a p99 over |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, vs in by.items():
+        won, p99 = sum(v.won for v in vs), sum(1 for v in vs if v.p99_over)
+        judged = [v for v in vs if v.esg["requests"] and not math.isnan(v.ratio)]  # as the RESULT line's ratios
+        if not judged:
+            out.append(f"| {name} | {len(vs)} | {won} | - | - | - | - | {p99} |")
+            continue
+        ratios = [v.ratio for v in judged]
+        deltas = [v.slo_delta_points for v in judged]
+        out.append(
+            f"| {name} | {len(vs)} | {won} | {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {statistics.mean(deltas):+.2f} ({min(deltas):+.2f}) | "
+            f"{statistics.mean(v.esg['slo_hit_rate'] for v in judged):.4f} | "
+            f"{statistics.mean(v.best['slo_hit_rate'] for v in judged):.4f} | {p99} |"
+        )
+    return out
+
+
 def idle_rows(verdicts: Sequence[Verdict]) -> list[str]:
     """One markdown row per cell and scheduler (ESG, the best baseline): where the idle bill goes (:class:`Bill`).
 

@@ -243,3 +243,34 @@ def test_a_verdict_never_reads_as_the_goal_it_missed() -> None:
     assert both.misses == ["p99 over SLO: a 112>80 ms (the best baseline's too: a 136>80 ms)"] and not both.won
     alone = wb.Verdict("c", esg, {}, {**esg, "p99": {"a": (70.0, 80.0)}}, 1.5, 0.1, ("a 112>80 ms",))
     assert alone.misses == ["p99 over SLO: a 112>80 ms"]
+
+
+def test_cell_types_gather_a_cells_seeds() -> None:
+    assert [wb.cell_type(n) for n in ("code-low", "code-low-s3", "standard-s0", "conv-mid-s12", "a-sx")] == [
+        "code-low", "code-low", "standard", "conv-mid", "a-sx"
+    ]  # fmt: skip
+
+    def verdict(cell: str, ratio: float, esg_slo: float, base_slo: float, over: tuple[str, ...] = ()) -> object:
+        esg = {"requests": 100, "slo_hit_rate": esg_slo, "whole": 1.0, "p99": {}}
+        base = {**esg, "slo_hit_rate": base_slo}
+        return wb.Verdict(cell, esg, {}, base, ratio, (esg_slo - base_slo) * 100, over)
+
+    one_seed = [verdict("code-low", 1.5, 0.999, 0.998), verdict("conv-low", 1.0, 1.0, 1.0)]
+    assert wb.type_rows(one_seed) == []  # nothing to gather
+    rows = wb.type_rows(
+        [
+            verdict("code-near", 1.57, 0.9887, 0.9976, ("image-classify 87>80 ms",)),
+            verdict("code-near-s1", 1.51, 0.9849, 0.9824, ("image-classify 112>80 ms",)),
+            verdict("code-near-s2", 1.49, 0.9856, 0.9856, ("image-classify 96>80 ms",)),
+            verdict("conv-mid", 1.30, 1.0, 0.9996),
+        ]
+    )
+    assert rows[2] == "| code-near | 3 | 0 | 1.51 (1.49-1.57) | -0.21 (-0.89) | 0.9864 | 0.9885 | 3 |"
+    assert rows[3] == "| conv-mid | 1 | 1 | 1.30 (1.30-1.30) | +0.04 (+0.04) | 1.0000 | 0.9996 | 0 |"
+    empty = {"requests": 0, "slo_hit_rate": 0.0, "whole": 0.0, "p99": {}}
+    quiet = wb.Verdict("code-low", empty, {}, empty, math.nan, 0.0, ())  # a window with no request
+    rows = wb.type_rows([quiet, verdict("code-low-s1", 1.4, 0.999, 0.998)])
+    assert rows[2] == "| code-low | 2 | 1 | 1.40 (1.40-1.40) | +0.10 (+0.10) | 0.9990 | 0.9980 | 0 |"
+    assert wb.type_rows([quiet, wb.Verdict("code-low-s1", empty, {}, empty, math.nan, 0.0, ())])[2] == (
+        "| code-low | 2 | 0 | - | - | - | - | 0 |"
+    )
