@@ -25,7 +25,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from esg_prefect.control.core import Core
     from esg_prefect.scheduling import ESGSettings
+    from esg_prefect.simulator.case import Case
+    from esg_prefect.simulator.controller import Controller
 
 CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simulate --out DIR` writes"
 
@@ -277,13 +280,13 @@ BACKLOG_MIN = 500
 class BacklogHint:
     """Watches a run's queues from its progress callback; prints one note if they hold seconds of arrivals."""
 
-    def __init__(self, case: Any, console: Console) -> None:
+    def __init__(self, case: Case, console: Console) -> None:
         self.console = console
         self.limit = max(BACKLOG_MIN, BACKLOG_S * case.workload.rate_per_s)
         self.armed = case.settings.shed_after_slo == 0
-        self.core: Any = None
+        self.core: Core | None = None
 
-    def attach(self, controller: Any) -> None:
+    def attach(self, controller: Controller) -> None:
         """``simulate``'s ``instrument`` hook: keep the run's control core."""
         self.core = controller.core
 

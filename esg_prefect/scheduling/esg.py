@@ -73,6 +73,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import attrgetter
 
 from esg_prefect.exceptions import MissingProfileError
@@ -142,10 +143,12 @@ class ESGScheduler(ESG1Q):
         self.tables = CandidateTables(profile, prices, self.settings)
         self.clock = clock
         self._views = ViewCache(self.settings.allow_eviction)
-        # EDF order's key, read at C speed (a queue past capacity holds thousands of jobs): the deadline
-        # _deadline reads, then ready time, then id.
-        first = "e2e_deadline_ms" if self.settings.search_horizon == "workflow" else "deadline_ms"
-        self._edf_attrs = attrgetter(first, "ready_ms", "job_id")
+        # The deadline a job is planned to (the search horizon's), and EDF order's key: that deadline, then
+        # ready time, then id, read at C speed (a queue past capacity holds thousands of jobs).
+        self._deadline_field = "e2e_deadline_ms" if self.settings.search_horizon == "workflow" else "deadline_ms"
+        self._edf_key: Callable[[Job], tuple[float, float, str]] = attrgetter(
+            self._deadline_field, "ready_ms", "job_id"
+        )
         self._busy = BusyWarm(self.tables)  # the rules for a stage's busy warm workers (scheduling.busy_warm)
         self._late = BestEffort(self.tables, self._busy, self._deadline)  # no plan meets the slack
         # PALDIA's features (knobs hardware_selection, hybrid_sharing): None when off, the paper's ESG.
@@ -310,14 +313,11 @@ class ESGScheduler(ESG1Q):
         key = ("edf", q.key)
         got: list[Job] | None = self._memo.get(key, q.jobs)
         if got is None:
-            got = self._memo.put(key, sorted(q.jobs, key=self._edf_attrs), q.jobs)
+            got = self._memo.put(key, sorted(q.jobs, key=self._edf_key), q.jobs)
         return list(got)
 
-    def _edf_key(self, job: Job) -> tuple[float, float, str]:
-        return self._edf_attrs(job)  # type: ignore[no-any-return]
-
     def _deadline(self, job: Job) -> float:
-        return job.e2e_deadline_ms if self.settings.search_horizon == "workflow" else job.deadline_ms
+        return getattr(job, self._deadline_field)  # type: ignore[no-any-return]
 
     def _reason(self, c: Choice, dec: QueueDecision, rule: int) -> str:
         where = {
