@@ -147,6 +147,20 @@ def test_calls_waiting_past_shed_after_slo_fail_with_their_request_and_no_other(
     assert [j.job_id for j in late.jobs] == ["j2"] and core.waiting == 0
 
 
+def test_a_request_failed_by_a_stage_error_still_has_its_waiting_calls_shed() -> None:
+    core, sched = make_core()
+    core.settings = replace(SETTINGS, shed_after_slo=2.0).platform
+    sched.hold.add("b")
+    core.arrive(call("j1", 0.0))
+    core.arrive(call("j1b", 0.0, stage="b"))  # the same request's other call, held
+    (start,) = [a for a in core.settle(0.0) if isinstance(a, StartBatch)]
+    core.finished(BatchFinished(start.batch_id, 12.0, failed=frozenset({"j1"})))  # its stage raised
+    assert core.requests["r1"].failed and core.waiting == 1
+    (fail,) = [a for a in core.settle(1005.0) if isinstance(a, FailJobs)]
+    assert [j.job_id for j in fail.jobs] == ["j1b"] and fail.reason.startswith("shed: request r1")
+    assert core.waiting == 0
+
+
 def test_with_shedding_off_a_call_waits_as_long_as_it_takes() -> None:
     core, sched = make_core()
     sched.hold.add("a")

@@ -391,15 +391,14 @@ class Core(DecisionApplier):
                 req = self._job_req.get(job.job_id)
                 if req is not None:
                     late[req.request_id] = (req, slo)
-        for req, slo in late.values():
-            if not req.failed:
-                waited = now - req.arrival_ms
-                self._fail_request(
-                    req,
-                    f"shed: request {req.request_id} still queued {waited:.0f} ms after it arrived, past "
-                    f"shed_after_slo={k:g} x its {slo:g} ms SLO",
-                    actions,
-                )
+        for req, slo in late.values():  # a request a stage error failed still has these calls waiting: shed too
+            waited = now - req.arrival_ms
+            self._fail_request(
+                req,
+                f"shed: request {req.request_id} still queued {waited:.0f} ms after it arrived, past "
+                f"shed_after_slo={k:g} x its {slo:g} ms SLO",
+                actions,
+            )
 
     def _round(self, now: float, actions: list[Action]) -> None:
         if self.settings.shed_after_slo > 0:
