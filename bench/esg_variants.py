@@ -83,7 +83,7 @@ def cells(only: Sequence[str], seeds: Sequence[int]) -> list[wb.Cell]:
 
 def short(cell: wb.Cell) -> str:
     """A cell's name without its seed: ``standard``, ``code-low``, ..."""
-    return "standard" if cell.name.startswith("standard-s") else cell.name
+    return wb.cell_type(cell.name)
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
