@@ -137,6 +137,7 @@ from whole_bill_report import idle_rows as idle_rows
 from whole_bill_report import judge as judge
 from whole_bill_report import pick_setting as pick_setting
 from whole_bill_report import plot as plot
+from whole_bill_report import print_report as print_report
 from whole_bill_report import result_line as result_line
 from whole_bill_report import setting_label as setting_label
 from whole_bill_report import summary_rows as summary_rows
@@ -477,40 +478,13 @@ def main() -> None:
     rows = run_jobs(jobs, processes, progress=True)
     wall = time.perf_counter() - t0
     verdicts = [judge(c.name, [r for r in rows if r["cell"] == c.name]) for c in cells]
-    print()
-    print("Every cell, ESG and each baseline at its chosen setting ($ per request; busy + idle + cold = whole):")
-    print()
-    print("\n".join(table_rows(verdicts)))
-    print()
-    print("The goal test per cell (ratio = best baseline's whole bill / ESG's; 'incl. warm-up': whole runs):")
-    print()
-    print("\n".join(summary_rows(verdicts)))
-    print()
-    types = type_rows(verdicts)
-    if types:
-        print("Per cell type over its seeds (ratio and SLO delta as above):")
-        print()
-        print("\n".join(types))
-        print()
-    print("Where the idle bill goes (between two batches of a worker, or before its first / after its last):")
-    print()
-    print("\n".join(idle_rows(verdicts)))
-    print()
-    print("Keep-alive sweep (SLO hit rate / whole $ per request; * = chosen):")
-    print("\n".join(sweep_lines(rows, cells)))
-    sim_wall = sum(r["wall_s"] for r in rows)
-    requests = sum(r["requests"] for r in rows)
-    disagree = [f"{r['cell']}/{r['scheduler']}/{setting_label(r['setting'])}" for r in rows if not r["report_agrees"]]
-    print(
-        "report check: busy + idle + cold equals the report's busy + idle cost in every run"
-        if not disagree
-        else f"report check: **{len(disagree)} runs disagree** with their report: {', '.join(disagree)}"
-    )
+    print_report(verdicts, rows, cells)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
     print(
-        f"{len(rows)} runs, {requests} requests in the windows; runs' own wall times {sim_wall:.0f} s; "
-        f"whole bench {wall:.0f} s over {min(processes, len(jobs))} process(es), {cpu:.0f} CPU s"
+        f"{len(rows)} runs, {sum(r['requests'] for r in rows)} requests in the windows; runs' own wall times "
+        f"{sum(r['wall_s'] for r in rows):.0f} s; whole bench {wall:.0f} s over {min(processes, len(jobs))} "
+        f"process(es), {cpu:.0f} CPU s"
     )
     path = args.plot if args.plot is not None else ("" if args.quick else "docs/figures/whole_bill.png")
     if path:

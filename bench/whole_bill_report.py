@@ -4,7 +4,7 @@
 figures); this module picks each baseline's lifecycle setting, judges ESG
 against the best baseline in each cell (the goal test of that module's
 docstring), and prints the outcome: the markdown tables, the keep-alive sweep,
-the plot and the ``RESULT`` line. Kept apart so the bench holds the runs and
+the report check, the plot and the ``RESULT`` line. Kept apart so the bench holds the runs and
 this the verdicts.
 """
 
@@ -260,6 +260,37 @@ def sweep_lines(rows: Sequence[dict[str, Any]], cells: Sequence[Cell]) -> list[s
             ]
             out.append(f"{cell.name:<12} {b:<15} " + "   ".join(parts))
     return out
+
+
+def print_report(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], cells: Sequence[Cell]) -> None:
+    """Print the grid's tables in order, then whether every run's split agreed with its report."""
+    sections = [
+        (
+            "Every cell, ESG and each baseline at its chosen setting ($ per request; busy + idle + cold = whole):",
+            table_rows(verdicts),
+        ),
+        (
+            "The goal test per cell (ratio = best baseline's whole bill / ESG's; 'incl. warm-up': whole runs):",
+            summary_rows(verdicts),
+        ),
+        ("Per cell type over its seeds (ratio and SLO delta as above):", type_rows(verdicts)),
+        (
+            "Where the idle bill goes (between two batches of a worker, or before its first / after its last):",
+            idle_rows(verdicts),
+        ),
+    ]
+    for title, lines in sections:
+        if lines:
+            print(f"\n{title}\n")
+            print("\n".join(lines))
+    print("\nKeep-alive sweep (SLO hit rate / whole $ per request; * = chosen):")
+    print("\n".join(sweep_lines(rows, cells)))
+    disagree = [f"{r['cell']}/{r['scheduler']}/{setting_label(r['setting'])}" for r in rows if not r["report_agrees"]]
+    print(
+        "report check: busy + idle + cold equals the report's busy + idle cost in every run"
+        if not disagree
+        else f"report check: **{len(disagree)} runs disagree** with their report: {', '.join(disagree)}"
+    )
 
 
 def plot(verdicts: Sequence[Verdict], path: str) -> None:
