@@ -219,3 +219,23 @@ def test_compare_prints_runs_by_name_and_reruns_rows_without_the_bill(tmp_path: 
     assert rows[0]["p99_ms"] > 0 and rows[0]["cold_per_request"] >= 0  # run again, not the stale row
     assert (out / "case.png").stat().st_size > 1000
     assert spec_label(ex.load_specs(("esg",), (300.0,), (1,))[0]) == "E1 at 300 requests/s: esg, seed 1"
+
+
+def test_compare_reruns_a_case_of_the_same_name_with_another_rate_and_says_what_it_reuses(tmp_path: Path) -> None:
+    from esg_prefect.simulator import standard_case
+
+    out = tmp_path / "out"
+    rates = {}
+    for rate in (40.0, 120.0, 120.0):
+        path = tmp_path / f"case{rate:g}.json"
+        path.write_text(json.dumps(standard_case(rate_per_s=rate, duration_s=3.0, warmup_s=1.0).to_dict()))
+        args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        rows = json.loads((out / "results.json").read_text())["rows"]
+        assert len(rows) == 1
+        rates.setdefault(rate, []).append((rows[0]["requests"], "reusing 1 of 1 runs" in result.output))
+    # Both cases are named "standard": the second rate is simulated, not read from the first one's rows.
+    assert rates[40.0][0][1] is False and rates[120.0][0][1] is False
+    assert rates[120.0][0][0] > 2 * rates[40.0][0][0]
+    assert rates[120.0][1] == (rates[120.0][0][0], True)  # the same case again: its row reused, and said so

@@ -106,11 +106,12 @@ def _work(spec: Any) -> dict[str, Any]:
 def spec_key(spec: Any) -> str:
     """A stable name of an experiment run, to resume an interrupted comparison (kept in rows.jsonl, not shown).
 
-    It ends with a digest of the case's ESG settings, so that a comparison run
-    again with other settings (``--set``, or a changed default) is not answered
-    from rows of the old ones.
+    It ends with a digest of the whole case (rate, trace, cluster, prices,
+    workflows, settings), so that a comparison run again on another case with
+    the same name, or with other settings (``--set``, a changed default), is not
+    answered from rows of the old one.
     """
-    digest = hashlib.sha1(json.dumps(spec.case.settings.to_dict(), sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha1(json.dumps(spec.case.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}|{digest}"
 
 
@@ -145,6 +146,11 @@ def run_parallel(
     rows: list[dict[str, Any] | None] = [done.get(k) for k in keys]
     todo = [(i, s) for i, s in enumerate(specs) if rows[i] is None]
     task = progress.add_task("simulating", total=len(specs), completed=len(specs) - len(todo)) if progress else None
+    if progress is not None and sink is not None and len(todo) < len(specs):
+        progress.console.print(
+            f"reusing {len(specs) - len(todo)} of {len(specs)} runs already in {sink} (delete it to run them again)",
+            highlight=False,
+        )
 
     def record(i: int, row: dict[str, Any]) -> None:
         row["key"] = keys[i]
