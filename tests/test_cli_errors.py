@@ -155,6 +155,39 @@ def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
     assert "--case" in line and "'nope'" in line and "known: esg" in line
 
 
+@pytest.mark.parametrize("command", [["simulate", "--duration", "2"], ["compare", "--experiment", "e1", "--quick"]])
+def test_an_output_path_that_is_a_file_is_refused_before_any_run(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import esg_prefect.simulator as sim
+
+    afile = tmp_path / "afile"
+    afile.write_text("kept")
+    calls: list[object] = []
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: calls.append(a))
+    assert main([*command, "--out", str(afile)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--out" in line and repr(str(afile)) in line and "is a file" in line, line
+    assert calls == [] and afile.read_text() == "kept"
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [(["--experiment", "e3"], "--experiment"), (["--loads", "150"], "--loads"), (["--quick"], "--quick")],
+)
+def test_compare_refuses_experiment_options_beside_a_case(
+    extra: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(standard_case(duration_s=2.0).to_dict()))
+    assert main(["compare", "--case", str(path), *extra, "--out", str(tmp_path / "out")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert named in line and "only for experiments E1-E7" in line, line
+    assert not (tmp_path / "out").exists()
+
+
 def test_usage_errors_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schedulers", "--nope"]) == 2
     line = _one_line(capsys.readouterr().err)

@@ -30,6 +30,7 @@ from esg_prefect.cli.simulate import (
     WallClock,
     check_scheduler,
     load_case,
+    make_out_dir,
     markdown_table,
     print_table,
     progress_bar,
@@ -37,6 +38,7 @@ from esg_prefect.cli.simulate import (
 )
 
 DEFAULT_OUT = Path("bench/out/compare")
+DEFAULT_LOADS = "150,300,450,600"
 EXPERIMENTS = ("e1", "e2", "e3", "e4", "e5", "e6", "e7")
 BILL = ("busy_per_request", "idle_per_request", "cold_per_request")
 RUN_COLUMNS = (
@@ -290,7 +292,7 @@ def _compare_case(
         for s in names
         for seed in range(seeds)
     ]
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out)
     console = Console()
     with progress_bar(console) as progress:
         rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl")
@@ -316,7 +318,7 @@ def register(app: typer.Typer) -> None:
     def compare_cmd(
         experiment: str = typer.Option("all", help="Comma list of e1 e3 e4 e5 e6 e7, or all (E2 comes with E1)."),
         schedulers: str = typer.Option("", help="Comma list of schedulers (default: ESG, its ablations, prior work)."),
-        loads: str = typer.Option("150,300,450,600", help="E1 loads, requests/s."),
+        loads: str = typer.Option(DEFAULT_LOADS, help="E1 loads, requests/s."),
         seeds: int = typer.Option(1, help="Seeds per simulated point."),
         quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
@@ -342,6 +344,20 @@ def register(app: typer.Typer) -> None:
         _check_counts(seeds, processes)
         names = _scheduler_list(schedulers)
         if case_file is not None:
+            ignored = [
+                f"--{n}"
+                for n, given in (
+                    ("experiment", experiment != "all"),
+                    ("loads", loads != DEFAULT_LOADS),
+                    ("quick", quick),
+                )
+                if given
+            ]
+            if ignored:
+                raise typer.BadParameter(
+                    f"{', '.join(ignored)}: only for experiments E1-E7; --case runs its own case as it is",
+                    param_hint="--case",
+                )
             _compare_case(case_file, names, seeds, processes, out, sets)
             return
 
@@ -367,7 +383,7 @@ def register(app: typer.Typer) -> None:
             specs += ex.stall_specs(quick=quick)
         specs = [replace(s, case=with_settings(s.case, sets)) for s in specs]  # a bad --set is refused before any run
         procs = processes or os.cpu_count() or 1
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         console = Console()
         results: dict[str, Any] = {"quick": quick, "schedulers": list(names)}
         md: list[str] = []

@@ -199,6 +199,22 @@ def check_number(value: float, hint: str, what: str, *, zero_ok: bool = False) -
         raise typer.BadParameter(f"must be a finite number {bound} ({what}), got {value!r}", param_hint=hint)
 
 
+def make_out_dir(path: Path, hint: str = "--out") -> None:
+    """Create the output directory ``path`` before any run, so that a bad one fails before the work, not after.
+
+    Raises:
+        typer.BadParameter: naming ``hint`` and the path when it is a file or cannot be created.
+    """
+    if path.exists() and not path.is_dir():
+        raise typer.BadParameter(
+            f"{str(path)!r} is a file; give a directory (it is created if missing)", param_hint=hint
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot create directory {str(path)!r}: {exc.strerror}", param_hint=hint) from None
+
+
 def with_settings(case: Any, pairs: Sequence[str]) -> Any:
     """``case`` with ESG settings overridden by ``KEY=VALUE`` pairs (``--set``; :func:`parse_settings`)."""
     if not pairs:
@@ -371,6 +387,8 @@ def register(app: typer.Typer) -> None:
                 profile=profile,
             )
         case = with_settings(case, settings or [])
+        if out is not None:
+            make_out_dir(out)
         console = Console(stderr=as_json)
         if case_file is None and warmup is not None and case.warmup_s != warmup:
             console.print(
@@ -390,7 +408,6 @@ def register(app: typer.Typer) -> None:
             wall = (clock() - t0) / 1000.0
         report = run.report
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
             (out / "case.json").write_text(json.dumps(case.to_dict(), indent=2), encoding="utf-8")
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
         if as_json:
