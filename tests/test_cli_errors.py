@@ -333,3 +333,12 @@ def test_pool_admin_against_no_service_is_one_line(capsys: pytest.CaptureFixture
     assert main(["pool", "pause", "--url", f"http://127.0.0.1:{port}"]) == 1
     line = _one_line(capsys.readouterr().err)
     assert f"127.0.0.1:{port}" in line and "esg-prefect pool serve" in line
+
+
+def test_pool_serve_names_an_allow_prefix_no_module_answers_to() -> None:
+    from esg_prefect.cli.pool import unimportable
+
+    assert unimportable(["esg_prefect.examples", "tests", "no_such_module_xyz.stages", "bad-name", "json"]) == [
+        "no_such_module_xyz.stages",
+        "bad-name",
+    ]

@@ -199,3 +199,23 @@ def test_the_demo_keeps_its_own_store(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     assert demo_store_path() != default_store_path() and demo_store_path().parent == default_store_path().parent
+
+
+def test_no_store_yet_at_the_default_place_is_an_empty_account_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.cli import main
+    from esg_prefect.store.engine import ENV_URL, default_store_path
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.delenv(ENV_URL, raising=False)
+    assert main(["costs"]) == 0
+    out = capsys.readouterr().out
+    assert "No costs recorded yet" in out and str(default_store_path()) in out and "--url" in out
+    assert main(["costs", "--format", "json"]) == 0
+    got = capsys.readouterr()
+    assert json.loads(got.out)["rows"] == [] and json.loads(got.out)["total"] == 0 and "No costs" in got.err
+    assert not default_store_path().exists()  # reading never creates a store
+    monkeypatch.setenv(ENV_URL, str(tmp_path / "chosen.db"))  # a store the user chose and that is missing: refused
+    assert main(["costs"]) == 2
+    assert "no cost store at" in capsys.readouterr().err

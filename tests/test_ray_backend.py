@@ -113,6 +113,27 @@ def test_ray_backend_arguments_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
         RayBackend()
 
 
+def test_no_ray_cluster_at_the_address_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.cli import main
+    from esg_prefect.exceptions import ConfigError
+
+    def init(**kwargs: Any) -> None:
+        raise ConnectionError(
+            "Could not find any running Ray instance. Please specify the one to connect to by setting `--address`."
+        )
+
+    fake = SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setattr(ray_backend, "import_ray", lambda: fake)
+    with pytest.raises(ConfigError, match=r"cannot join the Ray cluster at 'auto': Could not find any running Ray"):
+        RayBackend(address="auto")
+    assert main(["pool", "serve", "--allow", "tests", "--backend", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "--ray-address" in err and "ray start --head" in err and "`--address`" not in err, err
+
+
 def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'esg-prefect\[ray\]'"):

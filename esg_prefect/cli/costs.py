@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import time
 from datetime import UTC, datetime
@@ -87,9 +88,10 @@ def register(app: typer.Typer) -> None:
         ),
         limit: int = typer.Option(0, "--limit", help="Show only the last N groups (the total counts all); 0: all."),
     ) -> None:
-        """Costs of flow runs from the cost store; the last line is idle time attributed to no run."""
+        """Costs of flow runs from the cost store, one row per group and a total (idle time attributed to no run
+        has a row of its own)."""
         from esg_prefect.store import GROUP_BYS, resolve_url
-        from esg_prefect.store.engine import safe_url
+        from esg_prefect.store.engine import ENV_URL, default_store_path, safe_url
 
         for value, hint, accepted in (
             (by, "--by", GROUP_BYS),
@@ -105,7 +107,21 @@ def register(app: typer.Typer) -> None:
             since_ms = parse_since(since)
         except InvalidInputError as exc:
             raise typer.BadParameter(str(exc).removeprefix("--since "), param_hint="--since") from None
-        rows = _read(url, by, since_ms, split, idle_billing)
+        if url is None and not os.environ.get(ENV_URL) and not default_store_path().exists():
+            # Nothing chosen and nothing recorded yet: an empty account, not a mistake to refuse.
+            from esg_prefect.examples.demo import demo_store_path  # imports the models: only here
+
+            typer.echo(
+                f"No costs recorded yet (no store at {default_store_path()}). Flow runs under the ESG task "
+                "runner record theirs there (e.g. `python flows/text_pipeline.py`); the demo keeps its own "
+                f"(`esg-prefect costs --url {demo_store_path()}`), and `esg-prefect simulate` reports its own.",
+                err=fmt != "table",
+            )
+            if fmt == "table":
+                return
+            rows: list[Any] = []
+        else:
+            rows = _read(url, by, since_ms, split, idle_billing)
         total = sum(r.cost for r in rows)
         shown = _last(rows, limit)
         records = [r.as_dict() for r in shown]

@@ -7,13 +7,25 @@ decision, or to keep the queues while a device is serviced.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
 
 pool_app = typer.Typer(help="The pool service: one ESG pool for the flow runs of many processes.", no_args_is_help=True)
+
+
+def unimportable(allow: Sequence[str]) -> list[str]:
+    """The ``--allow`` prefixes whose top-level module cannot be imported in this process (a likely typo)."""
+    out = []
+    for prefix in allow:
+        top = prefix.split(".")[0]
+        if not top.isidentifier() or importlib.util.find_spec(top) is None:
+            out.append(prefix)
+    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -53,7 +65,7 @@ def serve(
     import uvicorn
 
     from esg_prefect.cli.simulate import check_number, check_scheduler, parse_settings
-    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.exceptions import ConfigError, InvalidInputError
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
@@ -109,6 +121,10 @@ def serve(
         except ImportError as exc:  # the optional extra is missing: say how to install it
             cache.close()
             raise typer.BadParameter(str(exc), param_hint="--backend") from exc
+        except ConfigError as exc:  # no cluster at that address
+            cache.close()
+            remedy = "start one with `ray start --head`, or use --ray-address local" if ray_address == "auto" else ""
+            raise typer.BadParameter(f"{exc}{'; ' + remedy if remedy else ''}", param_hint="--ray-address") from None
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be)
@@ -116,6 +132,12 @@ def serve(
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
     service = PoolService(pool, allow, token, cache, max_pending, on_call=remember_deployment)
+    for prefix in unimportable(allow):
+        typer.echo(
+            f"warning: --allow {prefix!r}: no module {prefix.split('.')[0]!r} can be imported here; calls to its "
+            "stages will fail unless the workers can import it (a Ray runtime_env, for one)",
+            err=True,
+        )
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
     try:

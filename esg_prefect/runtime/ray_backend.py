@@ -63,7 +63,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.ray_cluster import NodeTable, RayNode
 from esg_prefect.runtime.workers import BatchOutcome, WorkerDiedError, WorkerHandle, WorkerLoadError, WorkerSpec
@@ -277,7 +277,11 @@ class RayBackend:
         self.ray = import_ray()
         self._owns_ray = not self.ray.is_initialized()
         if self._owns_ray:
-            self.ray.init(address=address, namespace=namespace, **(init_kwargs or {}))
+            try:
+                self.ray.init(address=address, namespace=namespace, **(init_kwargs or {}))
+            except (ConnectionError, TimeoutError) as exc:  # no cluster there: the caller names its own remedy
+                why = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(". ")[0].rstrip(".")
+                raise ConfigError(f"cannot join the Ray cluster at {address!r}: {why}") from None
         self.cpu_reservation = cpu_reservation
         self.holds_idle_vcpus = cpu_reservation == "lifetime"  # the pool then bills idle vCPUs (idle_vcpus)
         self._max_workers = max_workers_per_node
