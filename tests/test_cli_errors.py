@@ -122,6 +122,9 @@ def test_bad_values_are_one_line_and_exit_2(
         ("[1, 2]", ("holds a JSON list, not an object",)),
         ('{"name": "x"}', ("is not a valid case", "missing the key")),
         ('{"name": "x", "flavour": 1}', ("is not a valid case", "unknown case keys ['flavour']")),
+        ('{"name": "x", "workflows": "abc"}', ("the case's 'workflows' must be a list, got str 'abc'",)),
+        ('{"name": "x", "cluster": [5]}', ("the case's 'cluster[0]' must be an object, got int 5",)),
+        ('{"name": "x", "prices": []}', ("the case's 'prices' must be an object, got list []",)),
     ],
 )
 @pytest.mark.parametrize("command", ["simulate", "compare"])

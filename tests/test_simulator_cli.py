@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -239,3 +240,27 @@ def test_compare_reruns_a_case_of_the_same_name_with_another_rate_and_says_what_
     assert rates[40.0][0][1] is False and rates[120.0][0][1] is False
     assert rates[120.0][0][0] > 2 * rates[40.0][0][0]
     assert rates[120.0][1] == (rates[120.0][0][0], True)  # the same case again: its row reused, and said so
+
+
+def test_a_case_gpu_type_no_stage_is_profiled_on_is_named(tmp_path: Path) -> None:
+    from esg_prefect.simulator import standard_case
+
+    data = standard_case(rate_per_s=30.0, duration_s=2.0, warmup_s=0.5).to_dict()
+    data["cluster"][-1]["gpus"] = ["a100", "a100"]  # misspelt: the profile says "A100"
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["simulate", "--case", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "no stage of this case has a latency profile on a100" in " ".join(result.output.split())
+    assert "A100, T4, V100" in result.output
+    plain = standard_case(rate_per_s=30.0, duration_s=2.0, warmup_s=0.5)
+    assert plain.unused_gpu_types() == [] and plain.with_(cluster=replace_gpus(plain.cluster)).unused_gpu_types() == [
+        "X9000"
+    ]
+
+
+def replace_gpus(cluster: Any) -> Any:
+    from dataclasses import replace
+
+    first = cluster.nodes[0]
+    return replace(cluster, nodes=(replace(first, gpus=("X9000", *first.gpus[1:])), *cluster.nodes[1:]))

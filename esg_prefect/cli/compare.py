@@ -32,6 +32,7 @@ from esg_prefect.cli.simulate import (
     load_case,
     make_out_dir,
     markdown_table,
+    note_unused_gpus,
     print_table,
     progress_bar,
     with_settings,
@@ -294,6 +295,7 @@ def _compare_case(
     ]
     make_out_dir(out)
     console = Console()
+    note_unused_gpus(case, console)
     with progress_bar(console) as progress:
         rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl")
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)

@@ -199,6 +199,17 @@ def check_number(value: float, hint: str, what: str, *, zero_ok: bool = False) -
         raise typer.BadParameter(f"must be a finite number {bound} ({what}), got {value!r}", param_hint=hint)
 
 
+def note_unused_gpus(case: Any, console: Console) -> None:
+    """Say which of a case's GPU types no stage is profiled on (a misspelt type runs silently otherwise)."""
+    unused = case.unused_gpu_types()
+    if unused:
+        console.print(
+            f"note: no stage of this case has a latency profile on {', '.join(unused)}: those GPUs stay unused "
+            f"(the profile covers {', '.join(case.profiled_hardware())})",
+            highlight=False,
+        )
+
+
 def make_out_dir(path: Path, hint: str = "--out") -> None:
     """Create the output directory ``path`` before any run, so that a bad one fails before the work, not after.
 
@@ -390,6 +401,8 @@ def register(app: typer.Typer) -> None:
         if out is not None:
             make_out_dir(out)
         console = Console(stderr=as_json)
+        if case_file is not None:
+            note_unused_gpus(case, console)
         if case_file is None and warmup is not None and case.warmup_s != warmup:
             console.print(
                 f"note: the warm-up is at most half the run: {case.warmup_s:g} s, not {warmup:g}", highlight=False

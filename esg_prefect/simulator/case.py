@@ -180,6 +180,13 @@ class SimSpec:
             raise ConfigError(f"sim: corun must be None, 'default' or a CSV path, got {self.corun!r}")
 
 
+def _shaped(key: str, value: Any, shape: type) -> None:
+    """Refuse a case value of the wrong JSON type, naming its key (not a Python indexing error)."""
+    if not isinstance(value, shape):
+        want = "a list" if shape is list else "an object"
+        raise ConfigError(f"the case's {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
+
+
 @lru_cache(maxsize=16)
 def _load_profile(path: str) -> LatencyProfile:
     return LatencyProfile.from_csv(path)  # with its size model when the profiler's samples are beside it
@@ -261,6 +268,19 @@ class Case:
     def load_profile(self) -> LatencyProfile:
         """The latency profile (loaded once per process per file)."""
         return resolve_profile(self.profile)
+
+    def unused_gpu_types(self) -> list[str]:
+        """The cluster's GPU types on which no stage of the case's workflows has a latency profile.
+
+        No scheduler places work on them, so their GPUs sit unused: most often a
+        type's name spelled otherwise than in the profile (``"a100"``, ``"A100-80G"``).
+        """
+        return sorted(set(self.cluster.gpu_counts()) - set(self.profiled_hardware()))
+
+    def profiled_hardware(self) -> list[str]:
+        """The hardware types on which some stage of the case's workflows has a latency profile."""
+        profile = self.load_profile()
+        return sorted({hw for wf in self.workflows for s in wf.stages for hw in profile.hardware_types(s)})
 
     def request_sizes(self, count: int, seed: int | None = None) -> list[float]:
         """Relative sizes of the case's first ``count`` requests (1.0: typical), seeded."""
@@ -361,6 +381,13 @@ class Case:
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown case keys {sorted(unknown)}; known: {sorted(known)}")
+        for key, shape in (("workflows", list), ("cluster", list), ("prices", dict), ("workload", dict)):
+            _shaped(key, data.get(key, shape()), shape)
+        for key in ("workflows", "cluster"):
+            for i, item in enumerate(data.get(key, ())):
+                _shaped(f"{key}[{i}]", item, dict)
+        for key in ("settings", "sim"):
+            _shaped(key, data.get(key, {}), dict)
         try:
             wl = dict(data["workload"])
             if wl.get("weights") is not None:
