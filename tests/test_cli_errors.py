@@ -53,6 +53,8 @@ def _one_line(err: str) -> str:
         (["simulate", "--profile", "nonexistent", "--duration", "1"], ("'nonexistent'", "nvidia_gpu", "nor a file")),
         (["simulate", "--set", "keep_alive_by_price"], ("--set", "KEY=VALUE", "'keep_alive_by_price'")),
         (["simulate", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
+        (["simulate", "--set", "config_space=abc"], ("--set", "config_space", '{"batches": [1, 2, 4]', "'abc'")),
+        (["simulate", "--set", 'config_space={"batch": [1]}'], ("--set", "config_space", "(bad: batch)")),
         # demo
         (["demo", "--rate", "-1"], ("--rate must be a finite number > 0 (requests per second), got -1.0",)),
         (["demo", "--rate", "0"], ("--rate must be a finite number > 0", "got 0.0")),

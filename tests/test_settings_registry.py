@@ -63,6 +63,10 @@ def test_round_trip_and_unknown_keys() -> None:
     assert ESGSettings.from_dict(s.to_dict()) == s
     with pytest.raises(ConfigError, match="'tick'"):
         ESGSettings.from_dict({"tick": 3})
+    partial = ESGSettings.from_dict({"config_space": {"batches": [1, 2]}})  # the lists left out keep their defaults
+    assert partial.config_space == ConfigSpace((1, 2))
+    with pytest.raises(ConfigError, match=r"bad: batch, vcpus"):
+        ESGSettings.from_dict({"config_space": {"batch": [1], "vcpus": 2}})
 
 
 def test_without_pruning_turns_everything_off() -> None:

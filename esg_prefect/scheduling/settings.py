@@ -37,12 +37,17 @@ def _number(name: str, value: object, ok: Callable[[float], bool], rule: str) ->
         raise ConfigError(f"{name} must be {rule}, got {value!r}")
 
 
+CONFIG_SPACE_JSON = 'an object of lists such as {"batches": [1, 2, 4], "vcpus": [1, 2], "gpu_shares": [0.5, 1]}'
+
+
 @dataclass(frozen=True, slots=True)
 class ESGSettings:
     """The knobs of the ESG scheduler, each with ESG-SPEC's default.
 
     Attributes:
-        config_space: candidate (batch, vcpus, gpu_share) values.
+        config_space: candidate (batch, vcpus, gpu_share) values; in JSON (``--set``, a case file), an
+            object of lists, e.g. ``{"batches": [1, 2, 4], "vcpus": [1, 2], "gpu_shares": [0.5, 1]}``
+            (a list left out keeps its default).
         tick_ms: period of the controller's timer round.
         max_expansions: A* node expansion budget per decision.
         time_budget_ms: A* wall-time budget per decision (needs an injected clock).
@@ -296,7 +301,7 @@ class ESGSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.config_space, ConfigSpace):
-            raise ConfigError(f"config_space must be a ConfigSpace, got {self.config_space!r}")
+            raise ConfigError(f"config_space must be {CONFIG_SPACE_JSON}, got {self.config_space!r}")
         for name in ("tick_ms", "time_budget_ms", "keep_alive_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -419,7 +424,11 @@ class ESGSettings:
         kw = dict(data)
         if isinstance(kw.get("config_space"), dict):
             cs = kw["config_space"]
-            kw["config_space"] = ConfigSpace(tuple(cs["batches"]), tuple(cs["vcpus"]), tuple(cs["gpu_shares"]))
+            lists = {f.name for f in fields(ConfigSpace)}
+            bad = sorted(k for k, v in cs.items() if k not in lists or not isinstance(v, (list, tuple)))
+            if bad:
+                raise ConfigError(f"config_space must be {CONFIG_SPACE_JSON}; got {cs!r} (bad: {', '.join(bad)})")
+            kw["config_space"] = ConfigSpace(**{k: tuple(v) for k, v in cs.items()})
         return cls(**kw)
 
 
