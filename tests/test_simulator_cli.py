@@ -264,3 +264,14 @@ def replace_gpus(cluster: Any) -> Any:
 
     first = cluster.nodes[0]
     return replace(cluster, nodes=(replace(first, gpus=("X9000", *first.gpus[1:])), *cluster.nodes[1:]))
+
+
+def test_simulate_help_names_every_trace_the_version_prints() -> None:
+    from esg_prefect import __version__
+    from esg_prefect.workload.arrivals import trace_names
+
+    help_text = " ".join(CliRunner().invoke(app, ["simulate", "--help"], terminal_width=200).output.split())
+    assert all(name in help_text for name in trace_names()), help_text
+    assert "(default 20, at most half the run)" in help_text
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output.strip() == f"esg-prefect {__version__}"

@@ -31,8 +31,20 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from esg_prefect import __version__
+
+        typer.echo(f"esg-prefect {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main() -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Pooled, batched DNN pipelines on shared GPUs for Prefect 3, scheduled by ESG."""
 
 

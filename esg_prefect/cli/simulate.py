@@ -340,10 +340,14 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scheduler: str = typer.Option("esg", "--scheduler", "-s", help="Registered scheduler name."),
         rate: float = typer.Option(300.0, help="Mean arrival rate, requests/s (standard case)."),
-        trace: str = typer.Option("azure_functions_2019", help="Workload trace."),
+        trace: str = typer.Option(
+            "azure_functions_2019",
+            help="Workload trace: azure_functions_2019, azure_llm_code, azure_llm_conv, alibaba_genai_2026, "
+            "poisson, or csv:<file> (columns arrival_s[,workflow], rescaled to --rate).",
+        ),
         duration: float = typer.Option(60.0, help="Arrival window, s."),
         warmup: float | None = typer.Option(
-            None, help="Leading seconds left out of the report [default: 20, at most half the run]."
+            None, help="Leading seconds left out of the report (default 20, at most half the run)."
         ),
         tightness: float = typer.Option(5.0, help="SLO = tightness x batch-1 critical path on a T4."),
         profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
