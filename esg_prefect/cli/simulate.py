@@ -96,7 +96,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
 
 
 def progress_bar(console: Console) -> Progress:
-    """The commands' progress bar; transient, so that an error raised under it is printed alone."""
+    """The commands' progress bar; transient, so that an error raised under it is printed alone, and off
+    where the output is not a terminal (a pipe or a log gets no bar, nor the blank line it leaves)."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -104,6 +105,7 @@ def progress_bar(console: Console) -> Progress:
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=not console.is_terminal,
     )
 
 
