@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+DEFAULT_BATCHES = "1,2,4,8,16,32"
+
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
@@ -63,7 +65,7 @@ def register(app: typer.Typer) -> None:
             "or 'module:stage@module:samples'. Repeatable.",
         ),
         vcpus: str = typer.Option("1,2", help="Thread counts (vCPUs), comma-separated."),
-        batches: str = typer.Option("1,2,4,8,16,32", help="Batch sizes, comma-separated."),
+        batches: str = typer.Option(DEFAULT_BATCHES, help="Batch sizes, comma-separated."),
         gpu_shares: str = typer.Option("0.25,0.5,1", help="GPU shares where a GPU is present (skipped on CPU)."),
         quick: bool = typer.Option(False, "--quick", help="One repetition per point, batches 1,2 (smoke test)."),
         out_dir: Path = typer.Option(Path("profiles"), help="Where the CSV files go."),
@@ -110,6 +112,12 @@ def register(app: typer.Typer) -> None:
             ("--stalls", stalls, "a stall-breakdown CSV"),
         )
         _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
+        _ints(batches, "--batches")
+        if quick and batches != DEFAULT_BATCHES:
+            raise typer.BadParameter(
+                f"--quick measures batches 1,2 only; got {batches!r} (leave --batches out, or drop --quick)",
+                param_hint="--batches",
+            )
         if fit_sizes is not None:
             from esg_prefect.profiler.results import read_samples_csv
             from esg_prefect.profiler.sizes import size_report
