@@ -58,10 +58,11 @@ def settings_markdown() -> str:
         "# Settings",
         "",
         "Every knob of `ESGSettings` (`esg_prefect.scheduling.settings`), with its default. The same",
-        "knobs are fields of the `ESGSchedulerSettings` Prefect block, and `esg-prefect simulate --set",
-        "KEY=VALUE` and `esg-prefect compare --set KEY=VALUE` override them for a run. This page is",
-        "generated from the code (`esg-prefect schedulers --markdown > docs/settings.md`); figures",
-        "behind the defaults are in [results.md](results.md).",
+        "knobs are fields of the `ESGSchedulerSettings` Prefect block; `--set KEY=VALUE` (repeatable)",
+        "overrides them for `esg-prefect simulate` and `compare` runs and for a pool service",
+        "(`esg-prefect pool serve`). A value is read as JSON (`true`, `0.25`, `{...}`), else as a string.",
+        "This page is generated from the code (`esg-prefect schedulers --markdown > docs/settings.md`);",
+        "figures behind the defaults are in [results.md](results.md).",
         "",
     ]
     for group, names in knob_groups().items():
