@@ -102,6 +102,18 @@ def test_a_stage_name_bound_to_other_code_in_its_workflow_is_refused(pool: Pool)
     assert pool.submit(mk(3, "inc")).result(60).output == 4  # the workflow still works
 
 
+def test_a_call_names_the_stage_of_the_profile_it_is_planned_with(pool: Pool) -> None:
+    renamed = WorkflowDecl("renamed", 800)
+    bare = mk(1, "tally", wf=renamed)
+    with pytest.raises(StageRejectedError, match="no latency profile covers stage 'tally'"):
+        pool.submit(bare).result(60)
+    other = WorkflowDecl("renamed2", 800)
+    call = StageCall("t2", "tally", "tests.toy_stages:tally", other, "r2", "r2", 2, profile_stage="inc")
+    assert pool.submit(call).result(60).output == 102
+    with pytest.raises(InvalidInputError, match="profile_stage"):
+        StageCall("t3", "tally", "tests.toy_stages:tally", other, "r3", "r3", 3, profile_stage=5)  # type: ignore[arg-type]
+
+
 def test_a_reused_call_id_for_another_call_is_refused(pool: Pool) -> None:
     assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2
     assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2  # a true retry joins

@@ -19,7 +19,7 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
-from tests.toy_stages import POISON, double, first, flaky, inc, second, slow, third, toy_profile
+from tests.toy_stages import POISON, double, first, flaky, inc, second, slow, tally, third, toy_profile
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -115,6 +115,15 @@ def test_calls_of_concurrent_flow_runs_are_batched_together() -> None:
         assert max(runs_per_batch) > 1, runs_per_batch  # calls of different flow runs in one batch
     finally:
         one_cpu.close()
+
+
+def test_a_stage_is_planned_with_the_profile_its_decorator_names(pool: Pool) -> None:
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def renamed_flow(x: int) -> int:
+        return tally(x)  # stage "tally", profiled as "inc": the profile has no "tally"
+
+    assert [renamed_flow(x) for x in (1, 2)] == [101, 102]
+    assert {w.stage for w in pool.snapshot().workers} >= {"tally"}  # its own workers, not inc's code
 
 
 def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:

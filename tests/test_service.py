@@ -198,6 +198,19 @@ def test_deployment_id_travels_with_the_call_and_is_checked() -> None:
     assert parse_call({**call_body(call), "deployment_id": ""}, ["tests"]).deployment_id == ""
 
 
+def test_the_profile_stage_travels_with_the_call_and_is_checked() -> None:
+    from esg_prefect.service.app import BadRequest, parse_call
+    from esg_prefect.service.client import call_body
+
+    call = StageCall("c1", "tally", "tests.toy_stages:tally", WorkflowDecl("w", 800), "r", "r", 1, profile_stage="inc")
+    assert parse_call(call_body(call), ["tests"]).profile_stage == "inc"
+    body = call_body(call)
+    del body["profile_stage"]  # a client of an older version: the stage's own name
+    assert parse_call(body, ["tests"]).profile_stage == ""
+    with pytest.raises(BadRequest, match=r"'profile_stage' has the wrong type int"):
+        parse_call({**call_body(call), "profile_stage": 3}, ["tests"])
+
+
 def test_the_service_notes_each_calls_deployment_for_the_cost_store() -> None:
     import uuid
 

@@ -250,3 +250,11 @@ def load_or_die(device: str) -> dict[str, Any]:
 @fragile_pipe.stage(load=load_or_die, name="fragile")
 def fragile(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + model["step"] for x in items]
+
+
+renamed = Pipeline("renamed", slo_ms=800)
+
+
+@renamed.stage(load=load_inc, name="tally", profile_name="inc")  # new code, planned with the profile of "inc"
+def tally(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + 100 * model["step"] for x in items]

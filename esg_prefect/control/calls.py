@@ -104,6 +104,8 @@ class StageCall:
         task_run_id: the Prefect task run, if any (upstream lists name these).
         deployment_id: the Prefect deployment the flow run came from, if any: the
             pool service learns it only this way (costs per deployment).
+        profile_stage: the stage's name in the latency profile, where it differs
+            from ``stage`` (``profile_name`` of the decorator); empty: ``stage``.
     """
 
     call_id: str
@@ -118,6 +120,7 @@ class StageCall:
     input_size: float | None = None
     task_run_id: str = ""
     deployment_id: str = ""
+    profile_stage: str = ""
 
     def __post_init__(self) -> None:
         for name in ("call_id", "stage", "stage_path", "request_id", "run_id"):
@@ -126,6 +129,8 @@ class StageCall:
                 raise InvalidInputError(f"call field {name!r} must be a non-empty string, got {value!r}")
         if ":" not in self.stage_path:
             raise InvalidInputError(f"stage_path must look like 'module:attribute', got {self.stage_path!r}")
+        if not isinstance(self.profile_stage, str):
+            raise InvalidInputError(f"call field 'profile_stage' must be a string, got {self.profile_stage!r}")
         if not isinstance(self.workflow, WorkflowDecl):
             raise InvalidInputError(f"call workflow must be a WorkflowDecl, got {type(self.workflow).__name__}")
         if not all(isinstance(u, str) for u in self.upstream):

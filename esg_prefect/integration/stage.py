@@ -263,6 +263,7 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         input_size=opts.input_size or spec.size(item),
         task_run_id=task_run_id,
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
+        profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
     )
     result = pool.submit(call).result()
     get_run_logger().info("%s: %s", spec.name, result.describe())

@@ -359,8 +359,10 @@ class Pool(PoolActions, PoolResources):
         core = self._the_core()
         binding = self._bindings.resolve(call.workflow.name, call.stage, call.stage_path)
         if binding.new:
+            profiled = call.profile_stage or call.stage  # the profile's name for this code
+            if binding.name != profiled:
+                self._alias(binding.name, profiled)
             if binding.aliased:
-                self._alias(binding.name, call.stage)
                 self._registry.rename(call.workflow.name, call.stage, binding.name)
             self._bindings.commit(call.workflow.name, binding)
         workflow = self._registry.observe(call, binding.name)

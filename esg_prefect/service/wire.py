@@ -66,6 +66,7 @@ def call_body(call: StageCall) -> dict[str, Any]:
         "input_size": call.input_size,
         "task_run_id": call.task_run_id,
         "deployment_id": call.deployment_id,
+        "profile_stage": call.profile_stage,
     }
 
 
@@ -162,8 +163,10 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
     arrival = _number(body, "arrival_ms", 0.0)
     size = _number(body, "input_size", None, positive=True)
     task_run_id = body.get("task_run_id", "")
-    if not isinstance(task_run_id, str):
-        raise BadRequest(400, f"field 'task_run_id' has the wrong type {type(task_run_id).__name__}")
+    profile_stage = body.get("profile_stage", "")
+    for name, value in (("task_run_id", task_run_id), ("profile_stage", profile_stage)):
+        if not isinstance(value, str):
+            raise BadRequest(400, f"field {name!r} has the wrong type {type(value).__name__}")
     try:
         item = decode(body.get("item"))
     except (InvalidInputError, ValueError, TypeError, OverflowError, MemoryError, RecursionError) as exc:
@@ -182,6 +185,7 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
             size,
             task_run_id,
             _deployment_id(body.get("deployment_id", "")),
+            profile_stage,
         )
     except BadRequest:
         raise
