@@ -35,7 +35,7 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.scheduling.esg import ESGScheduler
-from tests.toy_stages import CRASH, POISON, FakeClock, settle, toy_profile
+from tests.toy_stages import CRASH, POISON, UNPICKLABLE, FakeClock, settle, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 PRICES = PriceSheet(1e-5, {})
@@ -199,6 +199,29 @@ def test_worker_crash_requeues_others_and_fails_the_killer(process_pool: Pool) -
     snap = process_pool.snapshot()
     done = [c for c in snap.calls if c.ok]
     assert sorted(c.call_id for c in done) == sorted(f"inc-{i}" for i in items if i != CRASH * 2)
+
+
+@pytest.mark.service
+def test_what_cannot_pickle_fails_its_own_call_and_no_worker(
+    process_pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An output that cannot travel back (a lock) and an input that cannot travel there: each fails its
+    # own call with the reason; the batch's other calls complete, and no worker dies for it.
+    caplog.set_level("WARNING", logger="esg_prefect")
+    items = [*range(70, 76), UNPICKLABLE * 2]
+    futs = [process_pool.submit(call(i)) for i in items]
+    lock_in = StageCall("lock-in", "inc", "tests.toy_stages:inc", TOY, "rl", "rl", threading.Lock())
+    futs.append(process_pool.submit(lock_in))
+    results = settle(futs, timeout=120)
+    for i, r in zip(items, results[:-1], strict=True):
+        if i == UNPICKLABLE * 2:
+            assert isinstance(r, StageFailedError) and "outputs cannot be sent back to the pool" in str(r), r
+        else:
+            assert isinstance(r, StageResult) and r.output == i + 1, (i, r)
+    assert isinstance(results[-1], StageFailedError) and "inputs cannot be sent to its worker" in str(results[-1])
+    assert not any(isinstance(r, WorkerCrashedError) for r in results)
+    assert process_pool.submit(call(80)).result(120).output == 81  # the workers still serve
+    assert not [r.message for r in caplog.records if " lost (" in r.message]  # no worker died
 
 
 @pytest.mark.service

@@ -20,6 +20,7 @@ from esg_prefect.runtime.clock import PoolClock
 
 POISON = 13  # makes the batch function raise
 CRASH = 666  # kills the worker process
+UNPICKLABLE = 777  # its output is a lock, which cannot travel back from a worker process
 
 toy = Pipeline("toy", slo_ms=800, edges=[("double", "inc")])
 learned = Pipeline("learned", slo_ms=800)  # no edges: the pool learns them
@@ -46,7 +47,7 @@ def inc(model: dict[str, Any], items: list[int]) -> list[int]:
     if POISON * 2 in items:
         raise ValueError(f"poison input {POISON * 2}")
     time.sleep(0.002)
-    return [x + model["step"] for x in items]
+    return [threading.Lock() if x == UNPICKLABLE * 2 else x + model["step"] for x in items]
 
 
 @learned.stage(load=load_double, name="first")

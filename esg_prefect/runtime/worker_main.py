@@ -178,4 +178,10 @@ def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
             send(conn, ("error", batch_id, type(exc).__qualname__, str(exc), traceback.format_exc()))
             continue
         # No compact() here: dumps() sends each tensor as a numpy array, which pickles only its own data.
-        send(conn, ("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0))
+        try:
+            reply = dumps(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0))
+        except Exception as exc:  # outputs that cannot travel back (a lock, a lambda): the batch fails, not the worker
+            why = f"the stage's outputs cannot be sent back to the pool (they must pickle): {exc}"
+            send(conn, ("error", batch_id, type(exc).__qualname__, why, traceback.format_exc()))
+            continue
+        conn.send_bytes(reply)

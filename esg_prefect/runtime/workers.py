@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -30,7 +31,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
-from esg_prefect.runtime.worker_main import recv, send, worker_main
+from esg_prefect.runtime.worker_main import dumps, recv, send, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -118,9 +119,12 @@ class _LocalWorker:
         self.enforcement = ""
         self._batch = 0
 
-    def _roundtrip(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _roundtrip(self, msg: tuple[Any, ...] | bytes) -> tuple[Any, ...]:
         try:
-            send(self.conn, msg)
+            if isinstance(msg, bytes):
+                self.conn.send_bytes(msg)  # pickled by the caller with dumps()
+            else:
+                send(self.conn, msg)
             while not self.conn.poll(0.05):
                 if not self.proc.is_alive():
                     raise WorkerDiedError(f"worker {self.spec.worker_id} exited with code {self.proc.exitcode}")
@@ -140,7 +144,12 @@ class _LocalWorker:
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         self._batch += 1
-        reply = await asyncio.to_thread(self._roundtrip, ("run", self._batch, items))
+        try:
+            msg = dumps(("run", self._batch, items))
+        except Exception as exc:  # inputs that cannot travel to the worker fail the batch here, not the worker
+            why = f"the stage's inputs cannot be sent to its worker process (they must pickle): {exc}"
+            return BatchOutcome(False, [], 0.0, type(exc).__qualname__, why, traceback.format_exc())
+        reply = await asyncio.to_thread(self._roundtrip, msg)
         if reply[0] == "ok":
             return BatchOutcome(True, list(reply[2]), float(reply[3]))
         return BatchOutcome(False, [], 0.0, str(reply[2]), str(reply[3]), str(reply[4]))
