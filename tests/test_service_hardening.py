@@ -473,3 +473,44 @@ def test_pool_serve_applies_its_set_overrides_to_the_pool(monkeypatch: pytest.Mo
     got, default = made[0].settings, ESGSettings()
     assert (got.keep_alive_s, got.max_batch_wait_ms) == (7.0, 20.0)
     assert got.percentile == default.percentile and got.idle_aware == default.idle_aware
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens there once the socket closes
+
+
+def test_a_client_whose_service_never_answered_gives_up_after_the_grace(caplog: pytest.LogCaptureFixture) -> None:
+    from esg_prefect.exceptions import PoolClosedError
+    from esg_prefect.service.client import PoolClient
+
+    address = f"http://127.0.0.1:{_closed_port()}"
+    client = PoolClient(address, deadline_s=600.0, connect_grace_s=0.5)
+    call = StageCall("c1", "inc", "tests.toy_stages:inc", WorkflowDecl("toy", 800), "r", "r", 1)
+    try:
+        with caplog.at_level("WARNING", logger="esg_prefect.service.client"):
+            futs = [client.submit(call), client.submit(call)]
+            for fut in futs:
+                with pytest.raises(PoolClosedError, match=rf"no pool service answers at {address}.*pool serve"):
+                    fut.result(60)  # well inside the 600 s deadline: the grace applies
+        warnings = [r.getMessage() for r in caplog.records if "no pool service answers" in r.getMessage()]
+        assert len(warnings) == 1 and address in warnings[0]  # once, not per call or per retry
+    finally:
+        client.close()
+
+
+def test_a_client_whose_service_answered_once_retries_to_its_deadline() -> None:
+    from esg_prefect.exceptions import PoolClosedError
+    from esg_prefect.service.client import PoolClient
+
+    client = PoolClient(f"http://127.0.0.1:{_closed_port()}", deadline_s=1.0, connect_grace_s=0.0)
+    client._answered = True  # as after a first answer: the service may be restarting
+    call = StageCall("c1", "inc", "tests.toy_stages:inc", WorkflowDecl("toy", 800), "r", "r", 1)
+    try:
+        with pytest.raises(PoolClosedError, match=r"gave no answer within 1.0 s \(ConnectError"):
+            client.submit(call).result(60)
+    finally:
+        client.close()

@@ -7,12 +7,18 @@ call id (the service joins a retried id or answers it from its stored outcomes,
 across its own restarts with a results file), honouring ``Retry-After`` with
 jitter, until ``deadline_s`` has passed. A ``409`` (the id names another call) is
 raised as :class:`~esg_prefect.exceptions.CallConflictError`.
+
+A service that has never answered this client is most likely not started, or
+the address is wrong: a refused connection is then retried for
+``connect_grace_s`` only (a service started at the same time gets there), with
+a warning at the first refusal naming the address.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -26,6 +32,8 @@ from esg_prefect.service.wire import call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]
 
+logger = logging.getLogger(__name__)
+
 
 class PoolClient:
     """Talks to ``esg-prefect pool serve``.
@@ -35,11 +43,23 @@ class PoolClient:
         token: bearer token, if the service has one.
         deadline_s: how long one call may take, retries included.
         threads: calls waiting at once (each holds one HTTP request open).
+        connect_grace_s: how long refused connections are retried before the
+            service has answered once (after that, ``deadline_s``: it may be restarting).
     """
 
-    def __init__(self, address: str, token: str | None = None, deadline_s: float = 600.0, threads: int = 256) -> None:
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        deadline_s: float = 600.0,
+        threads: int = 256,
+        connect_grace_s: float = 30.0,
+    ) -> None:
         if not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        self._connect_grace_s = connect_grace_s
+        self._answered = False  # has the service answered this client at all?
+        self._warned = False
         self.address = address.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         limits = httpx.Limits(max_connections=threads, max_keepalive_connections=threads)
@@ -61,14 +81,18 @@ class PoolClient:
             return self._executor.submit(self._call, call_body(call))
 
     def _call(self, body: dict[str, Any]) -> StageResult:
-        give_up = time.monotonic() + self._deadline_s
+        start = time.monotonic()
+        give_up = start + self._deadline_s
         wait = 0.2
         while True:
             try:
                 resp = self._http.post("/v1/calls", json=body)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
                 last = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, httpx.ConnectError) and not self._answered:
+                    self._never_answered(last, start)
             else:
+                self._answered = True
                 if resp.status_code == 200:
                     return parse_result(resp.json())
                 if resp.status_code == 409:
@@ -83,6 +107,24 @@ class PoolClient:
                 )
             time.sleep(wait * random.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
             wait = min(wait * 2, 5.0)
+
+    def _never_answered(self, why: str, start: float) -> None:
+        """A refused connection to a service that never answered: warn once, give up after the grace."""
+        hint = "start it with `esg-prefect pool serve --allow MODULE`, or check the address"
+        if time.monotonic() - start >= self._connect_grace_s:
+            raise PoolClosedError(
+                f"no pool service answers at {self.address}: connections refused for {self._connect_grace_s:g} s "
+                f"({why}); {hint}"
+            ) from None
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "no pool service answers at %s yet (%s); retrying for up to %g s: %s",
+                self.address,
+                why,
+                self._connect_grace_s,
+                hint,
+            )
 
     def end_run(self, run_id: str) -> None:
         """Tell the service a flow run ended (best effort, in the background)."""
