@@ -126,6 +126,30 @@ def test_a_stage_is_planned_with_the_profile_its_decorator_names(pool: Pool) -> 
     assert {w.stage for w in pool.snapshot().workers} >= {"tally"}  # its own workers, not inc's code
 
 
+def test_edges_naming_a_stage_the_pipeline_lacks_are_refused_at_its_first_call(pool: Pool) -> None:
+    from esg_prefect.exceptions import WorkflowError
+    from esg_prefect.integration.stage import Pipeline
+    from tests.toy_stages import load_inc
+
+    edgy = Pipeline("edgy", 800, edges=[("a", "enc")])
+
+    @edgy.stage(load=load_inc, import_path="tests.toy_stages:inc")
+    def enc(model: dict[str, int], items: list[int]) -> list[int]:
+        return items
+
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def edgy_flow(x: int) -> int:
+        return enc(x)
+
+    with pytest.raises(
+        WorkflowError, match=r"pipeline 'edgy': its edges name stages it does not have: 'a' \(its stages: 'enc'\)"
+    ):
+        edgy_flow(1)
+    from tests.toy_stages import toy
+
+    toy.check_edges()  # double -> inc: both are its stages
+
+
 def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:
     @flow(task_runner=ESGTaskRunner(pool=pool))
     def mapped(xs: list[int]) -> tuple[list[int], State, State]:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from esg_prefect.control.calls import StageCall, WorkflowDecl
-from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.exceptions import InvalidInputError, WorkflowError
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
 
@@ -100,6 +100,25 @@ class Pipeline:
     def __init__(self, name: str, slo_ms: float, edges: Sequence[tuple[str, str]] | None = None) -> None:
         self.decl = WorkflowDecl(name, slo_ms, tuple(edges) if edges is not None else None)
         self.stages: dict[str, StageSpec] = {}
+        self._edges_checked = False
+
+    def check_edges(self) -> None:
+        """Refuse edges that name a stage this pipeline has not decorated (checked at its first call, once
+        the module has defined every stage).
+
+        Raises:
+            WorkflowError: naming the unknown stages and the pipeline's own.
+        """
+        if self._edges_checked or self.decl.edges is None:
+            return
+        named = {x for e in self.decl.edges for x in e}
+        unknown = sorted(named - set(self.stages))
+        if unknown:
+            raise WorkflowError(
+                f"pipeline {self.name!r}: its edges name stages it does not have: {', '.join(map(repr, unknown))} "
+                f"(its stages: {', '.join(map(repr, self.stages)) or 'none'})"
+            )
+        self._edges_checked = True
 
     @property
     def name(self) -> str:
@@ -144,6 +163,7 @@ class Pipeline:
             decl = self.decl
 
             def one_item(item: Any) -> Any:
+                self.check_edges()
                 return call_stage(spec, decl, item)
 
             functools.update_wrapper(one_item, run)
