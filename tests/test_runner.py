@@ -60,6 +60,12 @@ def test_runner_contract() -> None:
         ({"settings": 5}, "settings must be ESGSettings, a dict of them, .* got int"),
         ({"prices": 3.0}, "prices must be a PriceSheet, .* got float"),
         ({"profile": "/no/such/profile.csv"}, "no profile file '/no/such/profile.csv'"),
+        ({"profile": 123}, "profile must be a CSV path .str or Path., got 123"),
+        ({"max_workers": "4"}, "max_workers must be an int >= 1 .or None., got '4'"),
+        ({"max_workers": 0}, "max_workers must be an int >= 1 .or None., got 0"),
+        ({"switch_interval_s": "x"}, "switch_interval_s must be a number of seconds in .0, 1., or None, got 'x'"),
+        ({"switch_interval_s": -1}, "switch_interval_s must be a number of seconds in .0, 1., or None, got -1"),
+        ({"token": 123}, "token must be a string, got int"),
     ],
 )
 def test_an_embedded_pools_bad_options_are_refused_when_the_runner_is_made(
@@ -148,6 +154,29 @@ def test_edges_naming_a_stage_the_pipeline_lacks_are_refused_at_its_first_call(p
     from tests.toy_stages import toy
 
     toy.check_edges()  # double -> inc: both are its stages
+
+
+def test_a_batch_function_workers_could_not_call_or_find_is_refused_when_decorated() -> None:
+    from esg_prefect.integration.stage import Pipeline
+    from tests.toy_stages import load_inc
+
+    pipe = Pipeline("checked", 800)
+    with pytest.raises(
+        InvalidInputError,
+        match=r"stage 'one_arg': its batch function must take \(model, items\), got one_arg\(items: 'list\[int\]'\)",
+    ):
+
+        @pipe.stage(load=load_inc, import_path="tests.toy_stages:inc")
+        def one_arg(items: list[int]) -> list[int]:
+            return items
+
+    with pytest.raises(InvalidInputError, match=r"stage 'inner' is defined inside a function .*import_path="):
+
+        @pipe.stage(load=load_inc)
+        def inner(model: object, items: list[int]) -> list[int]:
+            return items
+
+    assert "inner" not in pipe.stages and "one_arg" not in pipe.stages  # nothing half-registered
 
 
 def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:

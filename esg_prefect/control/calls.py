@@ -36,7 +36,7 @@ class WorkflowDecl:
             raise InvalidInputError(f"workflow name must be a non-empty string, got {self.name!r}")
         slo = self.slo_ms
         if isinstance(slo, bool) or not (isinstance(slo, (int, float)) and math.isfinite(slo) and slo > 0):
-            raise InvalidInputError(f"workflow {self.name!r}: slo_ms must be > 0, got {slo!r}")
+            raise InvalidInputError(f"workflow {self.name!r}: slo_ms must be a number of ms > 0, got {slo!r}")
         if self.edges is not None and not all(isinstance(e, tuple) and len(e) == 2 for e in self.edges):
             raise InvalidInputError(f"workflow {self.name!r}: edges must be (upstream, downstream) pairs")
         for n in (*self.stages, *(x for e in self.edges or () for x in e)):

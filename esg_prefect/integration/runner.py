@@ -205,6 +205,22 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         store: str | bool | None = True,
         switch_interval_s: float | None = 0.001,
     ) -> None:
+        if max_workers is not None and (
+            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+        ):
+            raise InvalidInputError(f"max_workers must be an int >= 1 (or None), got {max_workers!r}")
+        if switch_interval_s is not None and (
+            isinstance(switch_interval_s, bool)
+            or not isinstance(switch_interval_s, (int, float))
+            or not 0 < switch_interval_s < 1
+        ):
+            raise InvalidInputError(
+                f"switch_interval_s must be a number of seconds in (0, 1), or None, got {switch_interval_s!r}"
+            )
+        if token is not None and not isinstance(token, str):
+            raise InvalidInputError(f"token must be a string, got {type(token).__name__}")
+        if profile is not None and not isinstance(profile, (str, Path)):
+            raise InvalidInputError(f"profile must be a CSV path (str or Path), got {profile!r}")
         super().__init__(max_workers=max_workers if max_workers is not None else 1024)
         if backend not in ("process", "inline"):
             raise InvalidInputError(f"backend must be 'process' or 'inline', got {backend!r}")

@@ -155,6 +155,7 @@ class Pipeline:
 
         def decorate(run: BatchFn) -> Any:
             stage_name: str = name or str(getattr(run, "__name__", ""))
+            _check_batch_fn(stage_name, run, import_path)
             path = import_path or f"{run.__module__}:{run.__qualname__}"
             spec = StageSpec(stage_name, load, run, path, str(profile_name or stage_name), size_of)
             if stage_name in self.stages:
@@ -180,6 +181,34 @@ class Pipeline:
             return prefect_task
 
         return decorate
+
+
+def _check_batch_fn(stage: str, run: Any, import_path: str | None) -> None:
+    """Refuse, at decoration, a batch function workers could not call or find.
+
+    Raises:
+        InvalidInputError: it does not take ``(model, items)``, or it is defined
+            inside a function (workers import stages by path) with no ``import_path``.
+    """
+    if not callable(run):
+        raise InvalidInputError(f"stage {stage!r}: the decorated object must be a function, got {run!r}")
+    try:
+        sig = inspect.signature(run)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind(None, [])
+        except TypeError:
+            raise InvalidInputError(
+                f"stage {stage!r}: its batch function must take (model, items), got {stage}{sig}"
+            ) from None
+    if import_path is None and "<locals>" in getattr(run, "__qualname__", ""):
+        raise InvalidInputError(
+            f"stage {stage!r} is defined inside a function ({run.__qualname__}): worker processes import "
+            "stages by path, so define it at module level, or pass import_path='module:attribute' naming a "
+            "module-level stage"
+        )
 
 
 _local_models: dict[str, Any] = {}
