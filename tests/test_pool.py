@@ -250,6 +250,14 @@ def test_kill_9_mid_batch_loses_nothing(process_pool: Pool) -> None:
     assert len(ok_ids) == len(set(ok_ids)) == 60  # none lost, none delivered twice
 
 
+def test_a_worker_that_dies_while_starting_is_named_with_the_likely_cause() -> None:
+    from esg_prefect.runtime.workers import WorkerLoadError
+
+    backend = LocalProcessBackend(spares=0, preload=("tests.dies_on_import",), start_method="spawn")
+    with pytest.raises(WorkerLoadError, match=r"exited while starting \(exit code 1\).*if __name__ == '__main__'"):
+        backend._spawn()
+
+
 def test_process_backend_start_method_is_checked() -> None:
     with pytest.raises(InvalidInputError, match="'fork'"):
         LocalProcessBackend(start_method="fork", spares=0)

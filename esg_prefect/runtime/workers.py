@@ -260,7 +260,15 @@ class LocalProcessBackend:
         if not parent.poll(120):
             proc.kill()
             raise WorkerLoadError("a new worker process did not start within 120 s")
-        recv(parent)  # ("spare",)
+        try:
+            recv(parent)  # ("spare",)
+        except (EOFError, OSError):
+            proc.join(5)
+            raise WorkerLoadError(
+                f"a new worker process exited while starting (exit code {proc.exitcode}); its error is on "
+                "stderr. Most often the main script runs flows when imported: put that code under "
+                "`if __name__ == '__main__':` (worker processes import the script)"
+            ) from None
         return proc, parent
 
     def _refill(self) -> None:
