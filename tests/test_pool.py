@@ -255,7 +255,7 @@ def test_a_worker_that_dies_while_starting_is_named_with_the_likely_cause() -> N
 
     backend = LocalProcessBackend(spares=0, preload=("tests.dies_on_import",), start_method="spawn")
     with pytest.raises(WorkerLoadError, match=r"exited while starting \(exit code 1\).*if __name__ == '__main__'"):
-        backend._spawn()
+        backend._spawn({"DIE_ON_IMPORT": "1"})
 
 
 def test_process_backend_start_method_is_checked() -> None:
