@@ -136,7 +136,7 @@ def test_cost_shares_follow_the_split() -> None:
 
 def test_summary_of_run_a() -> None:
     assert run_summary(settled(records_a())) == (
-        "### ESG pool: flow run `9b6f0c1e` of workflow `img`\n"
+        "### ESG pool: flow run `9b6f0c1e-4a1d-4f7e-9a51-0c1d2e3f4a5b` of workflow `img`\n"
         "\n"
         "**SLO met**: 700.0 ms end to end, 300.0 ms inside the 1000 ms SLO.\n"
         "\n"
@@ -188,9 +188,12 @@ def test_summary_marks_a_batch_at_risk_and_keeps_markdown_out_of_reasons() -> No
 
 
 def test_artifact_keys() -> None:
-    assert artifact_key("esg-cost", RUN_A) == "esg-cost-9b6f0c1e"
-    assert artifact_key("esg-cost", "AB_CD.EF-123") == "esg-cost-ab-cd-ef"
-    assert artifact_key("esg-summary", "local-xyz") == "esg-summary-local-xy"
+    assert artifact_key("esg-cost", RUN_A) == f"esg-cost-{RUN_A}"
+    assert artifact_key("esg-cost", "AB_CD.EF-123") == "esg-cost-ab-cd-ef-123"
+    assert artifact_key("esg-summary", "local-xyz") == "esg-summary-local-xyz"
+    # Prefect's run ids are time-ordered: runs of one minute share their first characters, not their key.
+    same_minute = ("01a21f3b-5c2e-7d10-8a3b-0c1d2e3f4a5b", "01a21f3b-9f00-7e22-b1c4-5d6e7f8a9b0c")
+    assert len({artifact_key("esg-cost", r) for r in same_minute}) == 2
 
 
 # ---- runs-list tags ----------------------------------------------------------------------------
@@ -396,7 +399,7 @@ def test_publish_on_a_flow_run() -> None:
     markdown, table = read_artifacts(uuid.UUID(run_id))
     assert (markdown.type, table.type) == ("markdown", "table")
     assert {markdown.id, table.id} == set(ids)
-    assert table.key == f"esg-cost-{run_id[:8]}" and markdown.key == f"esg-summary-{run_id[:8]}"
+    assert table.key == f"esg-cost-{run_id}" and markdown.key == f"esg-summary-{run_id}"
     rows = json.loads(table.data)
     assert rows == run_table(rec)
     assert rows[-1]["stage"] == "total" and rows[-1][COST] == 0.9

@@ -191,7 +191,7 @@ def check_costs_and_artifacts(api: httpx.Client, store_url: str, run_id: str, lo
     assert row is not None, f"no cost record of run {run_id}\n{logs}"
     assert row.runs == 1 and row.stage_calls == len(POOLED_STAGES)
     assert row.cost > 0
-    keys = {f"esg-cost-{run_id[:8]}", f"esg-summary-{run_id[:8]}"}
+    keys = {f"esg-cost-{run_id}", f"esg-summary-{run_id}"}
     # Posted once the run's cost is final: after the service's workers' keep-alive (SHORT_KEEP_ALIVE).
     give_up = time.monotonic() + 300
     while True:

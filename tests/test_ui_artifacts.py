@@ -276,7 +276,7 @@ def test_the_runs_list_and_the_artifacts_show_the_cost_at_1400_px(tmp_path: Path
             tags = api.get(f"/flow_runs/{run_id}").json()["tags"]
         table = next(a for a in arts if a["type"] == "table")
         summary = next(a for a in arts if a["type"] == "markdown")
-        key = f"esg-cost-{run_id[:8]}"
+        key = f"esg-cost-{run_id}"
         assert table["key"] == key
         rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
         total = rows[-1]
@@ -305,7 +305,7 @@ def test_the_runs_list_and_the_artifacts_show_the_cost_at_1400_px(tmp_path: Path
             page.open(f"{server.url}/runs/flow-run/{run_id}")
             header_text = page.wait_for_text(["text-pipeline", "Artifacts", cost_tag, slo_tag])
             page.click_tab("Artifacts")
-            text = page.wait_for_text([key, f"esg-summary-{run_id[:8]}", "stage calls of flow run"])
+            text = page.wait_for_text([key, f"esg-summary-{run_id}", "stage calls of flow run"])
             shots["flow run page"] = tmp_path / "flow-run-artifacts.png"
             page.save(shots["flow run page"])
 

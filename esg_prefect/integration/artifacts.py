@@ -41,7 +41,7 @@ import httpx
 # The builders are imported from here too (they lived here before run_views.py): re-exported.
 from esg_prefect.integration.run_views import artifact_key as artifact_key
 from esg_prefect.integration.run_views import call_costs as call_costs
-from esg_prefect.integration.run_views import merged_tags, short_id
+from esg_prefect.integration.run_views import merged_tags
 from esg_prefect.integration.run_views import money as money
 from esg_prefect.integration.run_views import run_summary as run_summary
 from esg_prefect.integration.run_views import run_table as run_table
@@ -112,13 +112,12 @@ def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) ->
     flow_run_id = flow_run_id_of(records)
     if flow_run_id is None:
         return None
-    short = short_id(records.run_id)
     c = client if client is not None else api_client()
     table = c.create_artifact(
         ArtifactCreate(
             type="table",
             key=artifact_key("esg-cost", records.run_id),
-            description=f"ESG pool: stage calls of flow run {short}, their batches and cost shares",
+            description=f"ESG pool: stage calls of flow run {records.run_id}, their batches and cost shares",
             data=json.dumps(run_table(records)),
             flow_run_id=flow_run_id,
         )
@@ -127,7 +126,7 @@ def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) ->
         ArtifactCreate(
             type="markdown",
             key=artifact_key("esg-summary", records.run_id),
-            description=f"ESG pool: cost and SLO of flow run {short}",
+            description=f"ESG pool: cost and SLO of flow run {records.run_id}",
             data=run_summary(records),
             flow_run_id=flow_run_id,
         )

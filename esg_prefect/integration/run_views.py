@@ -108,19 +108,18 @@ def money_text(value: float) -> str:
     return f"{mantissa}e{int(exponent):+d}"
 
 
-def short_id(run_id: str) -> str:
-    """The first 8 characters of a run id, as Prefect's UI shows run ids."""
-    return run_id[:8]
-
-
 def artifact_key(prefix: str, run_id: str) -> str:
     """An artifact key: lowercase letters, digits and dashes only, as Prefect requires.
 
+    The whole run id, not its first characters: Prefect's run ids are time-ordered
+    (UUIDv7), so the runs of one minute share a prefix, and a key names one
+    artifact across all runs on the Artifacts page.
+
     Example:
         >>> artifact_key("esg-cost", "3F2A9C1E-0B7D-4C1A-9E55-8A8B7C6D5E4F")
-        'esg-cost-3f2a9c1e'
+        'esg-cost-3f2a9c1e-0b7d-4c1a-9e55-8a8b7c6d5e4f'
     """
-    raw = f"{prefix}-{short_id(run_id)}".lower()
+    raw = f"{prefix}-{run_id}".lower()
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
 
 
@@ -301,7 +300,7 @@ def run_summary(records: RunRecords) -> str:
             first_call[c.result.batch_id] = (c.stage, c.result)
     shared = sum(1 for _, r in first_call.values() if r.co_batched_runs > 1)
     lines = [
-        f"### ESG pool: flow run `{short_id(records.run_id)}` of workflow `{records.workflow}`",
+        f"### ESG pool: flow run `{records.run_id}` of workflow `{records.workflow}`",
         "",
         _slo_line(records),
         "",
