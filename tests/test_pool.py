@@ -250,12 +250,34 @@ def test_kill_9_mid_batch_loses_nothing(process_pool: Pool) -> None:
     assert len(ok_ids) == len(set(ok_ids)) == 60  # none lost, none delivered twice
 
 
-def test_a_worker_that_dies_while_starting_is_named_with_the_likely_cause() -> None:
+@pytest.mark.parametrize(
+    ("how", "named"),
+    [
+        ("1", r"exited while starting \(exit code 1\).*if __name__ == '__main__'"),
+        ("signal", r"was killed while starting \(signal 15\)$"),  # no guard hint: not the script's fault
+    ],
+)
+def test_a_worker_that_dies_while_starting_is_named_with_the_likely_cause(how: str, named: str) -> None:
     from esg_prefect.runtime.workers import WorkerLoadError
 
     backend = LocalProcessBackend(spares=0, preload=("tests.dies_on_import",), start_method="spawn")
-    with pytest.raises(WorkerLoadError, match=r"exited while starting \(exit code 1\).*if __name__ == '__main__'"):
-        backend._spawn({"DIE_ON_IMPORT": "1"})
+    with pytest.raises(WorkerLoadError, match=named):
+        backend._spawn({"DIE_ON_IMPORT": how})
+
+
+def test_a_closing_backend_starts_no_spare_and_a_failed_spare_is_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import asyncio
+
+    backend = LocalProcessBackend(spares=1, preload=("tests.dies_on_import",), start_method="spawn")
+    backend._spawn = lambda env=None: LocalProcessBackend._spawn(backend, {"DIE_ON_IMPORT": "1"})  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="esg_prefect.runtime.workers"):
+        backend._refill_quietly()  # on a thread in the pool: must not raise there
+    assert any("a spare worker process did not start" in r.getMessage() for r in caplog.records)
+    asyncio.run(backend.close())
+    backend._refill()
+    assert backend._spares == []  # closed: nothing started
 
 
 def test_process_backend_start_method_is_checked() -> None:

@@ -243,6 +243,7 @@ class LocalProcessBackend:
             self._ctx.set_forkserver_preload([*preload, "esg_prefect.runtime.worker_main"])
         self.start_method = method
         self._spares: list[tuple[BaseProcess, Connection]] = []
+        self._closing = False  # set by close(): no spare is started after it
         self._lock = threading.Lock()  # guards _spares: filled from worker threads, taken from the pool loop
         self._all: list[_LocalWorker] = []
 
@@ -264,16 +265,28 @@ class LocalProcessBackend:
             recv(parent)  # ("spare",)
         except (EOFError, OSError):
             proc.join(5)
+            code = proc.exitcode
+            if code is not None and code < 0:  # killed by a signal (the interpreter exiting, an operator)
+                raise WorkerLoadError(f"a new worker process was killed while starting (signal {-code})") from None
             raise WorkerLoadError(
-                f"a new worker process exited while starting (exit code {proc.exitcode}); its error is on "
+                f"a new worker process exited while starting (exit code {code}); its error is on "
                 "stderr. Most often the main script runs flows when imported: put that code under "
                 "`if __name__ == '__main__':` (worker processes import the script)"
             ) from None
         return proc, parent
 
+    def _refill_quietly(self) -> None:
+        """:meth:`_refill` on a background thread: a spare that fails to start is logged, not raised (the next
+        cold start spawns its own, and reports its failure to the calls); none is started once closing."""
+        try:
+            self._refill()
+        except WorkerLoadError as exc:
+            if not self._closing:
+                logger.warning("a spare worker process did not start: %s", exc)
+
     def _refill(self) -> None:
         with self._lock:
-            missing = self._spares_wanted - len(self._spares)
+            missing = 0 if self._closing else self._spares_wanted - len(self._spares)
         for _ in range(max(0, missing)):
             spare = self._spawn({"CUDA_VISIBLE_DEVICES": ""} if not self._devices else None)
             with self._lock:
@@ -299,7 +312,7 @@ class LocalProcessBackend:
         worker = _LocalWorker(spec, spare[0], spare[1])
         self._all.append(worker)
         if self._spares_wanted:
-            threading.Thread(target=self._refill, name="esg-spare-refill", daemon=True).start()
+            threading.Thread(target=self._refill_quietly, name="esg-spare-refill", daemon=True).start()
         try:
             await worker.load(device)
         except WorkerDiedError as exc:  # killed, not a failing loader: the pool starts another worker
@@ -312,6 +325,7 @@ class LocalProcessBackend:
 
     async def close(self) -> None:
         # Synchronous on purpose: at interpreter exit no new threads can be started.
+        self._closing = True
         for w in list(self._all):
             if w.proc.is_alive():
                 w.stop_now()
