@@ -90,3 +90,21 @@ def test_save_load_and_runner_accepts_block_names() -> None:
         from esg_prefect.integration.runner import close_shared_pools
 
         close_shared_pools()
+
+
+def test_a_pool_block_stands_for_the_runner_options_it_holds() -> None:
+    from pydantic import SecretStr
+
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.exceptions import InvalidInputError
+
+    token = "t" * 20
+    remote = ESGTaskRunner(pool=ESGPool(address="http://10.0.0.5:4270", token=SecretStr(token)))
+    assert remote._address == "http://10.0.0.5:4270" and remote._token == token and remote._pool is None
+    embedded = ESGTaskRunner(pool=ESGPool(backend="inline", scheduler="fast-gshare"))
+    assert embedded._address is None and embedded._config["backend"] == "inline"
+    assert embedded == ESGTaskRunner(backend="inline", scheduler="fast-gshare")  # the same runner as given here
+    with pytest.raises(InvalidInputError, match="the ESGPool block already sets address, scheduler"):
+        ESGTaskRunner(pool=ESGPool(), address="http://127.0.0.1:4270", scheduler="fast-gshare")
+    with pytest.raises(InvalidInputError, match="settings configures an embedded pool"):
+        ESGTaskRunner(pool=ESGPool(address="http://127.0.0.1:4270"), settings={"tick_ms": 2.0})

@@ -49,6 +49,10 @@ def test_runner_contract() -> None:
         ESGTaskRunner(backend="gpu")  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="not both"):
         ESGTaskRunner(pool=Pool(toy_profile(), backend=InlineBackend()), settings=settings)
+    with pytest.raises(InvalidInputError, match=r"settings, prices configure an embedded pool; the pool service at"):
+        ESGTaskRunner(address="http://127.0.0.1:4270", settings="default", prices="default")
+    with pytest.raises(InvalidInputError, match=r"^scheduler configures an embedded pool"):
+        ESGTaskRunner(address="http://127.0.0.1:4270", scheduler="fast-gshare")
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,10 @@ class ESGPool(Block):
     Examples:
         Load a saved pool and use it in a flow:
         ```python
+        from esg_prefect import ESGTaskRunner
         from esg_prefect.integration.blocks import ESGPool
-        pool_block = ESGPool.load("BLOCK_NAME")
+
+        runner = ESGTaskRunner(pool=ESGPool.load("BLOCK_NAME"))
         ```
     """
 

@@ -45,6 +45,7 @@ from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling.settings import ESGSettings
 
 if TYPE_CHECKING:
+    from esg_prefect.integration.blocks import ESGPool
     from esg_prefect.service.client import PoolClient
 
 BackendName = Literal["process", "inline"]
@@ -156,7 +157,9 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     """Runs tasks in threads; pools DNN stage calls across flow runs with ESG.
 
     Args:
-        pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool.
+        pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool. A
+            loaded ``ESGPool`` block stands for the options it holds (address, token, backend,
+            scheduler, profile), which are then not given again here.
         address: URL of a pool service (``esg-prefect pool serve``) instead of an embedded pool.
         token: bearer token of the pool service.
         scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
@@ -191,7 +194,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        pool: Pool | None = None,
+        pool: Pool | ESGPool | None = None,
         *,
         address: str | None = None,
         token: str | None = None,
@@ -205,6 +208,19 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         store: str | bool | None = True,
         switch_interval_s: float | None = 0.001,
     ) -> None:
+        from esg_prefect.integration.blocks import ESGPool
+
+        if isinstance(pool, ESGPool):  # the block's fields, as if given here
+            named = {"address": address, "token": token, "profile": profile}
+            again = [n for n, v in named.items() if v is not None]
+            again += ["scheduler"] if scheduler != "esg" else []
+            again += ["backend"] if backend != "process" else []
+            if again:
+                raise InvalidInputError(f"the ESGPool block already sets {', '.join(again)}: give them in one place")
+            block, pool = pool, None
+            address, scheduler, backend = block.address or None, block.scheduler, block.backend
+            token = block.token.get_secret_value() if block.token is not None else None
+            profile = block.profile_path or None
         if max_workers is not None and (
             isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
         ):
@@ -233,6 +249,16 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         check_store_option(store)
         if address is not None and pool is not None:
             raise InvalidInputError("give either pool= or address= (the pool service), not both")
+        if address is not None:
+            given = [n for n, v in (("settings", settings), ("profile", profile), ("prices", prices)) if v is not None]
+            given += ["scheduler"] if scheduler != "esg" else []
+            given += ["backend"] if backend != "process" else []
+            if given:
+                raise InvalidInputError(
+                    f"{', '.join(given)} {'configure' if len(given) > 1 else 'configures'} an embedded pool; the "
+                    f"pool service at {address} has its own "
+                    "(esg-prefect pool serve --set KEY=VALUE, --scheduler, --profile): give either address= or them"
+                )
         if address is not None and not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
         settings = _check_embedded(scheduler, settings, profile, prices)
