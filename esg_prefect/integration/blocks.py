@@ -32,7 +32,8 @@ class ESGPool(Block):
         from esg_prefect import ESGTaskRunner
         from esg_prefect.integration.blocks import ESGPool
 
-        runner = ESGTaskRunner(pool=ESGPool.load("BLOCK_NAME"))
+        pool_block = ESGPool.load("BLOCK_NAME")
+        runner = ESGTaskRunner(pool=pool_block)
         ```
     """
 
