@@ -92,6 +92,15 @@ def test_save_load_and_runner_accepts_block_names() -> None:
         close_shared_pools()
 
 
+def test_a_block_name_with_no_saved_block_is_named_at_first_use() -> None:
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.exceptions import InvalidInputError
+
+    runner = ESGTaskRunner(settings="no-such-settings", backend="inline")  # names resolve at first use
+    with pytest.raises(InvalidInputError, match=r"no ESG Scheduler Settings block named 'no-such-settings'"):
+        runner.pool_client()
+
+
 def test_a_pool_block_stands_for_the_runner_options_it_holds() -> None:
     from pydantic import SecretStr
 

@@ -59,7 +59,16 @@ def _resolve(value: Any, block_type: str) -> Any:
     from esg_prefect.integration import blocks
 
     if isinstance(value, str):
-        value = getattr(blocks, block_type).load(value)
+        kind = getattr(blocks, block_type)
+        try:
+            value = kind.load(value)
+        except ValueError as exc:  # Prefect's "Unable to find block document named ..."
+            if "Unable to find block document" not in str(exc):
+                raise
+            raise InvalidInputError(
+                f"no {kind.get_block_type_name()} block named {value!r} on the Prefect API; save one "
+                "(python blocks/create_defaults.py saves 'default'), or pass the object itself"
+            ) from None
     if isinstance(value, blocks.ESGSchedulerSettings):
         return value.to_settings()
     if isinstance(value, blocks.ESGPriceSheet):
