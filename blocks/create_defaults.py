@@ -22,7 +22,13 @@ def main() -> None:
     args = parser.parse_args()
     documents: list[Block] = [ESGPool(), ESGPriceSheet(), ESGSchedulerSettings()]
     for doc in documents:
-        doc.save(args.name, overwrite=args.overwrite)
+        try:
+            doc.save(args.name, overwrite=args.overwrite)
+        except ValueError as exc:  # Prefect's "... a name that is already in use ..."
+            if "already in use" not in str(exc):
+                raise
+            print(f"kept {type(doc).__name__} {args.name!r}: already saved (--overwrite replaces it with the defaults)")
+            continue
         print(f"saved {type(doc).__name__} {args.name!r}")
 
 

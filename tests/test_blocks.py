@@ -117,3 +117,18 @@ def test_a_pool_block_stands_for_the_runner_options_it_holds() -> None:
         ESGTaskRunner(pool=ESGPool(), address="http://127.0.0.1:4270", scheduler="fast-gshare")
     with pytest.raises(InvalidInputError, match="settings configures an embedded pool"):
         ESGTaskRunner(pool=ESGPool(address="http://127.0.0.1:4270"), settings={"tick_ms": 2.0})
+
+
+def test_create_defaults_saves_once_and_keeps_what_is_saved_when_run_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import runpy
+
+    script = str(Path(__file__).resolve().parents[1] / "blocks" / "create_defaults.py")
+    name = "test-defaults-twice"
+    for argv in ([script, "--name", name, "--overwrite"], [script, "--name", name]):
+        monkeypatch.setattr("sys.argv", argv)
+        runpy.run_path(script, run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [f"saved {k} {name!r}" for k in ("ESGPool", "ESGPriceSheet", "ESGSchedulerSettings")]
+    assert all(line.startswith("kept ") and "--overwrite" in line for line in out[3:]) and len(out) == 6
