@@ -349,3 +349,13 @@ def test_pool_serve_names_an_allow_prefix_no_module_answers_to() -> None:
         "no_such_module_xyz.stages",
         "bad-name",
     ]
+
+
+def test_pool_serve_on_a_port_in_use_is_one_line_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["pool", "serve", "--allow", "tests", "--port", str(port)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--port" in line and f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line, line

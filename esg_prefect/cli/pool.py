@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,21 @@ def unimportable(allow: Sequence[str]) -> list[str]:
         if not top.isidentifier() or importlib.util.find_spec(top) is None:
             out.append(prefix)
     return out
+
+
+def bind_error(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be listened on now ("" when it can, or for port 0), checked before the pool
+    starts, so that a port in use is one line, not a traceback after the service said it was up."""
+    if port == 0:
+        return ""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a closing socket is no bar
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return ""
 
 
 def register(app: typer.Typer) -> None:
@@ -86,6 +102,9 @@ def serve(
         check_bind(host, token)
     except InvalidInputError as exc:
         raise typer.BadParameter(str(exc), param_hint="--host") from None
+    taken = bind_error(host, port)
+    if taken:
+        raise typer.BadParameter(f"cannot listen on {host}:{port}: {taken}", param_hint="--port")
     if bool(ssl_certfile) != bool(ssl_keyfile):
         raise typer.BadParameter("--ssl-certfile and --ssl-keyfile go together")
     for hint, path in (("--ssl-certfile", ssl_certfile), ("--ssl-keyfile", ssl_keyfile)):
