@@ -162,6 +162,26 @@ def close_shared_pools() -> None:
 atexit.register(close_shared_pools)
 
 
+def _check_types(max_workers: Any, switch_interval_s: Any, token: Any, profile: Any) -> None:
+    """Refuse runner options of the wrong type or range when the runner is made, not at the first call."""
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+    ):
+        raise InvalidInputError(f"max_workers must be an int >= 1 (or None), got {max_workers!r}")
+    if switch_interval_s is not None and (
+        isinstance(switch_interval_s, bool)
+        or not isinstance(switch_interval_s, (int, float))
+        or not 0 < switch_interval_s < 1
+    ):
+        raise InvalidInputError(
+            f"switch_interval_s must be a number of seconds in (0, 1), or None, got {switch_interval_s!r}"
+        )
+    if token is not None and not isinstance(token, str):
+        raise InvalidInputError(f"token must be a string, got {type(token).__name__}")
+    if profile is not None and not isinstance(profile, (str, Path)):
+        raise InvalidInputError(f"profile must be a CSV path (str or Path), got {profile!r}")
+
+
 class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     """Runs tasks in threads; pools DNN stage calls across flow runs with ESG.
 
@@ -230,22 +250,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             address, scheduler, backend = block.address or None, block.scheduler, block.backend
             token = block.token.get_secret_value() if block.token is not None else None
             profile = block.profile_path or None
-        if max_workers is not None and (
-            isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
-        ):
-            raise InvalidInputError(f"max_workers must be an int >= 1 (or None), got {max_workers!r}")
-        if switch_interval_s is not None and (
-            isinstance(switch_interval_s, bool)
-            or not isinstance(switch_interval_s, (int, float))
-            or not 0 < switch_interval_s < 1
-        ):
-            raise InvalidInputError(
-                f"switch_interval_s must be a number of seconds in (0, 1), or None, got {switch_interval_s!r}"
-            )
-        if token is not None and not isinstance(token, str):
-            raise InvalidInputError(f"token must be a string, got {type(token).__name__}")
-        if profile is not None and not isinstance(profile, (str, Path)):
-            raise InvalidInputError(f"profile must be a CSV path (str or Path), got {profile!r}")
+        _check_types(max_workers, switch_interval_s, token, profile)
         super().__init__(max_workers=max_workers if max_workers is not None else 1024)
         if backend not in ("process", "inline"):
             raise InvalidInputError(f"backend must be 'process' or 'inline', got {backend!r}")
