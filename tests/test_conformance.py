@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -77,10 +78,22 @@ class VirtualClock(PoolClock):
         self.call_at(t_ms, fut.set_result, None)
         await fut
 
-    async def run(self, at_instant_end: Callable[[float], bool]) -> None:
-        """Process timers in time order; after an instant's events, ``at_instant_end(t)`` (True: stop) and the ticks."""
+    async def run(
+        self,
+        at_instant_end: Callable[[float], bool],
+        limit_ms: float = math.inf,
+        stuck: Callable[[], str] = str,
+    ) -> None:
+        """Process timers in time order; after an instant's events, ``at_instant_end(t)`` (True: stop) and the ticks.
+
+        Past ``limit_ms`` of virtual time it raises, saying what is ``stuck``: a scheduler that never
+        dispatches some waiting calls keeps the pool's ticks going for ever, and would otherwise show only as
+        the wall-clock timeout of the test.
+        """
         loop = asyncio.get_running_loop()
         while True:
+            if self.t > limit_ms:
+                raise AssertionError(f"still running at {self.t:.0f} ms of virtual time: {stuck()}")
             # Let everything the last step scheduled run (the loop's ready queue is private API: a test-only peek).
             while loop._ready:
                 await asyncio.sleep(0)
@@ -226,14 +239,20 @@ def run_pool(
         pool.core.fleet.retire_idle(t)
         return True
 
+    def stuck() -> str:
+        return f"scheduler {case.scheduler!r} left calls waiting in {pool.core.queue_lengths() or 'no queue'}"
+
     async def drive() -> None:
         for t, name in arrivals:
             clock.call_at(t, arrive, name)
-        await clock.run(finished)
+        last = arrivals[-1][0] if arrivals else 0.0
+        await clock.run(finished, last + case.sim.drain_s * 1000.0, stuck)  # the simulator's own end of a run
 
     loop = pool._ensure_started()
-    asyncio.run_coroutine_threadsafe(drive(), loop).result(300)
-    pool.close()
+    try:
+        asyncio.run_coroutine_threadsafe(drive(), loop).result(300)
+    finally:
+        pool.close()
     return pool, ends
 
 
@@ -266,6 +285,17 @@ def test_pool_and_simulator_make_identical_decisions(scheduler: str) -> None:
     assert list(core.decisions) == list(sim.decisions)
     assert ends == {r.request_id: r.finish_ms for r in sim.requests}
     assert (core.rounds, core.fleet.cold_starts, core.prewarms) == (sim.rounds, sim.cold_starts, sim.prewarm_starts)
+
+
+def test_a_scheduler_that_strands_calls_fails_naming_them_not_by_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from esg_prefect.scheduling.base import SchedulingResult
+    from esg_prefect.scheduling.baselines import FaSTGShareScheduler
+
+    # A broken scheduler: it never dispatches. The pool's ticks go on; the virtual clock's limit ends the run.
+    monkeypatch.setattr(FaSTGShareScheduler, "decide", lambda self, snapshot, now_ms: SchedulingResult((), (), (), ()))
+    case = conformance_case("fast-gshare")
+    with pytest.raises(AssertionError, match=r"scheduler 'fast-gshare' left calls waiting in \{'classify/resnet50'"):
+        run_pool(case, list(case.arrivals(case.seed))[:5])
 
 
 def test_shared_batches_are_the_same_in_pool_and_simulator() -> None:
