@@ -1,8 +1,10 @@
 """Schedulers by name, so the runtime, the simulator and the CLI pick them alike.
 
 A factory takes ``(profile, prices, settings, clock)`` and returns an object
-with the :class:`~esg_prefect.scheduling.base.Scheduler` interface. Baselines
-register here under their own names.
+with the :class:`~esg_prefect.scheduling.base.Scheduler` interface. ESG is registered
+below; the baselines and ablations register in
+:mod:`esg_prefect.scheduling.baselines` (``_register``), which is where a new
+scheduler goes too (docs/architecture.md, "Adding a scheduler").
 
 Example:
     >>> "esg" in scheduler_names()

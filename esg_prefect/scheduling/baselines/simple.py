@@ -8,8 +8,8 @@
     stage on any GPU type, else a new worker on the cheapest GPU type with
     room (an operator's sensible default). Workers stay warm for the
     keep-alive time, like a long-lived worker process with the model loaded.
-    What it leaves out: Prefect's own per-task overhead (about 4 ms of client
-    CPU per task run here, see ARCHITECTURE.md), result persistence, retries.
+    What it leaves out: Prefect's own per-task overhead (docs/architecture.md,
+    "Latency: what Prefect itself costs"), result persistence, retries.
 
 ``triton`` — NVIDIA Triton's dynamic batcher on whole GPUs
     What it models: one model instance holds a whole GPU; requests of a
