@@ -240,6 +240,8 @@ def test_compare_reruns_a_case_of_the_same_name_with_another_rate_and_says_what_
     assert rates[40.0][0][1] is False and rates[120.0][0][1] is False
     assert rates[120.0][0][0] > 2 * rates[40.0][0][0]
     assert rates[120.0][1] == (rates[120.0][0][0], True)  # the same case again: its row reused, and said so
+    again = CliRunner().invoke(app, [*args, "--fresh"])  # --fresh: run again (a scheduler's code changed, say)
+    assert again.exit_code == 0 and "reusing" not in again.output and "done case standard: triton" in again.output
 
 
 def test_a_case_gpu_type_no_stage_is_profiled_on_is_named(tmp_path: Path) -> None:

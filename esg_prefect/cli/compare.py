@@ -151,7 +151,7 @@ def run_parallel(
     task = progress.add_task("simulating", total=len(specs), completed=len(specs) - len(todo)) if progress else None
     if progress is not None and sink is not None and len(todo) < len(specs):
         progress.console.print(
-            f"reusing {len(specs) - len(todo)} of {len(specs)} runs already in {sink} (delete it to run them again)",
+            f"reusing {len(specs) - len(todo)} of {len(specs)} runs already in {sink} (--fresh runs them again)",
             highlight=False,
         )
 
@@ -282,7 +282,13 @@ def _check_counts(seeds: int, processes: int) -> None:
 
 
 def _compare_case(
-    case_file: Path, names: Sequence[str], seeds: int, processes: int, out: Path, sets: Sequence[str] = ()
+    case_file: Path,
+    names: Sequence[str],
+    seeds: int,
+    processes: int,
+    out: Path,
+    sets: Sequence[str] = (),
+    fresh: bool = False,
 ) -> None:
     """Every scheduler on the user's case: the answer to "what would ESG save on my workload?"."""
     from esg_prefect.simulator import experiments as ex
@@ -294,6 +300,8 @@ def _compare_case(
         for seed in range(seeds)
     ]
     make_out_dir(out)
+    if fresh:
+        (out / "rows.jsonl").unlink(missing_ok=True)
     console = Console()
     note_unused_gpus(case, console)
     with progress_bar(console) as progress:
@@ -329,6 +337,9 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
         ] = None,
+        fresh: bool = typer.Option(
+            False, "--fresh", help="Run every simulation again, reusing none kept in --out (rows.jsonl)."
+        ),
         sets: list[str] = typer.Option(
             [],
             "--set",
@@ -338,7 +349,7 @@ def register(app: typer.Typer) -> None:
         """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots.
 
         Each finished simulation is appended to rows.jsonl in --out; running the
-        same command again reuses those rows (delete the file to start afresh).
+        same command again reuses those rows (--fresh starts afresh).
         """
         from esg_prefect.simulator import experiments as ex
         from esg_prefect.simulator import plots
@@ -360,7 +371,7 @@ def register(app: typer.Typer) -> None:
                     f"{', '.join(ignored)}: only for experiments E1-E7; --case runs its own case as it is",
                     param_hint="--case",
                 )
-            _compare_case(case_file, names, seeds, processes, out, sets)
+            _compare_case(case_file, names, seeds, processes, out, sets, fresh)
             return
 
         wanted = {"e1", "e3", "e4", "e5", "e6", "e7"} if experiment == "all" else set(experiment.lower().split(","))
@@ -386,6 +397,8 @@ def register(app: typer.Typer) -> None:
         specs = [replace(s, case=with_settings(s.case, sets)) for s in specs]  # a bad --set is refused before any run
         procs = processes or os.cpu_count() or 1
         make_out_dir(out)
+        if fresh:
+            (out / "rows.jsonl").unlink(missing_ok=True)
         console = Console()
         results: dict[str, Any] = {"quick": quick, "schedulers": list(names)}
         md: list[str] = []
