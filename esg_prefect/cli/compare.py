@@ -129,16 +129,22 @@ def _label(key: str, value: Any) -> str:
 
 
 def run_parallel(
-    specs: Sequence[Any], processes: int, progress: Progress | None = None, sink: Path | None = None
+    specs: Sequence[Any],
+    processes: int,
+    progress: Progress | None = None,
+    sink: Path | None = None,
+    reuse: bool = True,
 ) -> list[dict[str, Any]]:
     """Run experiment specs in ``processes`` worker processes; rows in the order of ``specs``.
 
     With ``sink``, each row is appended to that JSON-lines file as soon as it is
     done, and rows already in it (same :func:`spec_key`, with the whole-bill
     fields) are reused instead of run again: an interrupted comparison resumes
-    where it stopped.
+    where it stopped. ``reuse=False`` (``--fresh``) empties the file first.
     """
     done: dict[str, dict[str, Any]] = {}
+    if sink is not None and not reuse:
+        sink.unlink(missing_ok=True)
     if sink is not None and sink.exists():
         for line in sink.read_text(encoding="utf-8").splitlines():
             if line.strip():
@@ -300,12 +306,10 @@ def _compare_case(
         for seed in range(seeds)
     ]
     make_out_dir(out)
-    if fresh:
-        (out / "rows.jsonl").unlink(missing_ok=True)
     console = Console()
     note_unused_gpus(case, console)
     with progress_bar(console) as progress:
-        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl")
+        rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl", not fresh)
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
     result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
     md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
@@ -358,14 +362,9 @@ def register(app: typer.Typer) -> None:
         names = _scheduler_list(schedulers)
         if case_file is not None:
             ignored = [
-                f"--{n}"
-                for n, given in (
-                    ("experiment", experiment != "all"),
-                    ("loads", loads != DEFAULT_LOADS),
-                    ("quick", quick),
-                )
-                if given
+                f"--{n}" for n, on in (("experiment", experiment != "all"), ("loads", loads != DEFAULT_LOADS)) if on
             ]
+            ignored += ["--quick"] if quick else []
             if ignored:
                 raise typer.BadParameter(
                     f"{', '.join(ignored)}: only for experiments E1-E7; --case runs its own case as it is",
@@ -397,8 +396,6 @@ def register(app: typer.Typer) -> None:
         specs = [replace(s, case=with_settings(s.case, sets)) for s in specs]  # a bad --set is refused before any run
         procs = processes or os.cpu_count() or 1
         make_out_dir(out)
-        if fresh:
-            (out / "rows.jsonl").unlink(missing_ok=True)
         console = Console()
         results: dict[str, Any] = {"quick": quick, "schedulers": list(names)}
         md: list[str] = []
@@ -426,7 +423,7 @@ def register(app: typer.Typer) -> None:
                 progress.update(t, completed=1, total=1)
                 results["E5"] = rows
                 plots.dag_growth(rows, out / "e5_dag_growth.png")
-            rows = run_parallel(specs, procs, progress, out / "rows.jsonl") if specs else []
+            rows = run_parallel(specs, procs, progress, out / "rows.jsonl", not fresh) if specs else []
 
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
