@@ -18,5 +18,5 @@ rm -rf "$DEST"
 python3 -m pip download -q --only-binary=:all: --python-version "$PYVER" --implementation cp --abi "$ABI" \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
-    -d "$DEST" "prefect==3.8.8" "fastapi>=0.139,<0.151" "sqlmodel>=0.0.16"
+    -d "$DEST" "prefect==3.9.1" "fastapi>=0.139,<0.151" "sqlmodel>=0.0.16"
 echo "$(ls "$DEST" | wc -l) wheels, $(du -sh "$DEST" | cut -f1), in $DEST for Python $PYVER"
