@@ -193,6 +193,8 @@ def test_the_temporary_apis_logging_config_is_prefects_with_sqlalchemy_quiet() -
     from esg_prefect.examples.demo import quiet_sqlalchemy_logging
 
     path = quiet_sqlalchemy_logging()
+    assert path.stat().st_mode & 0o077 == 0  # no other user may read or plant it: Prefect runs what it names
+    assert path != quiet_sqlalchemy_logging()  # a new name each time, none to foresee
     ours, prefects = load_logging_config(path), load_logging_config(DEFAULT_LOGGING_SETTINGS_PATH)
     assert ours["loggers"].pop("sqlalchemy") == {"level": "CRITICAL"}
     assert ours == prefects  # nothing else changed, Prefect's settings filled in as in its own file

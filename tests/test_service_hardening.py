@@ -232,7 +232,8 @@ def test_limits_and_names(pool: Pool) -> None:
     assert client.get("/v1/batches?limit=5").status_code == 200
     afters = {client.post("/v1/calls", json=body(90 + i)).headers["retry-after"] for i in range(40)}
     assert afters <= {"1", "2", "3"} and len(afters) > 1  # jittered
-    resp = client.post("/v1/calls", json={**body(99), "stage": ""})
+    assert client.post("/v1/calls", json={**body(99), "stage": ""}).status_code == 429  # a full pool reads no body
+    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json={**body(99), "stage": ""})
     assert resp.status_code == 400 and "'stage'" in resp.json()["error"]
 
 
@@ -253,6 +254,7 @@ def test_stored_outcomes_expire_and_stay_under_their_byte_budget(tmp_path: Path)
     cache.put("late", {"ok": True}, "d")
     assert cache.stored_bytes() == len(json.dumps({"ok": True}))  # ...and deleted at the next store
     cache.close()
+    assert (tmp_path / "r.db").stat().st_mode & 0o077 == 0  # stage outputs: the owner's alone
     reopened = ResultCache(tmp_path / "r.db", ttl_s=60, max_bytes=10_000, clock=lambda: now["t"])
     assert reopened.stored_bytes() == len(json.dumps({"ok": True})) and reopened.get("late") == ({"ok": True}, "d")
 

@@ -262,6 +262,10 @@ def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from esg_prefect.store.engine import safe_url
 
     assert safe_url("postgresql+psycopg://u:secret@h/db") == "postgresql+psycopg://u:***@h/db"
+    with pytest.raises(ConfigError) as err:  # a URL SQLAlchemy cannot read: its password is masked still
+        CostStore("postgresql://u:secret@h:badport/db")
+    assert "secret" not in str(err.value) and "u:***@h" in str(err.value)
+    assert (tmp_path / "sub" / "dir" / "c.db").stat().st_mode & 0o077 == 0  # a new store is the owner's alone
 
 
 # ---- real runs from a pool --------------------------------------------------------------------

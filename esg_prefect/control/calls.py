@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.workflow import MAX_SLO_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,11 @@ class WorkflowDecl:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidInputError(f"workflow name must be a non-empty string, got {self.name!r}")
         slo = self.slo_ms
-        if isinstance(slo, bool) or not (isinstance(slo, (int, float)) and math.isfinite(slo) and slo > 0):
-            raise InvalidInputError(f"workflow {self.name!r}: slo_ms must be a number of ms > 0, got {slo!r}")
+        if isinstance(slo, bool) or not (isinstance(slo, (int, float)) and 0 < slo <= MAX_SLO_MS):
+            raise InvalidInputError(
+                f"workflow {self.name!r}: slo_ms must be a number of ms > 0 and at most {MAX_SLO_MS:.0f} "
+                f"(a week), got {slo!r}"
+            )
         if self.edges is not None and not all(isinstance(e, tuple) and len(e) == 2 for e in self.edges):
             raise InvalidInputError(f"workflow {self.name!r}: edges must be (upstream, downstream) pairs")
         for n in (*self.stages, *(x for e in self.edges or () for x in e)):

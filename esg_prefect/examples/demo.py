@@ -150,8 +150,12 @@ def quiet_sqlalchemy_logging() -> Path:
     logger a level of its own (WARNING), so a quiet root level does not reach
     it; a logger entry in the config the server process reads does. Prefect's
     file is copied as text, its ``${...}`` settings left for Prefect to fill.
+    The file is created anew (mode 0600, a name no other user can foresee, as
+    :func:`tempfile.mkstemp` makes it) and removed at exit: Prefect runs the
+    factories such a file names, so a file another user could plant or edit
+    would run their code.
     """
-    import getpass
+    import atexit
     import importlib.util
     import tempfile
 
@@ -159,9 +163,11 @@ def quiet_sqlalchemy_logging() -> Path:
     assert spec is not None and spec.submodule_search_locations
     text = (Path(next(iter(spec.submodule_search_locations))) / "logging" / "logging.yml").read_text()
     text = text.replace("\nloggers:\n", "\nloggers:\n  sqlalchemy:\n    level: CRITICAL\n\n", 1)
-    path = Path(tempfile.gettempdir()) / f"esg-prefect-demo-logging-{getpass.getuser()}.yml"
-    path.write_text(text)
-    return path
+    fd, name = tempfile.mkstemp(prefix="esg-prefect-demo-logging-", suffix=".yml")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    atexit.register(Path(name).unlink, missing_ok=True)
+    return Path(name)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,8 @@ import networkx as nx
 
 from esg_prefect.exceptions import WorkflowError
 
+MAX_SLO_MS = 7 * 24 * 3600 * 1000.0  # a week: longer is no latency objective, and overflows the search's units
+
 
 @dataclass(frozen=True, slots=True)
 class Workflow:
@@ -62,13 +64,18 @@ class Workflow:
         for u, v in edge_list:
             for end in (u, v):
                 if end not in seen:
-                    raise WorkflowError(f"workflow {name!r}: edge ({u!r}, {v!r}) names unknown stage {end!r}")
+                    raise WorkflowError(
+                        f"workflow {name!r}: edge ({u!r}, {v!r}) names unknown stage {end!r}; "
+                        f"its stages are {list(stages)}"
+                    )
             if u == v:
                 raise WorkflowError(f"workflow {name!r}: self-loop on stage {u!r}")
         if isinstance(slo_ms, bool) or not isinstance(slo_ms, (int, float)) or not math.isfinite(slo_ms):
             raise WorkflowError(f"workflow {name!r}: slo_ms must be a finite number, got {slo_ms!r}")
         if slo_ms <= 0:
             raise WorkflowError(f"workflow {name!r}: slo_ms must be > 0, got {slo_ms}")
+        if slo_ms > MAX_SLO_MS:
+            raise WorkflowError(f"workflow {name!r}: slo_ms must be at most {MAX_SLO_MS:.0f} (a week), got {slo_ms}")
         graph = nx.DiGraph()
         graph.add_nodes_from(stages)
         graph.add_edges_from(edge_list)

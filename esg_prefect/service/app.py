@@ -12,12 +12,15 @@ Endpoints:
 * ``POST /v1/pause`` / ``POST /v1/resume``: hold dispatching (calls keep queueing,
   none is failed) and release it (:meth:`Pool.pause`); ``/metrics`` says ``paused``.
 
-Security: the service binds 127.0.0.1 unless told otherwise, and then needs a
-token (see :func:`check_token`); one middleware checks ``Authorization: Bearer
-<token>`` in constant time on every endpoint but ``/healthz``. Stage code is
-imported only from the module prefixes allowed at start, and a call's stage
+Security (:mod:`esg_prefect.service.guards`): the service binds 127.0.0.1
+unless told otherwise, and then needs a token; with one, every endpoint but
+``/healthz`` checks ``Authorization: Bearer <token>`` in constant time; without
+one, requests from web pages and to foreign host names are refused. Stage code
+is imported only from the module prefixes allowed at start, and a call's stage
 path must resolve to a stage of the call's name. Bodies are size-bounded while
-they stream in; nothing is unpickled.
+they stream in, and all bodies being read or decoded at once share a byte
+budget (past it: 429); they are decoded off the event loop, so a large one
+holds no other request up. Nothing is unpickled.
 
 Idempotency: a call id already finished gets its stored outcome
 (:class:`~esg_prefect.service.results.ResultCache`, kept across restarts with a
@@ -31,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
 import random
@@ -40,9 +42,9 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from esg_prefect.control.calls import StageCall
 from esg_prefect.exceptions import (
@@ -54,6 +56,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import resolve_stage
+from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import BadRequest, call_digest, error_body, parse_call, result_body
 
@@ -62,38 +65,7 @@ __all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-MIN_TOKEN_CHARS = 16
 MAX_BATCHES_LIMIT = 10_000
-
-
-def check_token(token: str | None) -> None:
-    """Refuse a token too short or with spaces to guard anything (None: no token).
-
-    Raises:
-        InvalidInputError: saying what a token needs, without echoing it.
-    """
-    if token is not None and (len(token) < MIN_TOKEN_CHARS or token != token.strip() or " " in token):
-        raise InvalidInputError(
-            f"the bearer token must be at least {MIN_TOKEN_CHARS} characters with no spaces "
-            f"(got {len(token)}); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
-        )
-
-
-class _BearerAuth:
-    """ASGI middleware: every HTTP endpoint but ``/healthz`` needs the bearer token (when one is set)."""
-
-    def __init__(self, app: ASGIApp, token: bytes | None) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.token is not None and scope["path"] != "/healthz":
-            header = dict(scope["headers"]).get(b"authorization", b"")
-            scheme, _, given = header.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self.token):
-                await JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def _retry_after() -> dict[str, str]:
@@ -111,6 +83,8 @@ class PoolService:
         results: where finished outcomes are kept (in memory by default, bounded).
         max_pending: most calls in flight before new ones get 429.
         max_body_bytes: largest request body accepted.
+        max_reading_bytes: most bytes of bodies read or decoded at once (default
+            four of the largest); a body past it gets 429.
         on_call: called with each accepted call before it is submitted (the CLI
             notes the call's deployment there, for the cost store).
     """
@@ -124,6 +98,7 @@ class PoolService:
         max_pending: int = 10_000,
         max_body_bytes: int = MAX_BODY_BYTES,
         on_call: Callable[[StageCall], None] | None = None,
+        max_reading_bytes: int | None = None,
     ) -> None:
         if not allow:
             raise InvalidInputError("allow must name at least one module prefix stage code may come from")
@@ -134,6 +109,8 @@ class PoolService:
         self.results = results or ResultCache()
         self.max_pending = max_pending
         self.max_body_bytes = max_body_bytes
+        self.max_reading_bytes = 4 * max_body_bytes if max_reading_bytes is None else max_reading_bytes
+        self._reading = 0  # bytes of bodies being read or decoded now
         self.on_call = on_call
         self._inflight: dict[str, tuple[asyncio.Future[dict[str, Any]], str]] = {}
         self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
@@ -153,7 +130,7 @@ class PoolService:
                 Route("/v1/resume", self.resume, methods=["POST"]),
             ]
         )
-        return _BearerAuth(app, self._token)
+        return BearerAuth(app, self._token) if self._token is not None else BrowserGuard(app)
 
     async def healthz(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "closing" if self.closing else "ok"})
@@ -218,25 +195,50 @@ class PoolService:
         self.pool.end_run(request.path_params["run_id"])
         return JSONResponse({"ok": True})
 
-    async def _read_body(self, request: Request) -> bytes:
-        """The body, refused (413) as soon as it passes the limit, with or without a Content-Length."""
+    def _take(self, nbytes: int) -> None:
+        """Count ``nbytes`` more of bodies in hand, or refuse (429) past the budget."""
+        if self._reading + nbytes > self.max_reading_bytes:
+            raise BadRequest(429, f"{self._reading} bytes of other bodies are being read: retry later")
+        self._reading += nbytes
+
+    async def _read_body(self, request: Request) -> tuple[bytes, int]:
+        """The body and the bytes it holds of the budget, refused (413) as soon as it passes the limit."""
         declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise BadRequest(400, f"bad Content-Length {declared!r}")
-            if int(declared) > self.max_body_bytes:
-                raise BadRequest(413, f"body of {declared} bytes exceeds {self.max_body_bytes}")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise BadRequest(413, f"body exceeds {self.max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        held = 0
+        try:
+            if declared is not None:
+                if not declared.isdigit():
+                    raise BadRequest(400, f"bad Content-Length {declared!r}")
+                if int(declared) > self.max_body_bytes:
+                    raise BadRequest(413, f"body of {declared} bytes exceeds {self.max_body_bytes}")
+                self._take(int(declared))
+                held = int(declared)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise BadRequest(413, f"body exceeds {self.max_body_bytes} bytes")
+                if size > held:  # a chunked body, or one longer than it declared
+                    self._take(size - held)
+                    held = size
+                chunks.append(chunk)
+        except BaseException:
+            self._reading -= held
+            raise
+        return b"".join(chunks), held
 
     async def _parse(self, request: Request) -> tuple[StageCall, str]:
-        raw = await self._read_body(request)
+        raw, held = await self._read_body(request)
+        try:
+            call, digest = await asyncio.to_thread(self._decode, raw)
+        finally:
+            self._reading -= held
+        await self._check_stage(call)
+        return call, digest
+
+    def _decode(self, raw: bytes) -> tuple[StageCall, str]:
+        """The call in a body and its digest (on a thread: a large tensor takes a while)."""
         try:
             body = json.loads(raw)
         except RecursionError:
@@ -244,12 +246,9 @@ class PoolService:
         except ValueError as exc:  # JSONDecodeError, bad UTF-8, integers too long to read
             raise BadRequest(400, f"body is not JSON: {exc}") from None
         try:
-            call = parse_call(body, self.allow)
-            digest = call_digest(body)
+            return parse_call(body, self.allow), call_digest(body)
         except RecursionError:
             raise BadRequest(400, "body is nested too deeply") from None
-        await self._check_stage(call)
-        return call, digest
 
     async def _check_stage(self, call: StageCall) -> None:
         """The call's stage path must resolve to a stage named as the call says (else 404 or 400)."""
@@ -259,34 +258,36 @@ class PoolService:
                 spec = await asyncio.to_thread(resolve_stage, call.stage_path)
             except UnknownStageError as exc:
                 raise BadRequest(404, f"stage path {call.stage_path!r} is not a stage: {exc}") from None
-            except Exception as exc:  # importing the module raised: the path is no usable stage
-                raise BadRequest(404, f"stage path {call.stage_path!r} could not be imported: {exc!r}") from None
+            except (Exception, SystemExit) as exc:  # importing the module raised: the path is no usable stage
+                why = (str(exc).splitlines() or [""])[0][:200]
+                raise BadRequest(
+                    404, f"stage path {call.stage_path!r} could not be imported: {type(exc).__name__}: {why}"
+                ) from None
             name = self._stage_names.setdefault(call.stage_path, spec.name)
         if name != call.stage:
             raise BadRequest(400, f"stage path {call.stage_path!r} is stage {name!r}, not {call.stage!r}")
 
-    async def call(self, request: Request) -> JSONResponse:
+    async def call(self, request: Request) -> Response:
         if self.closing:
             return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
+        if len(self._inflight) >= self.max_pending:  # before reading the body: a full pool reads none
+            return self._full()
         try:
             call, digest = await self._parse(request)
         except BadRequest as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+            headers = _retry_after() if exc.status == 429 else None
+            return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
         stored = await asyncio.to_thread(self.results.get, call.call_id)
         if stored is not None:
             if stored[1] and stored[1] != digest:
                 return _conflict(call.call_id)
-            return JSONResponse(stored[0])
+            return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
         held = self._inflight.get(call.call_id)
         if held is not None and held[1] != digest:
             return _conflict(call.call_id)
         if held is None:
             if len(self._inflight) >= self.max_pending:
-                return JSONResponse(
-                    {"error": f"{len(self._inflight)} calls in flight: the pool is full, retry later"},
-                    status_code=429,
-                    headers=_retry_after(),
-                )
+                return self._full()
             if self.on_call is not None:
                 self.on_call(call)
             held = (asyncio.get_running_loop().create_future(), digest)
@@ -295,7 +296,14 @@ class PoolService:
         body = await asyncio.shield(held[0])
         if body.get("conflict"):
             return JSONResponse({"error": body["error"]["message"]}, status_code=409)
-        return JSONResponse(body)
+        return Response(await asyncio.to_thread(_render, body), media_type="application/json")
+
+    def _full(self) -> JSONResponse:
+        return JSONResponse(
+            {"error": f"{len(self._inflight)} calls in flight: the pool is full, retry later"},
+            status_code=429,
+            headers=_retry_after(),
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -348,21 +356,12 @@ class PoolService:
                 fut.set_result(body)
 
 
+def _render(body: dict[str, Any]) -> bytes:
+    """A JSON answer's bytes, as JSONResponse renders them (called on a thread: outputs may be large)."""
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
 def _conflict(call_id: str) -> JSONResponse:
     return JSONResponse(
         {"error": f"call id {call_id!r} was used for another call (other stage, caller or input)"}, status_code=409
     )
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to listen beyond loopback without a token.
-
-    Raises:
-        InvalidInputError: naming the host.
-    """
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        raise InvalidInputError(
-            f"binding to {host!r} exposes the pool beyond this machine: set a token "
-            "(--token-env VAR, with the token in that environment variable)"
-        )
-    check_token(token)

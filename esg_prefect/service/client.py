@@ -8,6 +8,13 @@ across its own restarts with a results file), honouring ``Retry-After`` with
 jitter, until ``deadline_s`` has passed. A ``409`` (the id names another call) is
 raised as :class:`~esg_prefect.exceptions.CallConflictError`.
 
+Answers are read defensively: a ``Retry-After`` that is no number of seconds
+(an HTTP date from a proxy, say) falls back to the backoff, and an answer the
+wire format cannot read fails its call with :class:`StageRejectedError`.
+Requests to a loopback address ignore proxy settings (``HTTP_PROXY``): the
+token and inputs stay on the machine; a token sent over plain HTTP beyond it
+is warned about.
+
 A service that has never answered this client is most likely not started, or
 the address is wrong: a refused connection is then retried for
 ``connect_grace_s`` only (a service started at the same time gets there), with
@@ -27,7 +34,14 @@ from typing import Any
 import httpx
 
 from esg_prefect.control.calls import StageCall, StageResult
-from esg_prefect.exceptions import CallConflictError, InvalidInputError, PoolClosedError, StageRejectedError
+from esg_prefect.exceptions import (
+    CallConflictError,
+    InvalidInputError,
+    PoolClosedError,
+    StageCallError,
+    StageRejectedError,
+)
+from esg_prefect.service.guards import is_loopback
 from esg_prefect.service.wire import call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]
@@ -61,10 +75,17 @@ class PoolClient:
         self._answered = False  # has the service answered this client at all?
         self._warned = False
         self.address = address.rstrip("/")
+        local = is_loopback(httpx.URL(self.address).host)
+        if token and not local and self.address.startswith("http://"):
+            logger.warning("the pool service token goes to %s over plain HTTP: use https beyond this machine", address)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         limits = httpx.Limits(max_connections=threads, max_keepalive_connections=threads)
         self._http = httpx.Client(
-            base_url=self.address, headers=headers, limits=limits, timeout=httpx.Timeout(30.0, read=deadline_s)
+            base_url=self.address,
+            headers=headers,
+            limits=limits,
+            timeout=httpx.Timeout(30.0, read=deadline_s),
+            trust_env=not local,  # no proxy between this process and a service on the same machine
         )
         self._deadline_s = deadline_s
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="esg-pool-client")
@@ -94,13 +115,13 @@ class PoolClient:
             else:
                 self._answered = True
                 if resp.status_code == 200:
-                    return parse_result(resp.json())
+                    return _answer(resp)
                 if resp.status_code == 409:
                     raise CallConflictError(f"pool service refused the call (409): {resp.text[:500]}")
                 if resp.status_code not in (429, 503):
                     raise StageRejectedError(f"pool service refused the call ({resp.status_code}): {resp.text[:500]}")
                 last = f"{resp.status_code}: {resp.text[:200]}"
-                wait = float(resp.headers.get("retry-after", wait))
+                wait = _retry_after_s(resp.headers.get("retry-after"), wait)
             if time.monotonic() + wait > give_up:
                 raise PoolClosedError(
                     f"pool service at {self.address} gave no answer within {self._deadline_s} s ({last})"
@@ -144,3 +165,25 @@ class PoolClient:
             self._closed = True
         self._executor.shutdown(wait=False)
         self._http.close()
+
+
+def _answer(resp: httpx.Response) -> StageResult:
+    """The call's result from a 200 answer; the stage's own error raised as is; anything unreadable, rejected."""
+    try:
+        return parse_result(resp.json())
+    except StageCallError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, or not the wire's shape
+        raise StageRejectedError(
+            f"pool service sent an answer this client cannot read ({type(exc).__name__}: {exc}); "
+            "is the service the same esg-prefect version?"
+        ) from None
+
+
+def _retry_after_s(value: str | None, fallback: float) -> float:
+    """Seconds to wait from a ``Retry-After`` header: a number of seconds within 0-60, else ``fallback``."""
+    try:
+        seconds = float(value) if value is not None else fallback
+    except ValueError:  # an HTTP date, or garbage
+        return fallback
+    return min(max(seconds, 0.0), 60.0) if seconds == seconds else fallback  # NaN: fallback

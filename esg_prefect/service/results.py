@@ -49,6 +49,8 @@ class ResultCache:
             raise InvalidInputError(f"results ttl_s must be > 0 seconds, got {ttl_s!r}")
         if not max_bytes > 0:
             raise InvalidInputError(f"results max_bytes must be > 0, got {max_bytes!r}")
+        if str(path) != ":memory:" and not Path(path).exists():
+            Path(path).touch(mode=0o600)  # stage outputs: the owner's alone (-wal and -shm get the same mode)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS outcomes (call_id TEXT PRIMARY KEY, body TEXT, at REAL)")

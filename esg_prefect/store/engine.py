@@ -18,6 +18,7 @@ writers) so that DDL in a migration rolls back with the rest of it.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,8 @@ def safe_url(url: str) -> str:
     """The URL with its password masked, for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads: mask what looks like user:password@
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -102,8 +103,8 @@ def create_engine(url: str, *, create: bool = True) -> Engine:
     """
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"cost store URL {url!r} cannot be parsed: {exc}") from None
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is no number
+        raise ConfigError(f"cost store URL {safe_url(url)!r} cannot be parsed: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(url, create)
     try:
@@ -124,6 +125,7 @@ def _sqlite_engine(url: str, create: bool) -> Engine:
             if not create:
                 raise ConfigError(f"no cost store at {path}: nothing was recorded there yet")
             path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)  # the owner's alone (SQLite gives its -wal and -shm files the same mode)
         engine = sa_create_engine(url, connect_args={"check_same_thread": False, "timeout": 30.0})
 
     @event.listens_for(engine, "connect")

@@ -37,7 +37,7 @@ from sqlmodel import Session, col
 
 from esg_prefect.exceptions import ConfigError, MissingProfileError
 from esg_prefect.model import LatencyProfile, ProfilePoint
-from esg_prefect.store.engine import WRITE, create_engine, resolve_url
+from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
 from esg_prefect.store.migrations import Migration, check_migrations
 from esg_prefect.store.profile_tables import (
     PROFILE_TABLES,
@@ -214,7 +214,7 @@ class ProfileStore:
             runs = [r.run_id for r in self.runs()]
             run_id = next((r for r in runs if self.points(r)), None)
             if run_id is None:
-                raise MissingProfileError(f"the profile store at {self.url} holds no profile run")
+                raise MissingProfileError(f"the profile store at {safe_url(self.url)} holds no profile run")
         rows = self.points(run_id)
         if not rows:
             raise MissingProfileError(f"no profile run {run_id!r} with points in the store")
