@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import networkx as nx
+
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.workflow import MAX_SLO_MS
 
@@ -58,33 +60,15 @@ class WorkflowDecl:
 
 
 def _cycle(edges: Sequence[tuple[str, str]]) -> list[str]:
-    """A cycle of the directed graph ``edges`` as a closed list of names, or [] when it has none."""
-    succ: dict[str, list[str]] = {}
-    for a, b in edges:
-        succ.setdefault(a, []).append(b)
-    state: dict[str, int] = {}  # 1: on the current path, 2: finished
-    path: list[str] = []
+    """A cycle of the directed graph ``edges`` as a closed list of names, or [] when it has none.
 
-    def visit(n: str) -> list[str]:
-        state[n] = 1
-        path.append(n)
-        for m in succ.get(n, ()):
-            if state.get(m) == 1:
-                return [*path[path.index(m) :], m]
-            if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        state[n] = 2
-        path.pop()
+    networkx's search is iterative: a chain of thousands of stages is no recursion limit.
+    """
+    try:
+        found = nx.find_cycle(nx.DiGraph(list(edges)))
+    except nx.NetworkXNoCycle:
         return []
-
-    for start in list(succ):
-        if start not in state:
-            found = visit(start)
-            if found:
-                return found
-    return []
+    return [found[0][0], *(b for _, b in found)]
 
 
 @dataclass(frozen=True, slots=True)
