@@ -6,6 +6,7 @@ import gc
 import json
 import math
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -302,6 +303,18 @@ def test_case_round_trips_through_json() -> None:
     assert again == case
     with pytest.raises(ConfigError, match="unknown case keys \\['colour'\\]"):
         Case.from_dict({**case.to_dict(), "colour": "red"})
+    data = case.to_dict()
+    typos = {  # a typo inside an object was ignored: the workflow ran with its slo_ms, the node without GPUs
+        "workflows[0]": {**data, "workflows": [{**data["workflows"][0], "slo": 100}, *data["workflows"][1:]]},
+        "cluster[0]": {**data, "cluster": [{**data["cluster"][0], "gpu": ["T4"]}, *data["cluster"][1:]]},
+        "workload": {**data, "workload": {**data["workload"], "rate": 3}},
+        "sim": {**data, "sim": {**data["sim"], "drain": 1}},
+    }
+    for where, bad in typos.items():
+        with pytest.raises(ConfigError, match=re.escape(f"in the case's {where}; known: ")):
+            Case.from_dict(bad)
+    with pytest.raises(ConfigError, match="weights must be a list of numbers >= 0, one per workflow"):
+        Case.from_dict({**data, "workload": {**data["workload"], "weights": {"other": 1.0}}})
     with pytest.raises(ConfigError, match="missing the key 'workload'"):
         Case.from_dict({k: v for k, v in case.to_dict().items() if k != "workload"})
     with pytest.raises(ConfigError, match="in-memory profile"):

@@ -18,8 +18,9 @@ whose profile is an in-memory object (tests) cannot be written out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as fields_of
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -127,6 +128,14 @@ class WorkloadSpec:
         except InvalidInputError as exc:
             raise ConfigError(f"workload: {exc}") from exc
         if self.weights is not None:
+            ok = isinstance(self.weights, (list, tuple)) and all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in self.weights
+            )
+            if not ok:
+                raise ConfigError(
+                    f"workload: weights must be a list of numbers >= 0, one per workflow in the case's order, "
+                    f"got {self.weights!r:.80}"
+                )
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
 
 
@@ -180,11 +189,23 @@ class SimSpec:
             raise ConfigError(f"sim: corun must be None, 'default' or a CSV path, got {self.corun!r}")
 
 
+def _known_keys(where: str, value: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Refuse a key the case format does not have (a typo would otherwise be ignored), naming it."""
+    known = tuple(known)
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in the case's {where}; known: {sorted(known)}")
+
+
 def _shaped(key: str, value: Any, shape: type) -> None:
     """Refuse a case value of the wrong JSON type, naming its key (not a Python indexing error)."""
     if not isinstance(value, shape):
         want = "a list" if shape is list else "an object"
         raise ConfigError(f"the case's {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
+
+
+_WORKFLOW_KEYS = ("name", "stages", "edges", "slo_ms")
+_NODE_KEYS = ("name", "vcpus", "gpus", "max_clients", "max_workers")
 
 
 @lru_cache(maxsize=16)
@@ -383,11 +404,14 @@ class Case:
             raise ConfigError(f"unknown case keys {sorted(unknown)}; known: {sorted(known)}")
         for key, shape in (("workflows", list), ("cluster", list), ("prices", dict), ("workload", dict)):
             _shaped(key, data.get(key, shape()), shape)
-        for key in ("workflows", "cluster"):
+        for key, fields in (("workflows", _WORKFLOW_KEYS), ("cluster", _NODE_KEYS)):
             for i, item in enumerate(data.get(key, ())):
                 _shaped(f"{key}[{i}]", item, dict)
+                _known_keys(f"{key}[{i}]", item, fields)
         for key in ("settings", "sim"):
             _shaped(key, data.get(key, {}), dict)
+        _known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
+        _known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
         try:
             wl = dict(data["workload"])
             if wl.get("weights") is not None:
