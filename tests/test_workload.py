@@ -306,6 +306,32 @@ def test_a_users_own_trace(tmp_path: Path) -> None:
         arrivals(f"csv:{tmp_path / 'missing.csv'}", ["a"], 2.0, 3.0, 0)
 
 
+def test_a_users_trace_at_its_own_rate_is_replayed_as_recorded(tmp_path: Path) -> None:
+    from esg_prefect.workload.arrivals import csv_trace_rate
+
+    path = tmp_path / "mine.csv"
+    path.write_text("arrival_s\n5.0\n5.1\n5.15\n7.0\n8.0\n")
+    rows, own = csv_trace_rate(str(path))
+    assert rows == 5 and own == pytest.approx(5 / (3.0 + 3.0 / 4))  # span 3 s plus one mean gap
+    got = arrivals(f"csv:{path}", ["a"], rate_per_s=own, duration_s=3.5, seed=1, start_s=0.0)
+    assert [t for t, _ in got] == pytest.approx([0.0, 100.0, 150.0, 2000.0, 3000.0])
+
+
+def test_simulate_says_how_a_users_trace_is_replayed(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from esg_prefect.cli.simulate import note_csv_replay
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "mine.csv"
+    path.write_text("arrival_s\n0\n1\n2\n3\n")  # 4 rows over 4 s: 1 request/s
+    console = Console(record=True, width=400)
+    note_csv_replay(standard_case(trace=f"csv:{path}", rate_per_s=30.0, duration_s=2.0), console)
+    text = console.export_text()
+    assert "4 rows, 1 requests/s" in text and "30x faster" in text and "from a point the seed picks" in text
+    assert "rate_per_s (--rate) 1 and start_s 0" in text
+
+
 def test_rate_estimate_restarts_after_an_idle_spell() -> None:
     from esg_prefect.workload.rate import ArrivalRateEWMA
 

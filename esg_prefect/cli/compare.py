@@ -32,11 +32,12 @@ from esg_prefect.cli.simulate import (
     load_case,
     make_out_dir,
     markdown_table,
-    note_unused_gpus,
+    note_case,
     print_table,
     progress_bar,
     with_settings,
 )
+from esg_prefect.cli.verdict import verdict
 
 DEFAULT_OUT = Path("bench/out/compare")
 DEFAULT_LOADS = "150,300,450,600"
@@ -307,7 +308,7 @@ def _compare_case(
     ]
     make_out_dir(out)
     console = Console()
-    note_unused_gpus(case, console)
+    note_case(case, console)
     with progress_bar(console) as progress:
         rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl", not fresh)
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
@@ -319,6 +320,8 @@ def _compare_case(
         cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
         print_table(console, "ESG vs the best prior-work baseline", [head], cols)
         md.append(markdown_table([head], cols))
+    for line in verdict([r for r in rows if r["seed"] == 0]):
+        console.print(line, highlight=False)
     bill_bars(rows, "case", out / "case.png", f"case {case.name}")
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")
     (out / "tables.md").write_text("\n\n".join(md) + "\n", encoding="utf-8")

@@ -212,6 +212,36 @@ def note_unused_gpus(case: Any, console: Console) -> None:
         )
 
 
+def note_csv_replay(case: Any, console: Console) -> None:
+    """Say how a user's CSV trace is replayed: at what speed against its own rate, and from where."""
+    wl = case.workload
+    if not wl.trace.startswith("csv:"):
+        return
+    from esg_prefect.workload.arrivals import csv_trace_rate
+
+    rows, own = csv_trace_rate(wl.trace[4:])
+    speed = wl.rate_per_s / own
+    pace = "in real time" if abs(speed - 1.0) < 0.01 else f"{speed:.3g}x {'faster' if speed > 1 else 'slower'}"
+    where = (
+        "from its first row"
+        if wl.start_s == 0
+        else (
+            f"from {wl.start_s:g} s into it" if wl.start_s is not None else "from a point the seed picks (start_s null)"
+        )
+    )
+    console.print(
+        f"note: your trace ({rows} rows, {own:.4g} requests/s) is replayed at {wl.rate_per_s:g} requests/s, {pace}, "
+        f"{where}; rate_per_s (--rate) {own:.6g} and start_s 0 replay it as recorded (docs/simulator.md)",
+        highlight=False,
+    )
+
+
+def note_case(case: Any, console: Console) -> None:
+    """The notes on a user's case file: GPUs no stage can use, and how a CSV trace is replayed."""
+    note_unused_gpus(case, console)
+    note_csv_replay(case, console)
+
+
 def make_out_dir(path: Path, hint: str = "--out") -> None:
     """Create the output directory ``path`` before any run, so that a bad one fails before the work, not after.
 
@@ -296,7 +326,9 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
         f"{run.cold_starts} ({run.prewarm_starts} pre-warmed, {run.at_risk_cold_starts} for best-effort dispatches, "
         f"which no plan fitted in the slack). Requests with a best-effort stage (at_risk): {at_risk_all} over the "
         f"whole run, {report.overall.at_risk} after the {case.warmup_s:g} s warm-up (the table). Cost after the "
-        f"warm-up: ${report.overall.cost_total:.4f} (batches ${report.busy_cost:.4f}, idle ${report.idle_cost:.4f})."
+        f"warm-up: ${report.overall.cost_total:.3g} (batches ${report.busy_cost:.3g}, idle ${report.idle_cost:.3g}). "
+        "Latencies run from a request's arrival at the pool: Prefect's own per-run overhead is not in them "
+        "(docs/simulator.md)."
     )
 
 
@@ -408,7 +440,9 @@ def register(app: typer.Typer) -> None:
             make_out_dir(out)
         console = Console(stderr=as_json)
         if case_file is not None:
-            note_unused_gpus(case, console)
+            note_case(case, console)
+        else:
+            note_csv_replay(case, console)
         if case_file is None and warmup is not None and case.warmup_s != warmup:
             console.print(
                 f"note: the warm-up is at most half the run: {case.warmup_s:g} s, not {warmup:g}", highlight=False

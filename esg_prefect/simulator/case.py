@@ -213,6 +213,14 @@ def _load_profile(path: str) -> LatencyProfile:
     return LatencyProfile.from_csv(path)  # with its size model when the profiler's samples are beside it
 
 
+_NOT_PROFILES = ("_sources", "_samples", "_stalls", "_corun", "_validation")  # the profiler's other outputs
+
+
+def packaged_profiles() -> list[str]:
+    """Names of the latency profiles shipped with the package (not the profiler's other tables)."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.csv") if not p.stem.endswith(_NOT_PROFILES))
+
+
 def resolve_profile(profile: str | LatencyProfile) -> LatencyProfile:
     """A profile object from a packaged name (``"nvidia_gpu"``), a CSV path, or the object itself.
 
@@ -224,7 +232,7 @@ def resolve_profile(profile: str | LatencyProfile) -> LatencyProfile:
     packaged = PROFILE_DIR / f"{profile}.csv"
     path = packaged if packaged.exists() else Path(profile)
     if not path.exists():
-        known = sorted(p.stem for p in PROFILE_DIR.glob("*.csv") if not p.stem.endswith("_sources"))
+        known = packaged_profiles()
         raise ConfigError(f"profile {profile!r} is neither a packaged profile ({known}) nor a file")
     return _load_profile(str(path.resolve()))
 

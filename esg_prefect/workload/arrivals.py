@@ -224,6 +224,18 @@ def _user_csv(path: str) -> tuple[tuple[float, ...], tuple[str | None, ...]]:
     return tuple(t - t0 for t, _ in rows), tuple(n for _, n in rows)
 
 
+def csv_trace_rate(path: str) -> tuple[int, float]:
+    """A user's CSV trace's rows and its own mean rate (requests/s): ``rate_per_s`` that replays it in real time.
+
+    The rate is the rows over the trace's span plus one mean gap (the cycle the
+    replay repeats). With ``start_s=0`` and this rate, arrivals fall at the
+    file's own times, from its first row.
+    """
+    times, _ = _user_csv(path)
+    n = len(times)
+    return n, n / (times[-1] + times[-1] / (n - 1))
+
+
 def _compressed(
     times_s: Sequence[float],
     rate_per_s: float,

@@ -1,0 +1,58 @@
+"""The comparison in words: who is cheapest on the whole bill, who meets the most SLOs, who has the best p99.
+
+``compare --case`` prints a table of every scheduler and ESG's ratios to the
+best baseline; a reader still had to work out which scheduler wins and in
+which direction a ratio reads. These sentences say it, with units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["verdict"]
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    return str(row["scheduler"])
+
+
+def _times(a: float, b: float) -> str:
+    """``a`` against ``b`` as "N.NNx cheaper/dearer" (both > 0)."""
+    if b <= 0 or a <= 0:
+        return "n/a"
+    return f"{b / a:.2f}x cheaper" if a < b else f"{a / b:.2f}x dearer" if a > b else "the same"
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
+    """Sentences for one comparison's rows (one seed): whole bill, SLO hit rate, p99, and ESG against the best.
+
+    ``cost_per_request`` is the whole bill per request (busy, idle and cold
+    starts, in dollars); the best baseline is the one meeting the most SLOs
+    (ties: the cheaper), as in :func:`esg_prefect.simulator.experiments.headline`.
+    """
+    if not rows:
+        return []
+    cheapest = min(rows, key=lambda r: (r["cost_per_request"], _name(r)))
+    most = max(rows, key=lambda r: (r["slo_hit_rate"], -r["cost_per_request"]))
+    fastest = min(rows, key=lambda r: (r["p99_ms"], _name(r)))
+    out = [
+        f"Cheapest on the whole bill (busy + idle + cold starts): {_name(cheapest)}, "
+        f"${cheapest['cost_per_request']:.3g} per request.",
+        f"Most SLOs met: {_name(most)}, {most['slo_hit_rate']:.2%} (at ${most['cost_per_request']:.3g} per request).",
+        f"Lowest p99 latency: {_name(fastest)}, {fastest['p99_ms']:.1f} ms.",
+    ]
+    mine = [r for r in rows if _name(r) == esg]
+    others = [r for r in rows if _name(r) != esg and not _name(r).startswith(f"{esg}-")]
+    if mine and others:
+        e = mine[0]
+        best = max(others, key=lambda r: (r["slo_hit_rate"], -r["cost_per_request"]))
+        points = (e["slo_hit_rate"] - best["slo_hit_rate"]) * 100
+        out.append(
+            f"ESG against the baseline meeting the most SLOs ({_name(best)}): "
+            f"{_times(e['cost_per_request'], best['cost_per_request'])} on the whole bill "
+            f"(${e['cost_per_request']:.3g} vs ${best['cost_per_request']:.3g} per request), "
+            f"SLO hit rate {points:+.2f} points ({e['slo_hit_rate']:.2%} vs {best['slo_hit_rate']:.2%}), "
+            f"p99 {e['p99_ms']:.1f} vs {best['p99_ms']:.1f} ms."
+        )
+    return out
