@@ -14,6 +14,8 @@ from __future__ import annotations
 import csv
 import math
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,16 @@ def toy_targets() -> list[ProfileTarget]:
         ProfileTarget("sleepy", load_sleepy, run_sleepy, samples_sleepy, pipeline="toy"),
         ProfileTarget("sized", load_sized, run_sized, samples_sized, pipeline="toy"),
     ]
+
+
+def run_broken(model: int, items: list[float]) -> list[float]:
+    if len(items) > 1:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)")
+    return items
+
+
+def broken_targets() -> list[ProfileTarget]:
+    return [ProfileTarget("broken", load_sleepy, run_broken, samples_sleepy, pipeline="toy")]
 
 
 # ---- one measured session ------------------------------------------------------------------------
@@ -309,6 +321,20 @@ def test_cli_quick_profile(tmp_path: Path) -> None:
     assert LatencyProfile.from_csv(tmp_path / "q.csv").stages() == {"sleepy", "sized"}
     bad = CliRunner().invoke(app, ["profile", "--vcpus", "0"])
     assert bad.exit_code != 0 and "--vcpus must be integers >= 1" in bad.output
+
+
+def test_a_stage_that_fails_is_named_with_its_point_in_one_line(tmp_path: Path) -> None:
+    argv = ["profile", "--quick", "-t", "tests.test_profiler:broken_targets", "--vcpus", "1", "--no-store"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "esg_prefect.cli", *argv, "--out-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "stage 'broken' failed at batch 2, 1 vCPU(s)" in last and "mat1 and mat2" in last, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.service

@@ -210,4 +210,7 @@ class CpuWatch:
         self.wall_s = time.perf_counter() - self._t0
         if self._busy0 is not None and busy1 is not None:
             self.other_cpu_s = max(0.0, (busy1 - self._busy0) - (own1 - self._own0))
-            self.other_cores = self.other_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+            # At most the whole machine: /proc/stat counts in 10 ms ticks, so a window of a few ms
+            # can read a tick of other work as several cores.
+            cores = float(os.cpu_count() or 1)
+            self.other_cores = min(self.other_cpu_s / self.wall_s, cores) if self.wall_s > 0 else 0.0

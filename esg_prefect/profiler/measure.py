@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.exceptions import InvalidInputError, ProfileError
 from esg_prefect.profiler.machine import CpuWatch, current_rss_mb, is_quiet, peak_rss_mb, repetitions, reset_peak_rss
 from esg_prefect.profiler.results import ProfiledPoint, Sample
 from esg_prefect.profiler.targets import PreparedStage
@@ -203,7 +203,15 @@ def measure_stages(
     samples: list[Sample] = []
     for st in stages:
         for b in s.batches:
-            p, sm = measure_point(st, b, vcpus=vcpus, gpu_share=gpu_share, hardware=hardware, device=device, settings=s)
+            try:
+                p, sm = measure_point(
+                    st, b, vcpus=vcpus, gpu_share=gpu_share, hardware=hardware, device=device, settings=s
+                )
+            except Exception as exc:  # the user's stage failed: say which stage and point, once
+                raise ProfileError(
+                    f"stage {st.name!r} failed at batch {b}, {vcpus} vCPU(s), GPU share {gpu_share:g}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
             points.append(p)
             samples += sm
             if progress is not None:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.profiler.machine import thread_env
 
 PROGRESS = "@@ "
+FAILED = "@@! "  # the worker's last line when its job raised: one line for the user, the traceback above it
 READY = "@@ready"
 
 
@@ -213,14 +215,19 @@ def start_worker(job: Job, out: Path) -> subprocess.Popen[str]:
 def finish_worker(proc: subprocess.Popen[str], out: Path, progress: Callable[[str], None] | None) -> dict[str, Any]:
     """Relay the worker's progress lines until it exits; its result, or :class:`ProfilerWorkerError`."""
     tail: list[str] = []
+    failed = ""
     assert proc.stdout is not None
     for line in proc.stdout:
         line = line.rstrip("\n")
-        if line.startswith(PROGRESS) and progress is not None:
+        if line.startswith(FAILED):
+            failed = line[len(FAILED) :]
+        elif line.startswith(PROGRESS) and progress is not None:
             progress(line[len(PROGRESS) :])
         elif not line.startswith(PROGRESS):
             tail = ([*tail, line])[-30:]
     code = proc.wait()
+    if failed:  # the job raised: its one line (the traceback stays out of the user's way)
+        raise ProfilerWorkerError(f"profiler worker failed: {failed}")
     if code != 0 or not out.exists():
         raise ProfilerWorkerError(f"profiler worker exited with code {code}; its output ended:\n" + "\n".join(tail))
     result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
@@ -244,7 +251,12 @@ def _main(argv: Sequence[str]) -> int:
     out = Path(spec.pop("out"))
     spec["specs"] = tuple(spec["specs"])
     job = Job(**spec)
-    result = run_job(job)
+    try:
+        result = run_job(job)
+    except Exception as exc:
+        traceback.print_exc(file=sys.stdout)
+        print(FAILED + " ".join(f"{type(exc).__name__}: {exc}".split()), flush=True)
+        return 1
     tmp = out.with_suffix(".part")
     tmp.write_text(json.dumps(result), encoding="utf-8")
     os.replace(tmp, out)
