@@ -277,3 +277,24 @@ def test_simulate_help_names_every_trace_the_version_prints() -> None:
     assert "(default 20, at most half the run)" in help_text
     version = CliRunner().invoke(app, ["--version"])
     assert version.exit_code == 0 and version.output.strip() == f"esg-prefect {__version__}"
+
+
+def test_compare_says_who_wins_in_words() -> None:
+    from esg_prefect.cli.verdict import verdict
+
+    rows = [
+        {"scheduler": "esg", "cost_per_request": 6.0e-8, "slo_hit_rate": 0.995, "p99_ms": 47.6},
+        {"scheduler": "esg-fastest", "cost_per_request": 1.0e-9, "slo_hit_rate": 1.0, "p99_ms": 1.0},
+        {"scheduler": "infless", "cost_per_request": 1.3e-9, "slo_hit_rate": 1.0, "p99_ms": 101.0},
+        {"scheduler": "fast-gshare", "cost_per_request": 1.38e-9, "slo_hit_rate": 1.0, "p99_ms": 1.8},
+    ]
+    lines = verdict(rows)
+    assert lines[0] == "Cheapest on the whole bill (busy + idle + cold starts): esg-fastest, $1e-09 per request."
+    assert lines[1] == "Most SLOs met: esg-fastest, 100.00% (at $1e-09 per request)."
+    assert lines[2] == "Lowest p99 latency: esg-fastest, 1.0 ms."
+    # ESG's ablations are not baselines; the best baseline meets the most SLOs, then is the cheaper
+    assert lines[3].startswith("ESG against the baseline meeting the most SLOs (infless): 46.15x dearer")
+    assert "SLO hit rate -0.50 points (99.50% vs 100.00%), p99 47.6 vs 101.0 ms." in lines[3]
+    cheaper = verdict([{**rows[0], "cost_per_request": 1.0e-9}, rows[2]])
+    assert "1.30x cheaper on the whole bill" in cheaper[3]
+    assert verdict([]) == []
