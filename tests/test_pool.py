@@ -35,7 +35,7 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.scheduling.esg import ESGScheduler
-from tests.toy_stages import CRASH, POISON, UNPICKLABLE, FakeClock, settle, toy_profile
+from tests.toy_stages import CRASH, HANG, POISON, UNPICKLABLE, FakeClock, settle, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 PRICES = PriceSheet(1e-5, {})
@@ -199,6 +199,26 @@ def test_worker_crash_requeues_others_and_fails_the_killer(process_pool: Pool) -
     snap = process_pool.snapshot()
     done = [c for c in snap.calls if c.ok]
     assert sorted(c.call_id for c in done) == sorted(f"inc-{i}" for i in items if i != CRASH * 2)
+
+
+@pytest.mark.service
+def test_a_call_that_never_returns_fails_alone_and_the_others_complete() -> None:
+    # HANG*2 makes 'inc' sleep an hour: past the limit its worker is stopped, as if it had died; the
+    # batch's other calls run again and complete, and the hanging input, stuck twice alone, fails.
+    backend = LocalProcessBackend(vcpus=2, spares=0, preload=())
+    pool = Pool(toy_profile(), PRICES, settings=ESGSettings(wait_for_batch=False), backend=backend, hung_batch_s=2.0)
+    try:
+        items = [*range(90, 96), HANG * 2]
+        results = settle([pool.submit(call(i)) for i in items], timeout=120)
+    finally:
+        pool.close()
+    for i, r in zip(items, results, strict=True):
+        if i == HANG * 2:
+            assert isinstance(r, WorkerCrashedError) and "ran past its limit of 2 s" in str(r), r
+        else:
+            assert isinstance(r, StageResult) and r.output == i + 1, (i, r)
+    with pytest.raises(InvalidInputError, match="hung_batch_s must be"):
+        Pool(toy_profile(), PRICES, backend=InlineBackend(), hung_batch_s=0)
 
 
 @pytest.mark.service

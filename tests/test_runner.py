@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 import pickle
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -289,3 +290,30 @@ def test_a_pool_leaves_the_switch_interval_alone_unless_asked() -> None:
     finally:
         pool.close()
         sys.setswitchinterval(before)
+
+
+def test_a_stage_tasks_timeout_stops_its_wait_and_withdraws_the_call() -> None:
+    # The pool is paused, so the call never runs: before, the task waited on it for ever (Prefect's
+    # timeout cannot interrupt a blocking wait) and the call stayed queued after its task had failed.
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    pool.pause()
+    hurried = inc.with_options(timeout_seconds=0.5)
+
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    def hurried_flow(x: int) -> int:
+        return hurried(x)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            state = ex.submit(hurried_flow, 1, return_state=True).result(timeout=120)
+        assert state.is_failed()
+        assert "timed out" in str(state.message).lower() or state.name == "TimedOut", state
+        for _ in range(200):  # withdrawn on the pool's loop: wait for it, not for a time
+            if not any(pool.snapshot().queue_depths.values()):
+                break
+            threading.Event().wait(0.05)
+        assert not any(pool.snapshot().queue_depths.values())
+        failed = [c for c in pool.snapshot().calls if not c.ok]
+        assert len(failed) == 1 and "cancelled" in failed[0].error
+    finally:
+        pool.close()

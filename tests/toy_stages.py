@@ -21,6 +21,7 @@ from esg_prefect.runtime.clock import PoolClock
 POISON = 13  # makes the batch function raise
 CRASH = 666  # kills the worker process
 UNPICKLABLE = 777  # its output is a lock, which cannot travel back from a worker process
+HANG = 888  # the batch function never returns
 
 toy = Pipeline("toy", slo_ms=800, edges=[("double", "inc")])
 learned = Pipeline("learned", slo_ms=800)  # no edges: the pool learns them
@@ -46,6 +47,8 @@ def inc(model: dict[str, Any], items: list[int]) -> list[int]:
         os._exit(3)  # a hard crash, as a segfaulting native library would do
     if POISON * 2 in items:
         raise ValueError(f"poison input {POISON * 2}")
+    if HANG * 2 in items:
+        time.sleep(3600)
     time.sleep(0.002)
     return [threading.Lock() if x == UNPICKLABLE * 2 else x + model["step"] for x in items]
 

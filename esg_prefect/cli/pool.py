@@ -69,6 +69,9 @@ def serve(
     results_ttl_s: float = typer.Option(3600.0, "--results-ttl-s", help="Seconds a finished outcome is kept."),
     results_max_mb: float = typer.Option(256.0, "--results-max-mb", help="Most MB of kept outcomes; oldest go first."),
     max_pending: int = typer.Option(10_000, help="Calls in flight before new ones get 429."),
+    hung_batch_s: float = typer.Option(
+        60.0, "--hung-batch-s", help="Stop a worker whose batch ran this long and 20x its prediction; 0: never."
+    ),
     ssl_certfile: str = typer.Option("", "--ssl-certfile", help="TLS certificate (PEM): serve HTTPS."),
     ssl_keyfile: str = typer.Option("", "--ssl-keyfile", help="TLS private key (PEM) of --ssl-certfile."),
     store: str = typer.Option("", help="Cost store URL (default: SQLite under PREFECT_HOME); off to disable."),
@@ -93,6 +96,8 @@ def serve(
         raise typer.BadParameter(f"must be a TCP port, 0 to 65535, got {port}", param_hint="--port")
     check_number(results_ttl_s, "--results-ttl-s", "seconds a finished outcome is kept")
     check_number(results_max_mb, "--results-max-mb", "MB of kept outcomes")
+    if not hung_batch_s >= 0:
+        raise typer.BadParameter(f"must be seconds >= 0 (0: no limit), got {hung_batch_s}", param_hint="--hung-batch-s")
     if max_pending < 1:
         raise typer.BadParameter(f"must be at least 1 (calls in flight), got {max_pending}", param_hint="--max-pending")
     check_scheduler(scheduler)
@@ -146,7 +151,7 @@ def serve(
             raise typer.BadParameter(f"{exc}{'; ' + remedy if remedy else ''}", param_hint="--ray-address") from None
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
-    pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be)
+    pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be, hung_batch_s=hung_batch_s or None)
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))

@@ -207,6 +207,25 @@ class Core(DecisionApplier):
         self._dirty = True
         return job
 
+    def withdraw(self, job_id: str) -> Job | None:
+        """Take a waiting job out of its queue, its caller gone (a task's timeout); None if it is not waiting.
+
+        A job already dispatched runs on: its batch is the other calls' too.
+        """
+        req = self._job_req.get(job_id)
+        key = req.queued.pop(job_id, None) if req is not None else None
+        if req is None or key is None:
+            return None
+        q = self.queues[key]
+        job = q.jobs.pop(job_id)
+        q.state = None
+        self.waiting -= 1
+        self._dirty = True
+        del self._job_req[job_id]
+        self._task_of.pop(job_id, None)
+        req.open -= 1
+        return job
+
     def finished(self, ev: BatchFinished) -> Flight:
         """A batch ended: bill it, free or drop its worker, close or re-queue its jobs; returns the flight."""
         fl = self.flights.pop(ev.batch_id)

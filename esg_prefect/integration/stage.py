@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -44,9 +45,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
@@ -58,6 +59,7 @@ class _Options:
 
 
 _NO_OPTIONS = _Options()
+_WAIT_SLICE_S = 0.25  # a stage task with a timeout waits for its call in slices this long
 _options: contextvars.ContextVar[_Options] = contextvars.ContextVar("esg_options", default=_NO_OPTIONS)
 
 
@@ -314,6 +316,29 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
         profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
     )
-    result = pool.submit(call).result()
+    result = _wait(pool, call, getattr(getattr(task_ctx, "task", None), "timeout_seconds", None))
     get_run_logger().info("%s: %s", spec.name, result.describe())
     return result.output
+
+
+def _wait(pool: Any, call: StageCall, timeout_s: float | None) -> StageResult:
+    """The call's result; with a task timeout, waited for in slices so that Prefect's timeout can stop the wait.
+
+    Prefect stops a timed-out task in a worker thread by raising in it, which a
+    blocking wait does not see until it returns. On the way out (a timeout or
+    any other interruption) a call still queued is withdrawn from the pool.
+    """
+    fut = pool.submit(call)
+    if timeout_s is None:
+        return cast(StageResult, fut.result())
+    try:
+        while True:
+            try:
+                return cast(StageResult, fut.result(timeout=_WAIT_SLICE_S))
+            except concurrent.futures.TimeoutError:
+                continue
+    except BaseException:
+        cancel = getattr(pool, "cancel", None)
+        if callable(cancel) and not fut.done():
+            cancel(call.call_id)
+        raise

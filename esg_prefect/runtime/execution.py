@@ -7,11 +7,15 @@
   calls go back to their queue marked *solo*: whatever batch they join next,
   the other calls run first as one batch and then each solo call alone, so an
   input that kills its worker twice, alone, fails with
-  :class:`~esg_prefect.exceptions.WorkerCrashedError` and the others complete.
+  :class:`~esg_prefect.exceptions.WorkerCrashedError` and the others complete;
+* a batch that runs past its time limit (a stage stuck in a call that never
+  returns) has its worker stopped, and counts as a worker that died: the input
+  that hangs alone twice fails, the others complete.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,8 +69,13 @@ async def execute(
     pendings: list[Pending],
     clock: Callable[[], float],
     measured: Measured,
+    limit_s: float | None = None,
 ) -> Executed:
-    """Run ``pendings`` on the worker ``spec`` (starting it when ``handle`` is None) with isolation."""
+    """Run ``pendings`` on the worker ``spec`` (starting it when ``handle`` is None) with isolation.
+
+    ``limit_s``: the longest one run of the batch (or of a part of it) may take
+    before its worker is stopped; None for no limit.
+    """
     out = Executed(handle)
     running: list[int] = []  # indices on the worker right now, to blame a crash on
     try:
@@ -76,9 +85,9 @@ async def execute(
             out.cold_ms = clock() - began
         normal = [i for i, p in enumerate(pendings) if not p.solo]
         if normal:
-            await _run_items(out.handle, pendings, normal, out.results, running, clock, measured)
+            await _run_items(out.handle, pendings, normal, out.results, running, clock, measured, limit_s)
         for i in (i for i, p in enumerate(pendings) if p.solo):
-            await _run_items(out.handle, pendings, [i], out.results, running, clock, measured)
+            await _run_items(out.handle, pendings, [i], out.results, running, clock, measured, limit_s)
     except WorkerLoadError as exc:
         for i in range(len(pendings)):
             out.results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
@@ -121,11 +130,17 @@ async def _run_items(
     running: list[int],
     clock: Callable[[], float],
     measured: Measured,
+    limit_s: float | None = None,
 ) -> None:
     """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
     running[:] = idx
     began = clock()
-    outcome: BatchOutcome = await handle.execute([pendings[i].call.item for i in idx])
+    run = handle.execute([pendings[i].call.item for i in idx])
+    try:
+        outcome: BatchOutcome = await (run if limit_s is None else asyncio.wait_for(run, limit_s))
+    except TimeoutError:
+        await handle.stop()  # the stage's code does not return: only stopping its worker frees the others
+        raise WorkerDiedError(f"the batch ran past its limit of {limit_s:g} s; its worker was stopped") from None
     running.clear()
     if outcome.ok:
         measured(idx, clock() - began)
@@ -144,5 +159,5 @@ async def _run_items(
         )
         return
     mid = len(idx) // 2
-    await _run_items(handle, pendings, idx[:mid], results, running, clock, measured)
-    await _run_items(handle, pendings, idx[mid:], results, running, clock, measured)
+    await _run_items(handle, pendings, idx[:mid], results, running, clock, measured, limit_s)
+    await _run_items(handle, pendings, idx[mid:], results, running, clock, measured, limit_s)

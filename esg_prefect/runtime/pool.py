@@ -103,6 +103,10 @@ class Pool(PoolActions, PoolResources):
             tens of flow runs share the pool's process (``ESGTaskRunner`` asks for 1 ms).
         clock: the time the pool gives the core, and its timers (default: the
             wall clock); tests drive the pool on a controllable one.
+        hung_batch_s: a batch still running after this long and 20 times its
+            predicted time has its worker stopped, as if it had died: a stage
+            call that never returns fails alone (twice, alone) instead of holding
+            every call batched with it. None: no limit.
 
     Examples:
         >>> pool = Pool(backend=InlineBackend())          # doctest: +SKIP
@@ -118,9 +122,13 @@ class Pool(PoolActions, PoolResources):
         backend: WorkerBackend | None = None,
         switch_interval_s: float | None = None,
         clock: PoolClock | None = None,
+        hung_batch_s: float | None = 60.0,
     ) -> None:
         if switch_interval_s is not None and not (0 < switch_interval_s <= 1):
             raise InvalidInputError(f"switch_interval_s must be in (0, 1] seconds or None, got {switch_interval_s!r}")
+        if hung_batch_s is not None and (isinstance(hung_batch_s, bool) or not hung_batch_s > 0):
+            raise InvalidInputError(f"hung_batch_s must be a number of seconds > 0, or None, got {hung_batch_s!r}")
+        self.hung_batch_s = hung_batch_s
         self.switch_interval_s = switch_interval_s
         self.clock = clock or PoolClock()
         self.prices = prices or PriceSheet.default()
@@ -185,6 +193,14 @@ class Pool(PoolActions, PoolResources):
         so that a call answered is a call whose cost is in the store.
         """
         return self._listen.recorded(batch_id)
+
+    def cancel(self, call_id: str) -> None:
+        """Give up a call whose caller no longer waits (its task timed out): dropped if still queued.
+
+        A call already running finishes with its batch; its answer goes nowhere.
+        """
+        if self._loop is not None and not self._closed:
+            self._loop.call_soon_threadsafe(self._on_cancel, call_id)
 
     def end_run(self, run_id: str) -> None:
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
@@ -379,6 +395,15 @@ class Pool(PoolActions, PoolResources):
         self._pending[call.call_id] = Pending(call, fut, job)
         self._stage_paths[job.queue] = call.stage_path
         self._settle_soon()
+
+    def _on_cancel(self, call_id: str) -> None:
+        p = self._pending.get(call_id)
+        if p is not None and self._core is not None and self._core.withdraw(p.job.job_id) is not None:
+            self._fail(
+                call_id,
+                PoolClosedError(f"call {call_id!r} was cancelled: its caller stopped waiting"),
+                self.clock.now(),
+            )
 
     def _on_end_run(self, run_id: str) -> None:
         reqs = self._core.end_run(run_id) if self._core is not None else []

@@ -31,6 +31,8 @@ from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.execution import Pending, execute
 from esg_prefect.runtime.workers import WorkerDiedError, WorkerLoadError, WorkerSpec
 
+HUNG_FACTOR = 20.0  # a batch may run this many times its predicted time (at least hung_batch_s) before it is stopped
+
 if TYPE_CHECKING:
     from esg_prefect.control.core import Core
     from esg_prefect.model.jobs import QueueKey
@@ -56,6 +58,7 @@ class PoolActions:
 
     backend: WorkerBackend
     clock: PoolClock
+    hung_batch_s: float | None
     planner: Planner
     prices: PriceSheet
     _closed: bool
@@ -136,8 +139,9 @@ class PoolActions:
             self._correct(stage, w, [pendings[i].job.input_size for i in idx], ms)
 
         handle = self._handles.get(w.worker_id)
+        limit = None if self.hung_batch_s is None else max(self.hung_batch_s, HUNG_FACTOR * d.predicted_ms / 1000.0)
         out = await execute(
-            self.backend, handle, self._spec(w, pendings[0].call.stage_path), pendings, self.clock.now, measured
+            self.backend, handle, self._spec(w, pendings[0].call.stage_path), pendings, self.clock.now, measured, limit
         )
         end = self.clock.now()
         failed = frozenset(pendings[i].call.call_id for i, (_, err) in out.results.items() if err is not None)
