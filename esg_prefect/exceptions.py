@@ -74,6 +74,8 @@ class StageFailedError(StageCallError):
         super().__init__(message)
         self.error_type = error_type
         self.remote_traceback = remote_traceback
+        if remote_traceback:  # printed under the local traceback (Prefect's log shows only the caller's frames)
+            self.add_note(f"In the stage's worker:\n{remote_traceback.rstrip()}")
 
 
 class StageRejectedError(StageCallError):

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +115,7 @@ def test_poison_input_fails_only_its_own_call(inline_pool: Pool) -> None:
         if i == POISON * 2:
             assert isinstance(r, StageFailedError)
             assert r.error_type == "ValueError" and "poison input 26" in str(r) and "Traceback" in r.remote_traceback
+            assert "In the stage's worker" in r.__notes__[0] and "toy_stages.py" in r.__notes__[0]  # shown in logs
         else:
             assert isinstance(r, StageResult) and r.output == i + 1
 
@@ -194,6 +199,7 @@ def test_worker_crash_requeues_others_and_fails_the_killer(process_pool: Pool) -
     for i, r in zip(items, results, strict=True):
         if i == CRASH * 2:
             assert isinstance(r, WorkerCrashedError) and "died twice" in str(r)
+            assert "exited with code 3" in str(r), r  # how it died, not "EOFError()"
         else:
             assert isinstance(r, StageResult) and r.output == i + 1, (i, r)
     snap = process_pool.snapshot()
@@ -518,3 +524,39 @@ def test_keep_alive_by_price_per_hardware_type() -> None:
         assert unpriced.submit(call(3)).result(30).output == 4
     finally:
         unpriced.close()
+
+
+@pytest.mark.service
+def test_a_worker_exits_when_its_pool_process_is_killed(tmp_path: Path) -> None:
+    # Before, a worker in the middle of a batch outlived a pool killed with SIGKILL, running on under
+    # its fork server (which Python leaves running when the pool's process is killed).
+    script = (
+        "import asyncio, os\n"
+        "from multiprocessing import forkserver\n"
+        "from esg_prefect.runtime.workers import LocalProcessBackend, WorkerSpec\n"
+        "async def main():\n"
+        "    be = LocalProcessBackend(vcpus=1, spares=0, preload=())\n"
+        "    handle = await be.start(WorkerSpec('w1', 'tests.toy_stages:inc', 'local', None, 'cpu', 1, 0.0))\n"
+        "    print(handle.proc.pid, forkserver._forkserver._forkserver_pid, flush=True)\n"
+        f"    asyncio.ensure_future(handle.execute([{HANG * 2}]))  # a batch that sleeps an hour\n"
+        "    await asyncio.sleep(1.0)\n"
+        "    os.kill(os.getpid(), 9)\n"
+        "asyncio.run(main())\n"
+    )
+    out = tmp_path / "pids.txt"
+    with out.open("w") as f:  # a file, not a pipe: the fork server keeps its end open
+        subprocess.run([sys.executable, "-c", script], stdout=f, timeout=120, cwd=Path(__file__).parent.parent)
+    worker, server = (int(x) for x in out.read_text().split())
+    try:
+        for _ in range(300):  # the worker checks on the pool's process every second
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"worker {worker} outlived its pool process")
+    finally:
+        for pid in (worker, server):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

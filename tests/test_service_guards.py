@@ -193,3 +193,32 @@ def test_a_long_chain_is_no_recursion_error() -> None:
     assert WorkflowDecl("long", 800, chain).graph() is not None
     with pytest.raises(InvalidInputError, match="edges form a cycle s0 -> s1 -> "):
         WorkflowDecl("long", 800, (*chain, ("s3000", "s0")))
+
+
+def test_the_client_warns_once_per_outage_of_a_service_that_answered(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("esg_prefect.service.client.time.sleep", lambda s: None)
+    error = {"type": "StageFailedError", "message": "boom", "error_type": "ValueError", "traceback": ""}
+    steps: list[Any] = [
+        httpx.Response(429, json={"error": "full"}),  # the service answers: it exists
+        httpx.ConnectError("refused"),  # then it restarts: the flow's log should say why it waits
+        httpx.ConnectError("refused"),
+        httpx.Response(200, json={"ok": False, "error": error}),
+    ]
+    client = PoolClient(LOCAL, deadline_s=5.0, threads=1)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        step = steps.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    client._http = httpx.Client(base_url=LOCAL, transport=httpx.MockTransport(handler))
+    caplog.set_level("WARNING", logger="esg_prefect.service.client")
+    call = StageCall("c10", "inc", "tests.toy_stages:inc", TOY, "r10", "r10", 10)
+    with pytest.raises(StageFailedError):
+        client.submit(call).result(10)
+    outage = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert len(outage) == 1 and LOCAL in outage[0] and "retrying until 5 s" in outage[0]
+    client.close()

@@ -28,6 +28,7 @@ import io
 import os
 import pickle
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -103,11 +104,35 @@ def _apply_resources(vcpus: int, gpu_share: float, device: str) -> str:
     return "; ".join(parts)
 
 
+POOL_PID_ENV = "ESG_PREFECT_POOL_PID"  # set by the backend: the process whose pool this worker serves
+
+
+def _exit_with_pool(pool_pid: int | None, every_s: float = 1.0) -> None:
+    """Exit when the pool's process goes (killed with SIGKILL, say): an orphan would run its batch to the end,
+    holding its share of the GPU, which a restarted pool plans as free. A daemon thread watches that pid (the
+    worker's parent is the fork server, which outlives a killed pool)."""
+    if pool_pid is None:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                os.kill(pool_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # alive, another user's (the pid was reused): keep serving
+                pass
+
+    threading.Thread(target=watch, name="esg-worker-orphan-watch", daemon=True).start()
+
+
 def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str]) -> None:
     """Entry point of a spawned worker process; ``env`` is applied before CUDA can initialise."""
     import importlib
 
     os.environ.update(env)
+    _exit_with_pool(int(env[POOL_PID_ENV]) if env.get(POOL_PID_ENV) else None)
     for mod in preload:
         importlib.import_module(mod)
     try:
@@ -163,6 +188,13 @@ def compact(obj: Any) -> Any:
 
 
 def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
+    try:
+        _serve_batches(conn, spec, model, run_checked)
+    except (BrokenPipeError, ConnectionResetError):  # the pool went away while a batch ran: nothing to answer
+        return
+
+
+def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
     while True:
         try:
             msg = recv(conn)

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import traceback
@@ -31,7 +32,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
-from esg_prefect.runtime.worker_main import dumps, recv, send, worker_main
+from esg_prefect.runtime.worker_main import POOL_PID_ENV, dumps, recv, send, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +128,26 @@ class _LocalWorker:
                 send(self.conn, msg)
             while not self.conn.poll(0.05):
                 if not self.proc.is_alive():
-                    raise WorkerDiedError(f"worker {self.spec.worker_id} exited with code {self.proc.exitcode}")
+                    raise WorkerDiedError(f"worker {self.spec.worker_id} {self._how()}")
             reply: tuple[Any, ...] = recv(self.conn)
             return reply
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise WorkerDiedError(f"worker {self.spec.worker_id} died: {exc!r}") from exc
+            raise WorkerDiedError(f"worker {self.spec.worker_id} {self._how()} ({exc!r})") from exc
+
+    def _how(self) -> str:
+        """How the worker process ended: its exit code, or the signal that killed it."""
+        self.proc.join(timeout=1.0)
+        code = self.proc.exitcode
+        if code is None:
+            return "closed its pipe"
+        if code >= 0:
+            return f"exited with code {code}"
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        oom = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{oom}"
 
     async def load(self, device: str) -> None:
         reply = await asyncio.to_thread(
@@ -255,7 +271,8 @@ class LocalProcessBackend:
 
     def _spawn(self, env: dict[str, str] | None = None) -> tuple[BaseProcess, Connection]:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=worker_main, args=(child, self._preload, env or {}), daemon=True)
+        env = {**(env or {}), POOL_PID_ENV: str(os.getpid())}  # the worker exits when this process goes
+        proc = self._ctx.Process(target=worker_main, args=(child, self._preload, env), daemon=True)
         proc.start()
         child.close()
         if not parent.poll(120):

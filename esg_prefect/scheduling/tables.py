@@ -154,9 +154,16 @@ class CandidateTables:
                     cost = self.prices.cost_per_request(cfg, hw, lat)
                     opts.append(Option(to_us(lat), cost, Choice(stage, cfg, hw, lat)))
         if not opts:
+            covered = sorted(self.profile.hardware_types(stage))
+            hint = (
+                "measure it with `esg-prefect profile` and pass the CSV (ESGTaskRunner(profile=...), "
+                "pool serve --profile)"
+                if not covered
+                else "widen the configuration space (docs/settings.md, config_space) or the hardware"
+            )
             raise MissingProfileError(
                 f"no latency profile covers stage {stage!r} on hardware {sorted(hardware)} within the "
-                f"configuration space; profiled hardware for it: {sorted(self.profile.hardware_types(stage)) or 'none'}"
+                f"configuration space; profiled hardware for it: {covered or 'none'}; {hint}"
             )
         pruned = pareto_prune(opts)
         self._options[key] = pruned

@@ -74,6 +74,7 @@ class PoolClient:
         self._connect_grace_s = connect_grace_s
         self._answered = False  # has the service answered this client at all?
         self._warned = False
+        self._outage_warned = False  # warned of the current outage of a service that answered before
         self.address = address.rstrip("/")
         local = is_loopback(httpx.URL(self.address).host)
         if token and not local and self.address.startswith("http://"):
@@ -112,8 +113,16 @@ class PoolClient:
                 last = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, httpx.ConnectError) and not self._answered:
                     self._never_answered(last, start)
+                elif not self._outage_warned:  # once per outage: the flow's log says why it waits
+                    self._outage_warned = True
+                    logger.warning(
+                        "the pool service at %s does not answer (%s); retrying until %s s after the call",
+                        self.address,
+                        last,
+                        f"{self._deadline_s:g}",
+                    )
             else:
-                self._answered = True
+                self._answered, self._outage_warned = True, False
                 if resp.status_code == 200:
                     return _answer(resp)
                 if resp.status_code == 409:
