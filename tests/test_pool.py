@@ -22,7 +22,7 @@ from esg_prefect.exceptions import (
     StageRejectedError,
     WorkerCrashedError,
 )
-from esg_prefect.model import PriceSheet, attribute_costs
+from esg_prefect.model import ConfigSpace, PriceSheet, attribute_costs
 from esg_prefect.model.cluster import Device
 from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import QueueKey
@@ -560,3 +560,21 @@ def test_a_worker_exits_when_its_pool_process_is_killed(tmp_path: Path) -> None:
         for pid in (worker, server):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_ten_batches_run_at_once() -> None:
+    # Each batch in flight holds a thread of the pool loop's executor; asyncio's default (cores + 4) held
+    # a 2-core machine to 6, and the barrier in 'meet' broke after 30 s.
+    space = ConfigSpace((1,), (1,), (0.0,))
+    settings = ESGSettings(config_space=space, wait_for_batch=False, prewarm=False)
+    backend = InlineBackend(vcpus=16, max_workers=16)
+    pool = Pool(toy_profile(), PRICES, "per-invocation", settings=settings, backend=backend)  # a worker per call
+    decl = WorkflowDecl("together", 60_000)
+    try:
+        futs = [
+            pool.submit(StageCall(f"m{i}", "meet", "tests.toy_stages:meet", decl, f"r{i}", f"r{i}", i))
+            for i in range(10)
+        ]
+        assert [f.result(120).output for f in futs] == list(range(10))
+    finally:
+        pool.close()

@@ -79,7 +79,7 @@ def toy_profile() -> LatencyProfile:
     return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
 
 
-STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy", "classify", "fragile")
+STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy", "classify", "fragile", "meet")
 
 
 burst = Pipeline("burst", slo_ms=5_000)
@@ -262,3 +262,14 @@ renamed = Pipeline("renamed", slo_ms=800)
 @renamed.stage(load=load_inc, name="tally", profile_name="inc")  # new code, planned with the profile of "inc"
 def tally(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + 100 * model["step"] for x in items]
+
+
+together = Pipeline("together", slo_ms=60_000)
+MEETING = threading.Barrier(10, timeout=30)  # passed only when 10 batches run at the same time
+
+
+@together.stage(load=load_inc, name="meet")
+def meet(model: dict[str, Any], items: list[int]) -> list[int]:
+    """Waits until nine other batches of it are running: a pool that caps its concurrent batches never finishes."""
+    MEETING.wait()
+    return items

@@ -86,6 +86,10 @@ _DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs
 _DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
+EXECUTOR_THREADS = 512
+"""Threads of the pool loop's executor: batches in flight and worker starts at once, at most."""
+
+
 class Pool(PoolActions, PoolResources):
     """AFW queues, the control core and a worker backend, shared by many flow runs.
 
@@ -313,6 +317,12 @@ class Pool(PoolActions, PoolResources):
         with self._start_lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                # Every batch in flight holds a thread of the loop's executor for its whole run (a pipe
+                # round trip), and so does every worker start: asyncio's default of cores + 4 threads
+                # would cap a pool at 6 concurrent batches on 2 cores, 20 on 16. Threads start lazily.
+                loop.set_default_executor(
+                    concurrent.futures.ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="esg-pool-io")
+                )
                 started = threading.Event()
 
                 def _run() -> None:
