@@ -126,3 +126,23 @@ def test_late_jobs_wait_for_their_stages_busy_worker_rather_than_evict_another_s
     alone = ClusterSnapshot([Node("n0", 1, max_workers=1)], [], [other])
     res = ESGScheduler(PROFILE, PRICES, settings()).decide(Snapshot((QueueState(Q, late),), alone, {"w": WF}), 0.0)
     assert [d.placement.evict for d in res.dispatches] == [("w2",)]
+
+
+def test_a_queues_second_batch_waits_for_the_worker_its_first_took() -> None:
+    """One warm worker, four jobs 150 ms from their deadline, batches of 0.1 ms (1 job) or 1.5 ms (2-4 jobs,
+    so one at a time is cheapest per job) and a 800 ms cold start. The round sends the first job to the
+    warm worker; the other three then see no idle worker, and a cold start misses their deadline: no plan
+    meets the slack. Before, best effort started a worker for them (800 ms, late); the worker the first
+    batch took frees 0.1 ms later and runs them well in time, so they wait for it."""
+    profile = LatencyProfile(
+        [ProfilePoint("m", "cpu", b, 1, 0.0, t, t) for b, t in ((1, 0.1), (2, 1.5), (4, 1.5))],
+        {("m", "cpu"): 800.0},
+    )
+    cluster = ClusterSnapshot([Node("n0", 4, max_workers=8)], [], [worker("w1", busy=False)])
+    snap = Snapshot((QueueState(Q, jobs(4, 1150.0)),), cluster, {"w": WF})
+    for wait, cold_starts in ((True, 0), (False, 1)):
+        res = ESGScheduler(profile, PRICES, settings(wait_for_busy_warm=wait)).decide(snap, 1000.0)
+        assert (len(res.dispatches[0].job_ids), res.dispatches[0].placement.worker_id) == (1, "w1")
+        assert sum(d.placement.worker_id is None for d in res.dispatches) == cold_starts
+        if wait:
+            assert any("a worker this round took frees up within the slack" in h.reason for h in res.holds)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TypeVar, cast
 
 from esg_prefect.model.cluster import ClusterSnapshot, Worker
@@ -106,8 +107,10 @@ class ClusterView(ColdRoom):
         # One pass over the workers, with the dicts bound to locals: a cluster holds hundreds of them.
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
         idle, by_stage, by_kind = self.idle, self._idle_by_stage, self._idle_by_kind
-        # Busy workers per stage, as the snapshot had them (read-only: a batch placed this round is not added).
+        # Busy workers per stage, as the snapshot had them (read-only: a batch placed this round is not added;
+        # busy_warm adds those).
         self.busy_by_stage: dict[str | None, list[Worker]] = {}
+        self._taken: dict[str | None, list[Worker]] = {}  # warm workers this round's commits took, busy till their end
         busy_by_stage = self.busy_by_stage
         idle_on_node, idle_share, idle_clients = self._idle_on_node, self._idle_share, self._idle_clients
         for w in cluster.workers:
@@ -234,6 +237,7 @@ class ClusterView(ColdRoom):
         new._idle_by_stage = self._idle_by_stage  # never changed after construction: entries are checked against idle
         new._idle_by_kind = self._idle_by_kind  # the same
         new.busy_by_stage = self.busy_by_stage  # never changed after construction
+        new._taken = {k: list(v) for k, v in self._taken.items()}
         new._idle_on_node = dict(self._idle_on_node)
         new._idle_share = dict(self._idle_share)
         new._idle_clients = dict(self._idle_clients)
@@ -253,6 +257,15 @@ class ClusterView(ColdRoom):
             if w.worker_id in idle:
                 return True
         return False
+
+    def taken(self, stage: str) -> list[Worker]:
+        """Workers warm for ``stage`` that this round's commits gave a batch, busy until its predicted end.
+
+        Not in :attr:`busy_by_stage` (the snapshot's): a queue's next jobs may
+        still wait for one when it frees within their slack
+        (:meth:`~esg_prefect.scheduling.busy_warm.BusyWarm.taken_in_time`).
+        """
+        return self._taken.get(stage, [])
 
     def workers_of_kind(self, stage: str, hardware: str, vcpus: int, share: float) -> int:
         """Workers of the snapshot (busy or idle) warm for ``stage`` with exactly these resources.
@@ -346,8 +359,12 @@ class ClusterView(ColdRoom):
         node, device, evict = slot
         return Placement(node, device, None, 3 if node == home and home else 4, evict)
 
-    def commit(self, placement: Placement, vcpus: int, share: float) -> None:
-        """Take the capacity of a placement so that later dispatches see it gone."""
+    def commit(self, placement: Placement, vcpus: int, share: float, free_at_ms: float | None = None) -> None:
+        """Take the capacity of a placement so that later dispatches see it gone.
+
+        ``free_at_ms``: when the batch placed on a warm worker is predicted to
+        end; given, the worker is busy-warm for the rest of the round (:meth:`busy_warm`).
+        """
         self._version += 1
         self._memo = {}  # a new dict: copies of a pristine view may share the old one
         self._node_stamp[placement.node] = next(_STAMPS)  # and, below, the node of every worker it takes
@@ -367,7 +384,10 @@ class ClusterView(ColdRoom):
                 self.clients[w.device_id] -= 1
         self.free_vcpus[placement.node] -= vcpus
         if placement.worker_id is not None:
-            del self.idle[placement.worker_id]
+            w = self.idle.pop(placement.worker_id)
+            if free_at_ms is not None:
+                busy = replace(w, busy=True, idle_since_ms=None, free_at_ms=free_at_ms, fresh=False)
+                self._taken[w.stage] = [*self._taken.get(w.stage, ()), busy]
             return
         self.free_slots[placement.node] -= 1
         if placement.device_id is not None:

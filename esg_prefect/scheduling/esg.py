@@ -234,6 +234,12 @@ class ESGScheduler(ESG1Q):
                         )
                     )
                     break
+                if dec.at_risk and c.cold and self.settings.wait_for_busy_warm:
+                    # Within the slack and at most a tenth of the cold start: the start would only be late.
+                    left = min(self._deadline(jobs[0]) - now_ms, c.latency_ms / 10.0)
+                    if busy.taken_in_time(c, left, view, now_ms, booked):
+                        holds.append(Hold(q.key, "a worker this round took frees up within the slack: no new worker"))
+                        break
                 if self.settings.idle_aware and not dec.at_risk:
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
                     if c.cold and busy.frees_in_time(c, left, view, now_ms):
@@ -264,7 +270,7 @@ class ESGScheduler(ESG1Q):
                         holds.append(Hold(q.key, verdict))
                         break
                     placement, predicted_ms = verdict
-                view.commit(placement, c.config.vcpus, c.config.gpu_share)
+                view.commit(placement, c.config.vcpus, c.config.gpu_share, now_ms + predicted_ms)
                 if shared is not None:
                     shared.dispatched(batch)
                 dispatches.append(
