@@ -8,6 +8,9 @@ gap it closes past one cold start.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import pytest
 
 from esg_prefect.model import ConfigSpace, Job, LatencyProfile, PriceSheet, ProfilePoint, QueueKey, Workflow
@@ -146,3 +149,31 @@ def test_a_queues_second_batch_waits_for_the_worker_its_first_took() -> None:
         assert sum(d.placement.worker_id is None for d in res.dispatches) == cold_starts
         if wait:
             assert any("a worker this round took frees up within the slack" in h.reason for h in res.holds)
+
+
+def test_no_lookahead_start_for_a_next_stage_whose_busy_worker_serves_it_first() -> None:
+    """A wavy stage 'n' after 'm': 0.04 ms batches, a 360 ms cold start. A batch of 'm' going out calls for a
+    worker of 'n'; its one worker is busy for 0.05 ms more. Before, a lookahead start loaded a second one
+    (360 ms of load per burst, more than the whole pipeline's compute); now that worker serves the batch,
+    and a start is made only when the busy worker would be as late as a tenth of the cold start."""
+    from esg_prefect.model.cluster import ClusterSnapshot
+    from esg_prefect.scheduling.dispatch import ClusterView
+
+    profile = LatencyProfile(
+        [ProfilePoint(s, "cpu", b, 1, 0.0, t, t) for s, t in (("m", 0.1), ("n", 0.04)) for b in (1, 2, 4)],
+        {("m", "cpu"): 800.0, ("n", "cpu"): 360.0},
+    )
+    wf = Workflow.chain("w", ["m", "n"], 200.0)
+    sched = ESGScheduler(profile, PRICES, settings(lookahead_starts=True))
+    look = sched._lookahead
+    assert look is not None
+    look.observe({"n": [0.0, 10.0, 1000.0, 1010.0, 2000.0, 3000.0]})  # calls in bursts a second apart: waves
+    assert look.waves.in_waves("n")
+    for free_in, started in ((0.05, 0), (50.0, 1)):
+        busy = Worker("w2", "n0", None, "cpu", 1, 0.0, "n", True, None, False, 3000.0 + free_in)
+        view = ClusterView(ClusterSnapshot([Node("n0", 4, max_workers=8)], [], [busy]))
+        starts: list[Any] = []
+        look.starts(
+            [(wf, "m", 1)], (wf,), view, partial(sched.placeable_resources, view=view, now_ms=3000.0), starts, 3000.0
+        )
+        assert len(starts) == started, (free_in, starts)

@@ -292,7 +292,9 @@ class ESGScheduler(ESG1Q):
                     candidates.append((q.key, c, left))
         if self._lookahead is not None:
             workflows = tuple(snapshot.workflows.values())
-            self._lookahead.starts(sent, workflows, view, lambda st: self.placeable_resources(st, view, now_ms), starts)
+            self._lookahead.starts(
+                sent, workflows, view, lambda st: self.placeable_resources(st, view, now_ms), starts, now_ms
+            )
         # Pre-warm starts take what the round's dispatches left: every queue is served first.
         for key, c, left in candidates:
             assert self._prewarm is not None

@@ -182,8 +182,14 @@ class Lookahead:
         view: ClusterView,
         resources: Callable[[str], tuple[Resource, ...]],
         starts: list[Start],
+        now_ms: float = 0.0,
     ) -> None:
-        """Append to ``starts`` the workers that the round's batches ``sent`` (workflow, stage, size) call for."""
+        """Append to ``starts`` the workers that the round's batches ``sent`` (workflow, stage, size) call for.
+
+        None for a next stage whose busy worker (one this round took, say) runs the batch within a tenth
+        of the start's cold start: a stage of sub-millisecond batches and a cold start of hundreds of ms
+        would start a worker per burst that its one worker serves before the start is done.
+        """
         key = (workflows, view.hardware)
         budgets = self._budgets.get(key)
         if budgets is None:
@@ -200,10 +206,23 @@ class Lookahead:
                 if found is None:
                     continue
                 cfg, hw = found[3].config, found[3].hardware
+                if self._busy_serves(nxt, n, view, now_ms, self.tables.profile.cold_start_ms(nxt, hw) / 10.0):
+                    continue
                 reason = f"lookahead: {hw} share {cfg.gpu_share} for a batch of {n} coming from {stage}"
                 got = start_cold(QueueKey(wf.name, nxt), cfg, hw, view, reason)
                 if got is not None:
                     starts.append(got)
+
+    def _busy_serves(self, stage: str, batch: int, view: ClusterView, now_ms: float, within_ms: float) -> bool:
+        """Whether a busy worker warm for ``stage`` (the snapshot's, or one this round took) runs ``batch`` once free
+        within ``within_ms``."""
+        for w in (*view.busy_by_stage.get(stage, ()), *view.taken(stage)):
+            if w.free_at_ms is None:
+                continue
+            lat = self.tables.latency_ms(stage, batch, w.vcpus, w.gpu_share, w.hardware)
+            if lat is not None and max(0.0, w.free_at_ms - now_ms) + lat <= within_ms:
+                return True
+        return False
 
 
 def starting(stage: str, view: ClusterView, starts: list[Start]) -> bool:
