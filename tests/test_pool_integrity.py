@@ -9,6 +9,7 @@ worker killed while loading, outputs kept for ever.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Iterator
 from typing import Any
 
@@ -262,3 +263,24 @@ def test_log_lines_count_items_and_runs_in_plain_english() -> None:
     one = StageResult("c", 1, "b1", 1, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 1)
     many = StageResult("c", 1, "b2", 4, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 3)
     assert "(1 item from 1 run)" in one.describe() and "(4 items from 3 runs)" in many.describe()
+
+
+def test_finished_outputs_kept_for_retries_are_bounded_in_bytes() -> None:
+    # Before, the last 2,000 finished calls kept their outputs: 10 MB outputs held 20 GB.
+    import numpy as np
+
+    from esg_prefect.runtime.call_ids import CallIds
+
+    ids = CallIds(memory=2_000, max_bytes=1_000)
+    decl = WorkflowDecl("w", 100)
+    for i in range(3):
+        call = StageCall(f"c{i}", "s", "m:s", decl, "r", "r", i)
+        fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
+        ids.start(call, fut)
+        out = np.zeros(75)  # 600 bytes
+        fut.set_result(StageResult(call.call_id, out, "b", 1, "w", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False))
+        ids.finish(call.call_id, fut)
+    assert list(ids.done) == ["c2"] and ids.held_bytes == 600  # two 600-byte outputs do not fit in 1,000
+    again: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
+    assert not ids.join(StageCall("c0", "s", "m:s", decl, "r", "r", 0), again)  # forgotten: it would run again
+    assert ids.join(StageCall("c2", "s", "m:s", decl, "r", "r", 2), again) and again.result(1).output.nbytes == 600
