@@ -578,3 +578,25 @@ def test_ten_batches_run_at_once() -> None:
         assert [f.result(120).output for f in futs] == list(range(10))
     finally:
         pool.close()
+
+
+def test_a_long_lived_pool_keeps_bounded_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, a pool kept every call record and every request it ever served, and each run's end scanned
+    # them all (a service slowed 2-5x within 60,000 calls). Now: the newest RECORD_MEMORY of each.
+    import esg_prefect.runtime.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "RECORD_MEMORY", 5)
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend())
+    try:
+        for i in range(100, 130):
+            assert pool.submit(call(i)).result(30).output == i + 1
+            pool.end_run(f"run{i}")
+        full, recent = pool.snapshot(), pool.snapshot(recent=3)
+        core = pool.core
+        assert len(full.requests) <= 5 and 5 <= len(full.calls) < 10  # trimmed in halves
+        assert [c.call_id for c in full.calls][-1] == "inc-129"
+        assert not core._run_requests and not pool._book._calls_of_run  # ended runs leave no index behind
+        assert len(recent.calls) == len(recent.batches) == 3 and recent.requests == {}
+        assert pool.report().overall.count <= 5  # reports read what is kept
+    finally:
+        pool.close()

@@ -80,6 +80,8 @@ class Core(DecisionApplier):
         timer: a wall clock in ms to time each ``decide`` call (None: not timed).
         keep_stage_records: keep a :class:`StageRecord` per finished job.
         decision_memory: keep only this many newest decision stats (None: all).
+        ended_memory: keep only this many newest requests of ended runs (None: all); a
+            long-lived pool would otherwise hold every request it ever served.
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Core(DecisionApplier):
         timer: Callable[[], float] | None = None,
         keep_stage_records: bool = True,
         decision_memory: int | None = None,
+        ended_memory: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.tables = tables
@@ -115,6 +118,9 @@ class Core(DecisionApplier):
         self.paused = False
         self.queues: dict[QueueKey, Queue] = {}
         self.requests: dict[str, Request] = {}
+        self._run_requests: dict[str, list[Request]] = {}  # run id -> its requests, until the run ends
+        self._ended: deque[str] = deque()  # request ids of ended runs, oldest first (with ended_memory)
+        self.ended_memory = ended_memory
         self.flights: dict[str, Flight] = {}
         self.stage_records: list[StageRecord] = []
         self.decisions: deque[DecisionStats] = deque(maxlen=decision_memory)
@@ -184,7 +190,9 @@ class Core(DecisionApplier):
         key = plan.keys[stage]
         job = _job(ev.job_id, req.request_id, req.run_id, key, req.arrival_ms, t, deadline, e2e, home, ev.input_size)
         # Every check passed: change state.
-        self.requests[ev.request_id] = req
+        if ev.request_id not in self.requests:
+            self.requests[ev.request_id] = req
+            self._run_requests.setdefault(req.run_id, []).append(req)
         if plan.region[stage]:
             req.seg_start.setdefault(seg, start)
         q = self.queues.get(key)
@@ -309,11 +317,30 @@ class Core(DecisionApplier):
             self._dirty = True
 
     def end_run(self, run_id: str) -> list[Request]:
-        """A flow run ended: its requests are closed; returns them."""
-        reqs = [r for r in self.requests.values() if r.run_id == run_id]
+        """A flow run ended: its requests are closed; returns them.
+
+        With ``ended_memory``, the oldest ended runs' requests beyond it are
+        forgotten (their calls still in flight keep theirs until they finish).
+        """
+        reqs = self._run_requests.pop(run_id, [])
         for r in reqs:
             r.closed = True
+        if self.ended_memory is not None:
+            self._ended.extend(r.request_id for r in reqs)
+            while len(self._ended) > self.ended_memory:
+                self.requests.pop(self._ended.popleft(), None)
         return reqs
+
+    def forget(self, request_id: str) -> Request | None:
+        """Drop a finished request from the records (a driver that keeps its own: the simulator's callers)."""
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            run = self._run_requests.get(req.run_id)
+            if run is not None:
+                run.remove(req)
+                if not run:
+                    del self._run_requests[req.run_id]
+        return req
 
     def _expiring(self, at: float) -> None:
         if self._expiry_wake is None or at < self._expiry_wake:

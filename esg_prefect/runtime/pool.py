@@ -86,6 +86,10 @@ _DONE_MEMORY = 2_000  # finished calls a duplicate id still joins (their outputs
 _DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
+RECORD_MEMORY = 100_000
+"""Call records and ended runs' requests a pool keeps in memory (snapshots read them); the listeners
+(artifacts, cost store) get every run's records as it ends."""
+
 EXECUTOR_THREADS = 512
 """Threads of the pool loop's executor: batches in flight and worker starts at once, at most."""
 
@@ -164,7 +168,7 @@ class Pool(PoolActions, PoolResources):
         self._settle_pending = False
         self._timers: dict[float, Cancellable] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._book = CallBook()
+        self._book = CallBook(RECORD_MEMORY)
 
     # ---- thread-safe API -------------------------------------------------------------------
 
@@ -260,11 +264,16 @@ class Pool(PoolActions, PoolResources):
             raise PoolClosedError("the pool has not started")
         return self._core
 
-    def snapshot(self, timeout_s: float = 30.0) -> PoolSnapshot:
-        """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers)."""
+    def snapshot(self, timeout_s: float = 30.0, recent: int | None = None) -> PoolSnapshot:
+        """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers).
+
+        ``recent``: only the newest ``recent`` calls, batches, idle intervals and
+        decisions, and no requests: what a metrics scrape needs, copied in time
+        independent of how long the pool has served (the copy holds its loop).
+        """
         if self._loop is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
-        return asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop).result(timeout_s)
+        return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)
 
     def report(self, timeout_s: float = 30.0) -> Report:
         """SLO hit rate, latencies, batch sizes, costs and decision times so far (one ``summarize``)."""
@@ -358,6 +367,7 @@ class Pool(PoolActions, PoolResources):
                 {},
                 keep_stage_records=False,
                 decision_memory=_DECISION_MEMORY,
+                ended_memory=RECORD_MEMORY,
             )
             self._refresh()
         return self._core
@@ -417,7 +427,9 @@ class Pool(PoolActions, PoolResources):
 
     def _on_end_run(self, run_id: str) -> None:
         reqs = self._core.end_run(run_id) if self._core is not None else []
-        if self._listen.runs and reqs:
+        if not (self._listen.runs and reqs):
+            self._book.forget_run(run_id)
+        else:
             slo = self._registry.slo_ms(reqs[0].workflow)
             self._listen.run_ended(
                 self._book.run_ended(run_id, reqs, self.core, slo, self.prices, self.settings.cost_split)
@@ -468,12 +480,12 @@ class Pool(PoolActions, PoolResources):
 
     # ---- reading and closing --------------------------------------------------------------------
 
-    async def _snapshot(self) -> PoolSnapshot:
+    async def _snapshot(self, recent: int | None = None) -> PoolSnapshot:
         if self._core is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
         enforcement = {wid: str(getattr(h, "enforcement", "")) for wid, h in self._handles.items()}
         return self._book.snapshot(
-            self._core, self.clock.now(), self._registry.slo_ms, enforcement, self.planner.corrections()
+            self._core, self.clock.now(), self._registry.slo_ms, enforcement, self.planner.corrections(), recent
         )
 
     async def _shutdown(self) -> None:

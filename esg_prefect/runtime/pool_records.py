@@ -9,9 +9,10 @@ hands its listeners exactly its calls, batches and the idle time since.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.control.core import Core
@@ -33,12 +34,22 @@ from esg_prefect.model.pricing import PriceSheet
 if TYPE_CHECKING:
     from esg_prefect.runtime.pool import Pool
 
+T = TypeVar("T")
+
 
 class CallBook:
-    """Call records, and which calls and batches belong to each flow run not yet ended."""
+    """Call records, and which calls and batches belong to each flow run not yet ended.
 
-    def __init__(self) -> None:
+    Args:
+        memory: call records kept, newest (None: all): a long-lived pool serves
+            millions of calls, and its listeners (artifacts, the cost store) have
+            each run's records when the run ends.
+    """
+
+    def __init__(self, memory: int | None = None) -> None:
+        self.memory = memory
         self.calls: list[CallRecord] = []
+        self._base = 0  # the index of calls[0] among every call recorded
         self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in calls
         self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in the batches
         self._idle_cursor = 0  # idle records already handed to run listeners
@@ -54,7 +65,7 @@ class CallBook:
         end: float,
     ) -> None:
         """Record an answered call (records keep no outputs)."""
-        self._calls_of_run[c.run_id].append(len(self.calls))
+        self._calls_of_run[c.run_id].append(self._base + len(self.calls))
         result = None if res is None else dataclasses.replace(res, output=None)
         error = "" if err is None else str(err)
         self.calls.append(
@@ -72,6 +83,15 @@ class CallBook:
                 error,
             )
         )
+        if self.memory is not None and len(self.calls) >= 2 * self.memory:  # trimmed in halves: O(1) a call
+            drop = len(self.calls) - self.memory
+            del self.calls[:drop]
+            self._base += drop
+
+    def forget_run(self, run_id: str) -> None:
+        """A run ended with no listener to hand its records to: drop its indexes."""
+        self._calls_of_run.pop(run_id, None)
+        self._batches_of_run.pop(run_id, None)
 
     def batch(self, index: int, runs: set[str]) -> None:
         """The core's batch record ``index`` served these runs."""
@@ -86,7 +106,7 @@ class CallBook:
         records = RunRecords(
             run_id,
             reqs[0].workflow,
-            tuple(self.calls[i] for i in self._calls_of_run.pop(run_id, [])),
+            tuple(self.calls[i - self._base] for i in self._calls_of_run.pop(run_id, []) if i >= self._base),
             tuple(fleet.batches[i] for i in self._batches_of_run.pop(run_id, [])),
             min(r.arrival_ms for r in reqs),
             None if any(r.failed or r.open > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
@@ -120,9 +140,14 @@ class CallBook:
         slo: Callable[[str], float],
         enforcement: Mapping[str, str],
         corrections: tuple[CorrectionRow, ...],
+        recent: int | None = None,
     ) -> PoolSnapshot:
-        """Consistent copies of every record, with the idle time of idle workers counted up to ``now``."""
-        idles = list(core.fleet.idles)
+        """Consistent copies of every record, with the idle time of idle workers counted up to ``now``.
+
+        ``recent``: the newest ``recent`` of each record list only, and no requests (:meth:`Pool.snapshot`).
+        """
+        fleet = core.fleet
+        idles = list(fleet.idles) if recent is None else fleet.idles[-recent:] if recent else []
         closed = len(idles)
         idle_since: dict[str, float] = {}
         for w in core.fleet.workers.values():
@@ -138,17 +163,23 @@ class CallBook:
                 slo(r.workflow),
                 r.at_risk,
             )
-            for rid, r in core.requests.items()
+            for rid, r in (core.requests.items() if recent is None else ())
         }
         workers = tuple(
             WorkerRow(wid, w.stage, w.busy, w.vcpus, w.share, w.hardware, enforcement.get(wid, ""))
             for wid, w in core.fleet.workers.items()
         )
+
+        def tail(records: Sequence[T]) -> tuple[T, ...]:
+            return tuple(records) if recent is None else tuple(records[-recent:]) if recent else ()
+
+        decisions = core.decisions
+        newest = decisions if recent is None else itertools.islice(decisions, max(0, len(decisions) - recent), None)
         return PoolSnapshot(
-            tuple(self.calls),
-            tuple(core.fleet.batches),
+            tail(self.calls),
+            tail(fleet.batches),
             tuple(idles),
-            tuple(core.decisions),
+            tuple(newest),
             requests,
             core.queue_lengths(),
             workers,

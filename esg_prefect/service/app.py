@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_BATCHES_LIMIT = 10_000
+METRICS_WINDOW = 1000  # /metrics reads the newest this many batches and decisions
 
 
 def _retry_after() -> dict[str, str]:
@@ -136,9 +137,9 @@ class PoolService:
         return JSONResponse({"status": "closing" if self.closing else "ok"})
 
     async def metrics(self, request: Request) -> JSONResponse:
-        snap = await asyncio.to_thread(self.pool.snapshot)
-        times = sorted(d.decision_ms for d in snap.decisions[-1000:] if d.decision_ms is not None)
-        sizes = [len(b.items) for b in snap.batches[-1000:]]
+        snap = await asyncio.to_thread(self.pool.snapshot, 30.0, METRICS_WINDOW)
+        times = sorted(d.decision_ms for d in snap.decisions if d.decision_ms is not None)
+        sizes = [len(b.items) for b in snap.batches]
         return JSONResponse(
             {
                 "queue_depths": snap.queue_depths,
@@ -163,7 +164,7 @@ class PoolService:
             limit = 0
         if not 1 <= limit <= MAX_BATCHES_LIMIT:
             return JSONResponse({"error": f"limit must be an integer 1..{MAX_BATCHES_LIMIT}, got {raw!r}"}, 400)
-        snap = await asyncio.to_thread(self.pool.snapshot)
+        snap = await asyncio.to_thread(self.pool.snapshot, 30.0, limit)
         rows = [
             {
                 "batch_id": b.batch_id,
@@ -173,7 +174,7 @@ class PoolService:
                 "start_ms": b.start_ms,
                 "end_ms": b.end_ms,
             }
-            for b in snap.batches[-limit:]
+            for b in snap.batches
         ]
         return JSONResponse({"batches": rows})
 

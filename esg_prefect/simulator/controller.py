@@ -129,7 +129,7 @@ class Controller:
 
     def _ended(self, request_id: str) -> bool:
         """A request ended: the core forgets it; whether it was marked at risk."""
-        req = self.core.requests.pop(request_id, None)
+        req = self.core.forget(request_id)
         return req is not None and req.at_risk
 
     def close(self) -> None:
