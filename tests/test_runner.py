@@ -184,6 +184,27 @@ def test_a_batch_function_workers_could_not_call_or_find_is_refused_when_decorat
     assert "inner" not in pipe.stages and "one_arg" not in pipe.stages  # nothing half-registered
 
 
+def test_a_stage_given_a_cache_key_fn_keeps_it_as_its_cache_policy() -> None:
+    # Before, NO_CACHE was set beside the user's key function and Prefect warned, once per worker process.
+    from prefect.cache_policies import NO_CACHE
+
+    from esg_prefect.integration.stage import Pipeline
+    from tests.toy_stages import load_inc
+
+    pipe = Pipeline("keyed", 800)
+
+    def key(context: object, parameters: dict[str, object]) -> str:
+        return "k"
+
+    def run(model: object, items: list[int]) -> list[int]:
+        return items
+
+    keyed = pipe.stage(load=load_inc, import_path="tests.toy_stages:inc", name="keyed", cache_key_fn=key)(run)
+    plain = pipe.stage(load=load_inc, import_path="tests.toy_stages:double", name="plain")(run)
+    assert keyed.cache_key_fn is key and keyed.cache_policy is not NO_CACHE
+    assert plain.cache_policy is NO_CACHE
+
+
 def test_submit_map_states_and_upstream_failure(pool: Pool) -> None:
     @flow(task_runner=ESGTaskRunner(pool=pool))
     def mapped(xs: list[int]) -> tuple[list[int], State, State]:

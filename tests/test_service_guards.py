@@ -222,3 +222,23 @@ def test_the_client_warns_once_per_outage_of_a_service_that_answered(
     outage = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
     assert len(outage) == 1 and LOCAL in outage[0] and "retrying until 5 s" in outage[0]
     client.close()
+
+
+def test_a_cancelled_call_is_withdrawn_through_the_service(pool: Pool) -> None:
+    # Before, a task timeout through the pool service left its call queued; it ran later, billed, for no one.
+    import threading
+
+    client = TestClient(PoolService(pool, ["tests"], TOKEN).app(), headers={"Authorization": f"Bearer {TOKEN}"})
+    pool.pause()
+    answer: list[Any] = []
+    waiting = threading.Thread(target=lambda: answer.append(client.post("/v1/calls", json=body(11))))
+    waiting.start()
+    for _ in range(200):  # until the call is queued
+        if any(pool.snapshot().queue_depths.values()):
+            break
+        threading.Event().wait(0.05)
+    assert client.post("/v1/calls/c11/cancel").json() == {"ok": True}
+    waiting.join(30)
+    assert answer and answer[0].json()["ok"] is False and "cancelled" in answer[0].json()["error"]["message"]
+    assert not any(pool.snapshot().queue_depths.values())
+    pool.resume()

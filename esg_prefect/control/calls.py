@@ -191,3 +191,7 @@ class StagePool(Protocol):
     def end_run(self, run_id: str) -> None:
         """A flow run ended (non-blocking)."""
         ...
+
+    def cancel(self, call_id: str) -> None:
+        """The caller stopped waiting for a call: withdrawn if still queued (non-blocking)."""
+        ...

@@ -45,9 +45,9 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.control.calls import StageCall, StagePool, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
@@ -150,7 +150,9 @@ class Pipeline:
                 splits); the generic :func:`~esg_prefect.runtime.stages.input_size`
                 (words of a text, elements of a tensor, ...) by default.
             **task_kwargs: passed to ``prefect.task`` (retries, tags, ...). The cache policy
-                defaults to ``NO_CACHE``: hashing large tensor inputs costs more than caching saves.
+                defaults to ``NO_CACHE``, unless a ``cache_key_fn`` is given: hashing large tensor
+                inputs costs more than caching saves. (``stage.with_options(cache_key_fn=...)``
+                keeps the ``NO_CACHE`` and Prefect warns that the key function wins.)
         """
         from prefect import task
         from prefect.cache_policies import NO_CACHE
@@ -176,7 +178,8 @@ class Pipeline:
             )
             task_kwargs.setdefault("name", stage_name)
             # Inference inputs are large tensors: hashing them for a cache key costs more than it saves.
-            task_kwargs.setdefault("cache_policy", NO_CACHE)
+            if "cache_key_fn" not in task_kwargs:  # a key function of the user's is their cache policy
+                task_kwargs.setdefault("cache_policy", NO_CACHE)
             prefect_task = task(**task_kwargs)(one_item)
             prefect_task.esg_stage = spec  # type: ignore[attr-defined]
             prefect_task.esg_pipeline = self  # type: ignore[attr-defined]
@@ -321,7 +324,7 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
     return result.output
 
 
-def _wait(pool: Any, call: StageCall, timeout_s: float | None) -> StageResult:
+def _wait(pool: StagePool, call: StageCall, timeout_s: float | None) -> StageResult:
     """The call's result; with a task timeout, waited for in slices so that Prefect's timeout can stop the wait.
 
     Prefect stops a timed-out task in a worker thread by raising in it, which a
@@ -330,15 +333,14 @@ def _wait(pool: Any, call: StageCall, timeout_s: float | None) -> StageResult:
     """
     fut = pool.submit(call)
     if timeout_s is None:
-        return cast(StageResult, fut.result())
+        return fut.result()
     try:
         while True:
             try:
-                return cast(StageResult, fut.result(timeout=_WAIT_SLICE_S))
+                return fut.result(timeout=_WAIT_SLICE_S)
             except concurrent.futures.TimeoutError:
                 continue
     except BaseException:
-        cancel = getattr(pool, "cancel", None)
-        if callable(cancel) and not fut.done():
-            cancel(call.call_id)
+        if not fut.done():
+            pool.cancel(call.call_id)
         raise

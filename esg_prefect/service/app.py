@@ -6,6 +6,7 @@ Endpoints:
   response comes when the call is done: ``{"ok": true, "result": ...}`` or
   ``{"ok": false, "error": {"type", "message", "traceback"}}``.
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
+* ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
 * ``GET /metrics``: queue depths, batch sizes, worker shares, decision times.
 * ``GET /v1/batches?limit=N``: recent batches and the runs each served.
@@ -126,6 +127,7 @@ class PoolService:
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/v1/calls", self.call, methods=["POST"]),
                 Route("/v1/runs/{run_id}/end", self.end_run, methods=["POST"]),
+                Route("/v1/calls/{call_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/batches", self.batches, methods=["GET"]),
                 Route("/v1/pause", self.pause, methods=["POST"]),
                 Route("/v1/resume", self.resume, methods=["POST"]),
@@ -191,6 +193,11 @@ class PoolService:
             return JSONResponse({"error": "the service is shutting down"}, status_code=503)
         await asyncio.to_thread(self.pool.pause if paused else self.pool.resume)
         return JSONResponse({"paused": paused})
+
+    async def cancel(self, request: Request) -> JSONResponse:
+        """The caller of a call stopped waiting (its task timed out): withdrawn if still queued."""
+        self.pool.cancel(request.path_params["call_id"])
+        return JSONResponse({"ok": True})
 
     async def end_run(self, request: Request) -> JSONResponse:
         self.pool.end_run(request.path_params["run_id"])

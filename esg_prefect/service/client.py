@@ -156,6 +156,17 @@ class PoolClient:
                 hint,
             )
 
+    def cancel(self, call_id: str) -> None:
+        """The caller stopped waiting for a call (its task timed out): the service withdraws it if still queued."""
+
+        def _post() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # best effort: a call not withdrawn runs and is dropped
+                self._http.post(f"/v1/calls/{call_id}/cancel")
+
+        with self._lock:
+            if not self._closed:
+                self._executor.submit(_post)
+
     def end_run(self, run_id: str) -> None:
         """Tell the service a flow run ended (best effort, in the background)."""
 
