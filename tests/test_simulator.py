@@ -117,6 +117,21 @@ def test_hand_worked_run_per_invocation() -> None:
     assert (run.rounds, run.cold_starts, run.end_ms) == (4, 2, 130.0)
 
 
+def test_an_orchestrators_overheads_delay_the_calls_not_the_slo_clock() -> None:
+    # As the hand-worked run above, with Prefect's overheads: r1's a reaches the pool 300 + 50 ms after
+    # r1 arrives (cold: ends 365), its b 50 ms after a ended (cold: 415 + 25 = 440); latency 440, over
+    # the 50 ms SLO, counted from the arrival at 0 as the live pool counts it.
+    case = cpu_case().with_(sim=replace(cpu_case().sim, run_overhead_ms=300.0, call_overhead_ms=50.0))
+    run = simulate(case, arrivals=[(0.0, "w")])
+    assert [(r.arrival_ms, r.finish_ms, r.slo_met) for r in run.requests] == [(0.0, 440.0, False)]
+    assert [(s.job_id, s.ready_ms, s.end_ms) for s in run.stages] == [("r1:a", 350.0, 365.0), ("r1:b", 415.0, 440.0)]
+    written = case.with_(profile="examples_cpu").to_dict()  # the knobs travel in case files
+    assert written["sim"]["run_overhead_ms"] == 300.0 and written["sim"]["call_overhead_ms"] == 50.0
+    assert Case.from_dict(written).sim == case.sim
+    with pytest.raises(ConfigError, match="call_overhead_ms"):
+        SimSpec(call_overhead_ms=-1.0)
+
+
 def test_inputs_on_another_node_pay_a_transfer() -> None:
     # One worker slot per node and no eviction: a's idle worker holds n0's slot, so b starts on n1
     # and fetches its input from n0: 0.5 ms + 150 KB over 10 Gb/s.

@@ -327,8 +327,21 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
         f"which no plan fitted in the slack). Requests with a best-effort stage (at_risk): {at_risk_all} over the "
         f"whole run, {report.overall.at_risk} after the {case.warmup_s:g} s warm-up (the table). Cost after the "
         f"warm-up: ${report.overall.cost_total:.3g} (batches ${report.busy_cost:.3g}, idle ${report.idle_cost:.3g}). "
-        "Latencies run from a request's arrival at the pool: Prefect's own per-run overhead is not in them "
-        "(docs/simulator.md)."
+        + _overhead_note(case)
+    )
+
+
+def _overhead_note(case: Case) -> str:
+    """What the latencies include of the orchestrator's own time (docs/simulator.md)."""
+    sim = case.sim
+    if sim.run_overhead_ms or sim.call_overhead_ms:
+        return (
+            f"Latencies include the orchestrator's overheads set in the case: {sim.run_overhead_ms:g} ms before a "
+            f"request's first calls, {sim.call_overhead_ms:g} ms before each call."
+        )
+    return (
+        "Latencies run from a request's arrival at the pool: Prefect's own overheads are not in them "
+        "(sim.run_overhead_ms and sim.call_overhead_ms model them: docs/simulator.md)."
     )
 
 

@@ -3,7 +3,9 @@
 A request's entry stages are called when it arrives; a stage is called when
 its last upstream call finished (on the node its inputs mostly are); the
 request ends when its last exit stage finished, or fails with the first call
-the core fails. These are the simulator's stand-in for the Prefect flows that
+the core fails. An orchestrator's overheads delay the calls (``run_ms``
+before the entry calls, ``call_ms`` before every call), never the arrival
+the SLO counts from. These are the simulator's stand-in for the Prefect flows that
 call the runtime pool.
 """
 
@@ -53,6 +55,8 @@ class Callers:
         typical: each stage's typical item size (a request's relative size times it is a call's size).
         submit: hands a call to the control core.
         ended: called once when a request ends; returns whether the core marked it at risk.
+        later: ``later(t, (request_id, stage))`` calls :meth:`call_due` at ``t``; needed with overheads.
+        run_ms, call_ms: the orchestrator's overheads (``SimSpec.run_overhead_ms``, ``call_overhead_ms``).
     """
 
     def __init__(
@@ -61,9 +65,13 @@ class Callers:
         typical: Mapping[str, float],
         submit: Callable[[CallArrived], object],
         ended: Callable[[str], bool],
+        later: Callable[[float, tuple[str, str]], None] | None = None,
+        run_ms: float = 0.0,
+        call_ms: float = 0.0,
     ) -> None:
         self._shapes = {name: _Shape(wf) for name, wf in workflows.items()}
         self._typical, self._submit, self._ended = typical, submit, ended
+        self._later, self._run_ms, self._call_ms = later, run_ms, call_ms
         self.live: dict[str, Caller] = {}
         self.records: list[RequestRecord] = []
         self.open = 0  # requests neither finished nor failed
@@ -76,7 +84,21 @@ class Callers:
         self.live[req.request_id] = req
         self.open += 1
         for s in req.shape.entries:
-            self._call(req, s, now)
+            self._ready(req, s, now, self._run_ms)
+
+    def _ready(self, req: Caller, stage: str, now: float, extra_ms: float = 0.0) -> None:
+        """A call is ready: it reaches the core after the orchestrator's overheads."""
+        delay = extra_ms + self._call_ms
+        if delay > 0 and self._later is not None:
+            self._later(now + delay, (req.request_id, stage))
+        else:
+            self._call(req, stage, now)
+
+    def call_due(self, request_id: str, stage: str, now: float) -> None:
+        """A delayed call reaches the core (unless its request failed meanwhile)."""
+        req = self.live.get(request_id)
+        if req is not None and not req.failed:
+            self._call(req, stage, now)
 
     def _call(self, req: Caller, stage: str, now: float) -> None:
         nodes = req.pred_nodes.get(stage)
@@ -99,7 +121,7 @@ class Callers:
             req.pred_nodes.setdefault(nxt, []).append(node)
             req.pending[nxt] -= 1
             if req.pending[nxt] == 0:
-                self._call(req, nxt, now)
+                self._ready(req, nxt, now)
 
     def failed(self, request_id: str) -> None:
         """The core failed one of the request's calls: it ends unfinished."""

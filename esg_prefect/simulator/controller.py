@@ -17,6 +17,7 @@ makes no round after that cutoff).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from esg_prefect.control.core import Core
 from esg_prefect.control.events import BatchFinished, FailJobs, StartBatch, StartWorker, WakeAt
@@ -33,7 +34,7 @@ from esg_prefect.simulator.cluster import BatchTiming, SimCluster
 from esg_prefect.simulator.engine import EventLoop
 
 # Event kinds, in the order events of one instant are handled.
-DONE, ARRIVAL, TICK, WARM = 0, 1, 3, 4
+DONE, ARRIVAL, CALL, TICK, WARM = 0, 1, 2, 3, 4
 _finished = unchecked(BatchFinished)  # no checks to skip: a faster __init__ for one event per batch
 _NONE: frozenset[str] = frozenset()
 
@@ -69,7 +70,16 @@ class Controller:
         typical = {
             s: (sizes.typical_item_size(s) or 1.0) if sizes else 1.0 for w in workflows.values() for s in w.stages
         }
-        self.callers = Callers(workflows, typical, self.core.arrive, self._ended)
+        sim = cluster.sim
+        self.callers = Callers(
+            workflows,
+            typical,
+            self.core.arrive,
+            self._ended,
+            lambda t, payload: loop.at(t, CALL, payload),
+            sim.run_overhead_ms,
+            sim.call_overhead_ms,
+        )
         self._sized = sizes is not None
         self.arrivals_left = 0  # set by the runner: arrivals scheduled and not yet handled
         self.request_sizes: Sequence[float] = ()  # set by the runner: relative size of each arrival, in order
@@ -89,6 +99,9 @@ class Controller:
             i, self._arrived = self._arrived, self._arrived + 1
             self.arrivals_left -= 1
             self.callers.arrive(str(payload), now, self.request_sizes[i] if i < len(self.request_sizes) else 1.0)
+        elif kind == CALL:
+            due = cast(tuple[str, str], payload)
+            self.callers.call_due(due[0], due[1], now)
         elif kind == WARM:
             self._starting -= 1
             self.core.worker_ready(str(payload), now)
