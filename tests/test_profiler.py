@@ -282,6 +282,11 @@ def test_input_size_units() -> None:
     assert input_size(["a b", "c"]) == 3
 
 
+def test_a_registered_stage_with_samples_keeps_its_pipeline() -> None:
+    (target,) = resolve_targets("tests.toy_stages:inc@tests.test_profiler:samples_sleepy")
+    assert (target.name, target.pipeline) == ("inc", "toy")  # the pipeline column was left empty
+
+
 def test_bad_targets_are_named() -> None:
     with pytest.raises(UnknownStageError, match="'nope'"):
         resolve_targets("tests.test_profiler:nope")

@@ -194,7 +194,8 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
         samples = _import(samples_path)
         if not callable(samples):
             raise UnknownStageError(f"samples {samples_path!r} of target {spec!r} is not callable")
-        return [ProfileTarget(stage.profile_name, stage.load, stage.run, samples)]
+        pipeline = getattr(getattr(_import(stage_path), "esg_pipeline", None), "name", "")  # Pipeline.stage's task
+        return [ProfileTarget(stage.profile_name, stage.load, stage.run, samples, pipeline=str(pipeline))]
     obj = _import(spec)
     if isinstance(obj, ProfileTarget):
         return [obj]
