@@ -597,6 +597,25 @@ def test_a_long_lived_pool_keeps_bounded_records(monkeypatch: pytest.MonkeyPatch
         assert [c.call_id for c in full.calls][-1] == "inc-129"
         assert not core._run_requests and not pool._book._calls_of_run  # ended runs leave no index behind
         assert len(recent.calls) == len(recent.batches) == 3 and recent.requests == {}
+        fleet = core.fleet  # batch and idle records: the newest kept, numbered among all of them
+        assert len(fleet.batches) >= 30 and 5 <= len(list(fleet.batches)) < 10
+        assert full.first_batch == fleet.batches.first > 0 and full.batches[-1] is fleet.batches[-1]  # type: ignore[union-attr]
+        assert recent.first_batch == len(fleet.batches) - 3
         assert pool.report().overall.count <= 5  # reports read what is kept
     finally:
         pool.close()
+
+
+def test_a_ring_answers_positions_as_a_list_would() -> None:
+    from esg_prefect.control.ring import Ring
+
+    ring: Ring[int] = Ring(keep=3)
+    plain: list[int] = []
+    for i in range(20):
+        ring.append(i)
+        plain.append(i)
+        assert len(ring) == len(plain) and ring[-1] == plain[-1]
+        assert ring[ring.first :] == plain[ring.first :] and ring[len(ring) - 2 :] == plain[-2:]
+    assert 3 <= len(list(ring)) < 6 and ring[5:] == plain[ring.first :]  # a slice starts at the oldest kept
+    with pytest.raises(IndexError, match="record 0 is not kept"):
+        ring[0]

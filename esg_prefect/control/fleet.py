@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage
+from esg_prefect.control.ring import Ring
 from esg_prefect.control.worker import FleetWorker
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
@@ -60,6 +61,8 @@ class Fleet:
             idle workers get (``ESGSettings.keep_alive_by_price``); None: all of it.
         adaptive: keep-alive from the stages' measured idle gaps, within the
             above (``ESGSettings.keep_alive_policy``); None: the fixed window.
+        record_memory: keep only the newest this many batch and idle records, still
+            numbered among all (:class:`~esg_prefect.control.ring.Ring`); None: all, in lists.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class Fleet:
         keep_alive_ms: float,
         keep_alive_scales: Mapping[str, float] | None = None,
         adaptive: AdaptiveKeepAlive | None = None,
+        record_memory: int | None = None,
     ) -> None:
         self.keep_alive_ms = keep_alive_ms
         self._keep_alive_scales = dict(keep_alive_scales or {})
@@ -86,8 +90,8 @@ class Fleet:
         self.scale_down_waves = 0.0  # the same for a stage in waves, its surplus kept a lull; 0: off
         self.idle_vcpus = False  # idle workers hold their vCPUs (billed); set by the control core from the settings
         self.workers: dict[str, FleetWorker] = {}
-        self.batches: list[BatchRecord] = []
-        self.idles: list[IdleRecord] = []
+        self.batches: list[BatchRecord] | Ring[BatchRecord] = [] if record_memory is None else Ring(record_memory)
+        self.idles: list[IdleRecord] | Ring[IdleRecord] = [] if record_memory is None else Ring(record_memory)
         self.cold_starts = 0
         self._next_worker = 0
         self._expiries: list[tuple[float, int, str, int]] = []  # (at, seq, worker id, token): a heap

@@ -78,6 +78,9 @@ class PoolSnapshot:
     them, then the open ones of the workers idle now, counted up to the
     snapshot (``closed_idles`` of them are closed; None: not known).
     ``idle_since`` maps each worker idle now to when its idle time began.
+    ``first_batch`` and ``first_idle`` are the positions of ``batches[0]`` and
+    ``idles[0]`` among every record the pool made (a long-lived pool keeps the
+    newest only); ``closed_idles`` counts from ``first_idle``.
     """
 
     calls: tuple[CallRecord, ...]
@@ -90,6 +93,8 @@ class PoolSnapshot:
     corrections: tuple[CorrectionRow, ...] = ()
     closed_idles: int | None = None
     idle_since: Mapping[str, float] = field(default_factory=dict)
+    first_batch: int = 0
+    first_idle: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,10 +273,13 @@ class RunPublisher:
         with self._lock:
             if self._ledger.closed:
                 return
-            new_idles = list(snap.idles[self._next_idle : snap.closed_idles])
-            if self._next_batch <= len(snap.batches):  # the snapshot is no older than what the ledger holds
-                self._ledger.add(snap.batches[self._next_batch :], new_idles)
-                self._next_batch, self._next_idle = len(snap.batches), max(self._next_idle, snap.closed_idles)
+            # Positions are among every record the pool made; the snapshot's tuples start at first_*.
+            fb, fi = snap.first_batch, snap.first_idle
+            new_idles = list(snap.idles[max(0, self._next_idle - fi) : snap.closed_idles])
+            if self._next_batch <= fb + len(snap.batches):  # the snapshot is no older than what the ledger holds
+                self._ledger.add(snap.batches[max(0, self._next_batch - fb) :], new_idles)
+                self._next_batch = fb + len(snap.batches)
+                self._next_idle = max(self._next_idle, fi + snap.closed_idles)
                 self._ledger.sync(snap.idle_since)
             else:
                 new_idles = []

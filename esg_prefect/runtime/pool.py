@@ -87,8 +87,8 @@ _DECISION_MEMORY = 100_000  # scheduling decisions kept for reports
 
 
 RECORD_MEMORY = 100_000
-"""Call records and ended runs' requests a pool keeps in memory (snapshots read them); the listeners
-(artifacts, cost store) get every run's records as it ends."""
+"""Call, batch and idle records and ended runs' requests a pool keeps in memory, newest (snapshots and
+reports read them); the listeners (artifacts, cost store) get every record as it is made."""
 
 EXECUTOR_THREADS = 512
 """Threads of the pool loop's executor: batches in flight and worker starts at once, at most."""
@@ -358,7 +358,12 @@ class Pool(PoolActions, PoolResources):
     def _the_core(self) -> Core:
         """The core, created on the loop at the first call (the backend's nodes may need the loop's thread)."""
         if self._core is None:
-            fleet = Fleet(self.backend.nodes(), self.backend.devices(), self.settings.keep_alive_s * 1000.0)
+            fleet = Fleet(
+                self.backend.nodes(),
+                self.backend.devices(),
+                self.settings.keep_alive_s * 1000.0,
+                record_memory=RECORD_MEMORY,
+            )
             self._core = Core(
                 self.planner.scheduler,
                 self.planner.tables,

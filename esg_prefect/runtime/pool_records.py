@@ -12,7 +12,7 @@ import dataclasses
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.control.core import Core
@@ -26,6 +26,7 @@ from esg_prefect.control.records import (
     RunStub,
     WorkerRow,
 )
+from esg_prefect.control.ring import Ring
 from esg_prefect.control.state import Request
 from esg_prefect.exceptions import PoolClosedError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
@@ -107,13 +108,13 @@ class CallBook:
             run_id,
             reqs[0].workflow,
             tuple(self.calls[i - self._base] for i in self._calls_of_run.pop(run_id, []) if i >= self._base),
-            tuple(fleet.batches[i] for i in self._batches_of_run.pop(run_id, [])),
+            tuple(fleet.batches[i] for i in self._batches_of_run.pop(run_id, []) if i >= _first(fleet.batches)),
             min(r.arrival_ms for r in reqs),
             None if any(r.failed or r.open > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
             slo_ms,
             prices,
             split,  # type: ignore[arg-type]
-            tuple(fleet.idles[self._idle_cursor :]),
+            tuple(fleet.idles[self._idle_cursor :]),  # a Ring slices by absolute position too
         )
         self._idle_cursor = len(fleet.idles)
         return records
@@ -149,6 +150,8 @@ class CallBook:
         fleet = core.fleet
         idles = list(fleet.idles) if recent is None else fleet.idles[-recent:] if recent else []
         closed = len(idles)
+        first_idle = len(fleet.idles) - closed
+        batches = tail(fleet.batches, recent)
         idle_since: dict[str, float] = {}
         for w in core.fleet.workers.values():
             if not w.busy and w.idle_since_ms is not None:
@@ -170,14 +173,11 @@ class CallBook:
             for wid, w in core.fleet.workers.items()
         )
 
-        def tail(records: Sequence[T]) -> tuple[T, ...]:
-            return tuple(records) if recent is None else tuple(records[-recent:]) if recent else ()
-
         decisions = core.decisions
         newest = decisions if recent is None else itertools.islice(decisions, max(0, len(decisions) - recent), None)
         return PoolSnapshot(
-            tail(self.calls),
-            tail(fleet.batches),
+            tail(self.calls, recent),
+            batches,
             tuple(idles),
             tuple(newest),
             requests,
@@ -186,11 +186,28 @@ class CallBook:
             corrections,
             closed,
             idle_since,
+            len(fleet.batches) - len(batches),
+            first_idle,
         )
 
 
-def final_records(pool: Pool | object) -> tuple[list[BatchRecord], list[IdleRecord]] | None:
+def _first(records: Sequence[object] | Ring[Any]) -> int:
+    """The position of the oldest record kept (0 for a list, which keeps them all)."""
+    return records.first if isinstance(records, Ring) else 0
+
+
+def tail(records: Sequence[T] | Ring[T], recent: int | None) -> tuple[T, ...]:
+    """The newest ``recent`` records (None: every one kept)."""
+    return tuple(records) if recent is None else tuple(records[-recent:]) if recent else ()
+
+
+def final_records(
+    pool: Pool | object,
+) -> tuple[list[BatchRecord] | Ring[BatchRecord], list[IdleRecord] | Ring[IdleRecord]] | None:
     """A closed pool's batches and idle intervals, all closed, in the order it recorded them (None: it never ran).
+
+    Positions are among every record the pool made (a long-lived pool keeps only the newest:
+    :class:`~esg_prefect.control.ring.Ring`), as ``BatchDone.batch_index`` numbers them.
 
     For ``pool_closed()`` listeners (see :data:`~esg_prefect.control.records.RunListener`):
     the pool's loop has stopped, so its records no longer change.
@@ -199,4 +216,4 @@ def final_records(pool: Pool | object) -> tuple[list[BatchRecord], list[IdleReco
         fleet = pool.core.fleet  # type: ignore[union-attr]
     except (PoolClosedError, AttributeError):  # never started; or not a pool (a stand-in: nothing to read)
         return None
-    return list(fleet.batches), list(fleet.idles)
+    return fleet.batches, fleet.idles
