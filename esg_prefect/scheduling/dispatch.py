@@ -108,7 +108,7 @@ class ClusterView(ColdRoom):
         free_slots, free_vcpus, free_share, clients = self.free_slots, self.free_vcpus, self.free_share, self.clients
         idle, by_stage, by_kind = self.idle, self._idle_by_stage, self._idle_by_kind
         # Busy workers per stage, as the snapshot had them (read-only: a batch placed this round is not added;
-        # busy_warm adds those).
+        # taken() lists those).
         self.busy_by_stage: dict[str | None, list[Worker]] = {}
         self._taken: dict[str | None, list[Worker]] = {}  # warm workers this round's commits took, busy till their end
         busy_by_stage = self.busy_by_stage
@@ -363,7 +363,7 @@ class ClusterView(ColdRoom):
         """Take the capacity of a placement so that later dispatches see it gone.
 
         ``free_at_ms``: when the batch placed on a warm worker is predicted to
-        end; given, the worker is busy-warm for the rest of the round (:meth:`busy_warm`).
+        end; given, the worker is listed busy for the rest of the round (:meth:`taken`).
         """
         self._version += 1
         self._memo = {}  # a new dict: copies of a pristine view may share the old one

@@ -235,7 +235,8 @@ class ESGScheduler(ESG1Q):
                     )
                     break
                 if dec.at_risk and c.cold and self.settings.wait_for_busy_warm:
-                    # Within the slack and at most a tenth of the cold start: the start would only be late.
+                    # Within the slack and a tenth of the cold option's latency (its cold start included):
+                    # the start would only be late.
                     left = min(self._deadline(jobs[0]) - now_ms, c.latency_ms / 10.0)
                     if busy.taken_in_time(c, left, view, now_ms, booked):
                         holds.append(Hold(q.key, "a worker this round took frees up within the slack: no new worker"))

@@ -182,7 +182,7 @@ class Lookahead:
         view: ClusterView,
         resources: Callable[[str], tuple[Resource, ...]],
         starts: list[Start],
-        now_ms: float = 0.0,
+        now_ms: float,
     ) -> None:
         """Append to ``starts`` the workers that the round's batches ``sent`` (workflow, stage, size) call for.
 
