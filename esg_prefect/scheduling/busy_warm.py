@@ -18,8 +18,7 @@ chosen, each with a knob (:class:`~esg_prefect.scheduling.settings.ESGSettings`)
   there the late starts are the next wave's capacity). The round's earlier
   dispatch took it from the options, so without the rule a queue's second
   batch of a round started a worker, late, that the first one's would have
-  served in time (a CPU stage of 0.1 ms batches with an 800 ms cold start met
-  98.5 % of its SLOs in a burst instead of 100 %);
+  served in time (docs/decisions/whole-bill.md, section 14);
 * **consolidation** (``consolidate_slack``): a planned dispatch onto an idle
   worker that has idled ``consolidate_idle_ms`` or more waits instead for a
   busy worker of the stage that is no dearer per job, when that one runs the

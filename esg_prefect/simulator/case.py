@@ -166,13 +166,12 @@ class SimSpec:
             the scheduler's ``hybrid_sharing`` knob is on, so that the
             scheduler and the simulated platform agree on the physics.
         run_overhead_ms: the orchestrator's time from a request's arrival to
-            its first stage calls (Prefect creating and starting the flow run:
-            0.2-0.6 s with the temporary API on a 2-core machine; 0, the
-            default, models calls that reach the pool as the request arrives).
+            its first stage calls (Prefect creating and starting the flow run;
+            0, the default, has the calls reach the pool as the request arrives).
         call_overhead_ms: its time from a stage call becoming ready (its
             upstream calls finished) to its reaching the pool (Prefect's task
-            run: about 50 ms of CPU on that machine). The SLO clock starts at
-            the arrival either way, as the live pool's does (docs/simulator.md).
+            run). The SLO clock starts at the arrival either way, as the live
+            pool's does; docs/simulator.md says how to measure both.
     """
 
     service_time: ServiceTime = "sampled"
