@@ -13,8 +13,8 @@ chosen, each with a knob (:class:`~esg_prefect.scheduling.settings.ESGSettings`)
   busy worker of the stage frees up and runs the batch within the slack;
 * **a worker this round took** (``wait_for_busy_warm``): a best-effort cold
   start (no plan met the slack) is dropped when a worker that this round gave
-  a batch frees up and runs this batch within the slack and within a tenth of
-  the cold option's latency (a nearer bound cost the bursty code trace SLO hits:
+  a batch frees up and runs this batch within the slack and within a hundredth
+  of the cold option's latency (a nearer bound cost the bursty code trace SLO hits:
   there the late starts are the next wave's capacity). The round's earlier
   dispatch took it from the options, so without the rule a queue's second
   batch of a round started a worker, late, that the first one's would have

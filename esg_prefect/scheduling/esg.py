@@ -96,7 +96,15 @@ from esg_prefect.scheduling.best_effort import BestEffort
 from esg_prefect.scheduling.busy_warm import Bookings, BusyWarm
 from esg_prefect.scheduling.dispatch import ViewCache
 from esg_prefect.scheduling.esg_1q import ESG1Q
-from esg_prefect.scheduling.esg_round import DecisionKind, HardwareReview, Lookahead, Packing, Prewarm, QueueDecision
+from esg_prefect.scheduling.esg_round import (
+    TAKEN_SHARE,
+    DecisionKind,
+    HardwareReview,
+    Lookahead,
+    Packing,
+    Prewarm,
+    QueueDecision,
+)
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock
@@ -235,9 +243,9 @@ class ESGScheduler(ESG1Q):
                     )
                     break
                 if dec.at_risk and c.cold and self.settings.wait_for_busy_warm:
-                    # Within the slack and a tenth of the cold option's latency (its cold start included):
+                    # Within the slack and a hundredth of the cold option's latency (its cold start included):
                     # the start would only be late.
-                    left = min(self._deadline(jobs[0]) - now_ms, c.latency_ms / 10.0)
+                    left = min(self._deadline(jobs[0]) - now_ms, c.latency_ms / TAKEN_SHARE)
                     if busy.taken_in_time(c, left, view, now_ms, booked):
                         holds.append(Hold(q.key, "a worker this round took frees up within the slack: no new worker"))
                         break

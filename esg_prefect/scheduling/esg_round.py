@@ -149,6 +149,12 @@ class Prewarm:
         return start_cold(key, cfg, hw, view, reason)
 
 
+TAKEN_SHARE = 100.0
+"""A start is skipped for a busy worker of the stage that serves the batch within 1/this of the start's latency:
+only where starting is pure waste (sub-millisecond batches, cold starts of hundreds of ms); nearer bounds
+cost the bursty code trace SLO hits, where late starts are the next wave's capacity (whole-bill.md, section 14)."""
+
+
 class Lookahead:
     """Start the next stages' workers as a batch goes out (``lookahead_starts``).
 
@@ -186,7 +192,7 @@ class Lookahead:
     ) -> None:
         """Append to ``starts`` the workers that the round's batches ``sent`` (workflow, stage, size) call for.
 
-        None for a next stage whose busy worker (one this round took, say) runs the batch within a tenth
+        None for a next stage whose busy worker (one this round took, say) runs the batch within a hundredth
         of the start's cold start: a stage of sub-millisecond batches and a cold start of hundreds of ms
         would start a worker per burst that its one worker serves before the start is done.
         """
@@ -206,7 +212,7 @@ class Lookahead:
                 if found is None:
                     continue
                 cfg, hw = found[3].config, found[3].hardware
-                if self._busy_serves(nxt, n, view, now_ms, self.tables.profile.cold_start_ms(nxt, hw) / 10.0):
+                if self._busy_serves(nxt, n, view, now_ms, self.tables.profile.cold_start_ms(nxt, hw) / TAKEN_SHARE):
                     continue
                 reason = f"lookahead: {hw} share {cfg.gpu_share} for a batch of {n} coming from {stage}"
                 got = start_cold(QueueKey(wf.name, nxt), cfg, hw, view, reason)
