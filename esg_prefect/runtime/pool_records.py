@@ -48,9 +48,7 @@ class CallBook:
     """
 
     def __init__(self, memory: int | None = None) -> None:
-        self.memory = memory
-        self.calls: list[CallRecord] = []
-        self._base = 0  # the index of calls[0] among every call recorded
+        self.calls: list[CallRecord] | Ring[CallRecord] = [] if memory is None else Ring(memory)
         self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in calls
         self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in the batches
         self._idle_cursor = 0  # idle records already handed to run listeners
@@ -66,7 +64,7 @@ class CallBook:
         end: float,
     ) -> None:
         """Record an answered call (records keep no outputs)."""
-        self._calls_of_run[c.run_id].append(self._base + len(self.calls))
+        self._calls_of_run[c.run_id].append(len(self.calls))  # a Ring counts every call recorded
         result = None if res is None else dataclasses.replace(res, output=None)
         error = "" if err is None else str(err)
         self.calls.append(
@@ -84,10 +82,6 @@ class CallBook:
                 error,
             )
         )
-        if self.memory is not None and len(self.calls) >= 2 * self.memory:  # trimmed in halves: O(1) a call
-            drop = len(self.calls) - self.memory
-            del self.calls[:drop]
-            self._base += drop
 
     def forget_run(self, run_id: str) -> None:
         """A run ended with no listener to hand its records to: drop its indexes."""
@@ -107,7 +101,7 @@ class CallBook:
         records = RunRecords(
             run_id,
             reqs[0].workflow,
-            tuple(self.calls[i - self._base] for i in self._calls_of_run.pop(run_id, []) if i >= self._base),
+            tuple(self.calls[i] for i in self._calls_of_run.pop(run_id, []) if i >= _first(self.calls)),
             tuple(fleet.batches[i] for i in self._batches_of_run.pop(run_id, []) if i >= _first(fleet.batches)),
             min(r.arrival_ms for r in reqs),
             None if any(r.failed or r.open > 0 for r in reqs) else max(r.last_end_ms for r in reqs),
