@@ -158,22 +158,18 @@ class PoolClient:
 
     def cancel(self, call_id: str) -> None:
         """The caller stopped waiting for a call (its task timed out): the service withdraws it if still queued."""
-
-        def _post() -> None:
-            with contextlib.suppress(httpx.HTTPError):  # best effort: a call not withdrawn runs and is dropped
-                self._http.post(f"/v1/calls/{call_id}/cancel")
-
-        with self._lock:
-            if not self._closed:
-                self._executor.submit(_post)
+        self._notify(f"/v1/calls/{call_id}/cancel")  # lost: the call runs and its answer is dropped
 
     def end_run(self, run_id: str) -> None:
         """Tell the service a flow run ended (best effort, in the background)."""
+        self._notify(f"/v1/runs/{run_id}/end")  # lost: it only delays closing the run's records
+
+    def _notify(self, path: str) -> None:
+        """POST ``path`` in the background, best effort: a notice, not a call."""
 
         def _post() -> None:
-            # Best effort: a lost notice only delays closing the run's records.
             with contextlib.suppress(httpx.HTTPError):
-                self._http.post(f"/v1/runs/{run_id}/end")
+                self._http.post(path)
 
         with self._lock:
             if not self._closed:
