@@ -186,6 +186,16 @@ def test_pool_on_ray_batches_calls_of_many_runs(ray_pool: Pool) -> None:
     assert snap.workers and all(w.enforcement.startswith("Ray actor on node") for w in snap.workers)
 
 
+def test_a_ray_actors_batch_output_comes_back_with_each_result(ray_pool: Pool) -> None:
+    talk = WorkflowDecl("talk", 5_000, ())
+    ok, bad = settle([ray_pool.submit(call(i, "chatty", talk, "talk-")) for i in (3, POISON)], timeout=CEILING_S)
+    assert isinstance(ok, StageResult) and ok.output == 4, ok
+    assert (20, "", "chatty got 1 item(s)") in ok.lines  # alone, or again alone after its batch with the poison
+    assert (30, "", "chatty to stderr") in ok.lines
+    assert (30, "tests.chatty", "chatty saw [3]") in ok.lines
+    assert "about to fail on the poison" in getattr(bad, "remote_traceback", ""), bad
+
+
 def test_killed_actor_mid_batch_loses_nothing(ray_pool: Pool, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     backend: RayBackend = ray_pool.backend  # type: ignore[assignment]
     gates = Gates(tmp_path)

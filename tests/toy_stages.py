@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -79,7 +81,43 @@ def toy_profile() -> LatencyProfile:
     return LatencyProfile(points, {(s, "cpu"): 20.0 for s in STAGES})
 
 
-STAGES = ("double", "inc", "first", "second", "third", "flaky", "slow", "heavy", "classify", "fragile", "meet")
+STAGES = (
+    "double",
+    "inc",
+    "first",
+    "second",
+    "third",
+    "flaky",
+    "slow",
+    "heavy",
+    "classify",
+    "fragile",
+    "meet",
+    "chatty",
+)
+
+
+talk = Pipeline("talk", slo_ms=5_000)
+chatty_log = logging.getLogger("tests.chatty")
+
+
+@talk.stage(load=load_inc, name="chatty")
+def chatty(model: dict[str, Any], items: list[int]) -> list[int]:
+    """A stage that prints, logs and writes to stderr, and fails on POISON after saying so."""
+    print(f"chatty got {len(items)} item(s)")
+    chatty_log.warning("chatty saw %s", sorted(items))
+    sys.stderr.write("chatty to stderr\n")
+    if POISON in items:
+        print("about to fail on the poison")
+        raise ValueError("poison")
+    if RUN_LOGGER in items:
+        from prefect import get_run_logger
+
+        get_run_logger().info("a run logger, where there is no run")
+    return [x + 1 for x in items]
+
+
+RUN_LOGGER = 42  # makes chatty call Prefect's get_run_logger(), which has no run context on a worker
 
 
 burst = Pipeline("burst", slo_ms=5_000)

@@ -157,6 +157,8 @@ class StageResult:
     reason: str = ""
     co_batched_runs: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    lines: tuple[tuple[int, str, str], ...] = ()
+    """What the batch printed or logged: (level, logger or "" for a print, text) (``runtime.batch_output``)."""
 
     def describe(self) -> str:
         """One log line: which batch, its size, the worker and share, waits and latencies."""

@@ -40,6 +40,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import sys
 import threading
 import time
 import uuid
@@ -49,6 +50,7 @@ from typing import Any
 
 from esg_prefect.control.calls import StageCall, StagePool, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
+from esg_prefect.runtime.batch_output import STDERR_LEVEL
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
 
@@ -320,8 +322,26 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
     )
     result = _wait(pool, call, getattr(getattr(task_ctx, "task", None), "timeout_seconds", None))
-    get_run_logger().info("%s: %s", spec.name, result.describe())
+    logger = get_run_logger()
+    logger.info("%s: %s", spec.name, result.describe())
+    replay_lines(result, logger)
     return result.output
+
+
+def replay_lines(result: StageResult, logger: Any) -> None:
+    """What the call's batch printed or logged, replayed on this task run (``runtime.batch_output``).
+
+    A print is printed here, so Prefect's ``log_prints`` (the task's, the
+    flow's or the setting) decides whether it becomes a log line, as for any
+    task; a log record goes to the task run's logger at its level. Each line
+    names the batch, which may have served other runs too.
+    """
+    tag = f"[batch {result.batch_id}]"
+    for level, name, text in result.lines:
+        if name:
+            logger.log(level, "%s %s: %s", tag, name, text)
+        else:  # to stdout, or to stderr for what the batch wrote there (print's file= is not log_prints' business)
+            print(f"{tag} {text}", file=sys.stderr if level >= STDERR_LEVEL else sys.stdout)
 
 
 def _wait(pool: StagePool, call: StageCall, timeout_s: float | None) -> StageResult:

@@ -24,6 +24,7 @@ from typing import Any
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.exceptions import StageFailedError, WorkerCrashedError
 from esg_prefect.model.jobs import Job
+from esg_prefect.runtime.batch_output import LogLine, with_output
 from esg_prefect.runtime.workers import (
     BatchOutcome,
     WorkerBackend,
@@ -57,6 +58,7 @@ class Executed:
     requeue: list[int] = field(default_factory=list)
     died: BaseException | None = None
     cold_ms: float = 0.0
+    lines: dict[int, tuple[LogLine, ...]] = field(default_factory=dict)  # what each call's run printed or logged
 
 
 Measured = Callable[[list[int], float], None]  # (indices run together, their time in ms) of a batch that succeeded
@@ -85,9 +87,9 @@ async def execute(
             out.cold_ms = clock() - began
         normal = [i for i, p in enumerate(pendings) if not p.solo]
         if normal:
-            await _run_items(out.handle, pendings, normal, out.results, running, clock, measured, limit_s)
+            await _run_items(out, pendings, normal, running, clock, measured, limit_s)
         for i in (i for i, p in enumerate(pendings) if p.solo):
-            await _run_items(out.handle, pendings, [i], out.results, running, clock, measured, limit_s)
+            await _run_items(out, pendings, [i], running, clock, measured, limit_s)
     except WorkerLoadError as exc:
         for i in range(len(pendings)):
             out.results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
@@ -122,17 +124,28 @@ async def execute(
     return out
 
 
+_HINTS = {
+    "MissingContextError": (
+        " (a batch function serves many task runs and has no Prefect run context: log with "
+        "logging.getLogger(...) or print, which are replayed on each task run it served)"
+    ),
+}
+"""Per error type of a batch function, what to do instead: the mistakes its model invites."""
+
+
 async def _run_items(
-    handle: WorkerHandle,
+    out: Executed,
     pendings: list[Pending],
     idx: list[int],
-    results: dict[int, tuple[Any, BaseException | None]],
     running: list[int],
     clock: Callable[[], float],
     measured: Measured,
     limit_s: float | None = None,
 ) -> None:
-    """Run items as one batch; on a batch error, bisect until the failing inputs are alone."""
+    """Run items as one batch on ``out.handle``; on a batch error, bisect until the failing inputs are alone."""
+    handle = out.handle
+    assert handle is not None
+    results = out.results
     running[:] = idx
     began = clock()
     run = handle.execute([pendings[i].call.item for i in idx])
@@ -146,18 +159,20 @@ async def _run_items(
         measured(idx, clock() - began)
         for i, value in zip(idx, outcome.outputs, strict=True):
             results[i] = (value, None)
+            out.lines[i] = outcome.lines
         return
     if len(idx) == 1:
         stage = pendings[idx[0]].call.stage
+        hint = _HINTS.get(outcome.error_type, "")
         results[idx[0]] = (
             None,
             StageFailedError(
-                f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}",
+                f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}{hint}",
                 outcome.error_type,
-                outcome.error_traceback,
+                with_output(outcome.error_traceback, outcome.lines),
             ),
         )
         return
     mid = len(idx) // 2
-    await _run_items(handle, pendings, idx[:mid], results, running, clock, measured, limit_s)
-    await _run_items(handle, pendings, idx[mid:], results, running, clock, measured, limit_s)
+    await _run_items(out, pendings, idx[:mid], running, clock, measured, limit_s)
+    await _run_items(out, pendings, idx[mid:], running, clock, measured, limit_s)

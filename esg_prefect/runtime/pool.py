@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import sys
 import threading
@@ -92,6 +93,16 @@ reports read them); the listeners (artifacts, cost store) get every record as it
 
 EXECUTOR_THREADS = 512
 """Threads of the pool loop's executor: batches in flight and worker starts at once, at most."""
+
+
+def _bare() -> contextvars.Context:
+    """An empty context for the pool's loop work: not the context of whichever task run's thread called in.
+
+    Without it a call's handling, and the batches and loads it leads to, would
+    carry the submitting task run's Prefect context, and a print in an inline
+    worker would be logged on that one run (``runtime.batch_output``).
+    """
+    return contextvars.Context()
 
 
 class Pool(PoolActions, PoolResources):
@@ -179,7 +190,7 @@ class Pool(PoolActions, PoolResources):
             fut.set_exception(PoolClosedError("the pool is closed"))
             return fut
         loop = self._ensure_started()
-        loop.call_soon_threadsafe(self._on_submit, call, fut)
+        loop.call_soon_threadsafe(self._on_submit, call, fut, context=_bare())
         return fut
 
     def add_run_listener(self, listener: RunListener) -> None:
@@ -208,12 +219,12 @@ class Pool(PoolActions, PoolResources):
         A call already running finishes with its batch; its answer goes nowhere.
         """
         if self._loop is not None and not self._closed:
-            self._loop.call_soon_threadsafe(self._on_cancel, call_id)
+            self._loop.call_soon_threadsafe(self._on_cancel, call_id, context=_bare())
 
     def end_run(self, run_id: str) -> None:
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
         if self._loop is not None and not self._closed:
-            self._loop.call_soon_threadsafe(self._on_end_run, run_id)
+            self._loop.call_soon_threadsafe(self._on_end_run, run_id, context=_bare())
 
     def pause(self) -> None:
         """Hold dispatching: calls keep queueing (none is lost or failed), no batch starts until :meth:`resume`.
@@ -347,11 +358,11 @@ class Pool(PoolActions, PoolResources):
                 self._loop = loop
                 warm_up = getattr(self.backend, "warm_up", None)
                 if callable(warm_up):  # spare workers start while the first calls queue
-                    asyncio.run_coroutine_threadsafe(warm_up(), loop)
+                    _bare().run(asyncio.run_coroutine_threadsafe, warm_up(), loop)
             return self._loop
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(coro, context=_bare())
         self._tasks.add(task)  # keep a reference: the loop holds tasks only weakly
         task.add_done_callback(self._tasks.discard)
 

@@ -180,6 +180,7 @@ class PoolActions:
                     d.at_risk,
                     d.reason,
                     len(runs),
+                    lines=out.lines.get(i, ()),
                 )
             self._pending.pop(p.call.call_id, None)
             self._finish(p, res, err, start, end)

@@ -65,6 +65,7 @@ from typing import Any
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
+from esg_prefect.runtime.batch_output import checked_lines
 from esg_prefect.runtime.ray_cluster import NodeTable, RayNode
 from esg_prefect.runtime.workers import BatchOutcome, WorkerDiedError, WorkerHandle, WorkerLoadError, WorkerSpec
 
@@ -116,17 +117,26 @@ class StageActor:
         return ("ready", (time.perf_counter() - t0) * 1000.0, facts, os.getpid())
 
     def run(self, items: list[Any]) -> tuple[Any, ...]:
-        """Run one batch: ``("ok", outputs, elapsed_ms)`` or ``("error", type, message, traceback)``."""
+        """Run one batch: ``("ok", outputs, elapsed_ms, lines)`` or ``("error", type, message, traceback, lines)``.
+
+        ``lines``: what the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
+        """
+        from esg_prefect.runtime.batch_output import capture
         from esg_prefect.runtime.stages import run_checked
         from esg_prefect.runtime.worker_main import compact
 
         t0 = time.perf_counter()
-        try:
-            outputs = run_checked(self.spec, self.model, items)
-        except Exception as exc:  # the batch function's own error: reported, the actor lives on
-            return ("error", type(exc).__qualname__, str(exc), traceback.format_exc())
+        failed: tuple[str, str, str] | None = None
+        outputs: list[Any] = []
+        with capture() as caught:
+            try:
+                outputs = run_checked(self.spec, self.model, items)
+            except Exception as exc:  # the batch function's own error: reported, the actor lives on
+                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
+        if failed is not None:
+            return ("error", *failed, caught.result())
         # Views into one batched tensor would carry the whole batch's storage into every item's object.
-        return ("ok", [compact(o) for o in outputs], (time.perf_counter() - t0) * 1000.0)
+        return ("ok", [compact(o) for o in outputs], (time.perf_counter() - t0) * 1000.0, caught.result())
 
     def pid(self) -> int:
         """The actor's process id (for operators and fault tests)."""
@@ -213,8 +223,8 @@ class _RayWorker:
                 f"Ray worker {self.spec.worker_id} on node {self.node.name} died: {_brief(exc)}"
             ) from exc
         if reply[0] == "ok":
-            return BatchOutcome(True, list(reply[1]), float(reply[2]))
-        return BatchOutcome(False, [], 0.0, str(reply[1]), str(reply[2]), str(reply[3]))
+            return BatchOutcome(True, list(reply[1]), float(reply[2]), lines=checked_lines(reply[3]))
+        return BatchOutcome(False, [], 0.0, str(reply[1]), str(reply[2]), str(reply[3]), checked_lines(reply[4]))
 
     def kill(self) -> None:
         """Kill the actor now (no restart) and forget it; harmless if it is already dead."""

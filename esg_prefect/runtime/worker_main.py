@@ -19,7 +19,8 @@ pickle (one copy each way, about 1 ms per MB).
 Messages (parent -> worker): ``("load", stage_path, vcpus, gpu_share, device)``,
 ``("run", batch_id, items)``, ``("stop",)``. Replies: ``("spare",)``,
 ``("ready", load_ms, enforcement)``, ``("load_error", type, message, traceback)``,
-``("ok", batch_id, outputs, elapsed_ms)``, ``("error", batch_id, type, message, traceback)``.
+``("ok", batch_id, outputs, elapsed_ms, lines)``, ``("error", batch_id, type, message, traceback, lines)``,
+``lines`` being what the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
 
 
 def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
+    from esg_prefect.runtime.batch_output import capture
+
     while True:
         try:
             msg = recv(conn)
@@ -204,16 +207,21 @@ def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) ->
             return
         _, batch_id, items = msg
         t0 = time.perf_counter()
-        try:
-            outputs = run_checked(spec, model, items)
-        except Exception as exc:  # the batch function's own error: reported, the worker lives on
-            send(conn, ("error", batch_id, type(exc).__qualname__, str(exc), traceback.format_exc()))
+        failed: tuple[str, str, str] | None = None
+        with capture() as caught:
+            try:
+                outputs = run_checked(spec, model, items)
+            except Exception as exc:  # the batch function's own error: reported, the worker lives on
+                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
+        lines = caught.result()
+        if failed is not None:
+            send(conn, ("error", batch_id, *failed, lines))
             continue
         # No compact() here: dumps() sends each tensor as a numpy array, which pickles only its own data.
         try:
-            reply = dumps(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0))
+            reply = dumps(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0, lines))
         except Exception as exc:  # outputs that cannot travel back (a lock, a lambda): the batch fails, not the worker
             why = f"the stage's outputs cannot be sent back to the pool (they must pickle): {exc}"
-            send(conn, ("error", batch_id, type(exc).__qualname__, why, traceback.format_exc()))
+            send(conn, ("error", batch_id, type(exc).__qualname__, why, traceback.format_exc(), lines))
             continue
         conn.send_bytes(reply)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
+from esg_prefect.runtime.batch_output import LogLine, capture, checked_lines
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
 from esg_prefect.runtime.worker_main import POOL_PID_ENV, dumps, recv, send, worker_main
@@ -55,6 +56,8 @@ class BatchOutcome:
     error_type: str = ""
     error_message: str = ""
     error_traceback: str = ""
+    lines: tuple[LogLine, ...] = ()
+    """What the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +170,8 @@ class _LocalWorker:
             return BatchOutcome(False, [], 0.0, type(exc).__qualname__, why, traceback.format_exc())
         reply = await asyncio.to_thread(self._roundtrip, msg)
         if reply[0] == "ok":
-            return BatchOutcome(True, list(reply[2]), float(reply[3]))
-        return BatchOutcome(False, [], 0.0, str(reply[2]), str(reply[3]), str(reply[4]))
+            return BatchOutcome(True, list(reply[2]), float(reply[3]), lines=checked_lines(reply[4]))
+        return BatchOutcome(False, [], 0.0, str(reply[2]), str(reply[3]), str(reply[4]), checked_lines(reply[5]))
 
     def stop_now(self) -> None:
         """Ask the worker to exit, kill it if it does not within 2 s (blocking)."""
@@ -369,13 +372,16 @@ class _InlineWorker:
     async def execute(self, items: list[Any]) -> BatchOutcome:
         def _run() -> BatchOutcome:
             t0 = time.perf_counter()
-            try:
-                out = run_checked(self.stage, self.model, items)
-            except Exception as exc:  # the batch function's own error, reported like a process worker's
-                import traceback
-
-                return BatchOutcome(False, [], 0.0, type(exc).__qualname__, str(exc), traceback.format_exc())
-            return BatchOutcome(True, out, (time.perf_counter() - t0) * 1000.0)
+            failed: tuple[str, str, str] | None = None
+            out: list[Any] = []
+            with capture() as caught:
+                try:
+                    out = run_checked(self.stage, self.model, items)
+                except Exception as exc:  # the batch function's own error, reported like a process worker's
+                    failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
+            if failed is not None:
+                return BatchOutcome(False, [], 0.0, *failed, caught.result())
+            return BatchOutcome(True, out, (time.perf_counter() - t0) * 1000.0, lines=caught.result())
 
         return await asyncio.to_thread(_run)
 

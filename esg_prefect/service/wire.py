@@ -26,6 +26,7 @@ from esg_prefect.exceptions import (
     StageRejectedError,
     WorkerCrashedError,
 )
+from esg_prefect.runtime.batch_output import checked_lines
 from esg_prefect.service.codec import decode, encode
 
 _ERRORS: dict[str, type[StageCallError]] = {
@@ -225,6 +226,7 @@ def result_body(res: StageResult) -> dict[str, Any]:
             "at_risk": res.at_risk,
             "reason": res.reason,
             "co_batched_runs": res.co_batched_runs,
+            "lines": [list(line) for line in res.lines],
         },
     }
 
@@ -269,4 +271,5 @@ def parse_result(body: dict[str, Any]) -> StageResult:
         r["at_risk"],
         r["reason"],
         r["co_batched_runs"],
+        lines=checked_lines(r.get("lines")),
     )

@@ -1,0 +1,195 @@
+"""What a batch function prints or logs, caught on the worker and handed back with the batch's results.
+
+A stage's batch function runs in a worker (a process, a Ray actor or a pool
+thread), away from the task runs it serves, so its ``print`` and ``logging``
+output would otherwise land on the worker's console and in no task run's logs.
+:func:`capture` catches, for the thread that runs the batch only, what is
+written to ``sys.stdout``/``sys.stderr`` and the log records that reach the
+root logger (those its logger's level lets through, as on a console); other
+threads' output passes through untouched, so an inline pool's own logging is
+not taken. The caller side (``integration.stage``) replays the lines on each
+task run the batch served: prints through ``print`` (Prefect's ``log_prints``
+decides, as for any task), log records through the task run's logger at their
+level.
+
+A batch keeps at most :data:`MAX_LINES` lines and :data:`MAX_CHARS`
+characters; what is cut is counted in one last line. Lines travel as plain
+``(level, logger, text)`` tuples, ``logger`` empty for a print, so they cross
+the pool service as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+__all__ = ["MAX_CHARS", "MAX_LINES", "STDERR_LEVEL", "BatchLines", "LogLine", "capture", "checked_lines", "with_output"]
+
+LogLine = tuple[int, str, str]
+"""One line of a batch's output: (logging level, logger name or "" for a print, text)."""
+
+MAX_LINES = 200
+MAX_CHARS = 32_000
+MAX_LINE_CHARS = 2_000
+PRINT_LEVEL = logging.INFO
+STDERR_LEVEL = logging.WARNING
+
+
+class BatchLines:
+    """The lines one batch produced, bounded (module docstring)."""
+
+    def __init__(self) -> None:
+        self.lines: list[LogLine] = []
+        self.dropped = 0
+        self._chars = 0
+        self._partial: dict[int, str] = {}  # level -> text written without its newline yet
+
+    def add(self, level: int, logger: str, text: str) -> None:
+        """Keep one line, or count it as dropped past the bounds."""
+        if len(text) > MAX_LINE_CHARS:
+            text = text[:MAX_LINE_CHARS] + f"... ({len(text) - MAX_LINE_CHARS} characters cut)"
+        if len(self.lines) >= MAX_LINES or self._chars + len(text) > MAX_CHARS:
+            self.dropped += 1
+            return
+        self._chars += len(text)
+        self.lines.append((level, logger, text))
+
+    def write(self, level: int, data: str) -> None:
+        """Text written to stdout (``PRINT_LEVEL``) or stderr: whole lines kept, a trailing part held."""
+        text = self._partial.pop(level, "") + data
+        *whole, rest = text.split("\n")
+        for line in whole:
+            self.add(level, "", line)
+        if rest:
+            self._partial[level] = rest
+
+    def result(self) -> tuple[LogLine, ...]:
+        """Every line kept, a held partial line flushed, and a last line counting those dropped."""
+        for level, rest in sorted(self._partial.items()):
+            self.add(level, "", rest)
+        self._partial.clear()
+        out = list(self.lines)
+        if self.dropped:
+            out.append((logging.WARNING, __name__, f"{self.dropped} more line(s) of this batch's output not kept"))
+        return tuple(out)
+
+
+_active: dict[int, BatchLines] = {}  # thread id -> the capture running on it
+_install_lock = threading.Lock()
+_handler: logging.Handler | None = None
+
+
+class _Routed(io.TextIOBase):
+    """A stream that sends a capturing thread's writes to its capture and every other thread's to ``inner``."""
+
+    def __init__(self, inner: TextIO, level: int) -> None:
+        self.inner = inner
+        self.level = level
+
+    def write(self, s: str) -> int:
+        got = _active.get(threading.get_ident())
+        if got is None:
+            return self.inner.write(s)
+        got.write(self.level, s)
+        return len(s)
+
+    def flush(self) -> None:
+        if threading.get_ident() not in _active:
+            with contextlib.suppress(Exception):
+                self.inner.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.inner, "isatty", lambda: False)())
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.inner, "encoding", "utf-8"))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Handler(logging.Handler):
+    """A root-logger handler that keeps the records of capturing threads."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        got = _active.get(record.thread or 0)
+        if got is None:
+            return
+        try:
+            text = record.getMessage()
+        except Exception:  # a bad format string: keep what was asked, as logging's own handlers would report
+            text = f"{record.msg!r} % {record.args!r}"
+        if record.exc_info and record.exc_info[0] is not None:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        got.add(record.levelno, record.name, text)
+
+
+def _install() -> None:
+    """Route ``sys.stdout``/``sys.stderr`` (again, if something replaced them since) and add the root handler."""
+    global _handler
+    if isinstance(sys.stdout, _Routed) and isinstance(sys.stderr, _Routed) and _handler is not None:
+        return
+    with _install_lock:
+        if not isinstance(sys.stdout, _Routed):
+            sys.stdout = _Routed(sys.stdout, PRINT_LEVEL)
+        if not isinstance(sys.stderr, _Routed):
+            sys.stderr = _Routed(sys.stderr, STDERR_LEVEL)
+        if _handler is None:
+            _handler = _Handler()
+            logging.getLogger().addHandler(_handler)
+
+
+@contextlib.contextmanager
+def capture() -> Iterator[BatchLines]:
+    """Catch this thread's prints and log records until the block ends (module docstring)."""
+    _install()
+    me = threading.get_ident()
+    lines = BatchLines()
+    outer = _active.get(me)
+    _active[me] = lines
+    try:
+        yield lines
+    finally:
+        if outer is None:
+            _active.pop(me, None)
+        else:
+            _active[me] = outer
+
+
+def checked_lines(raw: Any) -> tuple[LogLine, ...]:
+    """Lines received from elsewhere (a worker, the pool service) as :data:`LogLine` tuples; malformed ones dropped.
+
+    The service's answers are data, not code: only ints and strings pass, and
+    no more lines than a batch may keep.
+    """
+    if not isinstance(raw, (list, tuple)):
+        return ()
+    out: list[LogLine] = []
+    for item in raw[: MAX_LINES + 1]:
+        if (
+            isinstance(item, (list, tuple))
+            and len(item) == 3
+            and isinstance(item[0], int)
+            and not isinstance(item[0], bool)
+            and isinstance(item[1], str)
+            and isinstance(item[2], str)
+        ):
+            out.append((item[0], item[1], item[2][: MAX_LINE_CHARS + 64]))
+    return tuple(out)
+
+
+def with_output(traceback_text: str, lines: Sequence[LogLine]) -> str:
+    """A failed batch's traceback followed by what the batch printed or logged (the clue to its failure)."""
+    if not lines:
+        return traceback_text
+    shown = "\n".join(f"  {name + ': ' if name else ''}{text}" for _, name, text in lines)
+    return f"{traceback_text.rstrip()}\nOutput of the batch before it failed:\n{shown}\n"

@@ -1,0 +1,185 @@
+"""A batch function's prints and log records reach the task runs it served, from every kind of worker."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+
+import pytest
+from prefect import flow
+
+from esg_prefect import ESGTaskRunner
+from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.exceptions import StageFailedError
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime import batch_output
+from esg_prefect.runtime.batch_output import MAX_LINES, capture, checked_lines, with_output
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.service.wire import parse_result, result_body
+from tests.toy_stages import POISON, RUN_LOGGER, chatty, settle, toy_profile
+
+TALK = WorkflowDecl("talk", 5_000, ())
+PRICES = PriceSheet(1e-5, {})
+
+
+def call(i: int) -> StageCall:
+    return StageCall(
+        call_id=f"chatty-{i}",
+        stage="chatty",
+        stage_path="tests.toy_stages:chatty",
+        workflow=TALK,
+        request_id=f"run{i}",
+        run_id=f"run{i}",
+        item=i,
+    )
+
+
+# ---- the capture itself ------------------------------------------------------------------------
+
+
+def test_a_capture_takes_its_own_threads_prints_and_records_and_no_other_threads() -> None:
+    log = logging.getLogger("tests.capture")
+    log.setLevel(logging.INFO)
+    other_started, other_done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        other_started.wait(5)
+        print("from another thread")
+        log.warning("another thread's record")
+        other_done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with capture() as caught:
+        print("one", "two")
+        print("partial", end="")
+        print(" line")
+        sys.stderr.write("to stderr\nunfinished")
+        log.info("info %d", 5)
+        log.debug("below the logger's level: not kept")
+        other_started.set()
+        assert other_done.wait(5)
+    t.join()
+    lines = caught.result()
+    assert lines == (
+        (logging.INFO, "", "one two"),
+        (logging.INFO, "", "partial line"),
+        (logging.WARNING, "", "to stderr"),
+        (logging.INFO, "tests.capture", "info 5"),
+        (logging.WARNING, "", "unfinished"),
+    )
+    assert isinstance(sys.stdout, batch_output._Routed)  # still routed, passing other threads' writes through
+
+
+def test_a_capture_is_bounded_and_says_what_it_dropped() -> None:
+    with capture() as caught:
+        for i in range(MAX_LINES + 50):
+            print(f"line {i}")
+        print("x" * 10_000)
+    lines = caught.result()
+    assert len(lines) == MAX_LINES + 1
+    assert lines[MAX_LINES - 1] == (logging.INFO, "", f"line {MAX_LINES - 1}")
+    assert lines[-1] == (logging.WARNING, batch_output.__name__, "51 more line(s) of this batch's output not kept")
+
+    with capture() as caught:
+        print("y" * 10_000)
+    (only,) = caught.result()
+    assert len(only[2]) < 2_100 and only[2].endswith("(8000 characters cut)")
+
+
+def test_lines_from_elsewhere_are_checked_to_plain_tuples() -> None:
+    good = [[20, "", "printed"], [30, "mod", "logged"]]
+    assert checked_lines(good) == ((20, "", "printed"), (30, "mod", "logged"))
+    bad = [[True, "", "a bool level"], [20, 5, "a non-string name"], [20, ""], "text", {"x": 1}, [20, "", "kept"]]
+    assert checked_lines(bad) == ((20, "", "kept"),)
+    assert checked_lines(None) == () and checked_lines("20,,x") == ()
+    assert len(checked_lines([[20, "", "x"]] * 5_000)) == MAX_LINES + 1
+
+
+def test_a_failed_batchs_traceback_carries_what_it_printed() -> None:
+    text = with_output("Traceback ...\nValueError: poison\n", [(20, "", "about to fail"), (30, "mod", "careful")])
+    assert text.endswith("Output of the batch before it failed:\n  about to fail\n  mod: careful\n")
+    assert with_output("tb", ()) == "tb"
+
+
+def test_lines_survive_the_pool_services_json() -> None:
+    res = StageResult("c1", 6, "b1", 1, "w1", "cpu", 1, 0.0, 1.0, 2.0, 2.0, False, False, lines=((20, "", "hi"),))
+    assert parse_result(result_body(res)).lines == ((20, "", "hi"),)
+    body = result_body(res)
+    del body["result"]["lines"]  # a service that does not send them
+    assert parse_result(body).lines == ()
+
+
+# ---- from the workers ---------------------------------------------------------------------------
+
+
+def _check_pool(pool: Pool) -> None:
+    futs = [pool.submit(call(i)) for i in (1, 2, POISON, RUN_LOGGER)]
+    ok1, ok2, bad, no_context = settle(futs, timeout=120)
+    assert isinstance(no_context, StageFailedError)
+    assert "raised MissingContextError" in str(no_context) and "log with logging.getLogger(...) or print" in str(
+        no_context
+    )
+    assert isinstance(ok1, StageResult) and isinstance(ok2, StageResult), (ok1, ok2)
+    for r in (ok1, ok2):  # each result has its own run's lines (a batch with the poison ran again in halves)
+        assert any(re.fullmatch(r"chatty got [12] item\(s\)", text) for lv, _, text in r.lines if lv == 20), r.lines
+        assert (30, "", "chatty to stderr") in r.lines
+        assert any(level == 30 and name == "tests.chatty" and "chatty saw" in text for level, name, text in r.lines)
+    assert isinstance(bad, StageFailedError)  # bisected down to the poison alone
+    assert "Output of the batch before it failed:" in bad.remote_traceback
+    assert "about to fail on the poison" in bad.remote_traceback
+
+
+def test_an_inline_workers_batch_output_comes_back_with_each_result() -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    try:
+        _check_pool(pool)
+    finally:
+        pool.close()
+
+
+@pytest.mark.service
+def test_a_process_workers_batch_output_comes_back_with_each_result() -> None:
+    settings = ESGSettings(wait_for_batch=False)
+    pool = Pool(toy_profile(), PRICES, settings=settings, backend=LocalProcessBackend(vcpus=2, spares=0, preload=()))
+    try:
+        _check_pool(pool)
+    finally:
+        pool.close()
+
+
+# ---- on the task runs ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("log_prints", [True, False])
+def test_a_task_run_replays_its_batchs_output_as_prefect_would(
+    log_prints: bool, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    try:
+
+        @flow(task_runner=ESGTaskRunner(pool=pool), log_prints=log_prints)
+        def talking(x: int) -> int:
+            return chatty(x)
+
+        with caplog.at_level(logging.INFO):
+            assert talking(4) == 5
+    finally:
+        pool.close()
+    out = capsys.readouterr()
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "prefect.task_runs"]
+    assert any(lv == logging.WARNING and "] tests.chatty: chatty saw [4]" in m for lv, m in messages), messages
+    printed = [m for _, m in messages if m.endswith("chatty got 1 item(s)")]
+    if log_prints:  # Prefect's log_prints: the task run's log, as for a print in any task
+        assert printed == [printed[0]] and printed[0].startswith("[batch b") and "prefect" not in printed[0]
+        # The inline worker's thread carries no task run's context: the print was not logged there directly.
+        assert "chatty got 1 item(s)" not in [m for _, m in messages]
+        assert "chatty got" not in out.out
+    else:  # printed where the flow runs
+        assert not printed
+        assert "] chatty got 1 item(s)" in out.out and "] chatty to stderr" in out.err
