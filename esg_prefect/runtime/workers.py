@@ -33,7 +33,7 @@ from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.batch_output import LogLine, capture, checked_lines
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
-from esg_prefect.runtime.worker_main import POOL_PID_ENV, dumps, recv, send, worker_main
+from esg_prefect.runtime.worker_main import POOL_PID_ENV, compact, dumps, recv, send, worker_main
 
 logger = logging.getLogger(__name__)
 
@@ -376,7 +376,9 @@ class _InlineWorker:
             out: list[Any] = []
             with capture() as caught:
                 try:
-                    out = run_checked(self.stage, self.model, items)
+                    # Each output its own tensors, not views of the batch's: a view keeps the whole batch
+                    # alive in its task run, and persisting it writes other flow runs' outputs too.
+                    out = compact(run_checked(self.stage, self.model, items))
                 except Exception as exc:  # the batch function's own error, reported like a process worker's
                     failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
             if failed is not None:
