@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
@@ -48,3 +49,25 @@ def test_an_inline_worker_hands_each_call_only_its_own_tensor() -> None:
     assert float(out[0]) == 3.0 and tuple(out.shape) == (1_000,)
     held = out.untyped_storage().nbytes()
     assert held == 4_000, f"the output holds {held} bytes of its batch, not its own 4000"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"persist_result": True}, {"result_storage_key": "k-{parameters[item]}"}, {"result_serializer": "json"}],
+)
+def test_a_stage_asked_to_persist_its_result_is_not_held_to_no_cache(options: dict[str, Any]) -> None:
+    # Prefect persists nothing under NO_CACHE: persist_result=True would be silently ignored.
+    from prefect.cache_policies import NO_CACHE
+
+    pipe = Pipeline(f"persisted-{len(options)}-{next(iter(options))}", slo_ms=1_000)
+    stage = pipe.stage(load=load_inc, import_path="tests.toy_stages:inc", name="kept", **options)(
+        lambda model, items: items
+    )
+    assert stage.cache_policy is not NO_CACHE
+    assert stage.persist_result is True
+    plain = pipe.stage(load=load_inc, import_path="tests.toy_stages:inc", name="plain")(lambda model, items: items)
+    assert plain.cache_policy is NO_CACHE  # nothing asked: no hashing of tensor inputs
+    off = pipe.stage(load=load_inc, import_path="tests.toy_stages:inc", name="off", persist_result=False)(
+        lambda model, items: items
+    )
+    assert off.cache_policy is NO_CACHE

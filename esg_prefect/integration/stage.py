@@ -152,9 +152,13 @@ class Pipeline:
                 splits); the generic :func:`~esg_prefect.runtime.stages.input_size`
                 (words of a text, elements of a tensor, ...) by default.
             **task_kwargs: passed to ``prefect.task`` (retries, tags, ...). The cache policy
-                defaults to ``NO_CACHE``, unless a ``cache_key_fn`` is given: hashing large tensor
-                inputs costs more than caching saves. (``stage.with_options(cache_key_fn=...)``
-                keeps the ``NO_CACHE`` and Prefect warns that the key function wins.)
+                defaults to ``NO_CACHE``, under which Prefect persists no result (hashing large
+                tensor inputs costs more than caching saves), unless a ``cache_key_fn``,
+                ``persist_result=True``, ``result_storage``, ``result_storage_key`` or
+                ``result_serializer`` is given: then Prefect's own default applies. A flow's
+                ``persist_result=True`` or ``PREFECT_RESULTS_PERSIST_BY_DEFAULT`` does not reach a
+                stage under ``NO_CACHE``. (``stage.with_options(...)`` keeps the ``NO_CACHE``: give
+                ``cache_policy`` there too; with ``cache_key_fn`` Prefect warns that the key wins.)
         """
         from prefect import task
         from prefect.cache_policies import NO_CACHE
@@ -180,7 +184,9 @@ class Pipeline:
             )
             task_kwargs.setdefault("name", stage_name)
             # Inference inputs are large tensors: hashing them for a cache key costs more than it saves.
-            if "cache_key_fn" not in task_kwargs:  # a key function of the user's is their cache policy
+            # Not where the user set a cache key function (their cache policy) or asked for the result to
+            # be persisted: Prefect persists nothing under NO_CACHE, and would ignore them silently.
+            if not _ASKS_TO_PERSIST.intersection(k for k, v in task_kwargs.items() if v not in (None, False)):
                 task_kwargs.setdefault("cache_policy", NO_CACHE)
             prefect_task = task(**task_kwargs)(one_item)
             prefect_task.esg_stage = spec  # type: ignore[attr-defined]
@@ -188,6 +194,12 @@ class Pipeline:
             return prefect_task
 
         return decorate
+
+
+_ASKS_TO_PERSIST = frozenset(
+    {"cache_key_fn", "persist_result", "result_storage", "result_storage_key", "result_serializer"}
+)
+"""Task options that keep a stage's cache policy Prefect's (no ``NO_CACHE`` default): each asks for a result."""
 
 
 def _check_batch_fn(stage: str, run: Any, import_path: str | None) -> None:
