@@ -183,3 +183,27 @@ def test_a_task_run_replays_its_batchs_output_as_prefect_would(
     else:  # printed where the flow runs
         assert not printed
         assert "] chatty got 1 item(s)" in out.out and "] chatty to stderr" in out.err
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_under_log_prints_a_batchs_stderr_stays_on_stderr_as_in_a_plain_task(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # log_prints turns print() into log lines; what a task writes to stderr (warnings, progress
+    # bars, a library's stream handler) stays there. Prefect's print_as_log also takes
+    # print(..., file=sys.stderr), so the replay must not print stderr lines.
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    try:
+
+        @flow(task_runner=ESGTaskRunner(pool=pool), log_prints=True)
+        def talking(x: int) -> int:
+            return chatty(x)
+
+        with caplog.at_level(logging.INFO):
+            assert talking(4) == 5
+    finally:
+        pool.close()
+    messages = [r.getMessage() for r in caplog.records if r.name == "prefect.task_runs"]
+    assert any(m.endswith("] chatty got 1 item(s)") for m in messages), messages  # the print: logged
+    assert not [m for m in messages if "chatty to stderr" in m], messages
+    assert "] chatty to stderr" in capsys.readouterr().err

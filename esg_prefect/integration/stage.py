@@ -345,15 +345,19 @@ def replay_lines(result: StageResult, logger: Any) -> None:
 
     A print is printed here, so Prefect's ``log_prints`` (the task's, the
     flow's or the setting) decides whether it becomes a log line, as for any
-    task; a log record goes to the task run's logger at its level. Each line
-    names the batch, which may have served other runs too.
+    task; what the batch wrote to stderr is written to stderr, never logged, as
+    a plain task's warnings and progress bars are not; a log record goes to the
+    task run's logger at its level. Each line names the batch, which may have
+    served other runs too.
     """
     tag = f"[batch {result.batch_id}]"
     for level, name, text in result.lines:
         if name:
             logger.log(level, "%s %s: %s", tag, name, text)
-        else:  # to stdout, or to stderr for what the batch wrote there (print's file= is not log_prints' business)
-            print(f"{tag} {text}", file=sys.stderr if level >= STDERR_LEVEL else sys.stdout)
+        elif level >= STDERR_LEVEL:  # written, not printed: Prefect's log_prints logs print(file=sys.stderr) too,
+            sys.stderr.write(f"{tag} {text}\n")  # and a plain task's stderr (warnings, progress bars) stays there
+        else:
+            print(f"{tag} {text}")
 
 
 def _wait(pool: StagePool, call: StageCall, timeout_s: float | None) -> StageResult:
