@@ -115,6 +115,14 @@ def test_a_call_names_the_stage_of_the_profile_it_is_planned_with(pool: Pool) ->
         StageCall("t3", "tally", "tests.toy_stages:tally", other, "r3", "r3", 3, profile_stage=5)  # type: ignore[arg-type]
 
 
+def test_a_stage_with_its_own_profile_rows_may_name_another_stages_profile(pool: Pool) -> None:
+    # "double" has rows of its own in the toy profile; a call of it planned as "inc" replaces them.
+    call = StageCall(
+        "d1", "double", "tests.toy_stages:double", WorkflowDecl("own", 800), "r", "r", 4, profile_stage="inc"
+    )
+    assert pool.submit(call).result(60).output == 8
+
+
 def test_a_reused_call_id_for_another_call_is_refused(pool: Pool) -> None:
     assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2
     assert pool.submit(mk(1, "inc", call_id="same")).result(60).output == 2  # a true retry joins

@@ -250,3 +250,14 @@ def test_csv_missing_columns_are_named() -> None:
 def test_csv_duplicate_rows_are_rejected() -> None:
     with pytest.raises(ProfileError, match="duplicate profile point for stage 'enc' on 'cpu'"):
         LatencyProfile.from_csv(io.StringIO(HEADER + "enc,cpu,1,1,0,10,,\nenc,cpu,1,1,0.0,11,,\n"))
+
+
+def test_an_alias_takes_the_named_stages_points_in_place_of_its_own() -> None:
+    prof = LatencyProfile(
+        [ProfilePoint("a", "cpu", 1, 1, 0.0, 10.0), ProfilePoint("b", "cpu", 1, 1, 0.0, 30.0)],
+        {("a", "cpu"): 100.0, ("b", "cpu"): 300.0},
+    )
+    got = prof.aliased({"a": "b"})
+    assert got.latency_ms("a", Config(1, 1, 0.0), "cpu") == 30.0 and got.cold_start_ms("a", "cpu") == 300.0
+    assert got.latency_ms("b", Config(1, 1, 0.0), "cpu") == 30.0
+    assert prof.aliased({"a": "a"}).latency_ms("a", Config(1, 1, 0.0), "cpu") == 10.0  # itself: unchanged

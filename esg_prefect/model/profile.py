@@ -250,22 +250,25 @@ class LatencyProfile:
         return LatencyProfile(self._points, self._cold, sizes)
 
     def aliased(self, aliases: Mapping[str, str]) -> LatencyProfile:
-        """A copy in which each stage ``alias`` also answers with the measurements of ``aliases[alias]``.
+        """A copy in which each stage ``alias`` answers with the measurements of ``aliases[alias]``.
 
         A pool gives a stage another name when its name is taken by other code
-        (:mod:`esg_prefect.runtime.bindings`); the new name is planned with the
-        profile of the stage it was declared as.
+        (:mod:`esg_prefect.runtime.bindings`), or a stage names another's profile
+        (``profile_name``); the name is planned with the profile of the stage it
+        was declared as, in place of any points of its own.
         """
+        aliases = {a: st for a, st in aliases.items() if a != st}
         extra = [
             ProfilePoint(alias, p.hardware, p.batch, p.vcpus, p.gpu_share, p.mean_ms, p.p95_ms)
             for alias, stage in aliases.items()
             for p in self._points
             if p.stage == stage
         ]
+        kept = [p for p in self._points if p.stage not in aliases]
         cold = dict(self._cold)
         cold.update({(a, hw): ms for a, st in aliases.items() for (s, hw), ms in self._cold.items() if s == st})
         sizes = None if self.sizes is None else self.sizes.aliased(aliases)
-        return LatencyProfile([*self._points, *extra], cold, sizes)
+        return LatencyProfile([*kept, *extra], cold, sizes)
 
     def size_factor(self, stage: str, config: Config, hardware: str, item_sizes: Iterable[float]) -> float:
         """How much the batch of ``item_sizes`` runs longer (> 1) or shorter than typical items; 1 if count-only.

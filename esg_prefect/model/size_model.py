@@ -254,9 +254,11 @@ class SizeModel:
         return cls(fit_one(g) for g in groups.values() if len(g) >= max(min_samples, 2))
 
     def aliased(self, aliases: Mapping[str, str]) -> SizeModel:
-        """A copy in which each stage ``alias`` also has the fits of ``aliases[alias]``."""
+        """A copy in which each stage ``alias`` has the fits of ``aliases[alias]`` (in place of its own)."""
+        aliases = {a: st for a, st in aliases.items() if a != st}
         extra = [replace(f, stage=a) for a, st in aliases.items() for f in self._fits.values() if f.stage == st]
-        return SizeModel([*self._fits.values(), *extra])
+        kept = [f for f in self._fits.values() if f.stage not in aliases]
+        return SizeModel([*kept, *extra])
 
     def steering_fit(self, stage: str, hardware: str, vcpus: int, gpu_share: float) -> SizeFit | None:
         """The fit a scheduler uses for one configuration; None when the stage is not size-aware.
