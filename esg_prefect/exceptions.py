@@ -12,7 +12,8 @@ Callers catch these classes, never a bare ``Exception``::
      ├── UnknownSchedulerError (also a LookupError): no scheduler by that name
      ├── UnknownStageError (also a LookupError): a stage reference that cannot be resolved
      └── StageCallError: a pooled stage call did not produce its result
-          ├── StageFailedError: the batch function raised on this call's input
+          ├── StageFailedError: the batch function raised on this call's input (and, for a
+          │    builtin exception such as RuntimeError, is an instance of that type too)
           ├── StageRejectedError: the scheduler rejected the call (no profile, no time)
           ├── WorkerCrashedError: the worker died each time it ran this input
           ├── CallConflictError: the call contradicts what the pool holds (its id, workflow or stage)
@@ -20,6 +21,8 @@ Callers catch these classes, never a bare ``Exception``::
 """
 
 from __future__ import annotations
+
+import builtins
 
 
 class ESGError(Exception):
@@ -77,6 +80,29 @@ class StageFailedError(StageCallError):
         if remote_traceback:  # printed under the local traceback (Prefect's log shows only the caller's frames)
             self.add_note(f"In the stage's worker:\n{remote_traceback.rstrip()}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.error_type, self.remote_traceback))
+
+    def __str__(self) -> str:  # not KeyError's quoting, for the builtin-typed forms
+        return str(self.args[0]) if self.args else ""
+
+    @staticmethod
+    def raised(message: str, error_type: str = "", remote_traceback: str = "") -> StageFailedError:
+        """The error for a batch function that raised ``error_type``: also an instance of that type if builtin.
+
+        So ``except RuntimeError`` and a retry condition testing the type see
+        the stage's error as they would a plain task's. Only builtin types: the
+        worker sends a type's name, never the exception object (nothing is
+        unpickled from a worker or the network); for others, ``error_type``.
+        """
+        cls = _typed(error_type) if error_type in _BUILTIN_ERRORS else None
+        if cls is not None:
+            try:
+                return cls(message, error_type, remote_traceback)
+            except TypeError:  # a builtin whose constructor wants more (UnicodeDecodeError): the plain form
+                pass
+        return StageFailedError(message, error_type, remote_traceback)
+
 
 class StageRejectedError(StageCallError):
     """The scheduler rejected the call: no profile covers the stage, or no time is left."""
@@ -94,3 +120,37 @@ class CallConflictError(StageCallError):
 
 class PoolClosedError(StageCallError):
     """The pool was closed before the call finished."""
+
+
+_BUILTIN_ERRORS = frozenset(
+    name
+    for name, obj in vars(builtins).items()
+    if isinstance(obj, type)
+    and issubclass(obj, Exception)
+    and not issubclass(obj, (Warning, StopIteration, StopAsyncIteration))  # those steer iteration, not errors
+)
+_TYPED: dict[str, type[StageFailedError]] = {}
+_TYPED_PREFIX = "StageFailedError_"
+
+
+def _typed(error_type: str) -> type[StageFailedError] | None:
+    """``StageFailedError`` that is also the builtin ``error_type`` (made once; None if they cannot combine)."""
+    got = _TYPED.get(error_type)
+    if got is None:
+        base = getattr(builtins, error_type)
+        name = _TYPED_PREFIX + error_type
+        try:
+            got = type(name, (StageFailedError, base), {"__module__": __name__, "__qualname__": name})
+        except TypeError:  # an incompatible layout
+            return None
+        _TYPED[error_type] = got
+    return got
+
+
+def __getattr__(name: str) -> type[StageFailedError]:
+    """The builtin-typed forms of :class:`StageFailedError` by name, so that pickles of them load anywhere."""
+    if name.startswith(_TYPED_PREFIX) and name[len(_TYPED_PREFIX) :] in _BUILTIN_ERRORS:
+        got = _typed(name[len(_TYPED_PREFIX) :])
+        if got is not None:
+            return got
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ import logging
 import re
 import sys
 import threading
+import warnings
 
 import pytest
 from prefect import flow
@@ -73,6 +74,28 @@ def test_a_capture_takes_its_own_threads_prints_and_records_and_no_other_threads
         (logging.WARNING, "", "unfinished"),
     )
     assert isinstance(sys.stdout, batch_output._Routed)  # still routed, passing other threads' writes through
+
+
+def test_a_captured_record_opts_out_of_prefects_api_handler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replayed on the task runs instead; from a worker Prefect would only warn that no run is active."""
+    from prefect.logging.handlers import APILogHandler
+
+    sent: list[logging.LogRecord] = []
+    monkeypatch.setattr("prefect.logging.handlers.emit_api_log", lambda log: sent.append(log))
+    log = logging.getLogger("tests.extra_logger")
+    handler = APILogHandler()
+    log.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as warned, capture() as caught:
+            warnings.simplefilter("always")
+            log.warning("from a batch")
+        assert caught.result() == ((logging.WARNING, "tests.extra_logger", "from a batch"),)
+        assert [str(w.message) for w in warned] == []
+        with pytest.warns(UserWarning, match="without a flow run id"):
+            log.warning("outside a batch")  # Prefect's handler, as before: no run, a warning
+    finally:
+        log.removeHandler(handler)
+    assert sent == []
 
 
 def test_a_capture_is_bounded_and_says_what_it_dropped() -> None:
@@ -207,3 +230,68 @@ def test_under_log_prints_a_batchs_stderr_stays_on_stderr_as_in_a_plain_task(
     assert any(m.endswith("] chatty got 1 item(s)") for m in messages), messages  # the print: logged
     assert not [m for m in messages if "chatty to stderr" in m], messages
     assert "] chatty to stderr" in capsys.readouterr().err
+
+
+# ---- the error a task run sees ----------------------------------------------------------------
+
+
+def test_a_stages_builtin_error_is_that_type_too_and_pickles_by_name() -> None:
+    import pickle
+    import subprocess
+
+    from esg_prefect import exceptions
+
+    err = StageFailedError.raised("stage 's' raised KeyError: 'k'", "KeyError", "Traceback ...")
+    assert isinstance(err, KeyError) and isinstance(err, StageFailedError)
+    assert str(err) == "stage 's' raised KeyError: 'k'" and err.error_type == "KeyError"  # not KeyError's quotes
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err) and back.remote_traceback == "Traceback ..." and str(back) == str(err)
+    # A fresh process finds the class by its name (the module makes it on demand).
+    code = "import pickle,sys; e = pickle.loads(sys.stdin.buffer.read()); print(isinstance(e, KeyError), e.error_type)"
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(err), capture_output=True, check=True)
+    assert out.stdout.decode().split() == ["True", "KeyError"]
+    for name in ("MyOwnError", "UnicodeDecodeError", "StopIteration", "KeyboardInterrupt", ""):
+        plain = StageFailedError.raised("m", name)
+        assert type(plain) is StageFailedError, name
+    with pytest.raises(AttributeError):
+        exceptions.StageFailedError_NoSuchError  # noqa: B018
+
+
+def test_a_stages_builtin_error_reaches_the_caller_through_the_service_as_that_type() -> None:
+    from esg_prefect.service.wire import error_body
+
+    err = StageFailedError.raised("stage 's' raised ZeroDivisionError: division by zero", "ZeroDivisionError", "tb")
+    body = error_body(err)
+    assert body["error"]["type"] == "StageFailedError" and body["error"]["error_type"] == "ZeroDivisionError"
+    with pytest.raises(ZeroDivisionError, match="division by zero") as got:
+        parse_result(body)
+    assert isinstance(got.value, StageFailedError) and got.value.remote_traceback == "tb"
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_flow_catches_a_stages_error_by_its_own_type_and_retries_see_it() -> None:
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    seen: list[type] = []
+
+    def only_value_errors(task: object, run: object, state: object) -> bool:
+        exc = state.result(raise_on_failure=False)  # type: ignore[attr-defined]
+        seen.append(type(exc))
+        return isinstance(exc, ValueError)
+
+    retried = chatty.with_options(retries=1, retry_condition_fn=only_value_errors)
+    try:
+
+        @flow(task_runner=ESGTaskRunner(pool=pool))
+        def catching(x: int) -> str:
+            try:
+                retried(x)
+            except ValueError as exc:  # what the batch function raised, as for a plain task
+                return f"caught {type(exc).__mro__[1].__name__}"
+            return "not raised"
+
+        assert catching(POISON) == "caught StageFailedError"
+        attempts = [c for c in pool.snapshot().calls if c.stage == "chatty"]
+    finally:
+        pool.close()
+    assert len(seen) == 1 and issubclass(seen[0], ValueError)  # the condition saw a ValueError...
+    assert len(attempts) == 2 and not any(c.ok for c in attempts)  # ...so the call ran again

@@ -25,7 +25,7 @@ import io
 import logging
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 __all__ = ["MAX_CHARS", "MAX_LINES", "STDERR_LEVEL", "BatchLines", "LogLine", "capture", "checked_lines", "with_output"]
@@ -146,6 +146,24 @@ def _install() -> None:
         if _handler is None:
             _handler = _Handler()
             logging.getLogger().addHandler(_handler)
+            _mark_records(logging.getLogRecordFactory())
+
+
+def _mark_records(inner: Callable[..., logging.LogRecord]) -> None:
+    """Make a capturing thread's records opt out of Prefect's API log handler (``send_to_api``).
+
+    They are replayed on each task run the batch served; sent from the worker,
+    which has no run context, Prefect would only warn (or raise) that no run is
+    active, and that warning would be replayed in turn.
+    """
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = inner(*args, **kwargs)
+        if threading.get_ident() in _active:
+            record.send_to_api = False
+        return record
+
+    logging.setLogRecordFactory(factory)
 
 
 @contextlib.contextmanager

@@ -166,7 +166,7 @@ async def _run_items(
         hint = _HINTS.get(outcome.error_type, "")
         results[idx[0]] = (
             None,
-            StageFailedError(
+            StageFailedError.raised(
                 f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}{hint}",
                 outcome.error_type,
                 with_output(outcome.error_traceback, outcome.lines),

@@ -236,7 +236,7 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     return {
         "ok": False,
         "error": {
-            "type": type(exc).__name__,
+            "type": "StageFailedError" if isinstance(exc, StageFailedError) else type(exc).__name__,
             "message": str(exc),
             "error_type": getattr(exc, "error_type", ""),
             "traceback": getattr(exc, "remote_traceback", ""),
@@ -250,7 +250,7 @@ def parse_result(body: dict[str, Any]) -> StageResult:
         err = body.get("error") or {}
         cls = _ERRORS.get(str(err.get("type")), StageCallError)
         if cls is StageFailedError:
-            raise StageFailedError(
+            raise StageFailedError.raised(
                 str(err.get("message")), str(err.get("error_type", "")), str(err.get("traceback", ""))
             )
         raise cls(str(err.get("message")))
