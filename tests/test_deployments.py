@@ -19,6 +19,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -247,6 +248,21 @@ def test_serve_script_refuses_a_bad_set_in_one_line(
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and named in err.splitlines()[-1], err
+
+
+def test_serve_script_refuses_a_port_another_service_holds(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not "pool service on ... (pid N)" while the service it started exits with "Address already in use"
+    and the one already on that port (another --allow, other settings) answers its health check."""
+    serve = load_serve_script()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as exc:
+            serve.main(["--port", str(port), "--backend", "inline"])  # before any Prefect API or service
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"--port {port}" in err.splitlines()[-1] and "--pool-url" in err, err
 
 
 def test_text_deployment_runs_through_a_process_worker(server: PrefectServer, tmp_path: Path) -> None:
