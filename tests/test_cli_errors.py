@@ -360,3 +360,13 @@ def test_pool_serve_on_a_port_in_use_is_one_line_before_anything_starts(capsys: 
         assert main(["pool", "serve", "--allow", "tests", "--port", str(port)]) == 2
     line = _one_line(capsys.readouterr().err)
     assert "--port" in line and f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line, line
+
+
+def test_pool_serve_with_an_unreachable_store_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A PostgreSQL cost store that does not answer: one line naming --store (password masked), not 500 of traceback."""
+    pytest.importorskip("psycopg")
+    url = f"postgresql://esg:secretpw@127.0.0.1:{_closed_port()}/costs"
+    argv = ["pool", "serve", "--allow", "x", "--backend", "inline", "--port", str(_closed_port()), "--store", url]
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--store" in line and "127.0.0.1" in line and "secretpw" not in line, line

@@ -82,15 +82,17 @@ def serve(
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
 
     from esg_prefect.cli.simulate import check_number, check_scheduler, parse_settings
-    from esg_prefect.exceptions import ConfigError, InvalidInputError
+    from esg_prefect.exceptions import ConfigError, ESGError, InvalidInputError
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
     from esg_prefect.scheduling import ESGSettings
     from esg_prefect.service.app import PoolService, check_bind
     from esg_prefect.service.results import ResultCache
+    from esg_prefect.store.engine import resolve_url, safe_url
 
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"must be a TCP port, 0 to 65535, got {port}", param_hint="--port")
@@ -154,7 +156,18 @@ def serve(
     pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be, hung_batch_s=hung_batch_s or None)
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
-    attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
+    try:
+        attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
+    except (ESGError, SQLAlchemyError) as exc:  # a store that cannot be opened: one line, not a traceback
+        pool.close()
+        cache.close()
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        where = safe_url(resolve_url(store or None)) if store != "off" else "off"
+        raise typer.BadParameter(
+            f"cannot open the cost store at {where}: {why}; give a reachable sqlite:// or postgresql:// URL, "
+            "or --store off",
+            param_hint="--store (or ESG_PREFECT_STORE_URL)" if not store else "--store",
+        ) from None
     service = PoolService(pool, allow, token, cache, max_pending, on_call=remember_deployment)
     for prefix in unimportable(allow):
         typer.echo(
