@@ -93,6 +93,7 @@ def _one_line(err: str) -> str:
         (["pool", "serve", "--allow", "x", "--profile", "/nonexistent.csv"], ("--profile", "/nonexistent.csv", "CSV")),
         (["pool", "serve", "--allow", "x", "--results-ttl-s", "0"], ("--results-ttl-s", "0.0", "> 0")),
         (["pool", "serve", "--allow", "x", "--max-pending", "0"], ("--max-pending", "got 0", "at least 1")),
+        (["pool", "serve", "--allow", "x", "--log-level", "loud"], ("--log-level", "got 'loud'", "info")),
         (
             ["pool", "serve", "--allow", "x", "--host", "0.0.0.0", "--token-env", UNSET_TOKEN],
             ("--host", "'0.0.0.0'", "set a token"),
@@ -341,6 +342,15 @@ def test_pool_admin_against_no_service_is_one_line(capsys: pytest.CaptureFixture
     assert main(["pool", "pause", "--url", f"http://127.0.0.1:{port}"]) == 1
     line = _one_line(capsys.readouterr().err)
     assert f"127.0.0.1:{port}" in line and "esg-prefect pool serve" in line
+
+
+def test_pool_admin_finds_the_service_in_esg_prefect_pool_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = _closed_port()
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", f"http://127.0.0.1:{port}")
+    assert main(["pool", "resume"]) == 1
+    assert f"127.0.0.1:{port}" in _one_line(capsys.readouterr().err)  # the one named, not the default
 
 
 def test_pool_serve_names_an_allow_prefix_no_module_answers_to() -> None:

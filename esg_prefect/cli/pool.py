@@ -8,6 +8,7 @@ decision, or to keep the queues while a device is serviced.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
 import sqlite3
@@ -42,6 +43,9 @@ def bind_error(host: str, port: int) -> str:
         except OSError as exc:
             return exc.strerror or str(exc)
     return ""
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def register(app: typer.Typer) -> None:
@@ -79,6 +83,11 @@ def serve(
     sets: list[str] = typer.Option(
         [], "--set", help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_s=10."
     ),
+    log_level: str = typer.Option(
+        "warning",
+        "--log-level",
+        help="warning (problems only), info (every batch, worker start and stop, and request), or debug.",
+    ),
 ) -> None:
     """Serve one pool over HTTP until interrupted."""
     import uvicorn
@@ -96,6 +105,8 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"must be a TCP port, 0 to 65535, got {port}", param_hint="--port")
+    if log_level not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", param_hint="--log-level")
     check_number(results_ttl_s, "--results-ttl-s", "seconds a finished outcome is kept")
     check_number(results_max_mb, "--results-max-mb", "MB of kept outcomes")
     if not hung_batch_s >= 0:
@@ -175,6 +186,7 @@ def serve(
             "stages will fail unless the workers can import it (a Ray runtime_env, for one)",
             err=True,
         )
+    logging.getLogger("esg_prefect").setLevel(log_level.upper())
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
     try:
@@ -182,7 +194,7 @@ def serve(
             service.app(),
             host=host,
             port=port,
-            log_level="warning",
+            log_level=log_level,
             ssl_certfile=ssl_certfile or None,
             ssl_keyfile=ssl_keyfile or None,
         )
@@ -216,7 +228,9 @@ def _admin_command(action: str, doc: str) -> None:
     """Register ``esg-prefect pool <action>`` (pause, resume): one POST to the running service."""
 
     def command(
-        url: str = typer.Option("http://127.0.0.1:4270", help="The pool service's address."),
+        url: str = typer.Option(
+            "http://127.0.0.1:4270", envvar="ESG_PREFECT_POOL_URL", help="The pool service's address."
+        ),
         token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
     ) -> None:
         _admin(url, token_env, action)

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -131,6 +132,9 @@ def shared_pool(
         return pool
 
 
+TOKEN_ENV = "ESG_PREFECT_TOKEN"
+"""Where a runner with a service address and no ``token`` finds the service's bearer token."""
+
 _clients: dict[tuple[str, str | None], PoolClient] = {}
 
 
@@ -190,7 +194,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             loaded ``ESGPool`` block stands for the options it holds (address, token, backend,
             scheduler, profile), which are then not given again here.
         address: URL of a pool service (``esg-prefect pool serve``) instead of an embedded pool.
-        token: bearer token of the pool service.
+        token: bearer token of the pool service; default ``$ESG_PREFECT_TOKEN`` (read at the first
+            call, in the process that runs the flow, as ``esg-prefect pool serve`` reads it).
         scheduler: scheduler name for the embedded pool (``esg-prefect schedulers``).
         settings: ESG knobs for the embedded pool: :class:`ESGSettings`, a dict of them, an
             ``ESGSchedulerSettings`` block, or the name of a saved one (loaded on first use).
@@ -295,7 +300,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         """Where stage calls go: a pool, or a client of the pool service (created on first use)."""
         if self._pool is None:
             if self._address is not None:
-                self._pool = shared_client(self._address, self._token)
+                token = self._token if self._token is not None else (os.environ.get(TOKEN_ENV) or None)
+                self._pool = shared_client(self._address, token)
             else:
                 self._pool = shared_pool(**self._config)
         elif isinstance(self._pool, Pool):  # a given pool: recorders attached once per pool object

@@ -2,9 +2,11 @@
 
 Endpoints:
 
-* ``POST /v1/calls``: one stage call (JSON, see :mod:`esg_prefect.service.wire`); the
+* ``POST /v1/calls[?wait_s=S]``: one stage call (JSON, see :mod:`esg_prefect.service.wire`); the
   response comes when the call is done: ``{"ok": true, "result": ...}`` or
-  ``{"ok": false, "error": {"type", "message", "traceback"}}``.
+  ``{"ok": false, "error": {"type", "message", "traceback"}}``; with ``wait_s``, after at most
+  that many seconds: ``202 {"pending": true, "paused": ...}`` while it is queued or running (the
+  caller posts it again, which joins it), so a long wait (a paused pool) is told from a dead service.
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
 * ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
@@ -276,6 +278,10 @@ class PoolService:
             raise BadRequest(400, f"stage path {call.stage_path!r} is stage {name!r}, not {call.stage!r}")
 
     async def call(self, request: Request) -> Response:
+        try:
+            wait_s = _wait_s(request.query_params.get("wait_s"))
+        except BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
         if self.closing:
             return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
         if len(self._inflight) >= self.max_pending:  # before reading the body: a full pool reads none
@@ -301,7 +307,13 @@ class PoolService:
             held = (asyncio.get_running_loop().create_future(), digest)
             self._inflight[call.call_id] = held
             self._spawn(self._run(call, held[0], digest))
-        body = await asyncio.shield(held[0])
+        if wait_s is None:
+            body = await asyncio.shield(held[0])
+        else:
+            try:
+                body = await asyncio.wait_for(asyncio.shield(held[0]), wait_s)
+            except TimeoutError:  # still queued or running: the caller asks again (the same call joins)
+                return JSONResponse({"ok": None, "pending": True, "paused": self.pool.paused}, status_code=202)
         if body.get("conflict"):
             return JSONResponse({"error": body["error"]["message"]}, status_code=409)
         return Response(await asyncio.to_thread(_render, body), media_type="application/json")
@@ -362,6 +374,22 @@ class PoolService:
             self._inflight.pop(call.call_id, None)
             if not fut.done():
                 fut.set_result(body)
+
+
+MAX_WAIT_S = 3600.0
+
+
+def _wait_s(value: str | None) -> float | None:
+    """A call's ``wait_s``: how long to hold the request before answering 202 "still pending" (None: until done)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_WAIT_S:  # NaN too
+        raise BadRequest(400, f"wait_s must be a number of seconds in (0, {MAX_WAIT_S:g}], got {value!r}")
+    return seconds
 
 
 def _render(body: dict[str, Any]) -> bytes:

@@ -1,12 +1,17 @@
 """The client of the pool service: the same ``submit(call) -> Future`` as an in-process pool.
 
 ``ESGTaskRunner(address=...)`` hands stage calls to this client instead of an
-embedded pool. Each call is one HTTP request that returns when the call is
-done. Connection errors, timeouts, ``429`` and ``503`` are retried with the same
-call id (the service joins a retried id or answers it from its stored outcomes,
-across its own restarts with a results file), honouring ``Retry-After`` with
-jitter, until ``deadline_s`` has passed. A ``409`` (the id names another call) is
-raised as :class:`~esg_prefect.exceptions.CallConflictError`.
+embedded pool. Each call is an HTTP request that the service holds for up to
+``poll_s`` and answers with the outcome, or with ``202`` while the call is still
+queued or running (a busy or paused pool); the client then posts it again,
+which joins it. Connection errors, timeouts, ``429`` and ``503`` are retried with
+the same call id (the service joins a retried id or answers it from its stored
+outcomes, across its own restarts with a results file), honouring
+``Retry-After`` with jitter, until the service has not answered for
+``deadline_s``; a call it reports pending waits on, however long. When the
+client gives up it asks the service to withdraw the call, so that it is not run
+and billed for nobody. A ``409`` (the id names another call) is raised as
+:class:`~esg_prefect.exceptions.CallConflictError`.
 
 Answers are read defensively: a ``Retry-After`` that is no number of seconds
 (an HTTP date from a proxy, say) falls back to the backoff, and an answer the
@@ -49,14 +54,20 @@ __all__ = ["PoolClient", "call_body", "parse_result"]
 logger = logging.getLogger(__name__)
 
 
+READ_MARGIN_S = 30.0
+"""How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""
+
+
 class PoolClient:
     """Talks to ``esg-prefect pool serve``.
 
     Args:
         address: base URL, e.g. ``http://127.0.0.1:4270``.
         token: bearer token, if the service has one.
-        deadline_s: how long one call may take, retries included.
+        deadline_s: how long a call waits for a service that does not answer (down, restarting,
+            refusing with 429/503), retries included; a call the service reports pending waits on.
         threads: calls waiting at once (each holds one HTTP request open).
+        poll_s: how long the service holds one request before it answers "still pending".
         connect_grace_s: how long refused connections are retried before the
             service has answered once (after that, ``deadline_s``: it may be restarting).
     """
@@ -68,6 +79,7 @@ class PoolClient:
         deadline_s: float = 600.0,
         threads: int = 256,
         connect_grace_s: float = 30.0,
+        poll_s: float = 50.0,
     ) -> None:
         if not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
@@ -85,10 +97,11 @@ class PoolClient:
             base_url=self.address,
             headers=headers,
             limits=limits,
-            timeout=httpx.Timeout(30.0, read=deadline_s),
+            timeout=httpx.Timeout(30.0, read=poll_s + READ_MARGIN_S),
             trust_env=not local,  # no proxy between this process and a service on the same machine
         )
         self._deadline_s = deadline_s
+        self._poll = {"wait_s": f"{poll_s:g}"}
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="esg-pool-client")
         self._lock = threading.Lock()  # guards closing against new submissions
         self._closed = False
@@ -103,12 +116,19 @@ class PoolClient:
             return self._executor.submit(self._call, call_body(call))
 
     def _call(self, body: dict[str, Any]) -> StageResult:
+        try:
+            return self._wait_for(body)
+        except PoolClosedError:  # given up: the service withdraws the call if it still holds it queued
+            self.cancel(str(body.get("call_id", "")))
+            raise
+
+    def _wait_for(self, body: dict[str, Any]) -> StageResult:
         start = time.monotonic()
         give_up = start + self._deadline_s
         wait = 0.2
         while True:
             try:
-                resp = self._http.post("/v1/calls", json=body)
+                resp = self._http.post("/v1/calls", json=body, params=self._poll)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
                 last = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, httpx.ConnectError) and not self._answered:
@@ -125,6 +145,9 @@ class PoolClient:
                 self._answered, self._outage_warned = True, False
                 if resp.status_code == 200:
                     return _answer(resp)
+                if resp.status_code == 202:  # still queued or running: ask again at once, the service is alive
+                    give_up, wait = time.monotonic() + self._deadline_s, 0.2
+                    continue
                 if resp.status_code == 409:
                     raise CallConflictError(f"pool service refused the call (409): {resp.text[:500]}")
                 if resp.status_code not in (429, 503):
@@ -133,7 +156,7 @@ class PoolClient:
                 wait = _retry_after_s(resp.headers.get("retry-after"), wait)
             if time.monotonic() + wait > give_up:
                 raise PoolClosedError(
-                    f"pool service at {self.address} gave no answer within {self._deadline_s} s ({last})"
+                    f"pool service at {self.address} gave the call no answer for {self._deadline_s:g} s ({last})"
                 )
             time.sleep(wait * random.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
             wait = min(wait * 2, 5.0)

@@ -1,0 +1,140 @@
+"""Long waits through the pool service: a call still pending is told from a service that is gone.
+
+A paused pool (maintenance) or a long queue keeps a call waiting for longer
+than any fixed deadline; the service answers ``202`` while it holds the call,
+and the client waits on. A client that gives up asks the service to withdraw
+the call, so that it is not run and billed for nobody.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from esg_prefect.control.calls import StageCall, WorkflowDecl
+from esg_prefect.exceptions import PoolClosedError
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.service.app import PoolService
+from esg_prefect.service.client import PoolClient
+from esg_prefect.service.wire import call_body
+from tests.toy_stages import toy_profile
+
+TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
+LOCAL = "http://127.0.0.1:4270"
+
+
+def call(i: int) -> StageCall:
+    return StageCall(f"c{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i)
+
+
+@pytest.fixture
+def pool() -> Iterator[Pool]:
+    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    yield p
+    p.close()
+
+
+def test_a_call_held_past_wait_s_is_answered_pending_and_joined_when_asked_again(pool: Pool) -> None:
+    pool.pause()
+    with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as client:  # one event loop for both
+        first = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(1)))
+        assert first.status_code == 202 and first.json() == {"ok": None, "pending": True, "paused": True}
+        pool.resume()
+        again = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(1)))
+        assert again.status_code == 200 and again.json()["result"]["output"] == 2
+    assert len([c for c in pool.snapshot().calls if c.call_id == "c1"]) == 1  # joined, ran once
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "x", "3601"])
+def test_a_bad_wait_s_is_a_400_naming_it(pool: Pool, bad: str) -> None:
+    client = TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL)
+    resp = client.post("/v1/calls", params={"wait_s": bad}, json=call_body(call(2)))
+    assert resp.status_code == 400 and f"wait_s must be a number of seconds in (0, 3600], got {bad!r}" in resp.text
+    assert pool.snapshot().calls == ()
+
+
+def _client(handler: Any, deadline_s: float) -> PoolClient:
+    client = PoolClient(LOCAL, deadline_s=deadline_s, threads=1, poll_s=7.0)
+    client._http = httpx.Client(base_url=LOCAL, transport=httpx.MockTransport(handler))
+    return client
+
+
+def test_a_call_the_service_reports_pending_waits_past_the_clients_deadline() -> None:
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(202, json={"ok": None, "pending": True, "paused": True})] * 5
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if answers:
+            time.sleep(0.03)  # five of these outlast the 0.05 s deadline: only the 202s keep the call waiting
+            return answers.pop()
+        return httpx.Response(200, json={"ok": True, "result": _result("c3", 4)})
+
+    client = _client(handler, deadline_s=0.05)
+    try:
+        assert client.submit(call(3)).result(30).output == 4
+    finally:
+        client.close()
+    assert len(seen) == 6 and all(r.url.params["wait_s"] == "7" for r in seen)
+
+
+def test_a_client_that_gives_up_asks_the_service_to_withdraw_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("esg_prefect.service.client.time.sleep", lambda s: None)
+    cancelled = threading.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/calls/c4/cancel":
+            cancelled.set()
+            return httpx.Response(200, json={"ok": True})
+        return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "the service is shutting down"})
+
+    client = _client(handler, deadline_s=0.05)
+    try:
+        with pytest.raises(PoolClosedError, match=r"gave the call no answer for 0.05 s \(503"):
+            client.submit(call(4)).result(30)
+        assert cancelled.wait(10)
+    finally:
+        client.close()
+
+
+def _result(call_id: str, output: int) -> dict[str, Any]:
+    return {
+        "call_id": call_id,
+        "output": output,
+        "batch_id": "b1",
+        "batch_size": 1,
+        "worker_id": "w1",
+        "hardware": "cpu",
+        "vcpus": 1,
+        "gpu_share": 0.0,
+        "queue_wait_ms": 1.0,
+        "predicted_ms": 2.0,
+        "actual_ms": 2.0,
+        "cold_start": False,
+        "at_risk": False,
+        "reason": "",
+        "co_batched_runs": 1,
+    }
+
+
+def test_a_runner_with_a_service_address_takes_its_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.integration.runner import close_shared_pools
+
+    monkeypatch.setenv("ESG_PREFECT_TOKEN", "a-token-of-thirty-two-characters")
+    try:
+        got = ESGTaskRunner(address=LOCAL).pool_client()
+        assert isinstance(got, PoolClient)
+        assert got._http.headers["Authorization"] == "Bearer a-token-of-thirty-two-characters"
+        given = ESGTaskRunner(address=LOCAL, token="another-token-of-32-characters!!").pool_client()
+        assert given._http.headers["Authorization"] == "Bearer another-token-of-32-characters!!"  # type: ignore[attr-defined]
+    finally:
+        close_shared_pools()
