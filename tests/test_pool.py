@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import signal
@@ -619,3 +620,13 @@ def test_a_ring_answers_positions_as_a_list_would() -> None:
     assert 3 <= len(list(ring)) < 6 and ring[5:] == plain[ring.first :]  # a slice starts at the oldest kept
     with pytest.raises(IndexError, match="record 0 is not kept"):
         ring[0]
+
+
+def test_at_info_the_pool_logs_each_batch_and_worker_start(inline_pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
+    """What an operator reads with `pool serve --log-level info`: one line per batch, naming its calls and time."""
+    with caplog.at_level(logging.INFO, logger="esg_prefect.runtime.pool"):
+        assert inline_pool.submit(call(1)).result(60).output == 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch b1:")]
+    assert len(lines) == 1, caplog.records
+    assert lines[0].startswith("batch b1: inc, 1 call(s) from 1 run(s) on worker w1 [cpu, share 0.00, ")
+    assert ", cold start " in lines[0] and "(predicted " in lines[0]

@@ -95,6 +95,7 @@ class PoolActions:
             elif isinstance(a, StopWorker):
                 handle = self._handles.pop(a.worker_id, None)
                 if handle is not None:
+                    logger.info("worker %s stopped (idle past its keep-alive, or its room was needed)", a.worker_id)
                     self._spawn(handle.stop())
             elif isinstance(a, FailJobs):
                 for job in a.jobs:
@@ -127,7 +128,7 @@ class PoolActions:
             await handle.stop()
             return
         self._handles[wid] = handle
-        logger.debug("worker %s: %s", wid, a.reason)
+        logger.info("worker %s started ahead of calls for %s: %s", wid, a.queue.stage, a.reason)
         self.core.worker_ready(wid, self.clock.now())
         self._settle_soon()
 
@@ -155,6 +156,14 @@ class PoolActions:
         elif out.handle is not None:
             self._handles[w.worker_id] = out.handle
         runs = {p.call.run_id for p in pendings}
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "batch %s: %s, %d call(s) from %d run(s) on worker %s [%s, share %.2f, %d vCPU]%s in %.1f ms "
+                "(predicted %.1f)%s",
+                a.batch_id, stage, len(pendings), len(runs), w.worker_id, w.hardware, w.share, w.vcpus,
+                f", cold start {out.cold_ms:.0f} ms" if a.cold else "", end - start, d.predicted_ms,
+                f"; {len(failed)} failed" if failed else "",
+            )  # fmt: skip
         self._book.batch(len(core.fleet.batches) - 1, runs)  # the record finished() just made
         self._listen.expect(a.batch_id)  # before any caller hears of the batch: it may wait for its records
         first_call = len(self._book.calls)
