@@ -96,7 +96,7 @@ def _one_line(err: str) -> str:
         (["pool", "serve", "--allow", "x", "--log-level", "loud"], ("--log-level", "got 'loud'", "info")),
         (
             ["pool", "serve", "--allow", "x", "--host", "0.0.0.0", "--token-env", UNSET_TOKEN],
-            ("--host", "'0.0.0.0'", "set a token"),
+            ("--host", "'0.0.0.0'", f"${UNSET_TOKEN} (--token-env) is not set"),
         ),
         (
             ["pool", "serve", "--allow", "x", "--ssl-certfile", "/none.pem", "--ssl-keyfile", "/none.pem"],

@@ -94,7 +94,14 @@ def test_websockets_are_closed(pool: Pool, token: str | None) -> None:
 def test_tokens_a_header_cannot_carry_are_refused(token: str) -> None:
     with pytest.raises(InvalidInputError, match="printable ASCII") as err:
         check_token(token)
-    assert token not in str(err.value)  # never echoed
+    assert token not in str(err.value)  # never echoed, nor any of its characters
+    assert "with a control or non-ASCII character" in str(err.value)
+    assert not any(c in str(err.value) for c in "äö\n\t")
+
+
+def test_a_token_with_a_space_is_told_so() -> None:
+    with pytest.raises(InvalidInputError, match=r"got 21 characters, with a space\)"):
+        check_token("abc def ghi jkl mno p")
 
 
 @pytest.mark.parametrize("host", ["[::1]", "LOCALHOST", "::1"])

@@ -118,8 +118,14 @@ def serve(
     token = os.environ.get(token_env) or None
     try:
         check_bind(host, token)
-    except InvalidInputError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--host") from None
+    except InvalidInputError as exc:  # named by where the token comes from: --token-env's variable
+        if token is None:
+            why = (
+                f"binding to {host!r} exposes the pool beyond this machine: it needs a token, and ${token_env} "
+                "(--token-env) is not set"
+            )
+            raise typer.BadParameter(why, param_hint="--host") from None
+        raise typer.BadParameter(str(exc), param_hint=f"${token_env} (--token-env)") from None
     taken = bind_error(host, port)
     if taken:
         raise typer.BadParameter(f"cannot listen on {host}:{port}: {taken}", param_hint="--port")

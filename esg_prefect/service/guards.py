@@ -40,9 +40,18 @@ def check_token(token: str | None) -> None:
         InvalidInputError: saying what a token needs, without echoing it.
     """
     if token is not None and (len(token) < MIN_TOKEN_CHARS or not _TOKEN_CHARS.fullmatch(token)):
+        # What is wrong, never which characters: the message must not echo the secret.
+        bad = sorted(
+            {
+                "a space" if c == " " else "a control or non-ASCII character"
+                for c in token
+                if not _TOKEN_CHARS.fullmatch(c)
+            }
+        )
+        got = f"{len(token)} characters" + (f", with {', '.join(bad)}" if bad else "")
         raise InvalidInputError(
             f"the bearer token must be at least {MIN_TOKEN_CHARS} characters, printable ASCII with no spaces "
-            f"(got {len(token)} characters); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            f"(got {got}); e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
         )
 
 
