@@ -28,15 +28,7 @@ PRICES = PriceSheet(1e-5, {})
 
 
 def call(i: int) -> StageCall:
-    return StageCall(
-        call_id=f"chatty-{i}",
-        stage="chatty",
-        stage_path="tests.toy_stages:chatty",
-        workflow=TALK,
-        request_id=f"run{i}",
-        run_id=f"run{i}",
-        item=i,
-    )
+    return StageCall(f"chatty-{i}", "chatty", "tests.toy_stages:chatty", TALK, f"run{i}", f"run{i}", i)
 
 
 # ---- the capture itself ------------------------------------------------------------------------
@@ -178,11 +170,8 @@ def test_a_process_workers_batch_output_comes_back_with_each_result() -> None:
 # ---- on the task runs ---------------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("prefect_harness")
-@pytest.mark.parametrize("log_prints", [True, False])
-def test_a_task_run_replays_its_batchs_output_as_prefect_would(
-    log_prints: bool, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _talk(log_prints: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """One flow run of the chatty stage on an inline pool, its logs caught at INFO."""
     pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
     try:
 
@@ -194,6 +183,14 @@ def test_a_task_run_replays_its_batchs_output_as_prefect_would(
             assert talking(4) == 5
     finally:
         pool.close()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("log_prints", [True, False])
+def test_a_task_run_replays_its_batchs_output_as_prefect_would(
+    log_prints: bool, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _talk(log_prints, caplog)
     out = capsys.readouterr()
     messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "prefect.task_runs"]
     assert any(lv == logging.WARNING and "] tests.chatty: chatty saw [4]" in m for lv, m in messages), messages
@@ -215,17 +212,7 @@ def test_under_log_prints_a_batchs_stderr_stays_on_stderr_as_in_a_plain_task(
     # log_prints turns print() into log lines; what a task writes to stderr (warnings, progress
     # bars, a library's stream handler) stays there. Prefect's print_as_log also takes
     # print(..., file=sys.stderr), so the replay must not print stderr lines.
-    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
-    try:
-
-        @flow(task_runner=ESGTaskRunner(pool=pool), log_prints=True)
-        def talking(x: int) -> int:
-            return chatty(x)
-
-        with caplog.at_level(logging.INFO):
-            assert talking(4) == 5
-    finally:
-        pool.close()
+    _talk(True, caplog)
     messages = [r.getMessage() for r in caplog.records if r.name == "prefect.task_runs"]
     assert any(m.endswith("] chatty got 1 item(s)") for m in messages), messages  # the print: logged
     assert not [m for m in messages if "chatty to stderr" in m], messages
