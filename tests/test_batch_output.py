@@ -142,6 +142,8 @@ def _check_pool(pool: Pool) -> None:
     assert isinstance(ok1, StageResult) and isinstance(ok2, StageResult), (ok1, ok2)
     for r in (ok1, ok2):  # each result has its own run's lines (a batch with the poison ran again in halves)
         assert any(re.fullmatch(r"chatty got [12] item\(s\)", text) for lv, _, text in r.lines if lv == 20), r.lines
+        # ...and its batch size is that run's, as the function saw it, not the batch's before the halving
+        assert (20, "", f"chatty got {r.batch_size} item(s)") in r.lines and r.co_batched_runs == r.batch_size
         assert (30, "", "chatty to stderr") in r.lines
         assert any(level == 30 and name == "tests.chatty" and "chatty saw" in text for level, name, text in r.lines)
     assert isinstance(bad, StageFailedError)  # bisected down to the poison alone

@@ -59,6 +59,7 @@ class Executed:
     died: BaseException | None = None
     cold_ms: float = 0.0
     lines: dict[int, tuple[LogLine, ...]] = field(default_factory=dict)  # what each call's run printed or logged
+    ran_with: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the calls each call ran with (itself too)
 
 
 Measured = Callable[[list[int], float], None]  # (indices run together, their time in ms) of a batch that succeeded
@@ -157,9 +158,10 @@ async def _run_items(
     running.clear()
     if outcome.ok:
         measured(idx, clock() - began)
+        group = tuple(idx)
         for i, value in zip(idx, outcome.outputs, strict=True):
             results[i] = (value, None)
-            out.lines[i] = outcome.lines
+            out.lines[i], out.ran_with[i] = outcome.lines, group
         return
     if len(idx) == 1:
         stage = pendings[idx[0]].call.stage

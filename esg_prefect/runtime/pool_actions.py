@@ -173,11 +173,13 @@ class PoolActions:
             value, err = out.results[i]
             res = None
             if err is None:
+                # The run it was part of: the whole batch, or a part of it run again (a failed input, a crash)
+                group = [pendings[j] for j in out.ran_with.get(i, range(len(pendings)))]
                 res = StageResult(
                     p.call.call_id,
                     value,
                     a.batch_id,
-                    len(pendings),
+                    len(group),
                     w.worker_id,
                     w.hardware,
                     w.vcpus,
@@ -188,7 +190,7 @@ class PoolActions:
                     a.cold,
                     d.at_risk,
                     d.reason,
-                    len(runs),
+                    len({g.call.run_id for g in group}),
                     lines=out.lines.get(i, ()),
                 )
             self._pending.pop(p.call.call_id, None)
