@@ -151,10 +151,25 @@ def _check_pool(pool: Pool) -> None:
     assert "about to fail on the poison" in bad.remote_traceback
 
 
+def _check_load_output(pool: Pool) -> None:
+    def loud_call(i: int) -> StageCall:
+        return StageCall(f"loud-{i}", "loud", "tests.toy_stages:loud", TALK, f"run{i}", f"run{i}", i)
+
+    first = pool.submit(loud_call(1)).result(120)
+    assert first.cold_start and first.output == 2
+    assert first.lines == (
+        (20, "", "(loading the model) loading the loud model"),
+        (30, "tests.chatty", "(loading the model) loud: 2 weights were not found"),
+    )
+    again = pool.submit(loud_call(2)).result(120)  # on the warm worker: the load is not repeated
+    assert not again.cold_start and again.lines == ()
+
+
 def test_an_inline_workers_batch_output_comes_back_with_each_result() -> None:
     pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
     try:
         _check_pool(pool)
+        _check_load_output(pool)
     finally:
         pool.close()
 
@@ -165,6 +180,7 @@ def test_a_process_workers_batch_output_comes_back_with_each_result() -> None:
     pool = Pool(toy_profile(), PRICES, settings=settings, backend=LocalProcessBackend(vcpus=2, spares=0, preload=()))
     try:
         _check_pool(pool)
+        _check_load_output(pool)
     finally:
         pool.close()
 

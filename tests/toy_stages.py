@@ -94,6 +94,7 @@ STAGES = (
     "fragile",
     "meet",
     "chatty",
+    "loud",
 )
 
 
@@ -311,3 +312,15 @@ def meet(model: dict[str, Any], items: list[int]) -> list[int]:
     """Waits until nine other batches of it are running: a pool that caps its concurrent batches never finishes."""
     MEETING.wait()
     return items
+
+
+def load_loudly(device: str) -> dict[str, Any]:
+    """A model whose load prints and warns, as loaders that report missing weights do."""
+    print("loading the loud model")
+    chatty_log.warning("loud: 2 weights were not found")
+    return {"step": 1}
+
+
+@talk.stage(load=load_loudly, name="loud")
+def loud(model: dict[str, Any], items: list[int]) -> list[int]:
+    return [x + model["step"] for x in items]

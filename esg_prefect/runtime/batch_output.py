@@ -4,13 +4,14 @@ A stage's batch function runs in a worker (a process, a Ray actor or a pool
 thread), away from the task runs it serves, so its ``print`` and ``logging``
 output would otherwise land on the worker's console and in no task run's logs.
 :func:`capture` catches, for the thread that runs the batch only, what is
-written to ``sys.stdout``/``sys.stderr`` and the log records that reach the
-root logger (those its logger's level lets through, as on a console); other
-threads' output passes through untouched, so an inline pool's own logging is
-not taken. The caller side (``integration.stage``) replays the lines on each
-task run the batch served: prints through ``print`` (Prefect's ``log_prints``
-decides, as for any task), log records through the task run's logger at their
-level.
+written to ``sys.stdout``/``sys.stderr`` and the log records it makes (those
+its logger's level lets through, as on a console; a handler's printing of them
+is not caught twice); other threads' output passes through untouched, so an
+inline pool's own logging is not taken. The same catch covers a worker's model
+load, whose lines go with the first batch that waited for it. The caller side
+(``integration.stage``) replays the lines on each task run the batch served:
+prints through ``print`` (Prefect's ``log_prints`` decides, as for any task),
+stderr to stderr, log records through the task run's logger at their level.
 
 A batch keeps at most :data:`MAX_LINES` lines and :data:`MAX_CHARS`
 characters; what is cut is counted in one last line. Lines travel as plain
@@ -28,7 +29,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-__all__ = ["MAX_CHARS", "MAX_LINES", "STDERR_LEVEL", "BatchLines", "LogLine", "capture", "checked_lines", "with_output"]
+__all__ = [
+    "MAX_CHARS",
+    "MAX_LINES",
+    "STDERR_LEVEL",
+    "BatchLines",
+    "LogLine",
+    "capture",
+    "checked_lines",
+    "loading",
+    "with_output",
+]
 
 LogLine = tuple[int, str, str]
 """One line of a batch's output: (logging level, logger name or "" for a print, text)."""
@@ -81,7 +92,6 @@ class BatchLines:
 
 _active: dict[int, BatchLines] = {}  # thread id -> the capture running on it
 _install_lock = threading.Lock()
-_handler: logging.Handler | None = None
 
 
 class _Routed(io.TextIOBase):
@@ -95,6 +105,8 @@ class _Routed(io.TextIOBase):
         got = _active.get(threading.get_ident())
         if got is None:
             return self.inner.write(s)
+        if _from_a_handler():  # a logging handler printing a record: caught as the record already
+            return len(s)
         got.write(self.level, s)
         return len(s)
 
@@ -117,52 +129,61 @@ class _Routed(io.TextIOBase):
         return getattr(self.inner, name)
 
 
-class _Handler(logging.Handler):
-    """A root-logger handler that keeps the records of capturing threads."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        got = _active.get(record.thread or 0)
-        if got is None:
-            return
-        try:
-            text = record.getMessage()
-        except Exception:  # a bad format string: keep what was asked, as logging's own handlers would report
-            text = f"{record.msg!r} % {record.args!r}"
-        if record.exc_info and record.exc_info[0] is not None:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
-        got.add(record.levelno, record.name, text)
+def _from_a_handler(depth: int = 16) -> bool:
+    """Whether the write under way comes from a logging handler's ``emit`` (any handler class: Prefect's too)."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "emit" and isinstance(frame.f_locals.get("self"), logging.Handler):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _install() -> None:
-    """Route ``sys.stdout``/``sys.stderr`` (again, if something replaced them since) and add the root handler."""
-    global _handler
-    if isinstance(sys.stdout, _Routed) and isinstance(sys.stderr, _Routed) and _handler is not None:
+    """Route ``sys.stdout``/``sys.stderr`` and catch records: again where something undid it (pytest swaps streams)."""
+    if (
+        isinstance(sys.stdout, _Routed)
+        and isinstance(sys.stderr, _Routed)
+        and getattr(logging.getLogRecordFactory(), "_esg_marks", False)
+    ):
         return
     with _install_lock:
         if not isinstance(sys.stdout, _Routed):
             sys.stdout = _Routed(sys.stdout, PRINT_LEVEL)
         if not isinstance(sys.stderr, _Routed):
             sys.stderr = _Routed(sys.stderr, STDERR_LEVEL)
-        if _handler is None:
-            _handler = _Handler()
-            logging.getLogger().addHandler(_handler)
-            _mark_records(logging.getLogRecordFactory())
+        if not getattr(logging.getLogRecordFactory(), "_esg_marks", False):
+            _catch_records(logging.getLogRecordFactory())
 
 
-def _mark_records(inner: Callable[..., logging.LogRecord]) -> None:
-    """Make a capturing thread's records opt out of Prefect's API log handler (``send_to_api``).
+def _catch_records(inner: Callable[..., logging.LogRecord]) -> None:
+    """Keep each record a capturing thread makes, and opt it out of Prefect's API log handler (``send_to_api``).
 
-    They are replayed on each task run the batch served; sent from the worker,
-    which has no run context, Prefect would only warn (or raise) that no run is
-    active, and that warning would be replayed in turn.
+    Caught where records are made (the record factory), not by a handler: a
+    logger makes a record only past its level, and a stage module's import may
+    reconfigure logging (Prefect's does; ``dictConfig`` drops the root's
+    handlers) while a load is being caught. The records are replayed on each
+    task run the batch served; sent to the API from the worker, which has no
+    run context, Prefect would only warn that no run is active.
     """
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = inner(*args, **kwargs)
-        if threading.get_ident() in _active:
+        got = _active.get(threading.get_ident())
+        if got is not None:
             record.send_to_api = False
+            try:
+                text = record.getMessage()
+            except Exception:  # a bad format string: keep what was asked, as logging's own handlers would report
+                text = f"{record.msg!r} % {record.args!r}"
+            if record.exc_info and record.exc_info[0] is not None:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            got.add(record.levelno, record.name, text)
         return record
 
+    factory._esg_marks = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(factory)
 
 
@@ -181,6 +202,11 @@ def capture() -> Iterator[BatchLines]:
             _active.pop(me, None)
         else:
             _active[me] = outer
+
+
+def loading(lines: Sequence[LogLine]) -> tuple[LogLine, ...]:
+    """Lines a worker's model load produced, marked so, for the first batch whose calls waited for it."""
+    return tuple((level, name, f"(loading the model) {text}") for level, name, text in lines)
 
 
 def checked_lines(raw: Any) -> tuple[LogLine, ...]:
@@ -205,9 +231,9 @@ def checked_lines(raw: Any) -> tuple[LogLine, ...]:
     return tuple(out)
 
 
-def with_output(traceback_text: str, lines: Sequence[LogLine]) -> str:
-    """A failed batch's traceback followed by what the batch printed or logged (the clue to its failure)."""
+def with_output(traceback_text: str, lines: Sequence[LogLine], what: str = "the batch") -> str:
+    """A failed batch's (or model load's) traceback followed by what it printed or logged: the clue to its failure."""
     if not lines:
         return traceback_text
     shown = "\n".join(f"  {name + ': ' if name else ''}{text}" for _, name, text in lines)
-    return f"{traceback_text.rstrip()}\nOutput of the batch before it failed:\n{shown}\n"
+    return f"{traceback_text.rstrip()}\nOutput of {what} before it failed:\n{shown}\n"

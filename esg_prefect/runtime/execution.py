@@ -24,7 +24,7 @@ from typing import Any
 from esg_prefect.control.calls import StageCall, StageResult
 from esg_prefect.exceptions import StageFailedError, WorkerCrashedError
 from esg_prefect.model.jobs import Job
-from esg_prefect.runtime.batch_output import LogLine, with_output
+from esg_prefect.runtime.batch_output import LogLine, loading, with_output
 from esg_prefect.runtime.workers import (
     BatchOutcome,
     WorkerBackend,
@@ -82,6 +82,7 @@ async def execute(
     out = Executed(handle)
     running: list[int] = []  # indices on the worker right now, to blame a crash on
     try:
+        started = out.handle is None
         if out.handle is None:
             began = clock()
             out.handle = await backend.start(spec)
@@ -91,6 +92,10 @@ async def execute(
             await _run_items(out, pendings, normal, running, clock, measured, limit_s)
         for i in (i for i, p in enumerate(pendings) if p.solo):
             await _run_items(out, pendings, [i], running, clock, measured, limit_s)
+        loaded = loading(getattr(out.handle, "load_lines", ())) if started else ()
+        if loaded:  # these calls waited for the load: what it printed is theirs to see too
+            for i in out.lines:
+                out.lines[i] = loaded + out.lines[i]
     except WorkerLoadError as exc:
         for i in range(len(pendings)):
             out.results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))

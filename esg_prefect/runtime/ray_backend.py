@@ -65,7 +65,7 @@ from typing import Any
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
-from esg_prefect.runtime.batch_output import checked_lines
+from esg_prefect.runtime.batch_output import LogLine, checked_lines
 from esg_prefect.runtime.ray_cluster import NodeTable, RayNode
 from esg_prefect.runtime.workers import BatchOutcome, WorkerDiedError, WorkerHandle, WorkerLoadError, WorkerSpec
 
@@ -102,19 +102,28 @@ class StageActor:
         self.model: Any = None
 
     def load(self) -> tuple[Any, ...]:
-        """Apply the resources and load the model: ``("ready", load_ms, facts, pid)`` or ``("load_error", ...)``."""
+        """Apply the resources and load the model: ``("ready", load_ms, facts, pid, lines)`` or ``("load_error", ...)``.
+
+        ``lines``: what loading printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
+        """
+        from esg_prefect.runtime.batch_output import capture, with_output
         from esg_prefect.runtime.stages import resolve_stage
 
         t0 = time.perf_counter()
-        try:
-            # The stage first: a bad path fails before torch is imported. Resolving a stage initialises
-            # no CUDA, so the share still applies before the model allocates anything.
-            self.spec = resolve_stage(self.stage_path)
-            device, facts = _apply_resources(self.vcpus, self.gpu_share)
-            self.model = self.spec.load(device)
-        except Exception as exc:  # reported to the pool, which fails the calls with this message
-            return ("load_error", type(exc).__qualname__, str(exc), traceback.format_exc())
-        return ("ready", (time.perf_counter() - t0) * 1000.0, facts, os.getpid())
+        failed: tuple[str, str, str] | None = None
+        facts = ""
+        with capture() as caught:
+            try:
+                # The stage first: a bad path fails before torch is imported. Resolving a stage initialises
+                # no CUDA, so the share still applies before the model allocates anything.
+                self.spec = resolve_stage(self.stage_path)
+                device, facts = _apply_resources(self.vcpus, self.gpu_share)
+                self.model = self.spec.load(device)
+            except Exception as exc:  # reported to the pool, which fails the calls with this message
+                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
+        if failed is not None:
+            return ("load_error", failed[0], failed[1], with_output(failed[2], caught.result(), "the model load"))
+        return ("ready", (time.perf_counter() - t0) * 1000.0, facts, os.getpid(), caught.result())
 
     def run(self, items: list[Any]) -> tuple[Any, ...]:
         """Run one batch: ``("ok", outputs, elapsed_ms, lines)`` or ``("error", type, message, traceback, lines)``.
@@ -205,6 +214,7 @@ class _RayWorker:
         self.actor = actor
         self.node = node
         self.load_ms = 0.0
+        self.load_lines: tuple[LogLine, ...] = ()  # what loading its model printed or logged
         self.pid = 0  # the actor's process, once loaded
         self.enforcement = resources
         self._backend = backend
@@ -424,6 +434,7 @@ class RayBackend:
             )
         worker.load_ms = float(reply[1])
         worker.pid = int(reply[3])
+        worker.load_lines = checked_lines(reply[4]) if len(reply) > 4 else ()
         worker.enforcement = f"{resources}; {reply[2]}"
         if num_gpus and "MPS active threads" not in reply[2] and "gpu-share" not in self._warned:
             self._warned.add("gpu-share")

@@ -18,7 +18,7 @@ pickle (one copy each way, about 1 ms per MB).
 
 Messages (parent -> worker): ``("load", stage_path, vcpus, gpu_share, device)``,
 ``("run", batch_id, items)``, ``("stop",)``. Replies: ``("spare",)``,
-``("ready", load_ms, enforcement)``, ``("load_error", type, message, traceback)``,
+``("ready", load_ms, enforcement, lines)``, ``("load_error", type, message, traceback)``,
 ``("ok", batch_id, outputs, elapsed_ms, lines)``, ``("error", batch_id, type, message, traceback, lines)``,
 ``lines`` being what the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
 """
@@ -150,17 +150,23 @@ def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str])
     if msg[0] != "load":
         return
     _, stage_path, vcpus, gpu_share, device = msg
+    from esg_prefect.runtime.batch_output import capture, with_output
     from esg_prefect.runtime.stages import resolve_stage, run_checked
 
     t0 = time.perf_counter()
-    try:
-        enforcement = _apply_resources(vcpus, gpu_share, device)
-        spec = resolve_stage(stage_path)
-        model = spec.load(device)
-    except Exception as exc:  # report any load failure to the pool, which fails the calls clearly
-        send(conn, ("load_error", type(exc).__qualname__, str(exc), traceback.format_exc()))
+    failed: tuple[str, str, str] | None = None
+    with capture() as caught:
+        try:
+            enforcement = _apply_resources(vcpus, gpu_share, device)
+            spec = resolve_stage(stage_path)
+            model = spec.load(device)
+        except Exception as exc:  # report any load failure to the pool, which fails the calls clearly
+            failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
+    lines = caught.result()
+    if failed is not None:
+        send(conn, ("load_error", failed[0], failed[1], with_output(failed[2], lines, "the model load")))
         return
-    send(conn, ("ready", (time.perf_counter() - t0) * 1000.0, enforcement))
+    send(conn, ("ready", (time.perf_counter() - t0) * 1000.0, enforcement, lines))
     _serve(conn, spec, model, run_checked)
 
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
-from esg_prefect.runtime.batch_output import LogLine, capture, checked_lines
+from esg_prefect.runtime.batch_output import LogLine, capture, checked_lines, with_output
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
 from esg_prefect.runtime.worker_main import POOL_PID_ENV, compact, dumps, recv, send, worker_main
@@ -121,6 +121,7 @@ class _LocalWorker:
         self.conn = conn
         self.load_ms = 0.0
         self.enforcement = ""
+        self.load_lines: tuple[LogLine, ...] = ()  # what loading its model printed or logged
         self._batch = 0
 
     def _roundtrip(self, msg: tuple[Any, ...] | bytes) -> tuple[Any, ...]:
@@ -160,6 +161,7 @@ class _LocalWorker:
             self.proc.join(timeout=5)
             raise WorkerLoadError(f"stage {self.spec.stage_path!r} failed to load: {reply[1]}: {reply[2]}\n{reply[3]}")
         self.load_ms, self.enforcement = float(reply[1]), str(reply[2])
+        self.load_lines = checked_lines(reply[3]) if len(reply) > 3 else ()
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         self._batch += 1
@@ -362,11 +364,14 @@ class LocalProcessBackend:
 
 
 class _InlineWorker:
-    def __init__(self, spec: WorkerSpec, stage: StageSpec, model: Any, load_ms: float) -> None:
+    def __init__(
+        self, spec: WorkerSpec, stage: StageSpec, model: Any, load_ms: float, load_lines: tuple[LogLine, ...] = ()
+    ) -> None:
         self.spec = spec
         self.stage = stage
         self.model = model
         self.load_ms = load_ms
+        self.load_lines = load_lines
         self.enforcement = "inline thread (no isolation)"
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
@@ -415,14 +420,18 @@ class InlineBackend:
         def _load() -> _InlineWorker:
             t0 = time.perf_counter()
             stage = resolve_stage(spec.stage_path)
-            try:
-                # One load at a time: loaders commonly seed torch's global RNG, which threads share,
-                # so two concurrent loads would interleave their draws and get different weights.
-                with _inline_load_lock:
-                    model = stage.load("cpu")
-            except Exception as exc:  # surfaced to the calls as a load failure
-                raise WorkerLoadError(f"stage {spec.stage_path!r} failed to load: {exc!r}") from exc
-            return _InlineWorker(spec, stage, model, (time.perf_counter() - t0) * 1000.0)
+            with capture() as caught:
+                try:
+                    # One load at a time: loaders commonly seed torch's global RNG, which threads share,
+                    # so two concurrent loads would interleave their draws and get different weights.
+                    with _inline_load_lock:
+                        model = stage.load("cpu")
+                except Exception as exc:  # surfaced to the calls as a load failure
+                    shown = with_output("", caught.result(), "the model load").strip()
+                    raise WorkerLoadError(
+                        f"stage {spec.stage_path!r} failed to load: {exc!r}" + (f"\n{shown}" if shown else "")
+                    ) from exc
+            return _InlineWorker(spec, stage, model, (time.perf_counter() - t0) * 1000.0, caught.result())
 
         return await asyncio.to_thread(_load)
 
