@@ -63,6 +63,27 @@ def test_simulate_runs_a_case_file(tmp_path: Path) -> None:
     assert json.loads(result.stdout[result.stdout.index("{") :])["overall"]["count"] > 0
 
 
+def test_simulate_keeps_a_case_files_seed_and_scheduler_unless_given(tmp_path: Path) -> None:
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case("triton", rate_per_s=40.0, duration_s=2.0, warmup_s=0.5, seed=7)
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case.to_dict()))
+
+    def run(*args: str) -> tuple[str, dict[str, Any]]:
+        result = CliRunner().invoke(app, ["simulate", "--case", str(path), "--out", str(tmp_path / "out"), *args])
+        assert result.exit_code == 0, result.output
+        return result.output, json.loads((tmp_path / "out" / "report.json").read_text())
+
+    output, report = run()  # the case's own seed and scheduler, as simulate(case) runs it
+    assert "triton: standard case, seed 7" in output
+    assert report["busy_cost"] == simulate(case).report.busy_cost
+    output, report = run("--seed", "0", "-s", "esg")  # given: they override the case's, esg included
+    assert "esg: standard case, seed 0" in output
+    assert report["busy_cost"] == simulate(case.with_(scheduler="esg"), 0).report.busy_cost
+    assert json.loads((tmp_path / "out" / "case.json").read_text())["seed"] == 0  # case.json says what ran
+
+
 def test_simulate_set_overrides_settings_and_names_bad_ones(tmp_path: Path) -> None:
     args = ["simulate", "--rate", "60", "--duration", "2", "--warmup", "0.5", "--out", str(tmp_path)]
     sets = ["--set", "keep_alive_by_price=false", "--set", "best_effort_tolerance=0.25", "--set", "percentile=mean"]

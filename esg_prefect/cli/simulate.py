@@ -385,7 +385,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("simulate")
     def simulate_cmd(
-        scheduler: str = typer.Option("esg", "--scheduler", "-s", help="Registered scheduler name."),
+        scheduler: str | None = typer.Option(
+            None, "--scheduler", "-s", help="Registered scheduler name (default: esg; with --case, the case's)."
+        ),
         rate: float = typer.Option(300.0, help="Mean arrival rate, requests/s (standard case)."),
         trace: str = typer.Option(
             "azure_functions_2019",
@@ -398,9 +400,16 @@ def register(app: typer.Typer) -> None:
         ),
         tightness: float = typer.Option(5.0, help="SLO = tightness x batch-1 critical path on a T4."),
         profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
-        seed: int = typer.Option(0, help="Seed of arrivals and service times."),
+        seed: int | None = typer.Option(
+            None, help="Seed of arrivals and service times (default: 0; with --case, the case's)."
+        ),
         case_file: Annotated[
-            Path | None, typer.Option("--case", help="A case JSON file (overrides the options above).")
+            Path | None,
+            typer.Option(
+                "--case",
+                help="A case JSON file (replaces --rate, --trace, --duration, --warmup, --tightness and --profile; "
+                "--scheduler and --seed, when given, override its own).",
+            ),
         ] = None,
         out: Annotated[Path | None, typer.Option(help="Directory for case.json and report.json.")] = None,
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -416,10 +425,13 @@ def register(app: typer.Typer) -> None:
         from esg_prefect.simulator import simulate, standard_case
         from esg_prefect.simulator.standard import STANDARD_WARMUP_S
 
-        check_scheduler(scheduler)
+        if scheduler is not None:
+            check_scheduler(scheduler)
         if case_file is not None:
             case = load_case(case_file)
-            case = case.with_(scheduler=scheduler) if scheduler != "esg" else case
+            # Only what was given overrides the case: its own scheduler and seed otherwise.
+            case = case.with_(scheduler=scheduler) if scheduler is not None else case
+            case = case.with_(seed=seed) if seed is not None else case
             check_scheduler(case.scheduler, "--case")
         else:
             check_number(rate, "--rate", "mean requests/s")
@@ -439,13 +451,13 @@ def register(app: typer.Typer) -> None:
             check_number(tightness, "--tightness", "SLO / batch-1 critical path")
             check_trace(trace)
             case = standard_case(
-                scheduler,
+                scheduler or "esg",
                 rate_per_s=rate,
                 trace=trace,
                 duration_s=duration,
                 warmup_s=STANDARD_WARMUP_S if warmup is None else warmup,
                 tightness=tightness,
-                seed=seed,
+                seed=0 if seed is None else seed,
                 profile=profile,
             )
         case = with_settings(case, settings or [])
@@ -470,7 +482,7 @@ def register(app: typer.Typer) -> None:
                 progress.update(task, completed=f)
                 hint.check()
 
-            run = simulate(case, seed, clock=clock, progress=step, instrument=hint.attach)
+            run = simulate(case, case.seed, clock=clock, progress=step, instrument=hint.attach)
             wall = (clock() - t0) / 1000.0
         report = run.report
         if out is not None:
@@ -479,7 +491,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))
             return
-        print_table(console, f"{case.scheduler}: {case.name} case, seed {seed}", report.rows(), REPORT_COLUMNS)
+        print_table(console, f"{case.scheduler}: {case.name} case, seed {case.seed}", report.rows(), REPORT_COLUMNS)
         stage_rows = [s.to_dict() for s in report.stages]
         cols = ("workflow", "stage", "jobs", "queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_batch_size")
         print_table(console, "where the time goes (mean ms per job)", stage_rows, cols, keys=2)
