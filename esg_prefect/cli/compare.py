@@ -334,7 +334,11 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare_cmd(
         experiment: str = typer.Option("all", help="Comma list of e1 e3 e4 e5 e6 e7, or all (E2 comes with E1)."),
-        schedulers: str = typer.Option("", help="Comma list of schedulers (default: ESG, its ablations, prior work)."),
+        schedulers: str = typer.Option(
+            "",
+            help="Comma list of schedulers (default: esg, esg-fastest, esg-noshare, esg-greedy and the prior-work "
+            "baselines; any other registered one only when named here).",
+        ),
         loads: str = typer.Option(DEFAULT_LOADS, help="E1 loads, requests/s."),
         seeds: int = typer.Option(1, help="Seeds per simulated point."),
         quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
@@ -353,7 +357,7 @@ def register(app: typer.Typer) -> None:
             help="Override an ESG setting of every run, KEY=VALUE (repeat), e.g. --set keep_alive_by_price=false.",
         ),
     ) -> None:
-        """Run experiments E1-E7 (or every scheduler on --case) and write results.json, tables.md and plots.
+        """Run experiments E1-E7 (or the schedulers on --case) and write results.json, tables.md and plots.
 
         Each finished simulation is appended to rows.jsonl in --out; running the
         same command again reuses those rows (--fresh starts afresh).
