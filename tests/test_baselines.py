@@ -192,7 +192,7 @@ def test_default_best_effort_avoids_the_cold_start_storm_past_capacity() -> None
     assert fastest.cold_starts > 2 * esg.cold_starts
 
 
-@pytest.mark.parametrize("name", [*BASELINES, "esg-noshare", "esg-greedy", "esg-fastest"])
+@pytest.mark.parametrize("name", scheduler_names())  # every registered one: a new scheduler is tested here too
 def test_each_scheduler_serves_a_light_load(name: str) -> None:
     rep = run_case(tiny_case(name).with_(duration_s=3.0), seed=0)
     assert rep.overall.count > 50

@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         """Measure every stage's latency over batch sizes x vCPUs (x GPU shares), with p50/p95, memory, cold start.
 
         Writes a latency-profile CSV that the scheduler loads
-        (Pool(profile=LatencyProfile.from_csv(...))), the per-call samples for the
+        (ESGTaskRunner(profile="profile.csv"), or pool serve --profile), the per-call samples for the
         input-size model, and saves the run in the profile store. --breakdown adds
         the Stash stall breakdown (compute, host-to-device copy, interference,
         transfer, queueing, cold start) and the co-run table; --validate compares

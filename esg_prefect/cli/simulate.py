@@ -398,7 +398,9 @@ def register(app: typer.Typer) -> None:
         warmup: float | None = typer.Option(
             None, help="Leading seconds left out of the report (default 20, at most half the run)."
         ),
-        tightness: float = typer.Option(5.0, help="SLO = tightness x batch-1 critical path on a T4."),
+        tightness: float = typer.Option(
+            5.0, help="SLO = tightness x the batch-1 critical path on a whole T4 (p95), rounded up to 10 ms."
+        ),
         profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
         seed: int | None = typer.Option(
             None, help="Seed of arrivals and service times (default: 0; with --case, the case's)."

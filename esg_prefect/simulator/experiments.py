@@ -35,6 +35,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import QueueState
+from esg_prefect.scheduling.baselines import BASELINES
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.esg import ESGScheduler
 from esg_prefect.scheduling.search import Clock
@@ -46,7 +47,7 @@ from esg_prefect.simulator.standard import STANDARD_PROFILE, standard_case, stan
 Row = dict[str, Any]
 
 ESG_FAMILY: tuple[str, ...] = ("esg", "esg-fastest", "esg-noshare", "esg-greedy")
-PRIOR_WORK: tuple[str, ...] = ("per-invocation", "triton", "infless", "fast-gshare", "llama")
+PRIOR_WORK: tuple[str, ...] = BASELINES  # the prior-work baselines, one list (scheduling.baselines)
 DEFAULT_SCHEDULERS: tuple[str, ...] = (*ESG_FAMILY, *PRIOR_WORK)
 LOADS: tuple[float, ...] = (150.0, 300.0, 450.0, 600.0)
 TIGHTNESS: tuple[float, ...] = (2.0, 3.0, 5.0, 8.0)
