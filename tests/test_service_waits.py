@@ -138,3 +138,41 @@ def test_a_runner_with_a_service_address_takes_its_token_from_the_environment(mo
         assert given._http.headers["Authorization"] == "Bearer another-token-of-32-characters!!"  # type: ignore[attr-defined]
     finally:
         close_shared_pools()
+
+
+def _wait_until(cond: Any, timeout_s: float = 20.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_call_whose_caller_stopped_asking_is_withdrawn_not_run(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed client's long-polled call would run and be billed for nobody."""
+    monkeypatch.setattr("esg_prefect.service.app.ABANDONED_POLLS", 1)
+    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 0.0)
+    service = PoolService(pool, ["tests"])
+    pool.pause()
+    with TestClient(service.app(), base_url=LOCAL) as client:
+        assert client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(call(5))).status_code == 202
+        assert _wait_until(lambda: not service._inflight)  # no one asked again: withdrawn
+    pool.resume()
+    (rec,) = [c for c in pool.snapshot().calls if c.call_id == "c5"]
+    assert not rec.ok and "caller stopped waiting" in rec.error
+    assert pool.snapshot().batches == ()  # it never ran
+
+
+def test_a_caller_that_keeps_asking_keeps_its_call(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 1.0)  # 3 x 0.2 s + 1 s without asking
+    service = PoolService(pool, ["tests"])
+    pool.pause()
+    with TestClient(service.app(), base_url=LOCAL) as client:
+        t_end = time.monotonic() + 2.5
+        while time.monotonic() < t_end:  # longer than the limit, asking all along
+            resp = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(6)))
+            assert resp.status_code == 202
+        pool.resume()
+        done = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(6)))
+    assert done.status_code == 200 and done.json()["result"]["output"] == 7

@@ -6,7 +6,8 @@ Endpoints:
   response comes when the call is done: ``{"ok": true, "result": ...}`` or
   ``{"ok": false, "error": {"type", "message", "traceback"}}``; with ``wait_s``, after at most
   that many seconds: ``202 {"pending": true, "paused": ...}`` while it is queued or running (the
-  caller posts it again, which joins it), so a long wait (a paused pool) is told from a dead service.
+  caller posts it again, which joins it), so a long wait (a paused pool) is told from a dead service;
+  a call whose caller stops asking is withdrawn if still queued.
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
 * ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
@@ -39,7 +40,9 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import random
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -117,6 +120,7 @@ class PoolService:
         self._reading = 0  # bytes of bodies being read or decoded now
         self.on_call = on_call
         self._inflight: dict[str, tuple[asyncio.Future[dict[str, Any]], str]] = {}
+        self._asked: dict[str, float] = {}  # call id -> when its caller last asked (long-polling callers only)
         self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
@@ -307,6 +311,10 @@ class PoolService:
             held = (asyncio.get_running_loop().create_future(), digest)
             self._inflight[call.call_id] = held
             self._spawn(self._run(call, held[0], digest))
+            if wait_s is not None:
+                self._spawn(self._watch(call.call_id, held[0], wait_s))
+        if wait_s is not None:
+            self._asked[call.call_id] = time.monotonic()
         if wait_s is None:
             body = await asyncio.shield(held[0])
         else:
@@ -341,6 +349,24 @@ class PoolService:
         if fut is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+
+    async def _watch(self, call_id: str, fut: asyncio.Future[dict[str, Any]], wait_s: float) -> None:
+        """Withdraw a long-polled call whose caller stopped asking (killed, say): it would run for nobody.
+
+        A caller that long-polls asks again at once after each ``202``; one that
+        has not asked for ``ABANDONED_POLLS`` times ``wait_s`` (plus a margin) is
+        gone. A call still queued is withdrawn; one already running finishes.
+        """
+        limit = ABANDONED_POLLS * wait_s + ABANDON_MARGIN_S
+        try:
+            while not fut.done():
+                await asyncio.wait({fut}, timeout=wait_s)
+                if not fut.done() and time.monotonic() - self._asked.get(call_id, math.inf) > limit:
+                    logger.info("call %s: its caller stopped asking for %g s; withdrawn if queued", call_id, limit)
+                    self.pool.cancel(call_id)
+                    return
+        finally:
+            self._asked.pop(call_id, None)
 
     async def _run(self, call: StageCall, fut: asyncio.Future[dict[str, Any]], digest: str) -> None:
         """Run one call and answer everyone waiting on it, whatever happens on the way.
@@ -377,6 +403,9 @@ class PoolService:
 
 
 MAX_WAIT_S = 3600.0
+ABANDONED_POLLS = 3
+ABANDON_MARGIN_S = 30.0
+"""A long-polled call whose caller has not asked for 3 x wait_s + 30 s is withdrawn (:meth:`PoolService._watch`)."""
 
 
 def _wait_s(value: str | None) -> float | None:
