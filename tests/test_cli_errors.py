@@ -164,6 +164,19 @@ def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
     assert "--case" in line and "'nope'" in line and "known: esg" in line
 
 
+def test_standard_case_options_beside_a_case_file_are_refused_not_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(standard_case(duration_s=2.0).to_dict()))
+    assert main(["simulate", "--case", str(path), "--rate", "5", "--tightness", "3"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--rate, --tightness: for the standard case only" in line and "workload.rate_per_s" in line
+    assert main(["simulate", "--case", str(path), "--seed", "3", "--json"]) == 0  # what a case file can take
+
+
 @pytest.mark.parametrize("command", [["simulate", "--duration", "2"], ["compare", "--experiment", "e1", "--quick"]])
 def test_an_output_path_that_is_a_file_is_refused_before_any_run(
     command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -380,11 +380,29 @@ MAX_REQUESTS = 1e8
 """The most requests one simulated run may hold (each is kept until the report)."""
 
 
+CASE_KEYS: dict[str, str] = {
+    "rate": "workload.rate_per_s",
+    "trace": "workload.trace",
+    "duration": "duration_s",
+    "warmup": "warmup_s",
+    "tightness": "each workflow's slo_ms",
+    "profile": "profile",
+}
+"""The standard case's options, and where a case file holds each instead."""
+
+
+def _given(ctx: typer.Context, names: Iterable[str]) -> list[str]:
+    """Which of these options of the running command were given (on the command line or by environment)."""
+    sources = {n: ctx.get_parameter_source(n) for n in names}
+    return [n for n, src in sources.items() if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")]
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` command."""
 
     @app.command("simulate")
     def simulate_cmd(
+        ctx: typer.Context,
         scheduler: str | None = typer.Option(
             None, "--scheduler", "-s", help="Registered scheduler name (default: esg; with --case, the case's)."
         ),
@@ -430,6 +448,13 @@ def register(app: typer.Typer) -> None:
         if scheduler is not None:
             check_scheduler(scheduler)
         if case_file is not None:
+            given = _given(ctx, CASE_KEYS)
+            if given:
+                raise typer.BadParameter(
+                    f"{', '.join(f'--{o}' for o in given)}: for the standard case only; with --case set "
+                    f"{', '.join(CASE_KEYS[o] for o in given)} in the case file",
+                    param_hint="--case",
+                )
             case = load_case(case_file)
             # Only what was given overrides the case: its own scheduler and seed otherwise.
             case = case.with_(scheduler=scheduler) if scheduler is not None else case
