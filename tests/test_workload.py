@@ -326,10 +326,14 @@ def test_simulate_says_how_a_users_trace_is_replayed(tmp_path: Path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text("arrival_s\n0\n1\n2\n3\n")  # 4 rows over 4 s: 1 request/s
     console = Console(record=True, width=400)
-    note_csv_replay(standard_case(trace=f"csv:{path}", rate_per_s=30.0, duration_s=2.0), console)
+    case = standard_case(trace=f"csv:{path}", rate_per_s=30.0, duration_s=2.0)
+    note_csv_replay(case, console)
     text = console.export_text()
     assert "4 rows, 1 requests/s" in text and "30x faster" in text and "from a point the seed picks" in text
-    assert "rate_per_s (--rate) 1 and start_s 0" in text
+    assert "workload.rate_per_s 1 and workload.start_s 0 replay it" in text  # a case file's keys
+    console = Console(record=True, width=400)
+    note_csv_replay(case, console, from_file=False)  # the standard case's options
+    assert "--rate 1 and start_s 0 (in a case file) replay it" in console.export_text()
 
 
 def test_rate_estimate_restarts_after_an_idle_spell() -> None:

@@ -212,8 +212,12 @@ def note_unused_gpus(case: Any, console: Console) -> None:
         )
 
 
-def note_csv_replay(case: Any, console: Console) -> None:
-    """Say how a user's CSV trace is replayed: at what speed against its own rate, and from where."""
+def note_csv_replay(case: Any, console: Console, from_file: bool = True) -> None:
+    """Say how a user's CSV trace is replayed: at what speed against its own rate, and from where.
+
+    ``from_file``: the case came from a case file (its ``workload`` keys set the replay), else from
+    the standard case's options (``--rate``).
+    """
     wl = case.workload
     if not wl.trace.startswith("csv:"):
         return
@@ -231,7 +235,9 @@ def note_csv_replay(case: Any, console: Console) -> None:
     )
     console.print(
         f"note: your trace ({rows} rows, {own:.4g} requests/s) is replayed at {wl.rate_per_s:g} requests/s, {pace}, "
-        f"{where}; rate_per_s (--rate) {own:.6g} and start_s 0 replay it as recorded (docs/simulator.md)",
+        f"{where}; {'workload.rate_per_s' if from_file else '--rate'} {own:.6g} and "
+        f"{'workload.start_s 0' if from_file else 'start_s 0 (in a case file)'} replay it as recorded "
+        "(docs/simulator.md)",
         highlight=False,
     )
 
@@ -494,7 +500,7 @@ def register(app: typer.Typer) -> None:
         if case_file is not None:
             note_case(case, console)
         else:
-            note_csv_replay(case, console)
+            note_csv_replay(case, console, from_file=False)
         if case_file is None and warmup is not None and case.warmup_s != warmup:
             console.print(
                 f"note: the warm-up is at most half the run: {case.warmup_s:g} s, not {warmup:g}", highlight=False
