@@ -164,6 +164,21 @@ def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
     assert "--case" in line and "'nope'" in line and "known: esg" in line
 
 
+def test_a_case_files_relative_trace_is_read_beside_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "arrivals.csv").write_text("arrival_s\n" + "\n".join(f"{i * 0.05:.2f}" for i in range(40)) + "\n")
+    case = standard_case(trace="csv:arrivals.csv", rate_per_s=20.0, duration_s=2.0, warmup_s=0.5).to_dict()
+    (folder / "case.json").write_text(json.dumps(case))
+    monkeypatch.chdir(tmp_path)  # elsewhere: the trace is not in the working directory
+    assert main(["simulate", "--case", "mine/case.json", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["overall"]["count"] > 0
+
+
 def test_standard_case_options_beside_a_case_file_are_refused_not_ignored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

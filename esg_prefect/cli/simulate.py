@@ -125,6 +125,26 @@ REPORT_COLUMNS = (
 )
 
 
+def _paths_beside(data: dict[str, Any], folder: Path) -> None:
+    """Read a case's relative paths (``profile``, a ``csv:`` trace) from the case file's folder when they are there.
+
+    As a user writes them: next to the case. A path found only from the
+    working directory (or a packaged profile's name) is left as it is.
+    """
+
+    def beside(value: Any) -> Any:
+        if not isinstance(value, str) or not value or Path(value).is_absolute() or Path(value).exists():
+            return value
+        there = folder / value
+        return str(there) if there.is_file() else value
+
+    if "profile" in data:
+        data["profile"] = beside(data["profile"])
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"].startswith("csv:"):
+        workload["trace"] = "csv:" + beside(workload["trace"][4:])
+
+
 def load_case(path: Path) -> Any:
     """The case in the JSON file ``path`` (``--case``).
 
@@ -154,6 +174,7 @@ def load_case(path: Path) -> Any:
             f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; give {CASE_ACCEPTS}",
             param_hint="--case",
         )
+    _paths_beside(data, path.parent)
     try:
         return Case.from_dict(data)
     except (ESGError, TypeError, ValueError) as exc:
