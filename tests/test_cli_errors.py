@@ -179,6 +179,18 @@ def test_a_case_files_relative_trace_is_read_beside_it(
     assert json.loads(capsys.readouterr().out)["overall"]["count"] > 0
 
 
+def test_pool_serve_takes_a_shipped_profile_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = str(_closed_port())
+    # Past the profile, the next check fails: a results file in a folder that does not exist.
+    bad_db = str(tmp_path / "no" / "such" / "results.db")
+    argv = ["pool", "serve", "--allow", "x", "--port", port, "--profile", "nvidia_gpu", "--results-db", bad_db]
+    assert main(argv) == 2
+    assert "--results-db" in _one_line(capsys.readouterr().err)  # the profile was taken
+    assert main(["pool", "serve", "--allow", "x", "--port", port, "--profile", "nvidia"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--profile" in line and "'nvidia'" in line and "shipped profile's name (examples_cpu, nvidia_gpu)" in line
+
+
 def test_standard_case_options_beside_a_case_file_are_refused_not_ignored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -68,7 +68,10 @@ def serve(
         help="Ray cluster for --backend ray: 'auto' (this machine's `ray start`), 'ray://host:10001', or 'local'.",
     ),
     scheduler: str = typer.Option("esg", help="Scheduler name (esg-prefect schedulers)."),
-    profile: str = typer.Option("", help="Latency profile CSV; default the shipped profiles."),
+    profile: str = typer.Option(
+        "",
+        help="Latency profile CSV, or a shipped profile's name (nvidia_gpu, examples_cpu); default both of those.",
+    ),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
     results_ttl_s: float = typer.Option(3600.0, "--results-ttl-s", help="Seconds a finished outcome is kept."),
     results_max_mb: float = typer.Option(256.0, "--results-max-mb", help="Most MB of kept outcomes; oldest go first."),
@@ -144,11 +147,18 @@ def serve(
         raise typer.BadParameter(f"must be 'process', 'inline' or 'ray', got {backend!r}", param_hint="--backend")
     latency = None
     if profile:
+        from esg_prefect.runtime.profiles import DEFAULT_PROFILES, load_default_profile
+
+        shipped = f"{profile}.csv"
         try:
-            latency = LatencyProfile.from_csv(profile)
+            if "/" not in profile and not Path(profile).exists() and shipped in DEFAULT_PROFILES:
+                latency = load_default_profile((shipped,))
+            else:
+                latency = LatencyProfile.from_csv(profile)
         except (OSError, InvalidInputError) as exc:
             raise typer.BadParameter(
-                f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one)",
+                f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one) "
+                f"or a shipped profile's name ({', '.join(n[:-4] for n in DEFAULT_PROFILES)})",
                 param_hint="--profile",
             ) from None
     try:
