@@ -320,7 +320,7 @@ def test_a_users_trace_at_its_own_rate_is_replayed_as_recorded(tmp_path: Path) -
 def test_simulate_says_how_a_users_trace_is_replayed(tmp_path: Path) -> None:
     from rich.console import Console
 
-    from esg_prefect.cli.simulate import note_csv_replay
+    from esg_prefect.cli.case_file import note_csv_replay
     from esg_prefect.simulator import standard_case
 
     path = tmp_path / "mine.csv"

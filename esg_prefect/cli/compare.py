@@ -26,13 +26,12 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from esg_prefect.cli.case_file import load_case, note_case
 from esg_prefect.cli.simulate import (
     WallClock,
     check_scheduler,
-    load_case,
     make_out_dir,
     markdown_table,
-    note_case,
     print_table,
     progress_bar,
     with_settings,

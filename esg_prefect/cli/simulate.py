@@ -3,10 +3,10 @@
 It runs the standard case (changed by options) or a case JSON file, under a
 progress bar, and prints the report's tables and a summary line. Every option
 is checked before the progress bar starts, so that a bad value is the only
-line printed. The helpers here (tables, ``--set``, reading a case file) are
-shared with ``esg-prefect compare`` (:mod:`esg_prefect.cli.compare`). This
-module reads the wall clock (to time decisions and the simulator's speed); the
-simulator it drives does not.
+line printed. The helpers here (tables, ``--set``) are shared with
+``esg-prefect compare`` (:mod:`esg_prefect.cli.compare`); reading a case file
+is :mod:`esg_prefect.cli.case_file`. This module reads the wall clock (to time
+decisions and the simulator's speed); the simulator it drives does not.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,13 +24,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from esg_prefect.cli.case_file import (
+    CASE_KEYS,
+    given_options,
+    load_case,
+    note_case,
+    note_csv_replay,
+)
+
 if TYPE_CHECKING:
     from esg_prefect.control.core import Core
     from esg_prefect.scheduling import ESGSettings
     from esg_prefect.simulator.case import Case
     from esg_prefect.simulator.controller import Controller
-
-CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simulate --out DIR` writes"
 
 
 class WallClock:
@@ -125,62 +131,6 @@ REPORT_COLUMNS = (
 )
 
 
-def _paths_beside(data: dict[str, Any], folder: Path) -> None:
-    """Read a case's relative paths (``profile``, a ``csv:`` trace) from the case file's folder when they are there.
-
-    As a user writes them: next to the case. A path found only from the
-    working directory (or a packaged profile's name) is left as it is.
-    """
-
-    def beside(value: Any) -> Any:
-        if not isinstance(value, str) or not value or Path(value).is_absolute() or Path(value).exists():
-            return value
-        there = folder / value
-        return str(there) if there.is_file() else value
-
-    if "profile" in data:
-        data["profile"] = beside(data["profile"])
-    workload = data.get("workload")
-    if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"].startswith("csv:"):
-        workload["trace"] = "csv:" + beside(workload["trace"][4:])
-
-
-def load_case(path: Path) -> Any:
-    """The case in the JSON file ``path`` (``--case``).
-
-    Raises:
-        typer.BadParameter: naming ``--case``, the path, and what is accepted, for a
-            missing or unreadable file, bad JSON, or a case the simulator refuses.
-    """
-    from esg_prefect.exceptions import ESGError
-    from esg_prefect.simulator import Case
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise typer.BadParameter(f"no file {str(path)!r}; give {CASE_ACCEPTS}", param_hint="--case") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise typer.BadParameter(
-            f"cannot read {str(path)!r} ({type(exc).__name__}); give {CASE_ACCEPTS}", param_hint="--case"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(
-            f"{str(path)!r} is not JSON ({exc.msg}, line {exc.lineno}); give {CASE_ACCEPTS}", param_hint="--case"
-        ) from None
-    if not isinstance(data, dict):
-        raise typer.BadParameter(
-            f"{str(path)!r} holds a JSON {type(data).__name__}, not an object; give {CASE_ACCEPTS}",
-            param_hint="--case",
-        )
-    _paths_beside(data, path.parent)
-    try:
-        return Case.from_dict(data)
-    except (ESGError, TypeError, ValueError) as exc:
-        raise typer.BadParameter(f"{str(path)!r} is not a valid case: {exc}", param_hint="--case") from None
-
-
 def check_scheduler(name: str, hint: str = "--scheduler") -> None:
     """Refuse a scheduler name the registry does not know, naming the known ones.
 
@@ -220,53 +170,6 @@ def check_number(value: float, hint: str, what: str, *, zero_ok: bool = False) -
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         raise typer.BadParameter(f"must be a finite number {bound} ({what}), got {value!r}", param_hint=hint)
-
-
-def note_unused_gpus(case: Any, console: Console) -> None:
-    """Say which of a case's GPU types no stage is profiled on (a misspelt type runs silently otherwise)."""
-    unused = case.unused_gpu_types()
-    if unused:
-        console.print(
-            f"note: no stage of this case has a latency profile on {', '.join(unused)}: those GPUs stay unused "
-            f"(the profile covers {', '.join(case.profiled_hardware())})",
-            highlight=False,
-        )
-
-
-def note_csv_replay(case: Any, console: Console, from_file: bool = True) -> None:
-    """Say how a user's CSV trace is replayed: at what speed against its own rate, and from where.
-
-    ``from_file``: the case came from a case file (its ``workload`` keys set the replay), else from
-    the standard case's options (``--rate``).
-    """
-    wl = case.workload
-    if not wl.trace.startswith("csv:"):
-        return
-    from esg_prefect.workload.arrivals import csv_trace_rate
-
-    rows, own = csv_trace_rate(wl.trace[4:])
-    speed = wl.rate_per_s / own
-    pace = "in real time" if abs(speed - 1.0) < 0.01 else f"{speed:.3g}x {'faster' if speed > 1 else 'slower'}"
-    where = (
-        "from its first row"
-        if wl.start_s == 0
-        else (
-            f"from {wl.start_s:g} s into it" if wl.start_s is not None else "from a point the seed picks (start_s null)"
-        )
-    )
-    console.print(
-        f"note: your trace ({rows} rows, {own:.4g} requests/s) is replayed at {wl.rate_per_s:g} requests/s, {pace}, "
-        f"{where}; {'workload.rate_per_s' if from_file else '--rate'} {own:.6g} and "
-        f"{'workload.start_s 0' if from_file else 'start_s 0 (in a case file)'} replay it as recorded "
-        "(docs/simulator.md)",
-        highlight=False,
-    )
-
-
-def note_case(case: Any, console: Console) -> None:
-    """The notes on a user's case file: GPUs no stage can use, and how a CSV trace is replayed."""
-    note_unused_gpus(case, console)
-    note_csv_replay(case, console)
 
 
 def make_out_dir(path: Path, hint: str = "--out") -> None:
@@ -407,23 +310,6 @@ MAX_REQUESTS = 1e8
 """The most requests one simulated run may hold (each is kept until the report)."""
 
 
-CASE_KEYS: dict[str, str] = {
-    "rate": "workload.rate_per_s",
-    "trace": "workload.trace",
-    "duration": "duration_s",
-    "warmup": "warmup_s",
-    "tightness": "each workflow's slo_ms",
-    "profile": "profile",
-}
-"""The standard case's options, and where a case file holds each instead."""
-
-
-def _given(ctx: typer.Context, names: Iterable[str]) -> list[str]:
-    """Which of these options of the running command were given (on the command line or by environment)."""
-    sources = {n: ctx.get_parameter_source(n) for n in names}
-    return [n for n, src in sources.items() if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")]
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``simulate`` command."""
 
@@ -475,7 +361,7 @@ def register(app: typer.Typer) -> None:
         if scheduler is not None:
             check_scheduler(scheduler)
         if case_file is not None:
-            given = _given(ctx, CASE_KEYS)
+            given = given_options(ctx, CASE_KEYS)
             if given:
                 raise typer.BadParameter(
                     f"{', '.join(f'--{o}' for o in given)}: for the standard case only; with --case set "
