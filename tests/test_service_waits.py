@@ -165,11 +165,11 @@ def test_a_call_whose_caller_stopped_asking_is_withdrawn_not_run(pool: Pool, mon
 
 
 def test_a_caller_that_keeps_asking_keeps_its_call(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 1.0)  # 3 x 0.2 s + 1 s without asking
+    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 2.0)  # 3 x 0.2 s + 2 s without asking
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
-        t_end = time.monotonic() + 2.5
+        t_end = time.monotonic() + 3.0
         while time.monotonic() < t_end:  # longer than the limit, asking all along
             resp = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(6)))
             assert resp.status_code == 202
