@@ -26,7 +26,9 @@ import io
 import logging
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 __all__ = [
@@ -34,10 +36,12 @@ __all__ = [
     "MAX_LINES",
     "STDERR_LEVEL",
     "BatchLines",
+    "Caught",
     "LogLine",
     "capture",
     "checked_lines",
     "loading",
+    "run_caught",
     "with_output",
 ]
 
@@ -90,6 +94,7 @@ class BatchLines:
         return tuple(out)
 
 
+_MESSAGE = logging.Formatter("%(message)s")
 _active: dict[int, BatchLines] = {}  # thread id -> the capture running on it
 _install_lock = threading.Lock()
 
@@ -175,11 +180,9 @@ def _catch_records(inner: Callable[..., logging.LogRecord]) -> None:
         if got is not None:
             record.send_to_api = False
             try:
-                text = record.getMessage()
+                text = _MESSAGE.format(record)  # the message, and its traceback and stack when it has them
             except Exception:  # a bad format string: keep what was asked, as logging's own handlers would report
                 text = f"{record.msg!r} % {record.args!r}"
-            if record.exc_info and record.exc_info[0] is not None:
-                text += "\n" + logging.Formatter().formatException(record.exc_info)
             got.add(record.levelno, record.name, text)
         return record
 
@@ -202,6 +205,30 @@ def capture() -> Iterator[BatchLines]:
             _active.pop(me, None)
         else:
             _active[me] = outer
+
+
+@dataclass(frozen=True, slots=True)
+class Caught:
+    """What :func:`run_caught` got: the value, or the error (its type, message and traceback), and the lines."""
+
+    value: Any
+    failed: tuple[str, str, str] | None
+    lines: tuple[LogLine, ...]
+    error: Exception | None = None
+
+
+def run_caught(fn: Callable[..., Any], *args: Any) -> Caught:
+    """Call ``fn(*args)`` under :func:`capture`: its value or its error, never raised, with what it printed or logged.
+
+    Every backend runs a batch and a model load this way, so that its worker
+    lives on past the stage's own error and reports the lines either way.
+    """
+    with capture() as caught:
+        try:
+            value = fn(*args)
+        except Exception as exc:  # the stage's own code: reported by the caller, the worker lives on
+            return Caught(None, (type(exc).__qualname__, str(exc), traceback.format_exc()), caught.result(), exc)
+    return Caught(value, None, caught.result())
 
 
 def loading(lines: Sequence[LogLine]) -> tuple[LogLine, ...]:

@@ -59,7 +59,6 @@ import logging
 import os
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,46 +105,39 @@ class StageActor:
 
         ``lines``: what loading printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
         """
-        from esg_prefect.runtime.batch_output import capture, with_output
+        from esg_prefect.runtime.batch_output import run_caught, with_output
         from esg_prefect.runtime.stages import resolve_stage
 
+        def load() -> str:
+            # The stage first: a bad path fails before torch is imported. Resolving a stage initialises
+            # no CUDA, so the share still applies before the model allocates anything.
+            self.spec = resolve_stage(self.stage_path)
+            device, facts = _apply_resources(self.vcpus, self.gpu_share)
+            self.model = self.spec.load(device)
+            return str(facts)
+
         t0 = time.perf_counter()
-        failed: tuple[str, str, str] | None = None
-        facts = ""
-        with capture() as caught:
-            try:
-                # The stage first: a bad path fails before torch is imported. Resolving a stage initialises
-                # no CUDA, so the share still applies before the model allocates anything.
-                self.spec = resolve_stage(self.stage_path)
-                device, facts = _apply_resources(self.vcpus, self.gpu_share)
-                self.model = self.spec.load(device)
-            except Exception as exc:  # reported to the pool, which fails the calls with this message
-                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
-        if failed is not None:
-            return ("load_error", failed[0], failed[1], with_output(failed[2], caught.result(), "the model load"))
-        return ("ready", (time.perf_counter() - t0) * 1000.0, facts, os.getpid(), caught.result())
+        got = run_caught(load)  # a failure is reported to the pool, which fails the calls with this message
+        if got.failed is not None:
+            kind, message, trace = got.failed
+            return ("load_error", kind, message, with_output(trace, got.lines, "the model load"))
+        return ("ready", (time.perf_counter() - t0) * 1000.0, got.value, os.getpid(), got.lines)
 
     def run(self, items: list[Any]) -> tuple[Any, ...]:
         """Run one batch: ``("ok", outputs, elapsed_ms, lines)`` or ``("error", type, message, traceback, lines)``.
 
         ``lines``: what the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
         """
-        from esg_prefect.runtime.batch_output import capture
+        from esg_prefect.runtime.batch_output import run_caught
         from esg_prefect.runtime.stages import run_checked
         from esg_prefect.runtime.worker_main import compact
 
         t0 = time.perf_counter()
-        failed: tuple[str, str, str] | None = None
-        outputs: list[Any] = []
-        with capture() as caught:
-            try:
-                outputs = run_checked(self.spec, self.model, items)
-            except Exception as exc:  # the batch function's own error: reported, the actor lives on
-                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
-        if failed is not None:
-            return ("error", *failed, caught.result())
+        got = run_caught(run_checked, self.spec, self.model, items)
+        if got.failed is not None:  # the batch function's own error: reported, the actor lives on
+            return ("error", *got.failed, got.lines)
         # Views into one batched tensor would carry the whole batch's storage into every item's object.
-        return ("ok", [compact(o) for o in outputs], (time.perf_counter() - t0) * 1000.0, caught.result())
+        return ("ok", [compact(o) for o in got.value], (time.perf_counter() - t0) * 1000.0, got.lines)
 
     def pid(self) -> int:
         """The actor's process id (for operators and fault tests)."""

@@ -150,23 +150,22 @@ def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str])
     if msg[0] != "load":
         return
     _, stage_path, vcpus, gpu_share, device = msg
-    from esg_prefect.runtime.batch_output import capture, with_output
+    from esg_prefect.runtime.batch_output import run_caught, with_output
     from esg_prefect.runtime.stages import resolve_stage, run_checked
 
+    def load() -> tuple[str, Any, Any]:
+        enforcement = _apply_resources(vcpus, gpu_share, device)
+        spec = resolve_stage(stage_path)
+        return enforcement, spec, spec.load(device)
+
     t0 = time.perf_counter()
-    failed: tuple[str, str, str] | None = None
-    with capture() as caught:
-        try:
-            enforcement = _apply_resources(vcpus, gpu_share, device)
-            spec = resolve_stage(stage_path)
-            model = spec.load(device)
-        except Exception as exc:  # report any load failure to the pool, which fails the calls clearly
-            failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
-    lines = caught.result()
-    if failed is not None:
-        send(conn, ("load_error", failed[0], failed[1], with_output(failed[2], lines, "the model load")))
+    got = run_caught(load)  # any load failure goes to the pool, which fails the calls clearly
+    if got.failed is not None:
+        kind, message, trace = got.failed
+        send(conn, ("load_error", kind, message, with_output(trace, got.lines, "the model load")))
         return
-    send(conn, ("ready", (time.perf_counter() - t0) * 1000.0, enforcement, lines))
+    enforcement, spec, model = got.value
+    send(conn, ("ready", (time.perf_counter() - t0) * 1000.0, enforcement, got.lines))
     _serve(conn, spec, model, run_checked)
 
 
@@ -202,7 +201,7 @@ def _serve(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
 
 
 def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) -> None:
-    from esg_prefect.runtime.batch_output import capture
+    from esg_prefect.runtime.batch_output import run_caught
 
     while True:
         try:
@@ -213,19 +212,14 @@ def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) ->
             return
         _, batch_id, items = msg
         t0 = time.perf_counter()
-        failed: tuple[str, str, str] | None = None
-        with capture() as caught:
-            try:
-                outputs = run_checked(spec, model, items)
-            except Exception as exc:  # the batch function's own error: reported, the worker lives on
-                failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
-        lines = caught.result()
-        if failed is not None:
-            send(conn, ("error", batch_id, *failed, lines))
+        got = run_caught(run_checked, spec, model, items)  # the batch function's own error: reported
+        lines = got.lines
+        if got.failed is not None:
+            send(conn, ("error", batch_id, *got.failed, lines))
             continue
         # No compact() here: dumps() sends each tensor as a numpy array, which pickles only its own data.
         try:
-            reply = dumps(("ok", batch_id, outputs, (time.perf_counter() - t0) * 1000.0, lines))
+            reply = dumps(("ok", batch_id, got.value, (time.perf_counter() - t0) * 1000.0, lines))
         except Exception as exc:  # outputs that cannot travel back (a lock, a lambda): the batch fails, not the worker
             why = f"the stage's outputs cannot be sent back to the pool (they must pickle): {exc}"
             send(conn, ("error", batch_id, type(exc).__qualname__, why, traceback.format_exc(), lines))

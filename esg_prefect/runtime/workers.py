@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.cluster import Device, Node
-from esg_prefect.runtime.batch_output import LogLine, capture, checked_lines, with_output
+from esg_prefect.runtime.batch_output import LogLine, checked_lines, run_caught, with_output
 from esg_prefect.runtime.gpu import discover_gpus, mps_active, share_environment
 from esg_prefect.runtime.stages import StageSpec, resolve_stage, run_checked
 from esg_prefect.runtime.worker_main import POOL_PID_ENV, compact, dumps, recv, send, worker_main
@@ -377,18 +377,12 @@ class _InlineWorker:
     async def execute(self, items: list[Any]) -> BatchOutcome:
         def _run() -> BatchOutcome:
             t0 = time.perf_counter()
-            failed: tuple[str, str, str] | None = None
-            out: list[Any] = []
-            with capture() as caught:
-                try:
-                    # Each output its own tensors, not views of the batch's: a view keeps the whole batch
-                    # alive in its task run, and persisting it writes other flow runs' outputs too.
-                    out = compact(run_checked(self.stage, self.model, items))
-                except Exception as exc:  # the batch function's own error, reported like a process worker's
-                    failed = (type(exc).__qualname__, str(exc), traceback.format_exc())
-            if failed is not None:
-                return BatchOutcome(False, [], 0.0, *failed, caught.result())
-            return BatchOutcome(True, out, (time.perf_counter() - t0) * 1000.0, lines=caught.result())
+            # Each output its own tensors, not views of the batch's: a view keeps the whole batch
+            # alive in its task run, and persisting it writes other flow runs' outputs too.
+            got = run_caught(run_checked, self.stage, self.model, items)
+            if got.failed is not None:  # the batch function's own error, reported like a process worker's
+                return BatchOutcome(False, [], 0.0, *got.failed, got.lines)
+            return BatchOutcome(True, compact(got.value), (time.perf_counter() - t0) * 1000.0, lines=got.lines)
 
         return await asyncio.to_thread(_run)
 
@@ -420,18 +414,20 @@ class InlineBackend:
         def _load() -> _InlineWorker:
             t0 = time.perf_counter()
             stage = resolve_stage(spec.stage_path)
-            with capture() as caught:
-                try:
-                    # One load at a time: loaders commonly seed torch's global RNG, which threads share,
-                    # so two concurrent loads would interleave their draws and get different weights.
-                    with _inline_load_lock:
-                        model = stage.load("cpu")
-                except Exception as exc:  # surfaced to the calls as a load failure
-                    shown = with_output("", caught.result(), "the model load").strip()
-                    raise WorkerLoadError(
-                        f"stage {spec.stage_path!r} failed to load: {exc!r}" + (f"\n{shown}" if shown else "")
-                    ) from exc
-            return _InlineWorker(spec, stage, model, (time.perf_counter() - t0) * 1000.0, caught.result())
+
+            def load() -> Any:
+                # One load at a time: loaders commonly seed torch's global RNG, which threads share,
+                # so two concurrent loads would interleave their draws and get different weights.
+                with _inline_load_lock:
+                    return stage.load("cpu")
+
+            got = run_caught(load)
+            if got.error is not None:  # surfaced to the calls as a load failure
+                shown = with_output("", got.lines, "the model load").strip()
+                raise WorkerLoadError(
+                    f"stage {spec.stage_path!r} failed to load: {got.error!r}" + (f"\n{shown}" if shown else "")
+                ) from got.error
+            return _InlineWorker(spec, stage, got.value, (time.perf_counter() - t0) * 1000.0, got.lines)
 
         return await asyncio.to_thread(_load)
 
