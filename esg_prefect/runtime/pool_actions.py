@@ -169,6 +169,8 @@ class PoolActions:
         self._book.batch(len(core.fleet.batches) - 1, runs)  # the record finished() just made
         self._listen.expect(a.batch_id)  # before any caller hears of the batch: it may wait for its records
         first_call = len(self._book.calls)
+        whole = tuple(range(len(pendings)))
+        runs_in: dict[tuple[int, ...], int] = {}  # per run of the batch (its calls' indices): the flow runs in it
         for i, p in enumerate(pendings):
             if i not in out.results:
                 continue  # back in its queue (solo)
@@ -176,7 +178,9 @@ class PoolActions:
             res = None
             if err is None:
                 # The run it was part of: the whole batch, or a part of it run again (a failed input, a crash)
-                group = [pendings[j] for j in out.ran_with.get(i, range(len(pendings)))]
+                group = out.ran_with.get(i, whole)
+                if group not in runs_in:
+                    runs_in[group] = len({pendings[j].call.run_id for j in group})
                 res = StageResult(
                     p.call.call_id,
                     value,
@@ -192,7 +196,7 @@ class PoolActions:
                     a.cold,
                     d.at_risk,
                     d.reason,
-                    len({g.call.run_id for g in group}),
+                    runs_in[group],
                     lines=out.lines.get(i, ()),
                 )
             self._pending.pop(p.call.call_id, None)
