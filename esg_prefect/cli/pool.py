@@ -151,7 +151,7 @@ def serve(
 
         shipped = f"{profile}.csv"
         try:
-            if "/" not in profile and not Path(profile).exists() and shipped in DEFAULT_PROFILES:
+            if shipped in DEFAULT_PROFILES and not Path(profile).exists():  # a name; a file of that name wins
                 latency = load_default_profile((shipped,))
             else:
                 latency = LatencyProfile.from_csv(profile)
