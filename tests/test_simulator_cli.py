@@ -319,3 +319,37 @@ def test_compare_says_who_wins_in_words() -> None:
     cheaper = verdict([{**rows[0], "cost_per_request": 1.0e-9}, rows[2]])
     assert "1.30x cheaper on the whole bill" in cheaper[3]
     assert verdict([]) == []
+
+
+def test_headline_and_sentences_name_the_same_best_baseline() -> None:
+    """A tie on SLO hits goes to the cheaper whole bill, a user's scheduler counts, ablations do not."""
+    from esg_prefect.cli.verdict import verdict
+    from esg_prefect.simulator.experiments import best_baseline, headline
+
+    def row(name: str, whole: float, busy: float, slo: float = 1.0) -> dict[str, object]:
+        return {
+            "scheduler": name,
+            "cost_per_request": whole,
+            "batch_cost_per_request": busy,
+            "slo_hit_rate": slo,
+            "p99_ms": 10.0,
+        }
+
+    # fast-gshare is cheaper on busy time, mine on the whole bill: the whole bill decides
+    rows = [
+        row("esg", 2.0e-6, 1.0e-6),
+        row("esg-fastest", 1.0e-7, 1.0e-7),
+        row("fast-gshare", 4.0e-6, 0.5e-6),
+        row("mine", 3.0e-6, 0.9e-6),
+        row("triton", 1.0e-7, 1.0e-7, slo=0.99),
+    ]
+    best = best_baseline(rows)
+    assert best is not None and best["scheduler"] == "mine"
+    head = headline(rows)
+    assert head["best_baseline"] == "mine" and head["cost_ratio_with_idle"] == 1.5
+    assert "ESG against the baseline meeting the most SLOs (mine): 1.50x cheaper" in verdict(rows)[3]
+    # named candidates only, as bench/scale.py passes them
+    assert headline(rows, baselines=["fast-gshare"])["best_baseline"] == "fast-gshare"
+    assert best_baseline(rows[:2]) is None
+    with pytest.raises(ValueError, match="no baseline among the schedulers"):
+        headline(rows[:2])

@@ -313,13 +313,14 @@ def _compare_case(
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
     result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
     md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
-    if "esg" in names and any(n in ex.PRIOR_WORK for n in names):
-        head = ex.headline([r for r in rows if r["seed"] == 0])
+    first = [r for r in rows if r["seed"] == 0]
+    if "esg" in names and ex.best_baseline(first) is not None:
+        head = ex.headline(first)
         result["headline"] = head
         cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
-        print_table(console, "ESG vs the best prior-work baseline", [head], cols)
+        print_table(console, "ESG vs the best baseline", [head], cols)
         md.append(markdown_table([head], cols))
-    for line in verdict([r for r in rows if r["seed"] == 0]):
+    for line in verdict(first):
         console.print(line, highlight=False)
     bill_bars(rows, "case", out / "case.png", f"case {case.name}")
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str), encoding="utf-8")

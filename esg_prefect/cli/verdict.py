@@ -29,8 +29,11 @@ def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
 
     ``cost_per_request`` is the whole bill per request (busy, idle and cold
     starts, in dollars); the best baseline is the one meeting the most SLOs
-    (ties: the cheaper), as in :func:`esg_prefect.simulator.experiments.headline`.
+    (ties: the cheaper), :func:`esg_prefect.simulator.experiments.best_baseline`,
+    the one the headline table names.
     """
+    from esg_prefect.simulator.experiments import best_baseline
+
     if not rows:
         return []
     cheapest = min(rows, key=lambda r: (r["cost_per_request"], _name(r)))
@@ -43,10 +46,9 @@ def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
         f"Lowest p99 latency: {_name(fastest)}, {fastest['p99_ms']:.1f} ms.",
     ]
     mine = [r for r in rows if _name(r) == esg]
-    others = [r for r in rows if _name(r) != esg and not _name(r).startswith(f"{esg}-")]
-    if mine and others:
+    best = best_baseline(rows, esg)
+    if mine and best is not None:
         e = mine[0]
-        best = max(others, key=lambda r: (r["slo_hit_rate"], -r["cost_per_request"]))
         points = (e["slo_hit_rate"] - best["slo_hit_rate"]) * 100
         out.append(
             f"ESG against the baseline meeting the most SLOs ({_name(best)}): "
