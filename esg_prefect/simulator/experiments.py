@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -451,7 +451,9 @@ def workflow_headroom(workflows: Sequence[Workflow], rows: Sequence[Row]) -> dic
 # ---- headline numbers -----------------------------------------------------------------------------
 
 
-def best_baseline(rows: Sequence[Row], esg: str = "esg", baselines: Sequence[str] | None = None) -> Row | None:
+def best_baseline(
+    rows: Sequence[Mapping[str, Any]], esg: str = "esg", baselines: Sequence[str] | None = None
+) -> Mapping[str, Any] | None:
     """The baseline ESG is judged against: the most SLOs met, ties to the cheaper whole bill.
 
     ``baselines`` names the candidates; by default every scheduler in ``rows``
