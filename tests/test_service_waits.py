@@ -24,7 +24,7 @@ from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.client import PoolClient
-from esg_prefect.service.wire import call_body
+from esg_prefect.service.wire import call_body, call_digest
 from tests.toy_stages import toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
@@ -46,7 +46,12 @@ def test_a_call_held_past_wait_s_is_answered_pending_and_joined_when_asked_again
     pool.pause()
     with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as client:  # one event loop for both
         first = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(1)))
-        assert first.status_code == 202 and first.json() == {"ok": None, "pending": True, "paused": True}
+        assert first.status_code == 202 and first.json() == {
+            "ok": None,
+            "pending": True,
+            "paused": True,
+            "digest": call_digest(call_body(call(1))),
+        }
         pool.resume()
         again = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(1)))
         assert again.status_code == 200 and again.json()["result"]["output"] == 2
@@ -176,3 +181,92 @@ def test_a_caller_that_keeps_asking_keeps_its_call(pool: Pool, monkeypatch: pyte
         pool.resume()
         done = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(6)))
     assert done.status_code == 200 and done.json()["result"]["output"] == 7
+
+
+def test_a_pending_call_is_joined_by_id_and_digest_without_its_body(pool: Pool) -> None:
+    pool.pause()
+    with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as client:
+        first = client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(call(7)))
+        digest = first.json()["digest"]
+        pending = client.get("/v1/calls/c7", params={"wait_s": "0.1", "digest": digest})
+        assert pending.status_code == 202 and pending.json()["digest"] == digest
+        other = client.get("/v1/calls/c7", params={"wait_s": "0.1", "digest": "0" * len(digest)})
+        assert other.status_code == 409 and "was used for another call" in other.text
+        assert client.get("/v1/calls/c7", params={"wait_s": "0.1"}).status_code == 400  # no digest
+        unknown = client.get("/v1/calls/c99", params={"wait_s": "0.1", "digest": digest})
+        assert unknown.status_code == 404 and "'c99' is not held here: post it again" in unknown.text
+        pool.resume()
+        done = client.get("/v1/calls/c7", params={"wait_s": "30", "digest": digest})
+        assert done.status_code == 200 and done.json()["result"]["output"] == 8
+        stored = client.get("/v1/calls/c7", params={"digest": digest})  # finished: from the stored outcomes
+        assert stored.status_code == 200 and stored.json()["result"]["output"] == 8
+    assert len([c for c in pool.snapshot().calls if c.call_id == "c7"]) == 1
+
+
+def test_the_client_polls_by_id_after_a_202_and_posts_again_when_the_service_lost_the_call() -> None:
+    seen: list[tuple[str, str, bytes]] = []
+    answers = [
+        httpx.Response(202, json={"ok": None, "pending": True, "paused": True, "digest": "d1"}),
+        httpx.Response(202, json={"ok": None, "pending": True, "paused": True, "digest": "d1"}),
+        httpx.Response(404, json={"error": "call 'c8' is not held here: post it again"}),  # restarted
+        httpx.Response(202, json={"ok": None, "pending": True, "paused": False, "digest": "d2"}),
+        httpx.Response(200, json={"ok": True, "result": _result("c8", 9)}),
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.read()))
+        return answers.pop(0)
+
+    client = _client(handler, deadline_s=5.0)
+    try:
+        assert client.submit(call(8)).result(30).output == 9
+    finally:
+        client.close()
+    assert [(m, p) for m, p, _ in seen] == [
+        ("POST", "/v1/calls"),
+        ("GET", "/v1/calls/c8"),
+        ("GET", "/v1/calls/c8"),
+        ("POST", "/v1/calls"),
+        ("GET", "/v1/calls/c8"),
+    ]
+    assert all(body == b"" for m, _, body in seen if m == "GET") and all(b"inc" in b for m, _, b in seen if m == "POST")
+
+
+def test_an_id_unfit_for_a_path_keeps_posting_its_body() -> None:
+    seen: list[str] = []
+    answers = [httpx.Response(202, json={"ok": None, "pending": True, "paused": True, "digest": "d"})] * 2
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        return answers.pop() if answers else httpx.Response(200, json={"ok": True, "result": _result("a/b", 1)})
+
+    odd = StageCall("a/b", "inc", "tests.toy_stages:inc", TOY, "r", "r", 0)
+    client = _client(handler, deadline_s=5.0)
+    try:
+        assert client.submit(odd).result(30).output == 1
+    finally:
+        client.close()
+    assert seen == ["POST", "POST", "POST"]
+
+
+def test_a_real_client_waits_out_a_pause_joining_by_id(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client against the service itself: a paused pool, then resumed; the call runs once."""
+    pool.pause()
+    with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as http:
+        client = PoolClient(LOCAL, deadline_s=30.0, threads=1, poll_s=0.05)
+        client._http = http
+        gets: list[str] = []
+        get = http.get
+
+        def counted(url: Any, **kwargs: Any) -> httpx.Response:
+            gets.append(str(url))
+            return get(url, **kwargs)
+
+        monkeypatch.setattr(http, "get", counted)
+        fut = client.submit(call(9))
+        assert _wait_until(lambda: len(gets) >= 3)  # polls by id while paused
+        pool.resume()
+        assert fut.result(30).output == 10
+        client._executor.shutdown(wait=True)
+    assert len([c for c in pool.snapshot().calls if c.call_id == "c9"]) == 1
+    assert set(gets) == {"/v1/calls/c9"}

@@ -5,9 +5,13 @@ Endpoints:
 * ``POST /v1/calls[?wait_s=S]``: one stage call (JSON, see :mod:`esg_prefect.service.wire`); the
   response comes when the call is done: ``{"ok": true, "result": ...}`` or
   ``{"ok": false, "error": {"type", "message", "traceback"}}``; with ``wait_s``, after at most
-  that many seconds: ``202 {"pending": true, "paused": ...}`` while it is queued or running (the
-  caller posts it again, which joins it), so a long wait (a paused pool) is told from a dead service;
-  a call whose caller stops asking is withdrawn if still queued.
+  that many seconds: ``202 {"pending": true, "paused": ..., "digest": ...}`` while it is queued or
+  running, so a long wait (a paused pool) is told from a dead service; a call whose caller stops
+  asking is withdrawn if still queued.
+* ``GET /v1/calls/{call_id}?digest=D[&wait_s=S]``: join a call posted before, without sending its
+  body again (``D`` is the ``digest`` of its ``202``): its outcome, ``202`` again, ``409`` for
+  another call's digest, or ``404`` when the service does not hold it (restarted, or withdrawn):
+  the caller then posts it again.
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
 * ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
@@ -132,6 +136,7 @@ class PoolService:
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
                 Route("/v1/calls", self.call, methods=["POST"]),
+                Route("/v1/calls/{call_id}", self.join, methods=["GET"]),
                 Route("/v1/runs/{run_id}/end", self.end_run, methods=["POST"]),
                 Route("/v1/calls/{call_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/batches", self.batches, methods=["GET"]),
@@ -313,15 +318,43 @@ class PoolService:
             self._spawn(self._run(call, held[0], digest))
             if wait_s is not None:
                 self._spawn(self._watch(call.call_id, held[0], wait_s))
-        if wait_s is not None:
-            self._asked[call.call_id] = time.monotonic()
+        return await self._answer(call.call_id, held, wait_s)
+
+    async def join(self, request: Request) -> Response:
+        """Join a call posted before by its id and digest: its body is not sent again on each poll."""
+        call_id = request.path_params["call_id"]
+        digest = request.query_params.get("digest", "")
+        try:
+            wait_s = _wait_s(request.query_params.get("wait_s"))
+        except BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        if not digest:
+            return JSONResponse({"error": "digest is missing: pass the digest of the call's 202 answer"}, 400)
+        stored = await asyncio.to_thread(self.results.get, call_id)
+        if stored is not None:
+            if stored[1] and stored[1] != digest:
+                return _conflict(call_id)
+            return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
+        held = self._inflight.get(call_id)
+        if held is None:
+            return JSONResponse({"error": f"call {call_id!r} is not held here: post it again"}, status_code=404)
+        if held[1] != digest:
+            return _conflict(call_id)
+        return await self._answer(call_id, held, wait_s)
+
+    async def _answer(
+        self, call_id: str, held: tuple[asyncio.Future[dict[str, Any]], str], wait_s: float | None
+    ) -> Response:
+        """The outcome of a call in flight once done, or ``202`` (with its digest) after ``wait_s``."""
         if wait_s is None:
             body = await asyncio.shield(held[0])
         else:
+            self._asked[call_id] = time.monotonic()
             try:
                 body = await asyncio.wait_for(asyncio.shield(held[0]), wait_s)
             except TimeoutError:  # still queued or running: the caller asks again (the same call joins)
-                return JSONResponse({"ok": None, "pending": True, "paused": self.pool.paused}, status_code=202)
+                pending = {"ok": None, "pending": True, "paused": self.pool.paused, "digest": held[1]}
+                return JSONResponse(pending, status_code=202)
         if body.get("conflict"):
             return JSONResponse({"error": body["error"]["message"]}, status_code=409)
         return Response(await asyncio.to_thread(_render, body), media_type="application/json")

@@ -3,11 +3,12 @@
 ``ESGTaskRunner(address=...)`` hands stage calls to this client instead of an
 embedded pool. Each call is an HTTP request that the service holds for up to
 ``poll_s`` and answers with the outcome, or with ``202`` while the call is still
-queued or running (a busy or paused pool); the client then posts it again,
-which joins it. Connection errors, timeouts, ``429`` and ``503`` are retried with
-the same call id (the service joins a retried id or answers it from its stored
-outcomes, across its own restarts with a results file), honouring
-``Retry-After`` with jitter, until the service has not answered for
+queued or running (a busy or paused pool); the client then asks again by the
+call's id and digest, without its body (``GET /v1/calls/{id}``), and posts the
+body again only if the service no longer holds the call (a restart). Connection
+errors, timeouts, ``429`` and ``503`` are retried with the same call id (the
+service joins a retried id or answers it from its stored outcomes, across its
+own restarts with a results file), honouring ``Retry-After`` with jitter, until the service has not answered for
 ``deadline_s``; a call it reports pending waits on, however long. When the
 client gives up it asks the service to withdraw the call, so that it is not run
 and billed for nobody. A ``409`` (the id names another call) is raised as
@@ -32,6 +33,7 @@ import concurrent.futures
 import contextlib
 import logging
 import random
+import re
 import threading
 import time
 from typing import Any
@@ -53,6 +55,9 @@ __all__ = ["PoolClient", "call_body", "parse_result"]
 
 logger = logging.getLogger(__name__)
 
+
+_PATH_SAFE = re.compile(r"[A-Za-z0-9._~-]{1,200}")
+"""Call ids joined by ``GET /v1/calls/{id}``; any other id is posted again with its body each poll."""
 
 READ_MARGIN_S = 30.0
 """How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""
@@ -126,9 +131,14 @@ class PoolClient:
         start = time.monotonic()
         give_up = start + self._deadline_s
         wait = 0.2
+        call_id = str(body.get("call_id", ""))
+        digest = ""  # from the service's first 202: later polls join by id and digest, without the body
         while True:
             try:
-                resp = self._http.post("/v1/calls", json=body, params=self._poll)
+                if digest:
+                    resp = self._http.get(f"/v1/calls/{call_id}", params={**self._poll, "digest": digest})
+                else:
+                    resp = self._http.post("/v1/calls", json=body, params=self._poll)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
                 last = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, httpx.ConnectError) and not self._answered:
@@ -147,6 +157,10 @@ class PoolClient:
                     return _answer(resp)
                 if resp.status_code == 202:  # still queued or running: ask again at once, the service is alive
                     give_up, wait = time.monotonic() + self._deadline_s, 0.2
+                    digest = _digest(resp) if _PATH_SAFE.fullmatch(call_id) else ""
+                    continue
+                if resp.status_code == 404 and digest:  # the service lost the call (a restart): post it again
+                    digest = ""
                     continue
                 if resp.status_code == 409:
                     raise CallConflictError(f"pool service refused the call (409): {resp.text[:500]}")
@@ -217,6 +231,15 @@ def _answer(resp: httpx.Response) -> StageResult:
             f"pool service sent an answer this client cannot read ({type(exc).__name__}: {exc}); "
             "is the service the same esg-prefect version?"
         ) from None
+
+
+def _digest(resp: httpx.Response) -> str:
+    """The call's digest in a ``202`` answer ("" from a service that sends none: the client keeps posting)."""
+    try:
+        value = resp.json().get("digest", "")
+    except (ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) else ""
 
 
 def _retry_after_s(value: str | None, fallback: float) -> float:
