@@ -3,7 +3,8 @@
 The runtime's asyncio pool and the simulator's event loop both drive one
 :class:`Core`. It has no clock, no threads and no I/O: events come in with
 their time (:mod:`esg_prefect.control.events`), actions come out, and the
-records (batches, idle time, stage calls, decisions) are read from it.
+records (batches, idle time, stage calls, decisions) and their running totals
+(:class:`~esg_prefect.control.totals.Totals`) are read from it.
 
 What it owns:
 
@@ -109,6 +110,7 @@ class Core(DecisionApplier):
         fleet.idle_vcpus = settings.idle_vcpus
         fleet.best_effort_keep_alive = settings.best_effort_keep_alive
         fleet.cold_start_ms = tables.profile.cold_start_ms
+        self.totals = fleet.totals  # the fleet adds its idle time, the core its batches and decisions
         self.settings = settings
         self.workflows = workflows
         self.round_interval_ms = round_interval_ms
@@ -254,6 +256,7 @@ class Core(DecisionApplier):
         else:
             self._expiring(self.fleet.finish(w, record, t))
         stage = d.queue.stage
+        self.totals.batch(stage, record, ev.cold_ms)
         size = len(fl.jobs)
         keep = self.keep_stage_records
         for job in done:
@@ -469,6 +472,7 @@ class Core(DecisionApplier):
         else:
             result = self.scheduler.decide(snapshot, now)
         self.decisions.extend(result.stats)
+        self.totals.decided(result.stats)
         self._apply_decisions(result, now, actions)
 
     # ---- reading -------------------------------------------------------------------------------

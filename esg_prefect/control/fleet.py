@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage
 from esg_prefect.control.ring import Ring
+from esg_prefect.control.totals import Totals
 from esg_prefect.control.worker import FleetWorker
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
@@ -92,6 +93,7 @@ class Fleet:
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] | Ring[BatchRecord] = [] if record_memory is None else Ring(record_memory)
         self.idles: list[IdleRecord] | Ring[IdleRecord] = [] if record_memory is None else Ring(record_memory)
+        self.totals = Totals()  # running totals of what it bills (the records above keep the newest only)
         self.cold_starts = 0
         self._next_worker = 0
         self._expiries: list[tuple[float, int, str, int]] = []  # (at, seq, worker id, token): a heap
@@ -400,6 +402,7 @@ class Fleet:
         w.loaded_ms = None
         if record is not None:
             self.idles.append(record)
+            self.totals.idle(record)
 
     # ---- keep-alive ----------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from esg_prefect.control.calls import StageResult
+from esg_prefect.control.totals import Totals
 from esg_prefect.model.attribution import BatchRecord, IdleRecord, RunCost, attribute_costs, split_weights
+from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.scheduling.base import DecisionStats
@@ -80,7 +82,9 @@ class PoolSnapshot:
     ``idle_since`` maps each worker idle now to when its idle time began.
     ``first_batch`` and ``first_idle`` are the positions of ``batches[0]`` and
     ``idles[0]`` among every record the pool made (a long-lived pool keeps the
-    newest only); ``closed_idles`` counts from ``first_idle``.
+    newest only); ``closed_idles`` counts from ``first_idle``. ``queues``: the
+    waiting jobs of every queue, empty ones too; ``totals``: the running totals
+    since the pool started (:class:`~esg_prefect.control.totals.Totals`, a copy).
     """
 
     calls: tuple[CallRecord, ...]
@@ -95,6 +99,8 @@ class PoolSnapshot:
     idle_since: Mapping[str, float] = field(default_factory=dict)
     first_batch: int = 0
     first_idle: int = 0
+    queues: Mapping[QueueKey, int] = field(default_factory=dict)
+    totals: Totals | None = None
 
 
 @dataclass(frozen=True, slots=True)

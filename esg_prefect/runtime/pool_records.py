@@ -182,6 +182,8 @@ class CallBook:
             idle_since,
             len(fleet.batches) - len(batches),
             first_idle,
+            {k: len(q.jobs) for k, q in core.queues.items()},
+            core.totals.copy(),
         )
 
 
