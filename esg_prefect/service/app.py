@@ -15,7 +15,10 @@ Endpoints:
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
 * ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
-* ``GET /metrics``: queue depths, batch sizes, worker shares, decision times.
+* ``GET /metrics``: queue depths, batch sizes, worker shares, decision times, as JSON; in the
+  Prometheus text or OpenMetrics format (running totals: batches, calls, the bill) when the
+  ``Accept`` header prefers ``text/plain`` or ``application/openmetrics-text``, or with
+  ``?format=prometheus`` (:mod:`esg_prefect.service.prometheus`; ``?format=json`` forces JSON).
 * ``GET /v1/batches?limit=N``: recent batches and the runs each served.
 * ``POST /v1/pause`` / ``POST /v1/resume``: hold dispatching (calls keep queueing,
   none is failed) and release it (:meth:`Pool.pause`); ``/metrics`` says ``paused``.
@@ -67,6 +70,7 @@ from esg_prefect.exceptions import (
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
+from esg_prefect.service.prometheus import negotiate, pool_registry, render
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import BadRequest, call_digest, error_body, parse_call, result_body
 
@@ -128,6 +132,7 @@ class PoolService:
         self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
+        self.registry = pool_registry(pool, lambda: len(self._inflight), self.results.stored_bytes)
 
     def app(self) -> ASGIApp:
         """The ASGI application."""
@@ -149,7 +154,14 @@ class PoolService:
     async def healthz(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "closing" if self.closing else "ok"})
 
-    async def metrics(self, request: Request) -> JSONResponse:
+    async def metrics(self, request: Request) -> Response:
+        try:
+            accept = negotiate(request.headers.get("accept"), request.query_params.get("format"))
+        except BadRequest as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        if accept is not None:
+            text, content_type = await asyncio.to_thread(render, self.registry, accept)
+            return Response(text, headers={"Content-Type": content_type, "Vary": "Accept"})
         snap = await asyncio.to_thread(self.pool.snapshot, 30.0, METRICS_WINDOW)
         times = sorted(d.decision_ms for d in snap.decisions if d.decision_ms is not None)
         sizes = [len(b.items) for b in snap.batches]
@@ -165,7 +177,8 @@ class PoolService:
                 "mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
                 "decision_ms_p50": times[len(times) // 2] if times else None,
                 "decision_ms_p99": times[min(len(times) - 1, int(0.99 * len(times)))] if times else None,
-            }
+            },
+            headers={"Vary": "Accept"},
         )
 
     async def batches(self, request: Request) -> JSONResponse:
