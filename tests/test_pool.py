@@ -40,7 +40,7 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.scheduling.esg import ESGScheduler
-from tests.toy_stages import CRASH, HANG, POISON, UNPICKLABLE, FakeClock, settle, toy_profile
+from tests.toy_stages import CRASH, HANG, POISON, UNPICKLABLE, FakeClock, settle, toy_profile, wait_until
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 PRICES = PriceSheet(1e-5, {})
@@ -630,3 +630,27 @@ def test_at_info_the_pool_logs_each_batch_and_worker_start(inline_pool: Pool, ca
     assert len(lines) == 1, caplog.records
     assert lines[0].startswith("batch b1: inc, 1 call(s) from 1 run(s) on worker w1 [cpu, share 0.00, ")
     assert ", cold start " in lines[0] and "(predicted " in lines[0]
+
+
+def test_a_batch_function_with_one_output_per_batch_is_told_in_every_call_it_slowed(inline_pool: Pool) -> None:
+    """Bisection makes each output right (alone, one output is one per input), and each call's log says why."""
+    wf = WorkflowDecl("lumpy", 800, (), ("lumped",))
+    calls = [
+        StageCall(f"l{i}", "lumped", "tests.toy_stages:lumped", wf, f"r{i}", f"r{i}", i, profile_stage="inc")
+        for i in range(6)
+    ]
+    assert inline_pool.submit(calls[0]).result(30).output == 1  # a warm worker, so the pause is the only hold
+    inline_pool.pause()
+    futs = [inline_pool.submit(c) for c in calls[1:]]
+    assert wait_until(lambda: inline_pool.snapshot().queue_depths == {"lumpy/lumped": 5})
+    inline_pool.resume()
+    results = settle(futs)
+    assert [r.output for r in results if isinstance(r, StageResult)] == [2, 3, 4, 5, 6]
+    dispatched = max(len(b.items) for b in inline_pool.snapshot().batches)
+    assert dispatched >= 2  # the core batched them; each ran alone in the end
+    told = [r for r in results if isinstance(r, StageResult) and r.lines]
+    assert told and all(r.batch_size == 1 for r in told)
+    (level, name, text) = told[0].lines[0]
+    assert level == logging.WARNING and name == "esg_prefect.runtime.execution"
+    assert "stage 'lumped': a batch of" in text and "returned 1 output for" in text
+    assert "it must return one output per input, in order" in text

@@ -181,7 +181,13 @@ def test_a_batch_function_workers_could_not_call_or_find_is_refused_when_decorat
         def inner(model: object, items: list[int]) -> list[int]:
             return items
 
-    assert "inner" not in pipe.stages and "one_arg" not in pipe.stages  # nothing half-registered
+    with pytest.raises(InvalidInputError, match=r"stage 'later': the batch function 'later' is async; .* plain def"):
+
+        @pipe.stage(load=load_inc, import_path="tests.toy_stages:inc")
+        async def later(model: object, items: list[int]) -> list[int]:
+            return items
+
+    assert not {"inner", "one_arg", "later"} & set(pipe.stages)  # nothing half-registered
 
 
 def test_a_stage_given_a_cache_key_fn_keeps_it_as_its_cache_policy() -> None:

@@ -246,6 +246,16 @@ def flaky(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + 100 for x in items]
 
 
+def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Poll ``cond`` until it holds (True) or ``timeout_s`` passes (False): a wait on a condition, not a time."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
 def settle(futs: list[Any], timeout: float = 60) -> list[object]:
     """Each future's result, or the exception it raised (for assertions on mixed outcomes)."""
     out: list[object] = []
@@ -324,3 +334,9 @@ def load_loudly(device: str) -> dict[str, Any]:
 @talk.stage(load=load_loudly, name="loud")
 def loud(model: dict[str, Any], items: list[int]) -> list[int]:
     return [x + model["step"] for x in items]
+
+
+@toy.stage(load=load_inc, name="lumped", profile_name="inc", retries=0)
+def lumped(model: dict[str, Any], items: list[int]) -> list[int]:
+    """A common bug: one output for the whole batch (right only for a batch of one)."""
+    return [items[0] + model["step"]]

@@ -211,6 +211,11 @@ def _check_batch_fn(stage: str, run: Any, import_path: str | None) -> None:
     """
     if not callable(run):
         raise InvalidInputError(f"stage {stage!r}: the decorated object must be a function, got {run!r}")
+    if inspect.iscoroutinefunction(run) or inspect.isasyncgenfunction(run):
+        raise InvalidInputError(
+            f"stage {stage!r}: the batch function {getattr(run, '__name__', run)!r} is async; workers call it "
+            "in a thread of their own and need its outputs back: make it a plain def"
+        )
     try:
         sig = inspect.signature(run)
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check

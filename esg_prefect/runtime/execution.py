@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from esg_prefect.runtime.workers import (
     WorkerLoadError,
     WorkerSpec,
 )
+
+logger = logging.getLogger(__name__)
 
 LOAD_DEATHS = 3  # a call whose worker died while loading this often (no input ran) fails
 
@@ -147,8 +150,14 @@ async def _run_items(
     clock: Callable[[], float],
     measured: Measured,
     limit_s: float | None = None,
+    notes: tuple[LogLine, ...] = (),
 ) -> None:
-    """Run items as one batch on ``out.handle``; on a batch error, bisect until the failing inputs are alone."""
+    """Run items as one batch on ``out.handle``; on a batch error, bisect until the failing inputs are alone.
+
+    ``notes``: warnings each call's log gets from the splits it went through,
+    so that a batch function that fails only in batches (one output per
+    batch, say) shows in every task run it slowed, not only in the pool's log.
+    """
     handle = out.handle
     assert handle is not None
     results = out.results
@@ -166,7 +175,7 @@ async def _run_items(
         group = tuple(idx)
         for i, value in zip(idx, outcome.outputs, strict=True):
             results[i] = (value, None)
-            out.lines[i], out.ran_with[i] = outcome.lines, group
+            out.lines[i], out.ran_with[i] = notes + outcome.lines, group
         return
     if len(idx) == 1:
         stage = pendings[idx[0]].call.stage
@@ -176,10 +185,18 @@ async def _run_items(
             StageFailedError.raised(
                 f"stage {stage!r} raised {outcome.error_type}: {outcome.error_message}{hint}",
                 outcome.error_type,
-                with_output(outcome.error_traceback, outcome.lines),
+                with_output(outcome.error_traceback, notes + outcome.lines),
             ),
         )
         return
+    stage = pendings[idx[0]].call.stage
+    why = (outcome.error_message.splitlines() or [""])[0][:300]
+    text = (
+        f"stage {stage!r}: a batch of {len(idx)} raised {outcome.error_type}: {why}; split in halves and run "
+        "again to find the input at fault (a batch function that fails only in batches has every batch split)"
+    )
+    logger.warning(text)
+    notes = (*notes, (logging.WARNING, __name__, text))
     mid = len(idx) // 2
-    await _run_items(out, pendings, idx[:mid], running, clock, measured, limit_s)
-    await _run_items(out, pendings, idx[mid:], running, clock, measured, limit_s)
+    await _run_items(out, pendings, idx[:mid], running, clock, measured, limit_s, notes)
+    await _run_items(out, pendings, idx[mid:], running, clock, measured, limit_s, notes)

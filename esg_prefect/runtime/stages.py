@@ -159,6 +159,7 @@ def run_checked(spec: StageSpec, model: Any, items: list[Any]) -> list[Any]:
     outputs = list(outputs)
     if len(outputs) != len(items):
         raise InvalidInputError(
-            f"stage {spec.name!r}: batch function returned {len(outputs)} outputs for {len(items)} inputs"
+            f"stage {spec.name!r}: batch function returned {len(outputs)} output{'' if len(outputs) == 1 else 's'} "
+            f"for {len(items)} input{'' if len(items) == 1 else 's'}; it must return one output per input, in order"
         )
     return outputs
