@@ -420,3 +420,28 @@ def test_pool_serve_with_an_unreachable_store_is_one_line(capsys: pytest.Capture
     assert main(argv) == 2
     line = _one_line(capsys.readouterr().err)
     assert "--store" in line and "127.0.0.1" in line and "secretpw" not in line, line
+
+
+@pytest.mark.parametrize(
+    ("api_url", "artifacts", "warned"),
+    [("", [], True), ("http://127.0.0.1:4200/api", [], False), ("", ["--no-artifacts"], False)],
+)
+def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    api_url: str,
+    artifacts: list[str],
+    warned: bool,
+) -> None:
+    """Without PREFECT_API_URL the service's artifacts and tags land on a temporary API no flow reports to."""
+    import uvicorn
+
+    from esg_prefect.integration import api_check
+
+    ran: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.append(app))
+    monkeypatch.setattr(api_check, "prefect_api_url", lambda: api_url or None)
+    assert main(["pool", "serve", "--allow", "tests", "--port", str(_closed_port()), "--store", "off", *artifacts]) == 0
+    assert len(ran) == 1
+    err = capsys.readouterr().err
+    assert ("warning: no Prefect API is set (PREFECT_API_URL)" in err) is warned, err

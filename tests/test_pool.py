@@ -654,3 +654,28 @@ def test_a_batch_function_with_one_output_per_batch_is_told_in_every_call_it_slo
     assert level == logging.WARNING and name == "esg_prefect.runtime.execution"
     assert "stage 'lumped': a batch of" in text and "returned 1 output for" in text
     assert "it must return one output per input, in order" in text
+
+
+def test_a_users_stage_planned_with_a_shipped_example_profile_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """No profile given: the shipped profiles plan the example stages; a user's 'classify' gets a warning, once."""
+    from esg_prefect.runtime.profiles import load_default_profile, warn_if_shipped
+    shipped = load_default_profile()
+    assert warn_if_shipped("classify", "esg_prefect.examples.pipelines:classify", "classify", shipped) is False
+    assert warn_if_shipped("mine", "my.module:mine", "mine", shipped) is False  # not covered: refused later, by name
+    pool = Pool(backend=InlineBackend())
+    try:
+        wf = WorkflowDecl("vision", 5_000, (), ("classify",))
+        calls = [
+            StageCall(f"v{i}", "classify", "tests.toy_stages:classify_vision", wf, f"r{i}", f"r{i}", i) for i in (1, 2)
+        ]
+        with caplog.at_level(logging.WARNING, logger="esg_prefect.runtime.profiles"):
+            for c in calls:
+                pool.submit(c).result(60)
+    finally:
+        pool.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "esg_prefect.runtime.profiles"]
+    assert warned == [
+        "stage 'classify' (tests.toy_stages:classify_vision) is planned with the latency profile shipped for "
+        "esg-prefect's example stage 'classify', not one of its own: profile it (`esg-prefect profile`) and pass "
+        "ESGTaskRunner(profile=...)"
+    ]

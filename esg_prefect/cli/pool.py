@@ -181,6 +181,7 @@ def serve(
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be, hung_batch_s=hung_batch_s or None)
+    from esg_prefect.integration.api_check import prefect_api_url
     from esg_prefect.integration.recording import attach_recorders, remember_deployment
 
     try:
@@ -200,6 +201,13 @@ def serve(
         typer.echo(
             f"warning: --allow {prefix!r}: no module {prefix.split('.')[0]!r} can be imported here; calls to its "
             "stages will fail unless the workers can import it (a Ray runtime_env, for one)",
+            err=True,
+        )
+    if artifacts and not prefect_api_url():
+        typer.echo(
+            "warning: no Prefect API is set (PREFECT_API_URL): each run's cost artifacts and tags would go to a "
+            "temporary API of this process, not the one your flows report to; set PREFECT_API_URL to that API, "
+            "or pass --no-artifacts",
             err=True,
         )
     logging.getLogger("esg_prefect").setLevel(log_level.upper())

@@ -60,7 +60,7 @@ from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool_actions import PoolActions
 from esg_prefect.runtime.pool_records import CallBook
 from esg_prefect.runtime.pool_resources import PoolResources, within_backend
-from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile
+from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile, warn_if_shipped
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
     LocalProcessBackend,
@@ -154,6 +154,7 @@ class Pool(PoolActions, PoolResources):
         self.backend: WorkerBackend = backend if backend is not None else LocalProcessBackend()
         self.settings = within_backend(settings or ESGSettings(), self.backend)
         self.scheduler_name = scheduler
+        self._shipped_profile = profile is None  # planned with the example stages' profiles: warn other code
         self.planner = Planner(
             profile if profile is not None else load_default_profile(),
             self.prices,
@@ -412,6 +413,8 @@ class Pool(PoolActions, PoolResources):
         binding = self._bindings.resolve(call.workflow.name, call.stage, call.stage_path)
         if binding.new:
             profiled = call.profile_stage or call.stage  # the profile's name for this code
+            if self._shipped_profile:
+                warn_if_shipped(call.stage, call.stage_path, profiled, self.planner.profile)
             if binding.name != profiled:
                 self._alias(binding.name, profiled)
             if binding.aliased:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
 from esg_prefect.model.size_model import SizeModel
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
 DEFAULT_SIZE_SAMPLES = "profiler_examples_cpu_samples.csv"
@@ -38,3 +42,25 @@ def load_default_profile(
         with resources.as_file(folder / size_samples) as path:
             sizes = SizeModel.from_samples_csv(path)
     return LatencyProfile(points, cold, sizes)
+
+
+_EXAMPLES = "esg_prefect.examples."
+
+
+def warn_if_shipped(stage: str, stage_path: str, profiled: str, profile: LatencyProfile) -> bool:
+    """Warn when a user's stage is planned with the profile shipped for an example stage of its name.
+
+    A pool given no profile plans with the example stages' (:func:`load_default_profile`);
+    a stage of the user's own code that happens to share a name (``detect``) would be
+    planned with another model's timings, silently. Returns whether it warned.
+    """
+    if stage_path.startswith(_EXAMPLES) or not any(p.stage == profiled for p in profile.points):
+        return False
+    logger.warning(
+        "stage %r (%s) is planned with the latency profile shipped for esg-prefect's example stage %r, "
+        "not one of its own: profile it (`esg-prefect profile`) and pass ESGTaskRunner(profile=...)",
+        stage,
+        stage_path,
+        profiled,
+    )
+    return True
