@@ -659,6 +659,7 @@ def test_a_batch_function_with_one_output_per_batch_is_told_in_every_call_it_slo
 def test_a_users_stage_planned_with_a_shipped_example_profile_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
     """No profile given: the shipped profiles plan the example stages; a user's 'classify' gets a warning, once."""
     from esg_prefect.runtime.profiles import load_default_profile, warn_if_shipped
+
     shipped = load_default_profile()
     assert warn_if_shipped("classify", "esg_prefect.examples.pipelines:classify", "classify", shipped) is False
     assert warn_if_shipped("mine", "my.module:mine", "mine", shipped) is False  # not covered: refused later, by name
