@@ -179,6 +179,41 @@ def test_a_case_files_relative_trace_is_read_beside_it(
     assert json.loads(capsys.readouterr().out)["overall"]["count"] > 0
 
 
+@pytest.mark.parametrize("how", ["simulate --trace", "simulate --case", "compare --case"])
+def test_a_csv_trace_with_all_arrivals_at_one_time_is_one_line_naming_it(
+    how: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    same = tmp_path / "same.csv"
+    same.write_text("arrival_s\n1\n1\n1\n")  # a span of 0 s: no rate to replay it at
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(standard_case(trace=f"csv:{same}", rate_per_s=5.0, duration_s=2.0).to_dict()))
+    argv = {
+        "simulate --trace": ["simulate", "--duration", "2", "--trace", f"csv:{same}"],
+        "simulate --case": ["simulate", "--case", str(case)],
+        "compare --case": ["compare", "--case", str(case), "--schedulers", "esg,triton", "--out", str(tmp_path / "o")],
+    }[how]
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"esg-prefect: error: {same}: all 3 arrivals are at 1 s; a trace needs arrivals at two or more times"
+
+
+def test_a_case_files_negative_start_s_is_refused_before_any_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_s\n0\n1\n")
+    data = standard_case(trace=f"csv:{trace}", rate_per_s=5.0, duration_s=2.0).to_dict()
+    data["workload"]["start_s"] = -5
+    (tmp_path / "case.json").write_text(json.dumps(data))
+    assert main(["simulate", "--case", str(tmp_path / "case.json")]) == 2
+    line = _one_line(capsys.readouterr().err)  # no "note: your trace ... replayed" above it
+    assert "--case" in line and "workload: start_s must be a finite number >= 0, got -5" in line, line
+
+
 def test_pool_serve_takes_a_shipped_profile_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = str(_closed_port())
     # Past the profile, the next check fails: a results file in a folder that does not exist.

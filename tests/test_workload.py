@@ -304,6 +304,9 @@ def test_a_users_own_trace(tmp_path: Path) -> None:
         arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
     with pytest.raises(InvalidInputError, match="cannot read the trace file"):
         arrivals(f"csv:{tmp_path / 'missing.csv'}", ["a"], 2.0, 3.0, 0)
+    path.write_text("arrival_s\n4\n4\n")  # a span of 0 s, once a division by zero
+    with pytest.raises(InvalidInputError, match=r"mine.csv: all 2 arrivals are at 4 s; .* two or more times"):
+        arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
 
 
 def test_a_users_trace_at_its_own_rate_is_replayed_as_recorded(tmp_path: Path) -> None:
@@ -334,6 +337,20 @@ def test_simulate_says_how_a_users_trace_is_replayed(tmp_path: Path) -> None:
     console = Console(record=True, width=400)
     note_csv_replay(case, console, from_file=False)  # the standard case's options
     assert "--rate 1 and start_s 0 (in a case file) replay it" in console.export_text()
+
+
+def test_the_replay_note_says_slower_by_a_factor_above_1(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from esg_prefect.cli.case_file import note_csv_replay
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "mine.csv"
+    path.write_text("arrival_s\n" + "\n".join(f"{i / 10.7:.6f}" for i in range(107)) + "\n")  # 10.7 requests/s
+    for rate, pace in ((10.0, "1.07x slower"), (21.4, "2x faster"), (10.7, "in real time")):
+        console = Console(record=True, width=400)
+        note_csv_replay(standard_case(trace=f"csv:{path}", rate_per_s=rate, duration_s=2.0), console)
+        assert f"10.7 requests/s) is replayed at {rate:g} requests/s, {pace}," in console.export_text()
 
 
 def test_rate_estimate_restarts_after_an_idle_spell() -> None:

@@ -109,8 +109,7 @@ def note_csv_replay(case: Any, console: Console, from_file: bool = True) -> None
     from esg_prefect.workload.arrivals import csv_trace_rate
 
     rows, own = csv_trace_rate(wl.trace[4:])
-    speed = wl.rate_per_s / own
-    pace = "in real time" if abs(speed - 1.0) < 0.01 else f"{speed:.3g}x {'faster' if speed > 1 else 'slower'}"
+    pace = replay_pace(wl.rate_per_s / own)
     where = (
         "from its first row"
         if wl.start_s == 0
@@ -125,6 +124,20 @@ def note_csv_replay(case: Any, console: Console, from_file: bool = True) -> None
         "(docs/simulator.md)",
         highlight=False,
     )
+
+
+def replay_pace(speed: float) -> str:
+    """``speed`` (replay rate / the trace's own rate) in words, the factor always >= 1.
+
+    Examples:
+        >>> replay_pace(10 / 10.7)
+        '1.07x slower'
+        >>> replay_pace(3.0), replay_pace(1.004)
+        ('3x faster', 'in real time')
+    """
+    if abs(speed - 1.0) < 0.01:
+        return "in real time"
+    return f"{speed:.3g}x faster" if speed > 1 else f"{1 / speed:.3g}x slower"
 
 
 def note_case(case: Any, console: Console) -> None:

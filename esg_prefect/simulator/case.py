@@ -123,6 +123,8 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         _positive("workload", "rate_per_s", self.rate_per_s)
         _positive("workload", "minute_s", self.minute_s)
+        if self.start_s is not None:  # checked here, before a note or a run reads the trace from it
+            _positive("workload", "start_s", self.start_s, allow_zero=True)
         try:
             check_size_source(self.sizes)
         except InvalidInputError as exc:

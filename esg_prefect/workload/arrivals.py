@@ -202,7 +202,12 @@ def arrivals(
 
 
 def _user_csv(path: str) -> tuple[tuple[float, ...], tuple[str | None, ...]]:
-    """Arrival times (s from the first, sorted) and workflow names (None where not given) of a user's CSV."""
+    """Arrival times (s from the first, sorted) and workflow names (None where not given) of a user's CSV.
+
+    Raises:
+        InvalidInputError: naming the file, when it cannot be read, has a bad row, fewer than two
+            arrivals, or all of them at one time (a span of 0 s has no rate to replay it at).
+    """
 
     def row(r: dict[str, str]) -> tuple[float, str | None]:
         try:
@@ -221,6 +226,10 @@ def _user_csv(path: str) -> tuple[tuple[float, ...], tuple[str | None, ...]]:
         raise InvalidInputError(f"{path}: needs at least two arrivals, has {len(rows)}")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
+    if rows[-1][0] == t0:  # no span: no rate to replay it at (a zero division further on)
+        raise InvalidInputError(
+            f"{path}: all {len(rows)} arrivals are at {t0:g} s; a trace needs arrivals at two or more times"
+        )
     return tuple(t - t0 for t, _ in rows), tuple(n for _, n in rows)
 
 
