@@ -131,6 +131,12 @@ def test_bad_values_are_one_line_and_exit_2(
         ('{"name": "x", "workflows": "abc"}', ("the case's 'workflows' must be a list, got str 'abc'",)),
         ('{"name": "x", "cluster": [5]}', ("the case's 'cluster[0]' must be an object, got int 5",)),
         ('{"name": "x", "prices": []}', ("the case's 'prices' must be an object, got list []",)),
+        ('{"name": "x", "seed": 1.5}', ("the case's 'seed' must be an integer >= 0, got float 1.5",)),
+        ('{"name": "x", "seed": -1}', ("the case's 'seed' must be an integer >= 0, got int -1",)),
+        ('{"name": "x", "seed": true}', ("the case's 'seed' must be an integer >= 0, got bool True",)),
+        ('{"name": "x", "seed": null}', ("the case's 'seed' must be an integer >= 0, got NoneType None",)),
+        ('{"name": "x", "seed": [1]}', ("the case's 'seed' must be an integer >= 0, got list [1]",)),
+        ('{"name": "x", "seed": "3"}', ("the case's 'seed' must be an integer >= 0, got str '3'",)),
     ],
 )
 @pytest.mark.parametrize("command", ["simulate", "compare"])

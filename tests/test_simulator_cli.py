@@ -146,6 +146,47 @@ def test_compare_on_a_users_case(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "no_such_knob" in bad.output
 
 
+def test_compare_on_a_case_runs_from_the_cases_own_seed(tmp_path: Path) -> None:
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case(rate_per_s=40.0, duration_s=2.0, warmup_s=0.5, seed=7)
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(case.to_dict()))
+    out = tmp_path / "out"
+    args = ["compare", "--case", str(path), "--schedulers", "esg,triton", "--seeds", "2", "--processes", "1"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert [(r["scheduler"], r["seed"]) for r in data["rows"]] == [("esg", 7), ("esg", 8), ("triton", 7), ("triton", 8)]
+    esg7 = simulate(case.with_(scheduler="esg"), 7).report.overall
+    assert data["rows"][0]["cost_per_request"] == esg7.cost_per_request  # what simulate --case runs
+    assert "headline" in data  # over the rows of the first seed, 7
+
+
+def test_a_case_file_simulate_writes_runs_from_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from esg_prefect.cli.case_file import case_dict_in
+    from esg_prefect.simulator import standard_case
+    from esg_prefect.simulator.case import PROFILE_DIR
+
+    (tmp_path / "mycase").mkdir()
+    (tmp_path / "mycase" / "mine.csv").write_text((PROFILE_DIR / "nvidia_gpu.csv").read_text())
+    (tmp_path / "arrivals.csv").write_text("arrival_s\n" + "\n".join(f"{i * 0.05:.2f}" for i in range(40)) + "\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["--profile", "mycase/mine.csv", "--trace", "csv:arrivals.csv", "--rate", "20", "--duration", "2"]
+    result = CliRunner().invoke(app, ["simulate", *args, "--warmup", "0.5", "--out", "mycase", "--json"])
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "mycase" / "case.json").read_text())
+    # the profile under --out relative to it; the trace outside it absolute
+    assert written["profile"] == "mine.csv"
+    assert written["workload"]["trace"] == f"csv:{(tmp_path / 'arrivals.csv').resolve()}"
+    assert case_dict_in(standard_case(), tmp_path)["profile"] == "nvidia_gpu"  # a packaged name is kept as it is
+    for cwd, case_json in ((tmp_path / "mycase", "case.json"), (tmp_path.parent, str(tmp_path / "mycase/case.json"))):
+        monkeypatch.chdir(cwd)  # cd DIR && esg-prefect simulate --case case.json, and from elsewhere
+        again = CliRunner().invoke(app, ["simulate", "--case", case_json, "--json"])
+        assert again.exit_code == 0, again.output
+        assert json.loads(again.stdout[again.stdout.index("{") :])["overall"]["count"] > 0
+
+
 def test_the_at_risk_line_says_what_it_counts_and_cannot_contradict_the_table() -> None:
     # Issue #22: "76 for at-risk dispatches" next to an at_risk column of zeros. The worker starts are
     # counted over the whole run, the table's requests after the warm-up: the line now gives both

@@ -4,13 +4,14 @@ A case file is the JSON that ``esg-prefect simulate --out DIR`` writes
 (:class:`~esg_prefect.simulator.case.Case`). Reading it names every mistake in
 one line naming ``--case``; its relative paths are read from its own folder
 first. The notes say what a user's own case does that they may not expect: a
-CSV trace replayed at another speed, GPU types no stage is profiled on.
+CSV trace replayed at another speed, GPU types no stage is profiled on. A case
+file written into a folder has its paths made to be read from there.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rich.console import Console
 __all__ = [
     "CASE_ACCEPTS",
     "CASE_KEYS",
+    "case_dict_in",
     "given_options",
     "load_case",
     "note_case",
@@ -30,6 +32,15 @@ __all__ = [
 CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simulate --out DIR` writes"
 
 
+def _case_paths(data: dict[str, Any], change: Callable[[str], str]) -> None:
+    """Apply ``change`` to a case's file paths in place: ``profile`` and a ``csv:`` trace's file."""
+    if isinstance(data.get("profile"), str) and data["profile"]:
+        data["profile"] = change(data["profile"])
+    workload = data.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"].startswith("csv:"):
+        workload["trace"] = "csv:" + change(workload["trace"][4:])
+
+
 def _paths_beside(data: dict[str, Any], folder: Path) -> None:
     """Read a case's relative paths (``profile``, a ``csv:`` trace) from the case file's folder when they are there.
 
@@ -37,17 +48,38 @@ def _paths_beside(data: dict[str, Any], folder: Path) -> None:
     working directory (or a packaged profile's name) is left as it is.
     """
 
-    def beside(value: Any) -> Any:
-        if not isinstance(value, str) or not value or Path(value).is_absolute() or Path(value).exists():
+    def beside(value: str) -> str:
+        if not value or Path(value).is_absolute():
             return value
         there = folder / value
         return str(there) if there.is_file() else value
 
-    if "profile" in data:
-        data["profile"] = beside(data["profile"])
-    workload = data.get("workload")
-    if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"].startswith("csv:"):
-        workload["trace"] = "csv:" + beside(workload["trace"][4:])
+    _case_paths(data, beside)
+
+
+def case_dict_in(case: Any, folder: Path) -> dict[str, Any]:
+    """``case.to_dict()`` for a case file written into ``folder`` (``simulate --out``).
+
+    Its relative paths are relative to the working directory, but a case file's
+    are read from the file's folder first (:func:`load_case`): a file under
+    ``folder`` is written relative to it, any other absolute, so that the case
+    file runs from any working directory. Absolute paths and packaged profile
+    names are written as they are.
+    """
+    from esg_prefect.simulator.case import PROFILE_DIR
+
+    home = folder.resolve()
+
+    def portable(value: str) -> str:
+        path = Path(value)
+        if path.is_absolute() or not path.is_file() or (PROFILE_DIR / f"{value}.csv").exists():
+            return value
+        path = path.resolve()
+        return str(path.relative_to(home)) if path.is_relative_to(home) else str(path)
+
+    data: dict[str, Any] = case.to_dict()
+    _case_paths(data, portable)
+    return data
 
 
 def load_case(path: Path) -> Any:

@@ -296,14 +296,18 @@ def _compare_case(
     sets: Sequence[str] = (),
     fresh: bool = False,
 ) -> None:
-    """Every scheduler on the user's case: the answer to "what would ESG save on my workload?"."""
+    """Every scheduler on the user's case: the answer to "what would ESG save on my workload?".
+
+    ``seeds`` runs start at the case's own seed (``seed``, ``seed + 1``, ...), as ``simulate --case``
+    runs it; the headline and the sentences compare the runs of that first seed.
+    """
     from esg_prefect.simulator import experiments as ex
 
     case = with_settings(load_case(case_file), sets)
     specs = [
         ex.RunSpec("case", case.with_(scheduler=s), seed, (("case", case.name),))
         for s in names
-        for seed in range(seeds)
+        for seed in range(case.seed, case.seed + seeds)
     ]
     make_out_dir(out)
     console = Console()
@@ -313,7 +317,7 @@ def _compare_case(
     print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
     result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
     md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
-    first = [r for r in rows if r["seed"] == 0]
+    first = [r for r in rows if r["seed"] == case.seed]
     if "esg" in names and ex.best_baseline(first) is not None:
         head = ex.headline(first)
         result["headline"] = head
@@ -340,7 +344,9 @@ def register(app: typer.Typer) -> None:
             "baselines; any other registered one only when named here).",
         ),
         loads: str = typer.Option(DEFAULT_LOADS, help="E1 loads, requests/s."),
-        seeds: int = typer.Option(1, help="Seeds per simulated point."),
+        seeds: int = typer.Option(
+            1, help="Seeds per simulated point: 0, 1, ...; with --case, the case's seed and the next ones."
+        ),
         quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
         out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULT_OUT,

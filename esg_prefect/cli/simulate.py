@@ -26,6 +26,7 @@ from rich.table import Table
 
 from esg_prefect.cli.case_file import (
     CASE_KEYS,
+    case_dict_in,
     given_options,
     load_case,
     note_case,
@@ -426,7 +427,7 @@ def register(app: typer.Typer) -> None:
             wall = (clock() - t0) / 1000.0
         report = run.report
         if out is not None:
-            (out / "case.json").write_text(json.dumps(case.to_dict(), indent=2), encoding="utf-8")
+            (out / "case.json").write_text(json.dumps(case_dict_in(case, out), indent=2), encoding="utf-8")
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
         if as_json:
             typer.echo(json.dumps(report.to_dict(), indent=2))

@@ -435,6 +435,9 @@ class Case:
             _shaped(key, data.get(key, {}), dict)
         _known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
         _known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
+        seed = data.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:  # JSON gives 1.5, true, null, "3" as such
+            raise ConfigError(f"the case's 'seed' must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
         try:
             wl = dict(data["workload"])
             if wl.get("weights") is not None:
@@ -459,7 +462,7 @@ class Case:
                 duration_s=data["duration_s"],
                 scheduler=data.get("scheduler", "esg"),
                 settings=ESGSettings.from_dict(dict(data.get("settings", {}))),
-                seed=data.get("seed", 0),
+                seed=seed,
                 sim=SimSpec(**data.get("sim", {})),
                 warmup_s=data.get("warmup_s", 0.0),
             )
