@@ -70,6 +70,11 @@ def _one_line(err: str) -> str:
         (["compare", "--seeds", "0"], ("--seeds", "0", "at least 1")),
         (["compare", "--processes", "-1"], ("--processes", "-1", "0 (one per CPU) or more")),
         (["compare", "--schedulers", "esg,nope"], ("--schedulers", "'nope'", "known: esg")),
+        (
+            ["compare", "--schedulers", ""],
+            ("Invalid value for --schedulers: give at least one scheduler name, got ''",),
+        ),
+        (["compare", "--schedulers= , "], ("--schedulers: give at least one scheduler name", "got ' , '")),
         (["compare", "--case", "/nonexistent.json"], ("--case", "'/nonexistent.json'", "case JSON file")),
         (["compare", "--experiment", "e1", "--quick", "--set", "no_such_knob=1"], ("--set", "no_such_knob")),
         # costs (more in tests/test_costs_cli.py)

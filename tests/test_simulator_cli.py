@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
@@ -153,10 +154,11 @@ def test_compare_on_a_case_runs_from_the_cases_own_seed(tmp_path: Path) -> None:
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(case.to_dict()))
     out = tmp_path / "out"
-    args = ["compare", "--case", str(path), "--schedulers", "esg,triton", "--seeds", "2", "--processes", "1"]
+    args = ["compare", "--case", str(path), "--schedulers", "esg,triton,esg", "--seeds", "2", "--processes", "1"]
     result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "results.json").read_text())
+    # seeds from the case's 7; esg named twice runs once
     assert [(r["scheduler"], r["seed"]) for r in data["rows"]] == [("esg", 7), ("esg", 8), ("triton", 7), ("triton", 8)]
     esg7 = simulate(case.with_(scheduler="esg"), 7).report.overall
     assert data["rows"][0]["cost_per_request"] == esg7.cost_per_request  # what simulate --case runs
@@ -360,6 +362,38 @@ def test_compare_says_who_wins_in_words() -> None:
     cheaper = verdict([{**rows[0], "cost_per_request": 1.0e-9}, rows[2]])
     assert "1.30x cheaper on the whole bill" in cheaper[3]
     assert verdict([]) == []
+
+
+def test_compare_schedulers_are_named_once_and_an_empty_list_is_not_the_default() -> None:
+    from esg_prefect.cli.compare import _scheduler_list
+    from esg_prefect.simulator.experiments import DEFAULT_SCHEDULERS
+
+    assert _scheduler_list("esg, triton,esg,,triton") == ("esg", "triton")
+    assert _scheduler_list("") == DEFAULT_SCHEDULERS  # the option left out
+    with pytest.raises(typer.BadParameter, match="give at least one scheduler name"):
+        _scheduler_list(" , ", given=True)
+
+
+def test_the_headline_says_which_way_its_cost_ratios_read(tmp_path: Path) -> None:
+    from esg_prefect.cli.compare import RATIO_NOTE
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(standard_case(rate_per_s=40.0, duration_s=2.0, warmup_s=0.5).to_dict()))
+    out = tmp_path / "out"
+    args = ["compare", "--case", str(path), "--schedulers", "esg,triton", "--processes", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert RATIO_NOTE == (
+        "cost ratios are best baseline / ESG: above 1, ESG is cheaper "
+        "(cost_ratio: batches alone; cost_ratio_with_idle: the whole bill)"
+    )
+    lines = result.output.splitlines()
+    table_end = max(i for i, line in enumerate(lines) if "ESG vs the best baseline" in line)
+    assert RATIO_NOTE in lines[table_end:]  # under the headline table, before the sentences
+    assert RATIO_NOTE in (out / "tables.md").read_text()
+    head = json.loads((out / "results.json").read_text())["headline"]
+    assert {"cost_ratio", "cost_ratio_with_idle"} <= set(head)  # the keys bench scripts read stay
 
 
 def test_headline_and_sentences_name_the_same_best_baseline() -> None:

@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from esg_prefect.cli.case_file import load_case, note_case
+from esg_prefect.cli.case_file import given_options, load_case, note_case
 from esg_prefect.cli.simulate import (
     WallClock,
     check_scheduler,
@@ -259,10 +259,26 @@ def bill_bars(rows: Sequence[dict[str, Any]], group: str, path: Path, title: str
 # ---- the command ---------------------------------------------------------------------------------
 
 
-def _scheduler_list(text: str) -> tuple[str, ...]:
+RATIO_NOTE = (
+    "cost ratios are best baseline / ESG: above 1, ESG is cheaper "
+    "(cost_ratio: batches alone; cost_ratio_with_idle: the whole bill)"
+)
+"""The line under a headline table: which way its ratios read (``headline()``'s keys stay as they are)."""
+
+
+def _scheduler_list(text: str, given: bool = False) -> tuple[str, ...]:
+    """The schedulers ``--schedulers`` names, each once in the order given; the default list when not ``given``.
+
+    Raises:
+        typer.BadParameter: for an unknown name, or a value given that names none (``--schedulers ""``).
+    """
     from esg_prefect.simulator import experiments as ex
 
-    names = tuple(s.strip() for s in text.split(",") if s.strip()) or ex.DEFAULT_SCHEDULERS
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    if not names:
+        if given:
+            raise typer.BadParameter(f"give at least one scheduler name, got {text!r}", param_hint="--schedulers")
+        names = ex.DEFAULT_SCHEDULERS
     for name in names:
         check_scheduler(name, "--schedulers")
     return names
@@ -323,7 +339,8 @@ def _compare_case(
         result["headline"] = head
         cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
         print_table(console, "ESG vs the best baseline", [head], cols)
-        md.append(markdown_table([head], cols))
+        console.print(RATIO_NOTE, highlight=False, soft_wrap=True)
+        md.append(markdown_table([head], cols) + f"\n\n{RATIO_NOTE}")
     for line in verdict(first):
         console.print(line, highlight=False)
     bill_bars(rows, "case", out / "case.png", f"case {case.name}")
@@ -337,6 +354,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare_cmd(
+        ctx: typer.Context,
         experiment: str = typer.Option("all", help="Comma list of e1 e3 e4 e5 e6 e7, or all (E2 comes with E1)."),
         schedulers: str = typer.Option(
             "",
@@ -372,7 +390,7 @@ def register(app: typer.Typer) -> None:
         from esg_prefect.simulator import plots
 
         _check_counts(seeds, processes)
-        names = _scheduler_list(schedulers)
+        names = _scheduler_list(schedulers, given=bool(given_options(ctx, ["schedulers"])))
         if case_file is not None:
             ignored = [
                 f"--{n}" for n, on in (("experiment", experiment != "all"), ("loads", loads != DEFAULT_LOADS)) if on
@@ -504,7 +522,8 @@ def _report_e1(
     results["E1-headline"] = head
     cols = ("load", "best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
     print_table(console, "E1/E2 headline: ESG vs the best prior-work baseline", head, cols)
-    md.append("## E1/E2 headline\n\n" + markdown_table(head, cols))
+    console.print(RATIO_NOTE, highlight=False, soft_wrap=True)
+    md.append("## E1/E2 headline\n\n" + markdown_table(head, cols) + f"\n\n{RATIO_NOTE}")
     for load in load_values:
         rs = [r for r in rows if r["load"] == load]
         print_table(console, f"E1/E2 at {load:g} requests/s", rs, RUN_COLUMNS)
