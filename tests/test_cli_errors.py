@@ -225,6 +225,45 @@ def test_a_case_files_negative_start_s_is_refused_before_any_note(
     assert "--case" in line and "workload: start_s must be a finite number >= 0, got -5" in line, line
 
 
+def test_profile_of_a_stage_without_its_samples_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "-t", "tests.toy_stages:inc", "--quick", "--no-store", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2  # not a ParameterBindError traceback from calling the stage's task
+    assert _one_line(capsys.readouterr().err) == (
+        "esg-prefect: error: 'tests.toy_stages:inc' is a stage; give its samples: 'module:stage@module:samples' "
+        "('tests.toy_stages:inc@<module>:<samples>', samples(rng, n) returning n inputs)"
+    )
+
+
+def test_fit_sizes_on_a_profile_csv_names_the_missing_columns_and_the_file_it_wants(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "mine.csv"  # a latency profile, not its _samples.csv
+    path.write_text("stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms\nx,cpu,1,1,0,5,6,100\n")
+    assert main(["profile", "--fit-sizes", str(path)]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"esg-prefect: error: Invalid value for --fit-sizes: {path}: missing columns ['latency_ms', 'total_size']; "
+        "give a samples CSV (<name>_samples.csv, one row per timed call, written by esg-prefect profile)"
+    )
+
+
+def test_profile_warns_in_one_line_of_vcpus_beyond_the_machines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import esg_prefect.cli.profile as profile_cli
+
+    runs: list[tuple[int, ...]] = []
+    monkeypatch.setattr(profile_cli, "_run_cli", lambda **kw: runs.append(kw["vcpus"]))  # no measuring
+    monkeypatch.setattr(profile_cli.os, "cpu_count", lambda: 2)
+    assert main(["profile", "--vcpus", "1,16,64"]) == 0
+    assert _one_line(capsys.readouterr().err) == (
+        "esg-prefect: warning: --vcpus 16,64 exceeds this machine's 2 CPUs: those rows time 64 threads "
+        "sharing 2 cores, not a 64-vCPU worker"
+    )
+    assert main(["profile", "--vcpus", "1,2"]) == 0
+    assert capsys.readouterr().err == ""
+    assert runs == [(1, 16, 64), (1, 2)]  # warned, not refused
+
+
 def test_pool_serve_takes_a_shipped_profile_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = str(_closed_port())
     # Past the profile, the next check fails: a results file in a folder that does not exist.

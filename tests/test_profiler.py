@@ -293,6 +293,8 @@ def test_bad_targets_are_named() -> None:
     with pytest.raises(UnknownStageError, match="is not a ProfileTarget"):
         resolve_targets("tests.test_profiler:SLEEP_PER_ITEM_S")
     assert [t.name for t in resolve_targets(TOYS)] == ["sleepy", "sized"]
+    with pytest.raises(UnknownStageError, match=r"'tests.toy_stages:inc' is a stage; give its samples"):
+        resolve_targets("tests.toy_stages:inc")  # the task Pipeline.stage made, callable, is not called
 
 
 def test_profile_store_versions(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -31,6 +32,21 @@ def _check_files(*files: tuple[str, Path | None, str]) -> None:
     for hint, path, what in files:
         if path is not None and not path.is_file():
             raise typer.BadParameter(f"no file {str(path)!r}; give {what}", param_hint=hint)
+
+
+def _warn_vcpus(vcpus: tuple[int, ...], cpus: int | None) -> None:
+    """Warn, in one line on stderr, of ``--vcpus`` counts above the machine's ``cpus``; the run goes on.
+
+    Such a point times that many threads sharing fewer cores: a row that reads as
+    a bigger worker but is not one. Not refused: the user may want the rows anyway.
+    """
+    over = [v for v in vcpus if cpus is not None and v > cpus]
+    if over:
+        typer.echo(
+            f"esg-prefect: warning: --vcpus {','.join(map(str, over))} exceeds this machine's {cpus} CPUs: those "
+            f"rows time {max(over)} threads sharing {cpus} cores, not a {max(over)}-vCPU worker",
+            err=True,
+        )
 
 
 def _check_run(
@@ -64,7 +80,9 @@ def register(app: typer.Typer) -> None:
             help="What to profile: 'examples', 'examples:<pipeline>', 'module:attr' (a ProfileTarget or a list), "
             "or 'module:stage@module:samples'. Repeatable.",
         ),
-        vcpus: str = typer.Option("1,2", help="Thread counts (vCPUs), comma-separated."),
+        vcpus: str = typer.Option(
+            "1,2", help="Thread counts (vCPUs), comma-separated; more than this machine's CPUs: a warning."
+        ),
         batches: str = typer.Option(DEFAULT_BATCHES, help="Batch sizes, comma-separated."),
         gpu_shares: str = typer.Option("0.25,0.5,1", help="GPU shares where a GPU is present (skipped on CPU)."),
         quick: bool = typer.Option(False, "--quick", help="One repetition per point, batches 1,2 (smoke test)."),
@@ -119,20 +137,29 @@ def register(app: typer.Typer) -> None:
                 param_hint="--batches",
             )
         if fit_sizes is not None:
+            from esg_prefect.exceptions import ProfileError
             from esg_prefect.profiler.results import read_samples_csv
             from esg_prefect.profiler.sizes import size_report
 
-            typer.echo(size_report(read_samples_csv(fit_sizes)))
+            try:
+                samples = read_samples_csv(fit_sizes)
+            except ProfileError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--fit-sizes") from None
+            typer.echo(size_report(samples))
             return
+        vcpu_counts = _ints(vcpus, "--vcpus")
+        measuring = profile_csv is None and stalls is None  # a new profile, at these counts
         if as_flow:
             from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
 
             check_prefect_api(prefect_api_url())  # a server that is not up: one line, at once
+            if measuring:
+                _warn_vcpus(vcpu_counts, os.cpu_count())
             from esg_prefect.profiler.flow import profile_flow
 
             out = profile_flow(
                 targets=list(target),
-                vcpus=list(_ints(vcpus, "--vcpus")),
+                vcpus=list(vcpu_counts),
                 batches=list(_ints(batches, "--batches")) if not quick else None,
                 gpu_shares=list(_floats(gpu_shares, "--gpu-shares")),
                 quick=quick,
@@ -145,9 +172,11 @@ def register(app: typer.Typer) -> None:
             )
             typer.echo(out)
             return
+        if measuring:
+            _warn_vcpus(vcpu_counts, os.cpu_count())
         _run_cli(
             target=tuple(target),
-            vcpus=_ints(vcpus, "--vcpus"),
+            vcpus=vcpu_counts,
             batches=None if quick else _ints(batches, "--batches"),
             gpu_shares=_floats(gpu_shares, "--gpu-shares"),
             quick=quick,

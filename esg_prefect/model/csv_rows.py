@@ -24,6 +24,7 @@ def read_rows(
     parse: Callable[[dict[str, str]], T],
     error: type[Exception] = ProfileError,
     required: Iterable[str] = (),
+    kind: str = "",
 ) -> list[T]:
     """``parse`` applied to every row of the CSV at ``path`` (a dict by column name).
 
@@ -33,6 +34,8 @@ def read_rows(
             ``KeyError``, ``TypeError`` or ``ValueError``.
         error: the exception raised instead, with the file and line.
         required: columns that must be in the header (checked before any row).
+        kind: what file it should be (``"a samples CSV"``), said when columns are missing: most often
+            another of the profiler's tables was given.
 
     Raises:
         error: naming the file, and the line of a malformed row or the missing columns.
@@ -53,7 +56,7 @@ def read_rows(
         reader = csv.DictReader(fh)
         missing = set(required) - set(reader.fieldnames or ())
         if missing:
-            raise error(f"{path}: missing columns {sorted(missing)}")
+            raise error(f"{path}: missing columns {sorted(missing)}" + (f"; give {kind}" if kind else ""))
         for lineno, row in enumerate(reader, start=2):
             try:
                 out.append(parse(row))

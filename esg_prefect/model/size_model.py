@@ -212,11 +212,17 @@ def fit_one(samples: Sequence[SampleLike]) -> SizeFit:
     return SizeFit(stage, hw, v, share, intercepts, slope, len(y), r2, use_z, typical)
 
 
+SAMPLE_COLUMNS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "total_size", "latency_ms")
+"""The columns of the profiler's samples CSV, one row per timed call."""
+SAMPLES_KIND = "a samples CSV (<name>_samples.csv, one row per timed call, written by esg-prefect profile)"
+
+
 def read_samples_csv(path: str | Path) -> list[SizeSample]:
     """The per-call samples of a profiler run (``<profile>_samples.csv``, written by the profiler).
 
     Raises:
-        ProfileError: naming the file and line of a malformed row.
+        ProfileError: naming the file and line of a malformed row, or the missing columns and the
+            file expected (a profile CSV given instead lacks ``total_size`` and ``latency_ms``).
     """
 
     def sample(r: dict[str, str]) -> SizeSample:
@@ -226,7 +232,7 @@ def read_samples_csv(path: str | Path) -> list[SizeSample]:
             float(r["latency_ms"]),
         )
 
-    return read_rows(path, sample)
+    return read_rows(path, sample, required=SAMPLE_COLUMNS, kind=SAMPLES_KIND)
 
 
 class SizeModel:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.model.csv_rows import read_rows
+from esg_prefect.model.size_model import SAMPLE_COLUMNS
 from esg_prefect.model.size_model import SizeSample as Sample
 from esg_prefect.model.size_model import read_samples_csv as read_samples_csv  # re-exported: the samples' reader
 
@@ -48,7 +49,7 @@ EXTRA_FIELDS = (
     "mean_input_size",
     "pipeline",
 )
-SAMPLE_FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "total_size", "latency_ms")
+SAMPLE_FIELDS = SAMPLE_COLUMNS  # the reader's columns (model/size_model.py), written in this order
 
 
 @dataclass(frozen=True, slots=True)

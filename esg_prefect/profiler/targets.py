@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from esg_prefect.exceptions import InvalidInputError, UnknownStageError
-from esg_prefect.runtime.stages import SizeFn
+from esg_prefect.runtime.stages import SizeFn, StageSpec
 from esg_prefect.runtime.stages import input_size as input_size  # re-exported: the profiler's size unit
 
 LoadFn = Callable[[str], Any]
@@ -184,7 +184,8 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
     """The targets a spec string names (not for ``examples`` specs, which :func:`prepare` handles).
 
     Raises:
-        UnknownStageError: naming the spec when it cannot be imported or is not a target.
+        UnknownStageError: naming the spec when it cannot be imported or is not a target (a stage
+            without its ``@module:samples`` included).
     """
     if "@" in spec:
         stage_path, samples_path = spec.split("@", 1)
@@ -199,6 +200,12 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
     obj = _import(spec)
     if isinstance(obj, ProfileTarget):
         return [obj]
+    if isinstance(obj, StageSpec) or isinstance(getattr(obj, "esg_stage", None), StageSpec):
+        # A stage (the task Pipeline.stage makes is callable too): calling it would run its task.
+        raise UnknownStageError(
+            f"{spec!r} is a stage; give its samples: 'module:stage@module:samples' ('{spec}@<module>:<samples>', "
+            "samples(rng, n) returning n inputs)"
+        )
     if callable(obj) and not isinstance(obj, (list, tuple)):
         obj = obj()
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(t, ProfileTarget) for t in obj):
