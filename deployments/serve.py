@@ -192,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="ESG setting of the pool service it starts (repeat), e.g. --set keep_alive_s=10",
     )
     args = parser.parse_args(argv)
+    if not 1 <= args.port <= 65535:  # as `esg-prefect pool serve` checks it; 0 (any free port) leaves no URL here
+        parser.error(f"--port: must be a TCP port, 1 to 65535, got {args.port}")
     if args.pool_url and args.sets:
         parser.error("--set applies to the pool service this script starts; it cannot change one at --pool-url")
     if args.sets:  # refused here in one line, not by the service once it has started

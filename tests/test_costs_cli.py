@@ -155,6 +155,22 @@ def test_a_missing_store_is_one_line_naming_url(tmp_path: Path, capsys: pytest.C
     assert code == 2 and "no cost store" in out
 
 
+def test_a_database_the_store_cannot_use_is_named_like_the_other_options(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.cli import main
+
+    assert main(["costs", "--url", "mysql://me:secret@db/costs"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "esg-prefect: error: Invalid value for --url: the cost store needs a sqlite:// or postgresql:// URL, "
+        "got scheme 'mysql'\n"
+    )  # the scheme, not the URL and its password
+    monkeypatch.setenv("ESG_PREFECT_STORE_URL", "mysql://a")
+    assert main(["costs"]) == 2
+    assert capsys.readouterr().err.startswith("esg-prefect: error: Invalid value for $ESG_PREFECT_STORE_URL: ")
+
+
 def test_an_unreachable_database_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("psycopg")
     from esg_prefect.cli import main

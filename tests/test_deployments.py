@@ -250,6 +250,17 @@ def test_serve_script_refuses_a_bad_set_in_one_line(
     assert "Traceback" not in err and named in err.splitlines()[-1], err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_serve_script_refuses_a_port_out_of_range_in_one_line(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    serve = load_serve_script()
+    with pytest.raises(SystemExit) as exc:
+        serve.main(["--port", port])  # was an OverflowError traceback from bind()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1].endswith(f" error: --port: must be a TCP port, 1 to 65535, got {port}"), err
+
+
 def test_serve_script_refuses_a_port_another_service_holds(capsys: pytest.CaptureFixture[str]) -> None:
     """Not "pool service on ... (pid N)" while the service it started exits with "Address already in use"
     and the one already on that port (another --allow, other settings) answers its health check."""

@@ -104,6 +104,10 @@ def register(app: typer.Typer) -> None:
         if limit < 0:
             raise typer.BadParameter(f"must be 0 (all) or more, got {limit}", param_hint="--limit")
         try:
+            resolve_url(url)  # a database the store cannot use: named with its option, as the others are
+        except ESGError as exc:  # the message names the scheme, not the URL (which may hold a password)
+            raise typer.BadParameter(str(exc), param_hint="--url" if url else f"${ENV_URL}") from None
+        try:
             since_ms = parse_since(since)
         except InvalidInputError as exc:
             raise typer.BadParameter(str(exc).removeprefix("--since "), param_hint="--since") from None
