@@ -64,6 +64,8 @@ def _one_line(err: str) -> str:
         (["demo", "--requests", "0"], ("--requests must be at least 1, got 0",)),
         (["demo", "--runs-shown", "-2"], ("--runs-shown must be 0 or more, got -2",)),
         (["demo", "--backend", "gpu"], ("'gpu'", "'process' or 'inline'")),
+        (["demo", "--seed", "-1"], ("--seed", "greater than or equal to 0", "'-1'")),
+        (["simulate", "--seed", "-1"], ("--seed", "greater than or equal to 0", "'-1'")),
         # compare
         (["compare", "--experiment", "e9"], ("--experiment", "e9", "known: e1")),
         (["compare", "--loads", "150,abc"], ("--loads", "'150,abc'", "> 0")),

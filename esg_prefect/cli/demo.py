@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
             None, help="Mean arrival rate, requests per second; default: calibrated to this machine."
         ),
         trace: str = typer.Option("azure_functions_2019", help="Arrival trace (see esg_prefect.workload)."),
-        seed: int = typer.Option(0, help="Seed of the arrivals and inputs."),
+        seed: int = typer.Option(0, min=0, help="Seed of the arrivals and inputs."),
         compare: bool = typer.Option(True, help="Also run the workload under Prefect's ThreadPoolTaskRunner."),
         backend: str = typer.Option("process", help="Workers: 'process' (worker processes) or 'inline' (threads)."),
         runs_shown: int = typer.Option(8, help="Flow runs listed with their cost."),

@@ -335,7 +335,7 @@ def register(app: typer.Typer) -> None:
         ),
         profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
         seed: int | None = typer.Option(
-            None, help="Seed of arrivals and service times (default: 0; with --case, the case's)."
+            None, min=0, help="Seed of arrivals and service times (default: 0; with --case, the case's)."
         ),
         case_file: Annotated[
             Path | None,
