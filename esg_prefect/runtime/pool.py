@@ -36,8 +36,6 @@ from esg_prefect.control.records import (
     BatchListener,
     PoolSnapshot,
     RunListener,
-    request_records,
-    stage_records,
 )
 from esg_prefect.exceptions import (
     InvalidInputError,
@@ -45,12 +43,9 @@ from esg_prefect.exceptions import (
     StageCallError,
     StageRejectedError,
 )
-from esg_prefect.model.config import CPU
-from esg_prefect.model.correction import LatencyCorrection
 from esg_prefect.model.jobs import QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.model.report import Report, summarize
 from esg_prefect.runtime.bindings import StageBindings
 from esg_prefect.runtime.call_ids import CallIds
 from esg_prefect.runtime.clock import Cancellable, PoolClock, perf_ms, wall_ms
@@ -60,6 +55,7 @@ from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool_actions import PoolActions
 from esg_prefect.runtime.pool_records import CallBook
 from esg_prefect.runtime.pool_resources import PoolResources, within_backend
+from esg_prefect.runtime.pool_views import PoolViews
 from esg_prefect.runtime.profiles import DEFAULT_PROFILES, DEFAULT_SIZE_SAMPLES, load_default_profile, warn_if_shipped
 from esg_prefect.runtime.stages import input_size
 from esg_prefect.runtime.workers import (
@@ -68,8 +64,7 @@ from esg_prefect.runtime.workers import (
     WorkerHandle,
 )
 from esg_prefect.runtime.workflows import WorkflowRegistry
-from esg_prefect.scheduling import ESGSettings, Scheduler
-from esg_prefect.scheduling.tables import CandidateTables
+from esg_prefect.scheduling import ESGSettings
 
 __all__ = [
     "DEFAULT_PROFILES",
@@ -105,7 +100,7 @@ def _bare() -> contextvars.Context:
     return contextvars.Context()
 
 
-class Pool(PoolActions, PoolResources):
+class Pool(PoolViews, PoolActions, PoolResources):
     """AFW queues, the control core and a worker backend, shared by many flow runs.
 
     Args:
@@ -243,72 +238,6 @@ class Pool(PoolActions, PoolResources):
             raise PoolClosedError("the pool is closed")
         loop = self._ensure_started()
         asyncio.run_coroutine_threadsafe(self._set_paused(paused), loop).result(30.0)
-
-    @property
-    def paused(self) -> bool:
-        """Whether dispatching is held (:meth:`pause`)."""
-        return self._core is not None and self._core.paused
-
-    @property
-    def scheduler(self) -> Scheduler:
-        """The scheduler planning now (replaced when the online correction re-plans)."""
-        return self.planner.scheduler
-
-    @property
-    def tables(self) -> CandidateTables:
-        """The tables that give calls their deadlines (replaced with the scheduler)."""
-        return self.planner.tables
-
-    @property
-    def profile(self) -> LatencyProfile:
-        """The profile planned with now: the base profile rescaled by the online correction."""
-        return self.planner.profile
-
-    @property
-    def correction(self) -> LatencyCorrection | None:
-        """The online latency correction (None: turned off)."""
-        return self.planner.correction
-
-    @property
-    def core(self) -> Core:
-        """The control core (created at the first call; read it on the pool's loop or after :meth:`close`)."""
-        if self._core is None:
-            raise PoolClosedError("the pool has not started")
-        return self._core
-
-    def snapshot(self, timeout_s: float = 30.0, recent: int | None = None) -> PoolSnapshot:
-        """Consistent copies of the records (calls, batches, idle time, decisions, queues, workers).
-
-        ``recent``: only the newest ``recent`` calls, batches, idle intervals and
-        decisions, and no requests: what a metrics scrape needs, copied in time
-        independent of how long the pool has served (the copy holds its loop).
-        """
-        if self._loop is None:
-            return PoolSnapshot((), (), (), (), {}, {}, ())
-        return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)
-
-    def report(self, timeout_s: float = 30.0) -> Report:
-        """SLO hit rate, latencies, batch sizes, costs and decision times so far (one ``summarize``)."""
-        snap = self.snapshot(timeout_s)
-        s = self.settings
-        return summarize(
-            request_records(snap),
-            stage_records(snap),
-            snap.batches,
-            snap.idles,
-            self.prices,
-            snap.decisions,
-            s.cost_split,
-            s.idle_billing,
-        )
-
-    def keep_alive_ms(self) -> dict[str, float]:
-        """How long an idle worker is kept, per hardware type present (``ESGSettings.keep_alive_by_price``)."""
-        present = frozenset({CPU, *(d.hardware for d in self.backend.devices())})
-        keep = self.settings.keep_alive_s * 1000.0
-        if not self.settings.keep_alive_by_price:
-            return dict.fromkeys(present, keep)
-        return {hw: keep * scale for hw, scale in self.prices.keep_alive_scales(present).items()}
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Fail waiting calls with PoolClosedError, stop all workers and the controller."""
