@@ -209,7 +209,8 @@ def test_the_at_risk_line_says_what_it_counts_and_cannot_contradict_the_table() 
 
 
 def test_compare_rows_carry_the_whole_bill_and_run_row_matches_run_spec() -> None:
-    from esg_prefect.cli.compare import BILL, run_row
+    from esg_prefect.cli.bill_plot import BILL
+    from esg_prefect.cli.compare import run_row
     from esg_prefect.simulator import experiments as ex
     from esg_prefect.simulator import standard_case
 
@@ -227,7 +228,7 @@ def test_compare_rows_carry_the_whole_bill_and_run_row_matches_run_spec() -> Non
 
 
 def test_the_bill_plot_stacks_three_parts_with_its_legend_outside_the_bars() -> None:
-    from esg_prefect.cli.compare import bill_figure
+    from esg_prefect.cli.bill_plot import bill_figure
 
     rows = [
         {"scheduler": s, "load": load, "slo_hit_rate": 0.9, "busy_per_request": b, "idle_per_request": i}
@@ -336,7 +337,8 @@ def test_simulate_help_names_every_trace_the_version_prints() -> None:
     from esg_prefect import __version__
     from esg_prefect.workload.arrivals import trace_names
 
-    help_text = " ".join(CliRunner().invoke(app, ["simulate", "--help"], terminal_width=200).output.split())
+    raw = CliRunner().invoke(app, ["simulate", "--help"], terminal_width=200).output
+    help_text = " ".join(raw.replace("│", " ").split())  # rich's panel borders where lines wrap
     assert all(name in help_text for name in trace_names()), help_text
     assert "(default 20, at most half the run)" in help_text
     version = CliRunner().invoke(app, ["--version"])

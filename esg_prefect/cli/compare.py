@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from esg_prefect.cli.bill_plot import BILL, bill_bars, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
 from esg_prefect.cli.simulate import (
     WallClock,
@@ -41,7 +42,6 @@ from esg_prefect.cli.verdict import verdict
 DEFAULT_OUT = Path("bench/out/compare")
 DEFAULT_LOADS = "150,300,450,600"
 EXPERIMENTS = ("e1", "e2", "e3", "e4", "e5", "e6", "e7")
-BILL = ("busy_per_request", "idle_per_request", "cold_per_request")
 RUN_COLUMNS = (
     "scheduler",
     "slo_hit_rate",
@@ -54,12 +54,6 @@ RUN_COLUMNS = (
     "wall_s",
 )
 STALL_COLUMNS = ("queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_batch_size")
-_LABELS = {
-    "load": "at {:g} requests/s",
-    "trace_label": "on trace {}",
-    "tightness": "at SLO tightness {:g}",
-    "case": "{}",
-}
 
 
 def bill_split(run: Any, case: Any) -> dict[str, float]:
@@ -120,12 +114,8 @@ def spec_key(spec: Any) -> str:
 
 def spec_label(spec: Any) -> str:
     """What a user reads of a run: ``E1 at 300 requests/s: esg, seed 0``."""
-    where = "".join(f" {_label(k, v)}" for k, v in spec.labels)
+    where = "".join(f" {label_of(k, v)}" for k, v in spec.labels)
     return f"{spec.experiment}{where}: {spec.case.scheduler}, seed {spec.seed}"
-
-
-def _label(key: str, value: Any) -> str:
-    return _LABELS.get(key, f"{key} {{}}").format(value)
 
 
 def run_parallel(
@@ -183,77 +173,6 @@ def run_parallel(
 
 def _indexed(item: tuple[int, Any]) -> tuple[int, dict[str, Any]]:
     return item[0], _work(item[1])
-
-
-# ---- the whole-bill plot -------------------------------------------------------------------------
-
-_PARTS = (
-    ("busy_per_request", "busy (batches)", "#4c72b0"),
-    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
-    ("cold_per_request", "cold starts", "#c44e52"),
-)
-
-
-def bill_means(rows: Sequence[dict[str, Any]], group: str) -> dict[Any, dict[str, dict[str, float]]]:
-    """Per value of ``group``, per scheduler (both in the rows' order): mean SLO hit rate and bill parts over seeds."""
-    acc: dict[Any, dict[str, list[dict[str, Any]]]] = {}
-    for r in rows:
-        acc.setdefault(r[group], {}).setdefault(r["scheduler"], []).append(r)
-    return {
-        g: {
-            s: {k: sum(float(r[k]) for r in rs) / len(rs) for k in ("slo_hit_rate", *BILL)}
-            for s, rs in by_sched.items()
-        }
-        for g, by_sched in acc.items()
-    }
-
-
-def bill_figure(rows: Sequence[dict[str, Any]], group: str, title: str) -> Any:
-    """A matplotlib figure: per value of ``group`` a column, SLO hit rate on top, the whole bill stacked below.
-
-    Bars are labelled with their scheduler; the legend of the bill's parts is
-    below the panels (constrained layout keeps it out of them), outside every bar.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    means = bill_means(rows, group)
-    groups = list(means)
-    width = max(6.5, 1.5 + sum(0.5 * len(means[g]) + 0.6 for g in groups))
-    fig, axes = plt.subplots(2, len(groups), figsize=(width, 6.4), sharey="row", squeeze=False, layout="constrained")
-    for col, g in enumerate(groups):
-        scheds = list(means[g])
-        top, bill = axes[0][col], axes[1][col]
-        top.bar(scheds, [100 * means[g][s]["slo_hit_rate"] for s in scheds], color="#55a868")
-        top.set_ylim(0, 105)
-        if len(groups) > 1:
-            top.set_title(_label(group, g), fontsize=9)
-        base = [0.0] * len(scheds)
-        for key, label, color in _PARTS:
-            vals = [1e6 * means[g][s][key] for s in scheds]
-            bill.bar(scheds, vals, bottom=base, color=color, label=label)
-            base = [a + b for a, b in zip(base, vals, strict=True)]
-        bill.tick_params(axis="x", labelrotation=60, labelsize=7)
-        top.tick_params(axis="x", labelbottom=False)
-        for ax in (top, bill):
-            ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("SLO hit rate (%)")
-    axes[1][0].set_ylabel("$ per million requests")
-    fig.suptitle(f"{title}: SLO hit rate, and the whole bill per request (busy + idle + cold)", fontsize=10)
-    handles, labels = axes[1][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
-    return fig
-
-
-def bill_bars(rows: Sequence[dict[str, Any]], group: str, path: Path, title: str) -> None:
-    """Write :func:`bill_figure` to ``path`` (PNG)."""
-    import matplotlib.pyplot as plt
-
-    fig = bill_figure(rows, group, title)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
 
 
 # ---- the command ---------------------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""The whole bill as a figure: per scheduler, SLO hit rate on top and the bill stacked busy/idle/cold below.
+
+``esg-prefect compare`` draws one per experiment or case; ``bench/whole_bill.py``
+and docs/results.md use the same parts, so a bar reads the same everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BILL", "bill_bars", "bill_figure", "bill_means", "label_of"]
+
+BILL = ("busy_per_request", "idle_per_request", "cold_per_request")
+"""The whole bill's parts per request, as the simulator's rows name them."""
+
+_LABELS = {
+    "load": "at {:g} requests/s",
+    "trace_label": "on trace {}",
+    "tightness": "at SLO tightness {:g}",
+    "case": "{}",
+}
+
+
+def label_of(key: str, value: Any) -> str:
+    """How a run's group value reads: ``at 300 requests/s``, ``on trace code``."""
+    return _LABELS.get(key, f"{key} {{}}").format(value)
+
+
+_PARTS = (
+    ("busy_per_request", "busy (batches)", "#4c72b0"),
+    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
+    ("cold_per_request", "cold starts", "#c44e52"),
+)
+
+
+def bill_means(rows: Sequence[dict[str, Any]], group: str) -> dict[Any, dict[str, dict[str, float]]]:
+    """Per value of ``group``, per scheduler (both in the rows' order): mean SLO hit rate and bill parts over seeds."""
+    acc: dict[Any, dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        acc.setdefault(r[group], {}).setdefault(r["scheduler"], []).append(r)
+    return {
+        g: {
+            s: {k: sum(float(r[k]) for r in rs) / len(rs) for k in ("slo_hit_rate", *BILL)}
+            for s, rs in by_sched.items()
+        }
+        for g, by_sched in acc.items()
+    }
+
+
+def bill_figure(rows: Sequence[dict[str, Any]], group: str, title: str) -> Any:
+    """A matplotlib figure: per value of ``group`` a column, SLO hit rate on top, the whole bill stacked below.
+
+    Bars are labelled with their scheduler; the legend of the bill's parts is
+    below the panels (constrained layout keeps it out of them), outside every bar.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    means = bill_means(rows, group)
+    groups = list(means)
+    width = max(6.5, 1.5 + sum(0.5 * len(means[g]) + 0.6 for g in groups))
+    fig, axes = plt.subplots(2, len(groups), figsize=(width, 6.4), sharey="row", squeeze=False, layout="constrained")
+    for col, g in enumerate(groups):
+        scheds = list(means[g])
+        top, bill = axes[0][col], axes[1][col]
+        top.bar(scheds, [100 * means[g][s]["slo_hit_rate"] for s in scheds], color="#55a868")
+        top.set_ylim(0, 105)
+        if len(groups) > 1:
+            top.set_title(label_of(group, g), fontsize=9)
+        base = [0.0] * len(scheds)
+        for key, label, color in _PARTS:
+            vals = [1e6 * means[g][s][key] for s in scheds]
+            bill.bar(scheds, vals, bottom=base, color=color, label=label)
+            base = [a + b for a, b in zip(base, vals, strict=True)]
+        bill.tick_params(axis="x", labelrotation=60, labelsize=7)
+        top.tick_params(axis="x", labelbottom=False)
+        for ax in (top, bill):
+            ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("SLO hit rate (%)")
+    axes[1][0].set_ylabel("$ per million requests")
+    fig.suptitle(f"{title}: SLO hit rate, and the whole bill per request (busy + idle + cold)", fontsize=10)
+    handles, labels = axes[1][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+    return fig
+
+
+def bill_bars(rows: Sequence[dict[str, Any]], group: str, path: Path, title: str) -> None:
+    """Write :func:`bill_figure` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = bill_figure(rows, group, title)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
