@@ -245,6 +245,65 @@ def test_async_flows_are_pooled(pool: Pool) -> None:
     assert asyncio.run(many()) == [2 * x + 1 for x in range(40, 48)]
 
 
+def test_async_flows_awaiting_a_stages_aio_share_batches_on_one_event_loop() -> None:
+    """``await stage.aio(x)`` leaves the loop free: concurrent async runs' calls meet in one batch.
+
+    The pool is paused until every run's call is queued, so the test does not
+    depend on how fast the runs start; with a blocking wait the first run would
+    hold the loop and the others would never submit.
+    """
+    paused = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
+    paused.pause()
+
+    @flow(task_runner=ESGTaskRunner(pool=paused))
+    async def aio_flow(x: int) -> int:
+        return await inc.aio(x)
+
+    async def many() -> list[int]:
+        runs = [asyncio.ensure_future(aio_flow(x)) for x in range(6)]
+        while sum(paused.snapshot().queue_depths.values()) < 6:  # every run waits at once, the loop free
+            await asyncio.sleep(0.02)
+        paused.resume()
+        return await asyncio.gather(*runs)
+
+    try:
+        assert asyncio.run(many()) == [x + 1 for x in range(6)]
+        batches = paused.snapshot().batches
+        assert sum(len(b.items) for b in batches) == 6
+        assert max(len({i.run_id for i in b.items}) for b in batches) > 1
+    finally:
+        paused.close()
+
+
+def test_a_stages_aio_runs_locally_without_the_esg_runner_and_withdraws_a_cancelled_call() -> None:
+    @flow
+    async def plain(x: int) -> int:
+        return await inc.aio(x)
+
+    assert asyncio.run(plain(3)) == 4
+    assert inc.aio.esg_stage is inc.esg_stage and inc.aio.name == inc.name
+
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    pool.pause()
+    hurried = inc.aio.with_options(timeout_seconds=0.5)
+
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    async def hurried_flow(x: int) -> int:
+        return await hurried(x)
+
+    try:
+        state = asyncio.run(hurried_flow(1, return_state=True))
+        assert state.is_failed()
+        for _ in range(200):  # withdrawn on the pool's loop: wait for it, not for a time
+            if not any(pool.snapshot().queue_depths.values()):
+                break
+            threading.Event().wait(0.05)
+        failed = [c for c in pool.snapshot().calls if not c.ok]
+        assert len(failed) == 1 and "cancelled" in failed[0].error
+    finally:
+        pool.close()
+
+
 def test_dag_is_learned_from_runs(pool: Pool) -> None:
     @flow(task_runner=ESGTaskRunner(pool=pool))
     def learned_flow(x: int) -> int:

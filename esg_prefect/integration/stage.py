@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import contextlib
@@ -141,6 +142,10 @@ class Pipeline:
     ) -> Callable[[BatchFn], Any]:
         """Decorate a batch function ``run(model, items) -> outputs`` into a one-item Prefect task.
 
+        The task's ``.aio`` is its async twin (same stage, options and pool), for
+        ``await stage.aio(item)`` in an async flow: a sync task there would block the
+        event loop while its call waits, and no other run's call could join its batch.
+
         Args:
             load: ``load(device) -> model``, run once per worker.
             name: stage name (default: the function's name); also the task's name.
@@ -191,6 +196,16 @@ class Pipeline:
             prefect_task = task(**task_kwargs)(one_item)
             prefect_task.esg_stage = spec  # type: ignore[attr-defined]
             prefect_task.esg_pipeline = self  # type: ignore[attr-defined]
+
+            async def one_item_async(item: Any) -> Any:
+                self.check_edges()
+                return await acall_stage(spec, decl, item)
+
+            functools.update_wrapper(one_item_async, run)
+            one_item_async.__signature__ = one_item.__signature__  # type: ignore[attr-defined]
+            aio = task(**task_kwargs)(one_item_async)
+            aio.esg_stage, aio.esg_pipeline = spec, self  # type: ignore[attr-defined]
+            prefect_task.aio = aio  # type: ignore[attr-defined]
             return prefect_task
 
         return decorate
@@ -308,7 +323,46 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
     pool = _pool_of_current_flow()
     if pool is None:
         return run_locally(spec, item)
+    call, timeout_s = _stage_call(spec, decl, item)
+    return _finish(spec, _wait(pool, call, timeout_s))
+
+
+async def acall_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
+    """The body of a stage's ``.aio`` task: :func:`call_stage` that awaits its call instead of blocking.
+
+    An async flow's event loop goes on while the call waits, so the concurrent
+    async flow runs of one process share batches. A cancelled wait (Prefect's
+    task timeout, the flow cancelled) withdraws a call still queued.
+    """
+    pool = _pool_of_current_flow()
+    if pool is None:
+        return await asyncio.to_thread(run_locally, spec, item)
+    call, _ = _stage_call(spec, decl, item)
+    fut = pool.submit(call)
+    waiting = asyncio.wrap_future(fut)
+    waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning once abandoned
+    try:
+        # Shielded: a cancelled wait must not cancel the pool's future (the pool answers it), it withdraws the call.
+        result = await asyncio.shield(waiting)
+    except BaseException:
+        if not fut.done():
+            pool.cancel(call.call_id)
+        raise
+    return _finish(spec, result)
+
+
+def _finish(spec: StageSpec, result: StageResult) -> Any:
+    """Log the call's batch on its task run, replay what the batch printed, and return the output."""
     from prefect import get_run_logger
+
+    logger = get_run_logger()
+    logger.info("%s: %s", spec.name, result.describe())
+    replay_lines(result, logger)
+    return result.output
+
+
+def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> tuple[StageCall, float | None]:
+    """The pool call of this task run (ids, request, upstream calls, arrival) and its task's timeout."""
     from prefect.client.schemas.objects import TaskRunResult
     from prefect.context import FlowRunContext, TaskRunContext
 
@@ -338,11 +392,7 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
         profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
     )
-    result = _wait(pool, call, getattr(getattr(task_ctx, "task", None), "timeout_seconds", None))
-    logger = get_run_logger()
-    logger.info("%s: %s", spec.name, result.describe())
-    replay_lines(result, logger)
-    return result.output
+    return call, getattr(getattr(task_ctx, "task", None), "timeout_seconds", None)
 
 
 def replay_lines(result: StageResult, logger: Any) -> None:
