@@ -276,3 +276,52 @@ def test_the_totals_price_records_as_attribution_does() -> None:
     assert totals.bill(prices)["cold_start"] == pytest.approx(
         prices.batch_cost(batches[0].config, batches[0].hardware, batches[0].duration_ms)
     )
+
+
+# ---- the same totals as JSON, and `esg-prefect pool status` ------------------------------------
+
+
+def test_the_json_metrics_carry_the_same_totals_as_the_counters(pool: Pool) -> None:
+    http = client(pool)
+    run_calls(http, 9, "j")
+    wait_for(lambda: sum(pool.snapshot().queue_depths.values()) == 0)
+    totals = http.get("/metrics").json()["totals"]
+    counters = scrape(http)
+    assert (
+        sum(totals["calls"].values()) == 9 == sum(v for (n, _), v in counters.items() if n == "esg_batch_calls_total")
+    )
+    assert totals["batches"] == {
+        dict(labels)["stage"]: v for (n, labels), v in counters.items() if n == "esg_batches_total"
+    }
+    for part in ("busy", "cold_start"):  # no batch ran between the two reads
+        assert totals["bill_dollars"][part] == pytest.approx(value(counters, "esg_cost_dollars_total", part=part))
+    # an idle interval may close between the two reads: the counter read later holds at least as much
+    assert value(counters, "esg_cost_dollars_total", part="idle") >= totals["bill_dollars"]["idle"]
+    assert totals["open_idle_dollars"] >= 0
+    assert totals["bill_dollars"]["busy"] > 0 and totals["decisions"] >= 1
+
+
+def test_pool_status_prints_queues_workers_and_the_bill(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from esg_prefect.cli import app
+
+    http = client(pool)
+    run_calls(http, 4, "s")
+    monkeypatch.setenv("ESG_PREFECT_TOKEN", TOKEN)
+    seen: list[dict[str, str]] = []
+
+    def get(url: str, headers: dict[str, str], timeout: object) -> object:
+        seen.append(headers)
+        return http.get(url.removeprefix("http://127.0.0.1:4270"), headers=headers)
+
+    monkeypatch.setattr("httpx.get", get)
+    shown = CliRunner().invoke(app, ["pool", "status"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())  # rich wraps at the terminal's width
+    assert text.startswith("http://127.0.0.1:4270: dispatching; 0 calls in flight; 4 batches of 4 calls so far")
+    assert "bill $" in text and "per call" in text
+    assert "workers" in shown.output and "inc" in shown.output  # the worker the calls started, by stage
+    assert seen[0]["Authorization"] == f"Bearer {TOKEN}" and seen[0]["Accept"] == "application/json"
+    as_json = CliRunner().invoke(app, ["pool", "status", "--json"])
+    assert as_json.exit_code == 0 and '"totals"' in as_json.output

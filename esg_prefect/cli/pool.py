@@ -14,6 +14,7 @@ import socket
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -236,12 +237,7 @@ def _admin(url: str, token_env: str, action: str) -> None:
     try:
         resp = httpx.post(f"{url.rstrip('/')}/v1/{action}", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
     except httpx.HTTPError as exc:
-        typer.echo(
-            f"could not reach the pool service at {url!r} ({exc or type(exc).__name__}): start it with "
-            "`esg-prefect pool serve --allow MODULE`, or give its address with --url",
-            err=True,
-        )
-        raise typer.Exit(1) from None
+        raise _unreachable(url, exc) from None
     if resp.status_code != 200:
         typer.echo(f"{action} refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
         raise typer.Exit(1)
@@ -265,3 +261,72 @@ def _admin_command(action: str, doc: str) -> None:
 
 _admin_command("pause", "Hold a running service's dispatching: calls keep queueing until `resume`.")
 _admin_command("resume", "Release a pause: what queued meanwhile is scheduled at once.")
+
+
+@pool_app.command("status")
+def status(
+    url: str = typer.Option("http://127.0.0.1:4270", envvar="ESG_PREFECT_POOL_URL", help="The pool service's address."),
+    token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
+    as_json: bool = typer.Option(False, "--json", help="Print the service's /metrics JSON as it is."),
+) -> None:
+    """What a running service holds now: queues, workers, and the bill so far."""
+    import json
+
+    body = _get_metrics(url, token_env)
+    if as_json:
+        typer.echo(json.dumps(body, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    totals = body.get("totals", {})
+    bill = totals.get("bill_dollars", {})
+    whole = sum(bill.values()) + totals.get("open_idle_dollars", 0.0)
+    calls = sum(totals.get("calls", {}).values())
+    console.print(
+        f"{url}: {'[yellow]paused[/]' if body.get('paused') else 'dispatching'}; "
+        f"{body.get('calls_in_flight', 0)} calls in flight; {sum(totals.get('batches', {}).values())} batches of "
+        f"{calls} calls so far; bill ${whole:.6g} (busy ${bill.get('busy', 0.0):.4g}, cold starts "
+        f"${bill.get('cold_start', 0.0):.4g}, idle ${bill.get('idle', 0.0) + totals.get('open_idle_dollars', 0.0):.4g})"
+        + (f", ${whole / calls:.3g} per call" if calls else ""),
+        highlight=False,
+    )
+    queues = Table("queue (workflow/stage)", "waiting", title="queues")
+    for key, depth in sorted(body.get("queue_depths", {}).items()):
+        queues.add_row(key, str(depth))
+    workers = Table("worker", "stage", "hardware", "share", "vCPUs", "state", title="workers")
+    for w in body.get("workers", []):
+        share = f"{w.get('gpu_share', 0.0):g}" if w.get("hardware") != "cpu" else "-"
+        state = "busy" if w.get("busy") else "idle"
+        workers.add_row(str(w.get("worker_id")), str(w.get("stage")), str(w.get("hardware")), share,
+                        str(w.get("vcpus")), state)  # fmt: skip
+    console.print(queues if queues.row_count else "no queued calls", highlight=False)
+    console.print(workers if workers.row_count else "no workers", highlight=False)
+
+
+def _get_metrics(url: str, token_env: str) -> dict[str, Any]:
+    """The service's ``/metrics`` JSON, or one line naming the address and exit 1."""
+    import httpx
+
+    token = os.environ.get(token_env) or None
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/metrics", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
+    except httpx.HTTPError as exc:
+        raise _unreachable(url, exc) from None
+    if resp.status_code != 200:
+        typer.echo(f"status refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
+        raise typer.Exit(1)
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+def _unreachable(url: str, exc: Exception) -> typer.Exit:
+    """Say, in one line, that no service answers at ``url`` and how to start one; the exit to raise."""
+    typer.echo(
+        f"could not reach the pool service at {url!r} ({exc or type(exc).__name__}): start it with "
+        "`esg-prefect pool serve --allow MODULE`, or give its address with --url",
+        err=True,
+    )
+    return typer.Exit(1)

@@ -15,8 +15,9 @@ Endpoints:
 * ``POST /v1/runs/{run_id}/end``: a flow run finished.
 * ``POST /v1/calls/{call_id}/cancel``: its caller stopped waiting; withdrawn if still queued.
 * ``GET /healthz``: liveness (no token needed; says nothing about the work).
-* ``GET /metrics``: queue depths, batch sizes, worker shares, decision times, as JSON; in the
-  Prometheus text or OpenMetrics format (running totals: batches, calls, the bill) when the
+* ``GET /metrics``: queue depths, batch sizes, worker shares, decision times and the running
+  totals (batches, calls, the bill so far), as JSON; in the
+  Prometheus text or OpenMetrics format when the
   ``Accept`` header prefers ``text/plain`` or ``application/openmetrics-text``, or with
   ``?format=prometheus`` (:mod:`esg_prefect.service.prometheus`; ``?format=json`` forces JSON).
 * ``GET /v1/batches?limit=N``: recent batches and the runs each served.
@@ -70,7 +71,7 @@ from esg_prefect.exceptions import (
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
-from esg_prefect.service.prometheus import negotiate, pool_registry, render
+from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import BadRequest, call_digest, error_body, parse_call, result_body
 
@@ -173,6 +174,7 @@ class PoolService:
                 "stored_result_bytes": self.results.stored_bytes(),
                 "workers": [dataclasses.asdict(w) for w in snap.workers],
                 "profile_corrections": [dataclasses.asdict(c) for c in snap.corrections],
+                "totals": totals_body(snap, self.pool.prices),
                 "recent_batches": len(sizes),
                 "mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
                 "decision_ms_p50": times[len(times) // 2] if times else None,

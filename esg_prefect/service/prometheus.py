@@ -40,7 +40,7 @@ from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.service.wire import BadRequest
 
-__all__ = ["PoolCollector", "negotiate", "pool_registry", "render"]
+__all__ = ["PoolCollector", "negotiate", "open_idle_dollars", "pool_registry", "render", "totals_body"]
 
 SCRAPE_TIMEOUT_S = 30.0
 TEXT, OPENMETRICS, JSON = "text/plain", "application/openmetrics-text", "application/json"
@@ -93,9 +93,26 @@ class PoolCollector:
         yield GaugeMetricFamily(
             "esg_open_idle_cost_dollars",
             "Cost so far of the idle intervals still open (added to esg_cost_dollars_total{part=idle} as they close).",
-            sum(idle_cost(i, self.pool.prices) for i in snap.idles[snap.closed_idles or 0 :]),
+            open_idle_dollars(snap, self.pool.prices),
             unit="dollars",
         )
+
+
+def open_idle_dollars(snap: PoolSnapshot, prices: PriceSheet) -> float:
+    """The cost so far of the idle intervals still open (the totals add each one as it closes)."""
+    return sum(idle_cost(i, prices) for i in snap.idles[snap.closed_idles or 0 :])
+
+
+def totals_body(snap: PoolSnapshot, prices: PriceSheet) -> dict[str, object]:
+    """The running totals as JSON (``/metrics``'s ``totals``): what the counters say, for ``pool status``."""
+    totals = snap.totals or Totals()
+    return {
+        "batches": dict(sorted(totals.batches.items())),
+        "calls": dict(sorted(totals.calls.items())),
+        "bill_dollars": totals.bill(prices),
+        "open_idle_dollars": open_idle_dollars(snap, prices),
+        "decisions": totals.decisions,
+    }
 
 
 def _totals(totals: Totals, prices: PriceSheet) -> Iterator[Metric]:
