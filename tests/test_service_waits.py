@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -232,15 +233,17 @@ def test_the_client_polls_by_id_after_a_202_and_posts_again_when_the_service_los
     assert all(body == b"" for m, _, body in seen if m == "GET") and all(b"inc" in b for m, _, b in seen if m == "POST")
 
 
-def test_an_id_unfit_for_a_path_keeps_posting_its_body() -> None:
+@pytest.mark.parametrize("odd_id", ["a/b", ".", "..", "x" * 201])
+def test_an_id_unfit_for_a_path_keeps_posting_its_body(odd_id: str) -> None:
+    """A '/' is decoded before routing and dots alone are a dot segment: no GET could name these."""
     seen: list[str] = []
     answers = [httpx.Response(202, json={"ok": None, "pending": True, "paused": True, "digest": "d"})] * 2
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.method)
-        return answers.pop() if answers else httpx.Response(200, json={"ok": True, "result": _result("a/b", 1)})
+        return answers.pop() if answers else httpx.Response(200, json={"ok": True, "result": _result(odd_id, 1)})
 
-    odd = StageCall("a/b", "inc", "tests.toy_stages:inc", TOY, "r", "r", 0)
+    odd = StageCall(odd_id, "inc", "tests.toy_stages:inc", TOY, "r", "r", 0)
     client = _client(handler, deadline_s=5.0)
     try:
         assert client.submit(odd).result(30).output == 1
@@ -270,3 +273,50 @@ def test_a_real_client_waits_out_a_pause_joining_by_id(pool: Pool, monkeypatch: 
         client._executor.shutdown(wait=True)
     assert len([c for c in pool.snapshot().calls if c.call_id == "c9"]) == 1
     assert set(gets) == {"/v1/calls/c9"}
+
+
+def test_any_other_id_is_joined_by_a_get_of_its_percent_encoded_path(
+    pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ids of flow runs' calls (``<task run id>:<attempt>``) too: polls do not post the body again, and
+    a full service (429 to every new POST) cannot refuse the polls of the calls it holds."""
+    ids = ["0b7e2c4a-5d0f-4b4e-9a51-3c2f1d0e9b8a:1", "a b", "50%", "x?y#z", "é"]
+    pool.pause()
+    with TestClient(PoolService(pool, ["tests"], max_pending=len(ids)).app(), base_url=LOCAL) as http:
+        client = PoolClient(LOCAL, deadline_s=30.0, threads=len(ids), poll_s=0.05)
+        client._http = http
+        gets: list[str] = []
+        get = http.get
+
+        def counted(url: Any, **kwargs: Any) -> httpx.Response:
+            gets.append(str(url))
+            return get(url, **kwargs)
+
+        monkeypatch.setattr(http, "get", counted)
+        futs = [
+            client.submit(StageCall(cid, "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i))
+            for i, cid in enumerate(ids)
+        ]
+        assert _wait_until(lambda: all(gets.count(f"/v1/calls/{quote(cid, safe='')}") >= 2 for cid in ids))
+        pool.resume()
+        assert [f.result(30).output for f in futs] == [1, 2, 3, 4, 5]
+        client._executor.shutdown(wait=True)
+    assert sorted(c.call_id for c in pool.snapshot().calls) == sorted(ids)  # each ran once
+
+
+def test_a_cancel_names_its_call_percent_encoded() -> None:
+    paths: list[bytes] = []
+    done = threading.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.raw_path)
+        done.set()
+        return httpx.Response(200, json={"ok": True})
+
+    client = _client(handler, deadline_s=5.0)
+    try:
+        client.cancel("0b7e2c4a:1 x")
+        assert done.wait(10)
+    finally:
+        client.close()
+    assert paths == [b"/v1/calls/0b7e2c4a%3A1%20x/cancel"]

@@ -33,9 +33,9 @@ import concurrent.futures
 import contextlib
 import logging
 import random
-import re
 import threading
 import time
+import urllib.parse
 from typing import Any
 
 import httpx
@@ -56,8 +56,21 @@ __all__ = ["PoolClient", "call_body", "parse_result"]
 logger = logging.getLogger(__name__)
 
 
-_PATH_SAFE = re.compile(r"[A-Za-z0-9._~-]{1,200}")
-"""Call ids joined by ``GET /v1/calls/{id}``; any other id is posted again with its body each poll."""
+MAX_PATH_ID = 200
+"""Longest call id joined by ``GET /v1/calls/{id}``; a longer one is posted again with its body each poll."""
+
+
+def _call_path(call_id: str) -> str | None:
+    """The service's path of ``call_id`` (percent-encoded), or None where no path segment can name it.
+
+    Any character travels percent-encoded (the ids of flow runs' calls hold a
+    ``:``), but the service decodes ``%2F`` before routing, and an id of dots
+    alone is a dot segment that clients and proxies collapse.
+    """
+    if "/" in call_id or not call_id.strip("."):
+        return None
+    return "/v1/calls/" + urllib.parse.quote(call_id, safe="")
+
 
 READ_MARGIN_S = 30.0
 """How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""
@@ -132,11 +145,12 @@ class PoolClient:
         give_up = start + self._deadline_s
         wait = 0.2
         call_id = str(body.get("call_id", ""))
+        path = _call_path(call_id) if len(call_id) <= MAX_PATH_ID else None  # None: posted again each poll
         digest = ""  # from the service's first 202: later polls join by id and digest, without the body
         while True:
             try:
-                if digest:
-                    resp = self._http.get(f"/v1/calls/{call_id}", params={**self._poll, "digest": digest})
+                if digest and path:
+                    resp = self._http.get(path, params={**self._poll, "digest": digest})
                 else:
                     resp = self._http.post("/v1/calls", json=body, params=self._poll)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
@@ -157,7 +171,7 @@ class PoolClient:
                     return _answer(resp)
                 if resp.status_code == 202:  # still queued or running: ask again at once, the service is alive
                     give_up, wait = time.monotonic() + self._deadline_s, 0.2
-                    digest = _digest(resp) if _PATH_SAFE.fullmatch(call_id) else ""
+                    digest = _digest(resp) if path else ""
                     continue
                 if resp.status_code == 404 and digest:  # the service lost the call (a restart): post it again
                     digest = ""
@@ -195,7 +209,9 @@ class PoolClient:
 
     def cancel(self, call_id: str) -> None:
         """The caller stopped waiting for a call (its task timed out): the service withdraws it if still queued."""
-        self._notify(f"/v1/calls/{call_id}/cancel")  # lost: the call runs and its answer is dropped
+        path = _call_path(call_id)  # None (an id with a '/'): no cancel route names it, the call runs
+        if path is not None:
+            self._notify(f"{path}/cancel")  # lost: the call runs and its answer is dropped
 
     def end_run(self, run_id: str) -> None:
         """Tell the service a flow run ended (best effort, in the background)."""
