@@ -8,6 +8,7 @@ the call, so that it is not run and billed for nobody.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Iterator
@@ -21,10 +22,12 @@ from starlette.testclient import TestClient
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import PoolClosedError
 from esg_prefect.model import PriceSheet
+from esg_prefect.runtime import pool as pool_module
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.client import PoolClient
+from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import call_body, call_digest
 from tests.toy_stages import toy_profile
 
@@ -273,6 +276,52 @@ def test_a_real_client_waits_out_a_pause_joining_by_id(pool: Pool, monkeypatch: 
         client._executor.shutdown(wait=True)
     assert len([c for c in pool.snapshot().calls if c.call_id == "c9"]) == 1
     assert set(gets) == {"/v1/calls/c9"}
+
+
+class _SlowReads(ResultCache):
+    """Outcomes whose second read of ``c10`` sees the store before the call's outcome is put, and returns
+    after the call has left the service's calls in flight: the interleaving of a POST that comes as it finishes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.service: PoolService | None = None
+        self.put_done = threading.Event()
+        self.reads = 0
+
+    def get(self, call_id: str) -> tuple[dict[str, Any], str] | None:
+        got = super().get(call_id)
+        if call_id == "c10":
+            self.reads += 1
+        if call_id == "c10" and got is None and self.reads == 2:  # the first read is the first POST's
+            assert self.put_done.wait(30) and _wait_until(lambda: "c10" not in self.service._inflight)  # type: ignore[union-attr]
+        return got
+
+    def put(self, call_id: str, body: dict[str, Any], digest: str = "") -> None:
+        super().put(call_id, body, digest)
+        if call_id == "c10":
+            self.put_done.set()
+
+
+def test_a_post_that_comes_as_its_call_finishes_joins_it_not_runs_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call is looked up in flight before in the stored outcomes: it stores its outcome before it leaves."""
+    monkeypatch.setattr(pool_module, "_DONE_MEMORY", 0)  # the pool's own memory of ids would hide a second run
+    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    results = _SlowReads()
+    service = PoolService(p, ["tests"], results=results)
+    results.service = service
+    try:
+        p.pause()
+        with TestClient(service.app(), base_url=LOCAL) as client:
+            assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(call(10))).status_code == 202
+            asked = service._asked["c10"]
+            with concurrent.futures.ThreadPoolExecutor(1) as ex:
+                again = ex.submit(client.post, "/v1/calls", params={"wait_s": "30"}, json=call_body(call(10)))
+                assert _wait_until(lambda: results.reads == 2 or service._asked["c10"] != asked)  # it came
+                p.resume()
+                assert again.result(30).json()["result"]["output"] == 11
+        assert len([c for c in p.snapshot().calls if c.call_id == "c10"]) == 1  # ran once
+    finally:
+        p.close()
 
 
 def test_any_other_id_is_joined_by_a_get_of_its_percent_encoded_path(

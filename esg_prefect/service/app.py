@@ -315,12 +315,11 @@ class PoolService:
         except BadRequest as exc:
             headers = _retry_after() if exc.status == 429 else None
             return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
-        stored = await asyncio.to_thread(self.results.get, call.call_id)
+        held, stored = await self._find(call.call_id)
         if stored is not None:
             if stored[1] and stored[1] != digest:
                 return _conflict(call.call_id)
             return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
-        held = self._inflight.get(call.call_id)
         if held is not None and held[1] != digest:
             return _conflict(call.call_id)
         if held is None:
@@ -345,17 +344,32 @@ class PoolService:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         if not digest:
             return JSONResponse({"error": "digest is missing: pass the digest of the call's 202 answer"}, 400)
-        stored = await asyncio.to_thread(self.results.get, call_id)
+        held, stored = await self._find(call_id)
         if stored is not None:
             if stored[1] and stored[1] != digest:
                 return _conflict(call_id)
             return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
-        held = self._inflight.get(call_id)
         if held is None:
             return JSONResponse({"error": f"call {call_id!r} is not held here: post it again"}, status_code=404)
         if held[1] != digest:
             return _conflict(call_id)
         return await self._answer(call_id, held, wait_s)
+
+    async def _find(
+        self, call_id: str
+    ) -> tuple[tuple[asyncio.Future[dict[str, Any]], str] | None, tuple[dict[str, Any], str] | None]:
+        """The call in flight under ``call_id``, else its stored outcome (each None where there is none).
+
+        In flight first: a call stores its outcome before it leaves ``_inflight``,
+        so one not in flight at the first look has its outcome in the store, if
+        it ran here. Read the other way round, a call that finished during the
+        read of the store was found in neither, and a POST ran it a second time.
+        """
+        held = self._inflight.get(call_id)
+        if held is not None:
+            return held, None
+        stored = await asyncio.to_thread(self.results.get, call_id)
+        return (self._inflight.get(call_id) if stored is None else None), stored  # posted meanwhile: joined
 
     async def _answer(
         self, call_id: str, held: tuple[asyncio.Future[dict[str, Any]], str], wait_s: float | None
