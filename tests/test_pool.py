@@ -680,3 +680,26 @@ def test_a_users_stage_planned_with_a_shipped_example_profile_is_warned_about(ca
         "esg-prefect's example stage 'classify', not one of its own: profile it (`esg-prefect profile`) and pass "
         "ESGTaskRunner(profile=...)"
     ]
+
+
+@pytest.mark.parametrize("then", ["resume", "close"])
+def test_a_future_its_caller_cancelled_holds_up_no_other_call(then: str) -> None:
+    """A caller may cancel the future ``submit`` gave it (the service's task at its shutdown did): the
+    other calls of the batch are answered, the pool closes, and a retry of the id joined to it ends too."""
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    try:
+        pool.pause()
+        futs = [pool.submit(call(i)) for i in range(4)]
+        assert wait_until(lambda: sum(pool.snapshot().queue_depths.values()) == 4)
+        assert futs[0].cancel()
+        joined = pool.submit(call(0))
+        if then == "resume":
+            pool.resume()
+            assert [f.result(30).output for f in futs[1:]] == [2, 3, 4]
+        else:
+            pool.close()  # raised CancelledError, leaving the other calls unanswered
+            assert all(isinstance(f.exception(30), PoolClosedError) for f in futs[1:])
+        assert wait_until(joined.done)  # never left waiting: cancelled as its first, or refused by the close
+        assert joined.cancelled() or isinstance(joined.exception(), PoolClosedError)
+    finally:
+        pool.close()

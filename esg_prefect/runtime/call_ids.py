@@ -64,6 +64,9 @@ class CallIds:
     def finish(self, call_id: str, fut: Future) -> None:
         """A call finished: its outcome is remembered for retries (the oldest forgotten first)."""
         self.inflight.pop(call_id, None)
+        if fut.cancelled():  # its caller cancelled the future: no outcome to keep (a retry runs the call again)
+            self.identity.pop(call_id, None)
+            return
         self.done[call_id] = fut
         size = nbytes(fut.result().output) if fut.done() and fut.exception() is None else 0
         self._sizes[call_id] = size
@@ -77,6 +80,9 @@ class CallIds:
 def _chain(src: Future, dst: Future) -> None:
     def _copy(f: Future) -> None:
         if dst.done():
+            return
+        if f.cancelled():  # the first caller cancelled its future: the joiner's ends alike, not never
+            dst.cancel()
             return
         exc = f.exception()
         if exc is not None:

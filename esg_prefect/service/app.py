@@ -441,7 +441,8 @@ class PoolService:
         try:
             store = True
             try:
-                res = await asyncio.wrap_future(self.pool.submit(call))
+                # shielded: this task cancelled at shutdown must not cancel the pool's future of the call
+                res = await asyncio.shield(asyncio.wrap_future(self.pool.submit(call)))
                 await self._recorded(res.batch_id)
                 body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
             except CallConflictError as exc:
