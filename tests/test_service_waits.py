@@ -369,3 +369,30 @@ def test_a_cancel_names_its_call_percent_encoded() -> None:
     finally:
         client.close()
     assert paths == [b"/v1/calls/0b7e2c4a%3A1%20x/cancel"]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, 3601, float("nan"), True, "50"])
+def test_a_bad_poll_s_is_refused_when_the_client_is_made(bad: object) -> None:
+    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.service import app, client
+
+    assert client.MAX_POLL_S == app.MAX_WAIT_S  # what the service accepts as wait_s
+    with pytest.raises(InvalidInputError, match=r"poll_s must be a number of seconds in \(0, 3600\], got "):
+        PoolClient(LOCAL, poll_s=bad)  # type: ignore[arg-type]
+
+
+def test_a_call_posted_to_wait_and_then_polled_leaves_nothing_behind(pool: Pool) -> None:
+    """A caller that posted without wait_s and polled with it: its poll time is dropped with the call."""
+    service = PoolService(pool, ["tests"])
+    pool.pause()
+    with TestClient(service.app(), base_url=LOCAL) as client:
+        digest = call_digest(call_body(call(11)))
+        blocking = threading.Thread(target=client.post, args=("/v1/calls",), kwargs={"json": call_body(call(11))})
+        blocking.start()
+        assert _wait_until(lambda: "c11" in service._inflight)
+        polled = client.get("/v1/calls/c11", params={"wait_s": "0.05", "digest": digest})
+        assert polled.status_code == 202 and "c11" in service._asked
+        pool.resume()
+        blocking.join(30)
+        assert _wait_until(lambda: not service._inflight)
+    assert service._asked == {}

@@ -461,6 +461,7 @@ class PoolService:
                     logger.exception("could not store the outcome of call %s", call.call_id)
         finally:  # also when cancelled at shutdown: answered, never left hanging
             self._inflight.pop(call.call_id, None)
+            self._asked.pop(call.call_id, None)  # also for a call polled by one that posted it without wait_s
             if not fut.done():
                 fut.set_result(body)
 

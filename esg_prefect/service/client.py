@@ -72,6 +72,9 @@ def _call_path(call_id: str) -> str | None:
     return "/v1/calls/" + urllib.parse.quote(call_id, safe="")
 
 
+MAX_POLL_S = 3600.0
+"""The longest the service holds a request (its ``wait_s`` bound): a longer ``poll_s`` would get 400 on every call."""
+
 READ_MARGIN_S = 30.0
 """How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""
 
@@ -101,6 +104,8 @@ class PoolClient:
     ) -> None:
         if not address.startswith(("http://", "https://")):
             raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        if isinstance(poll_s, bool) or not (isinstance(poll_s, (int, float)) and 0 < poll_s <= MAX_POLL_S):
+            raise InvalidInputError(f"poll_s must be a number of seconds in (0, {MAX_POLL_S:g}], got {poll_s!r}")
         self._connect_grace_s = connect_grace_s
         self._answered = False  # has the service answered this client at all?
         self._warned = False
