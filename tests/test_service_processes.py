@@ -198,3 +198,40 @@ def test_pause_and_resume_from_the_command_line(tmp_path: Path, monkeypatch: pyt
         stop_service(service)
     gone = CliRunner().invoke(app, ["pool", "resume", "--url", address])
     assert gone.exit_code == 1 and "could not reach the pool service" in gone.output
+
+
+@pytest.mark.usefixtures("toy_profile_csv")
+def test_ctrl_c_does_not_wait_out_an_open_long_poll(tmp_path: Path) -> None:
+    """A call held for its caller's wait_s (here 600 s) is cut after the shutdown grace, not waited out."""
+    import threading
+
+    from esg_prefect.service.wire import call_body
+
+    port = free_port()
+    service = start_service(port, tmp_path / "results.db")
+    address = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    answers: list[object] = []
+    call = StageCall("held", "inc", "tests.toy_stages:inc", WorkflowDecl("toy", 800, (("double", "inc"),)), "q", "q", 1)
+
+    def hold() -> None:
+        try:
+            answers.append(
+                httpx.post(
+                    f"{address}/v1/calls", params={"wait_s": "600"}, json=call_body(call), headers=auth, timeout=700
+                ).status_code
+            )
+        except httpx.HTTPError as exc:  # cut at shutdown: what the client reads as a restart
+            answers.append(type(exc).__name__)
+
+    try:
+        assert httpx.post(f"{address}/v1/pause", headers=auth, timeout=30).json() == {"paused": True}
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        wait_until(lambda: httpx.get(f"{address}/metrics", headers=auth, timeout=30).json()["calls_in_flight"] == 1,
+                   "the call held")  # fmt: skip
+    finally:
+        stop_service(service)  # SIGINT, then at most 120 s before a kill
+    assert service.returncode == 0  # not killed: the open request did not hold the exit for 600 s
+    holder.join(60)
+    assert answers and answers[0] != 200

@@ -21,6 +21,11 @@ import typer
 pool_app = typer.Typer(help="The pool service: one ESG pool for the flow runs of many processes.", no_args_is_help=True)
 
 
+SHUTDOWN_GRACE_S = 10
+"""How long Ctrl-C waits for open requests: a long poll holds one for up to ``wait_s`` (50 s), and its client
+reads a cut one as a restart (it asks again, by id, once the service is back)."""
+
+
 def unimportable(allow: Sequence[str]) -> list[str]:
     """The ``--allow`` prefixes whose top-level module cannot be imported in this process (a likely typo)."""
     out = []
@@ -222,6 +227,7 @@ def serve(
             log_level=log_level,
             ssl_certfile=ssl_certfile or None,
             ssl_keyfile=ssl_keyfile or None,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
     finally:
         service.closing = True
