@@ -311,11 +311,11 @@ def test_pool_status_prints_queues_workers_and_the_bill(pool: Pool, monkeypatch:
     monkeypatch.setenv("ESG_PREFECT_TOKEN", TOKEN)
     seen: list[dict[str, str]] = []
 
-    def get(url: str, headers: dict[str, str], timeout: object) -> object:
+    def request(method: str, url: str, headers: dict[str, str], timeout: object) -> object:
         seen.append(headers)
-        return http.get(url.removeprefix("http://127.0.0.1:4270"), headers=headers)
+        return http.request(method, url.removeprefix("http://127.0.0.1:4270"), headers=headers)
 
-    monkeypatch.setattr("httpx.get", get)
+    monkeypatch.setattr("httpx.request", request)
     shown = CliRunner().invoke(app, ["pool", "status"], terminal_width=200)
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.split())  # rich wraps at the terminal's width

@@ -259,16 +259,7 @@ def test_a_real_client_waits_out_a_pause_joining_by_id(pool: Pool, monkeypatch: 
     """The client against the service itself: a paused pool, then resumed; the call runs once."""
     pool.pause()
     with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as http:
-        client = PoolClient(LOCAL, deadline_s=30.0, threads=1, poll_s=0.05)
-        client._http = http
-        gets: list[str] = []
-        get = http.get
-
-        def counted(url: Any, **kwargs: Any) -> httpx.Response:
-            gets.append(str(url))
-            return get(url, **kwargs)
-
-        monkeypatch.setattr(http, "get", counted)
+        client, gets = _counting_client(http, monkeypatch, threads=1)
         fut = client.submit(call(9))
         assert _wait_until(lambda: len(gets) >= 3)  # polls by id while paused
         pool.resume()
@@ -332,16 +323,7 @@ def test_any_other_id_is_joined_by_a_get_of_its_percent_encoded_path(
     ids = ["0b7e2c4a-5d0f-4b4e-9a51-3c2f1d0e9b8a:1", "a b", "50%", "x?y#z", "é"]
     pool.pause()
     with TestClient(PoolService(pool, ["tests"], max_pending=len(ids)).app(), base_url=LOCAL) as http:
-        client = PoolClient(LOCAL, deadline_s=30.0, threads=len(ids), poll_s=0.05)
-        client._http = http
-        gets: list[str] = []
-        get = http.get
-
-        def counted(url: Any, **kwargs: Any) -> httpx.Response:
-            gets.append(str(url))
-            return get(url, **kwargs)
-
-        monkeypatch.setattr(http, "get", counted)
+        client, gets = _counting_client(http, monkeypatch, threads=len(ids))
         futs = [
             client.submit(StageCall(cid, "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i))
             for i, cid in enumerate(ids)
@@ -396,3 +378,18 @@ def test_a_call_posted_to_wait_and_then_polled_leaves_nothing_behind(pool: Pool)
         blocking.join(30)
         assert _wait_until(lambda: not service._inflight)
     assert service._asked == {}
+
+
+def _counting_client(http: TestClient, monkeypatch: pytest.MonkeyPatch, threads: int) -> tuple[PoolClient, list[str]]:
+    """A client polling every 50 ms through ``http`` (the service itself), and the paths of its GETs."""
+    client = PoolClient(LOCAL, deadline_s=30.0, threads=threads, poll_s=0.05)
+    client._http = http
+    gets: list[str] = []
+    get = http.get
+
+    def counted(url: Any, **kwargs: Any) -> httpx.Response:
+        gets.append(str(url))
+        return get(url, **kwargs)
+
+    monkeypatch.setattr(http, "get", counted)
+    return client, gets

@@ -236,18 +236,26 @@ def serve(
 
 
 def _admin(url: str, token_env: str, action: str) -> None:
+    resp = _ask(url, token_env, "POST", f"/v1/{action}", action)
+    typer.echo(f"{url}: {'paused' if resp.json()['paused'] else 'resumed'}")
+
+
+def _ask(url: str, token_env: str, method: str, path: str, what: str) -> Any:
+    """One request to the running service with its token: the 200 answer, or one line and exit 1."""
     import httpx
 
     token = os.environ.get(token_env) or None
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
-        resp = httpx.post(f"{url.rstrip('/')}/v1/{action}", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
+        resp = httpx.request(
+            method, f"{url.rstrip('/')}{path}", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0)
+        )
     except httpx.HTTPError as exc:
         raise _unreachable(url, exc) from None
     if resp.status_code != 200:
-        typer.echo(f"{action} refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
+        typer.echo(f"{what} refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
         raise typer.Exit(1)
-    typer.echo(f"{url}: {'paused' if resp.json()['paused'] else 'resumed'}")
+    return resp
 
 
 def _admin_command(action: str, doc: str) -> None:
@@ -313,18 +321,7 @@ def status(
 
 def _get_metrics(url: str, token_env: str) -> dict[str, Any]:
     """The service's ``/metrics`` JSON, or one line naming the address and exit 1."""
-    import httpx
-
-    token = os.environ.get(token_env) or None
-    headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    try:
-        resp = httpx.get(f"{url.rstrip('/')}/metrics", headers=headers, timeout=httpx.Timeout(30.0, connect=5.0))
-    except httpx.HTTPError as exc:
-        raise _unreachable(url, exc) from None
-    if resp.status_code != 200:
-        typer.echo(f"status refused by {url!r}: HTTP {resp.status_code} {resp.text}", err=True)
-        raise typer.Exit(1)
-    body: dict[str, Any] = resp.json()
+    body: dict[str, Any] = _ask(url, token_env, "GET", "/metrics", "status").json()
     return body
 
 
