@@ -403,3 +403,20 @@ def test_a_stage_tasks_timeout_stops_its_wait_and_withdraws_the_call() -> None:
         assert len(failed) == 1 and "cancelled" in failed[0].error
     finally:
         pool.close()
+
+
+def test_the_async_example_pipeline_answers_as_the_sync_one() -> None:
+    """flows/async_requests.py's flow: its stages awaited through .aio, pooled, give the sync flow's answers."""
+    from esg_prefect.examples.pipelines import async_text_flow, text_flow
+    from esg_prefect.integration.runner import close_shared_pools
+
+    runner = ESGTaskRunner(backend="inline", artifacts=False, store=False)
+    pooled = async_text_flow.with_options(task_runner=runner)
+
+    async def both() -> list[dict[str, object]]:
+        return await asyncio.gather(*(pooled(request_seed=s) for s in (1, 2)))
+
+    try:
+        assert asyncio.run(both()) == [text_flow(request_seed=s) for s in (1, 2)]
+    finally:
+        close_shared_pools()

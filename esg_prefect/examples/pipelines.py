@@ -125,6 +125,19 @@ def text_flow(request_seed: int) -> dict[str, Any]:
     return out
 
 
+@flow(name="text-pipeline-async")
+async def async_text_flow(request_seed: int) -> dict[str, Any]:
+    """:func:`text_flow` as an async flow: each model stage awaited through its ``.aio`` twin.
+
+    Many runs on one event loop (a web handler's, ``asyncio.gather``) then wait
+    at once, and their calls share batches; a sync stage would block the loop.
+    """
+    doc = text.make_input(random.Random(request_seed))
+    tokens = tokenize(doc)  # a plain task on this machine's CPU: quick, run inline
+    out: dict[str, Any] = await summarize.aio(await classify_text.aio(await encode.aio(tokens)))
+    return out
+
+
 @flow(name="video-pipeline")
 def video_flow(request_seed: int) -> dict[str, Any]:
     """Split a clip into frames, run the frame model once per frame, aggregate."""

@@ -1,0 +1,41 @@
+"""Serve requests from async code: many async flow runs on one event loop, their stage calls pooled.
+
+Each model stage is awaited through its ``.aio`` twin (``await encode.aio(tokens)``), so
+while one run waits for its batch the loop runs the others, and their calls are batched
+together. A web handler that awaits a flow per request works the same way.
+
+    python flows/async_requests.py --requests 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
+
+
+async def serve(requests: int) -> None:
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.examples.pipelines import async_text_flow
+
+    pooled = async_text_flow.with_options(task_runner=ESGTaskRunner())
+    await pooled(request_seed=0)  # one run first: concurrent first runs would race to start Prefect's ephemeral API
+    outs = await asyncio.gather(*(pooled(request_seed=s) for s in range(requests)))
+    for i, out in enumerate(outs):
+        print(i, out["text"][:60])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=24)
+    args = parser.parse_args()
+    if args.requests < 1:
+        parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
+    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
+    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+    asyncio.run(serve(args.requests))
+
+
+if __name__ == "__main__":
+    main()
