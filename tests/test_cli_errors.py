@@ -110,6 +110,8 @@ def _one_line(err: str) -> str:
             ("--ssl-certfile", "'/none.pem'", "PEM file"),
         ),
         (["pool", "serve"], ("Missing option", "--allow")),
+        (["pool", "serve", "--allow", ""], ("--allow", "give a module prefix", "got ''")),
+        (["pool", "serve", "--allow", "tests", "--allow", " "], ("--allow", "got ' '")),
         (["pool", "serve", "--allow", "x", "--hung-batch-s", "-1"], ("--hung-batch-s", "-1", "0: no limit")),
         (["pool", "serve", "--allow", "x", "--set", "keep_alive_s=-3"], ("--set", "keep_alive_s", "-3")),
         (["pool", "serve", "--allow", "x", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),

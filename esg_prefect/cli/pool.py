@@ -114,6 +114,12 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise typer.BadParameter(f"must be a TCP port, 0 to 65535, got {port}", param_hint="--port")
+    empty = [prefix for prefix in allow if not prefix.strip()]
+    if empty:
+        raise typer.BadParameter(
+            f"give a module prefix stage code may be imported from (e.g. my_pipelines), got {empty[0]!r}",
+            param_hint="--allow",
+        )
     if log_level not in LOG_LEVELS:
         raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", param_hint="--log-level")
     check_number(results_ttl_s, "--results-ttl-s", "seconds a finished outcome is kept")
