@@ -703,3 +703,15 @@ def test_a_future_its_caller_cancelled_holds_up_no_other_call(then: str) -> None
         assert joined.cancelled() or isinstance(joined.exception(), PoolClosedError)
     finally:
         pool.close()
+
+
+def test_a_closed_pool_answers_snapshots_and_reports_with_its_last_state() -> None:
+    """Its loop has stopped: a snapshot (a metrics scrape, a report) used to wait out its timeout."""
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend())
+    assert pool.submit(call(1)).result(30).output == 2
+    pool.close()
+    snap = pool.snapshot(timeout_s=0.001)  # no loop to ask: an answer at once, not a TimeoutError
+    assert [len(b.items) for b in snap.batches] == [1] and [c.call_id for c in snap.calls] == ["inc-1"]
+    assert snap.totals is not None and snap.totals.calls == {"inc": 1}
+    report = pool.report(timeout_s=0.001)
+    assert report.overall.count == 1 and report.busy_cost > 0

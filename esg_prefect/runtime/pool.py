@@ -176,6 +176,7 @@ class Pool(PoolViews, PoolActions, PoolResources):
         self._timers: dict[float, Cancellable] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._book = CallBook(RECORD_MEMORY)
+        self._final: PoolSnapshot | None = None  # the last state, taken as the pool closed
 
     # ---- thread-safe API -------------------------------------------------------------------
 
@@ -453,3 +454,4 @@ class Pool(PoolViews, PoolActions, PoolResources):
             if not fut.done():
                 fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
+        self._final = await self._snapshot()  # what snapshot() and report() read once the loop has stopped

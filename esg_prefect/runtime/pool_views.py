@@ -37,6 +37,7 @@ class PoolViews:
     planner: Planner
     _core: Core | None
     _loop: asyncio.AbstractEventLoop | None
+    _final: PoolSnapshot | None
 
     if TYPE_CHECKING:
 
@@ -80,7 +81,10 @@ class PoolViews:
         ``recent``: only the newest ``recent`` calls, batches, idle intervals and
         decisions, and no requests: what a metrics scrape needs, copied in time
         independent of how long the pool has served (the copy holds its loop).
+        Once the pool has closed, its last state, whole (its loop has stopped).
         """
+        if self._final is not None:
+            return self._final
         if self._loop is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
         return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)
