@@ -9,10 +9,9 @@ together. A web handler that awaits a flow per request works the same way.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
-from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
+from esg_prefect.integration.api_check import script_requests
 
 
 async def serve(requests: int) -> None:
@@ -27,14 +26,8 @@ async def serve(requests: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=24)
-    args = parser.parse_args()
-    if args.requests < 1:
-        parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
-    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
-    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
-    asyncio.run(serve(args.requests))
+    requests = script_requests(24)
+    asyncio.run(serve(requests))
 
 
 if __name__ == "__main__":

@@ -7,27 +7,20 @@ Many concurrent flow runs share the pool: their detect/classify/... calls are ba
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 
-from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
+from esg_prefect.integration.api_check import script_requests
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=24)
-    args = parser.parse_args()
-    if args.requests < 1:
-        parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
-    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
-    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+    requests = script_requests(24)
     from esg_prefect import ESGTaskRunner
     from esg_prefect.examples.pipelines import image_flow
 
     pooled = image_flow.with_options(task_runner=ESGTaskRunner())
     pooled(request_seed=0)  # one run first: concurrent first runs would race to start Prefect's ephemeral API
     with concurrent.futures.ThreadPoolExecutor(16) as ex:
-        for i, out in enumerate(ex.map(lambda s: pooled(request_seed=s), range(args.requests))):
+        for i, out in enumerate(ex.map(lambda s: pooled(request_seed=s), range(requests))):
             print(i, out["tokens"][:6])
 
 

@@ -403,7 +403,7 @@ def test_flow_scripts_against_an_unreachable_api_are_one_line_within_10_s(script
     assert elapsed < 10.0, f"{script} took {elapsed:.1f} s to refuse"
 
 
-@pytest.mark.parametrize("script", ["image_pipeline.py", "text_pipeline.py", "video_fanout.py"])
+@pytest.mark.parametrize("script", ["image_pipeline.py", "text_pipeline.py", "video_fanout.py", "async_requests.py"])
 def test_flow_scripts_refuse_a_bad_request_count_in_one_line(script: str) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "flows" / script), "--requests", "0"],

@@ -93,3 +93,22 @@ __all__ = [
     "prefect_api_url",
     "require_prefect_api",
 ]
+
+
+def script_requests(default: int) -> int:
+    """A ``flows/`` script's ``--requests`` (checked: one line for a bad one), with Prefect's API made ready.
+
+    Called before Prefect and torch are imported: :func:`ephemeral_api_defaults`
+    then :func:`require_prefect_api`, as every script that runs many flows needs.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=default)
+    args = parser.parse_args()
+    if args.requests < 1:
+        parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
+    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
+    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+    requests: int = args.requests
+    return requests
