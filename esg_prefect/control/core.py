@@ -46,6 +46,7 @@ from esg_prefect.control.events import (
 from esg_prefect.control.fleet import Fleet
 from esg_prefect.control.keepalive import adaptive_keep_alive
 from esg_prefect.control.state import Flight, Hops, Plan, Queue, Request, stages_after
+from esg_prefect.control.totals import Totals
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord
 from esg_prefect.model.jobs import Job, QueueKey
@@ -83,6 +84,8 @@ class Core(DecisionApplier):
         decision_memory: keep only this many newest decision stats (None: all).
         ended_memory: keep only this many newest requests of ended runs (None: all); a
             long-lived pool would otherwise hold every request it ever served.
+        totals: running totals to add each batch, idle interval and decision to (the pool's,
+            for metrics); None, the simulator's, keeps none: nothing reads them there.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Core(DecisionApplier):
         keep_stage_records: bool = True,
         decision_memory: int | None = None,
         ended_memory: int | None = None,
+        totals: Totals | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.tables = tables
@@ -110,7 +114,7 @@ class Core(DecisionApplier):
         fleet.idle_vcpus = settings.idle_vcpus
         fleet.best_effort_keep_alive = settings.best_effort_keep_alive
         fleet.cold_start_ms = tables.profile.cold_start_ms
-        self.totals = fleet.totals  # the fleet adds its idle time, the core its batches and decisions
+        self.totals = fleet.totals = totals  # the fleet adds its idle time, the core its batches and decisions
         self.settings = settings
         self.workflows = workflows
         self.round_interval_ms = round_interval_ms
@@ -256,7 +260,8 @@ class Core(DecisionApplier):
         else:
             self._expiring(self.fleet.finish(w, record, t))
         stage = d.queue.stage
-        self.totals.batch(stage, record, ev.cold_ms)
+        if self.totals is not None:
+            self.totals.batch(stage, record, ev.cold_ms)
         size = len(fl.jobs)
         keep = self.keep_stage_records
         for job in done:
@@ -472,7 +477,8 @@ class Core(DecisionApplier):
         else:
             result = self.scheduler.decide(snapshot, now)
         self.decisions.extend(result.stats)
-        self.totals.decided(result.stats)
+        if self.totals is not None:
+            self.totals.decided(result.stats)
         self._apply_decisions(result, now, actions)
 
     # ---- reading -------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ class Fleet:
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] | Ring[BatchRecord] = [] if record_memory is None else Ring(record_memory)
         self.idles: list[IdleRecord] | Ring[IdleRecord] = [] if record_memory is None else Ring(record_memory)
-        self.totals = Totals()  # running totals of what it bills (the records above keep the newest only)
+        self.totals: Totals | None = None  # running totals, where a driver keeps them (the pool's /metrics)
         self.cold_starts = 0
         self._next_worker = 0
         self._expiries: list[tuple[float, int, str, int]] = []  # (at, seq, worker id, token): a heap
@@ -402,7 +402,8 @@ class Fleet:
         w.loaded_ms = None
         if record is not None:
             self.idles.append(record)
-            self.totals.idle(record)
+            if self.totals is not None:
+                self.totals.idle(record)
 
     # ---- keep-alive ----------------------------------------------------------------------
 

@@ -100,7 +100,7 @@ class PoolSnapshot:
     first_batch: int = 0
     first_idle: int = 0
     queues: Mapping[QueueKey, int] = field(default_factory=dict)
-    totals: Totals | None = None
+    totals: Totals = field(default_factory=Totals)
 
 
 @dataclass(frozen=True, slots=True)

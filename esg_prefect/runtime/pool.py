@@ -37,6 +37,7 @@ from esg_prefect.control.records import (
     PoolSnapshot,
     RunListener,
 )
+from esg_prefect.control.totals import Totals
 from esg_prefect.exceptions import (
     InvalidInputError,
     PoolClosedError,
@@ -176,7 +177,7 @@ class Pool(PoolViews, PoolActions, PoolResources):
         self._timers: dict[float, Cancellable] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._book = CallBook(RECORD_MEMORY)
-        self._final: PoolSnapshot | None = None  # the last state, taken as the pool closed
+        self._stopped = False  # the loop has stopped (closed): snapshots are read from this thread
 
     # ---- thread-safe API -------------------------------------------------------------------
 
@@ -254,6 +255,7 @@ class Pool(PoolViews, PoolActions, PoolResources):
             self._loop.call_soon_threadsafe(self._loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout_s)
+            self._stopped = self._thread is None or not self._thread.is_alive()
             self._listen.close(timeout_s)
 
     def __enter__(self) -> Pool:
@@ -315,6 +317,7 @@ class Pool(PoolViews, PoolActions, PoolResources):
                 keep_stage_records=False,
                 decision_memory=_DECISION_MEMORY,
                 ended_memory=RECORD_MEMORY,
+                totals=Totals(),  # for /metrics' counters; the simulator keeps none
             )
             self._refresh()
         return self._core
@@ -430,6 +433,10 @@ class Pool(PoolViews, PoolActions, PoolResources):
     # ---- reading and closing --------------------------------------------------------------------
 
     async def _snapshot(self, recent: int | None = None) -> PoolSnapshot:
+        return self._snapshot_now(recent)
+
+    def _snapshot_now(self, recent: int | None = None) -> PoolSnapshot:
+        """The snapshot, on the pool's loop (or on any thread once that loop has stopped)."""
         if self._core is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
         enforcement = {wid: str(getattr(h, "enforcement", "")) for wid, h in self._handles.items()}
@@ -454,4 +461,3 @@ class Pool(PoolViews, PoolActions, PoolResources):
             if not fut.done():
                 fut.set_exception(PoolClosedError("the pool closed while this call ran"))
         await self.backend.close()
-        self._final = await self._snapshot()  # what snapshot() and report() read once the loop has stopped

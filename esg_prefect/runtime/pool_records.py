@@ -28,6 +28,7 @@ from esg_prefect.control.records import (
 )
 from esg_prefect.control.ring import Ring
 from esg_prefect.control.state import Request
+from esg_prefect.control.totals import Totals
 from esg_prefect.exceptions import PoolClosedError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
 from esg_prefect.model.pricing import PriceSheet
@@ -183,7 +184,7 @@ class CallBook:
             len(fleet.batches) - len(batches),
             first_idle,
             {k: len(q.jobs) for k, q in core.queues.items()},
-            core.totals.copy(),
+            core.totals.copy() if core.totals is not None else Totals(),
         )
 
 

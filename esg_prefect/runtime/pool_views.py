@@ -37,11 +37,13 @@ class PoolViews:
     planner: Planner
     _core: Core | None
     _loop: asyncio.AbstractEventLoop | None
-    _final: PoolSnapshot | None
+    _stopped: bool
 
     if TYPE_CHECKING:
 
         async def _snapshot(self, recent: int | None = None) -> PoolSnapshot: ...
+
+        def _snapshot_now(self, recent: int | None = None) -> PoolSnapshot: ...
 
     @property
     def paused(self) -> bool:
@@ -81,10 +83,10 @@ class PoolViews:
         ``recent``: only the newest ``recent`` calls, batches, idle intervals and
         decisions, and no requests: what a metrics scrape needs, copied in time
         independent of how long the pool has served (the copy holds its loop).
-        Once the pool has closed, its last state, whole (its loop has stopped).
+        Once the pool has closed, its last state (read here: its loop has stopped).
         """
-        if self._final is not None:
-            return self._final
+        if self._stopped:  # closed: no loop to ask, and nothing changes any more
+            return self._snapshot_now(recent)
         if self._loop is None:
             return PoolSnapshot((), (), (), (), {}, {}, ())
         return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)

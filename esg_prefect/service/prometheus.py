@@ -65,7 +65,7 @@ class PoolCollector:
         """One scrape: a snapshot of the pool (blocking: call it off the event loop) turned into families."""
         snap = self.pool.snapshot(SCRAPE_TIMEOUT_S, 0)  # no records: the totals hold the history
         yield from self._state(snap)
-        yield from _totals(snap.totals or Totals(), self.pool.prices)  # none before the pool's first call: zeros
+        yield from _totals(snap.totals, self.pool.prices)  # zeros before the pool's first call
 
     def _state(self, snap: PoolSnapshot) -> Iterator[Metric]:
         """Gauges: the queues, the pause, the service's calls, the workers and the idle time not yet closed."""
@@ -105,7 +105,7 @@ def open_idle_dollars(snap: PoolSnapshot, prices: PriceSheet) -> float:
 
 def totals_body(snap: PoolSnapshot, prices: PriceSheet) -> dict[str, object]:
     """The running totals as JSON (``/metrics``'s ``totals``): what the counters say, for ``pool status``."""
-    totals = snap.totals or Totals()
+    totals = snap.totals
     return {
         "batches": dict(sorted(totals.batches.items())),
         "calls": dict(sorted(totals.calls.items())),
