@@ -36,7 +36,6 @@ import faulthandler
 import gc
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -119,17 +118,6 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_
     raise RuntimeError(f"the pool service at {url} did not answer within {timeout_s:.0f} s")
 
 
-def port_taken(port: int) -> str | None:
-    """Why the pool service could not listen on 127.0.0.1:``port`` (something else holds it), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            return f"cannot listen on 127.0.0.1:{port} ({exc.strerror or exc})"
-    return None
-
-
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     """Interrupt a process started in a session of its own; kill what is left of its group after ``timeout_s``."""
     if proc.poll() is None:
@@ -207,9 +195,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         except typer.BadParameter as exc:
             parser.error(f"--set: {exc.message}")
 
-    if not args.pool_url and (why := port_taken(args.port)):
+    from esg_prefect.cli.pool import bind_error
+
+    if not args.pool_url and (why := bind_error("127.0.0.1", args.port)):
         # Else the service started here exits at once, and the one already there answers its health check.
-        parser.error(f"--port {args.port}: {why}; give another --port, or --pool-url to use the service there")
+        parser.error(
+            f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({why}); give another --port, "
+            "or --pool-url to use the service there"
+        )
 
     from prefect import serve
     from prefect.settings import PREFECT_API_URL

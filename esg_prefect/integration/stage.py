@@ -323,8 +323,11 @@ def call_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
     pool = _pool_of_current_flow()
     if pool is None:
         return run_locally(spec, item)
-    call, timeout_s = _stage_call(spec, decl, item)
-    return _finish(spec, _wait(pool, call, timeout_s))
+    from prefect.context import TaskRunContext
+
+    task_ctx = TaskRunContext.get()
+    timeout_s = getattr(getattr(task_ctx, "task", None), "timeout_seconds", None)
+    return _finish(spec, _wait(pool, _stage_call(spec, decl, item), timeout_s))
 
 
 async def acall_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
@@ -337,7 +340,7 @@ async def acall_stage(spec: StageSpec, decl: WorkflowDecl, item: Any) -> Any:
     pool = _pool_of_current_flow()
     if pool is None:
         return await asyncio.to_thread(run_locally, spec, item)
-    call, _ = _stage_call(spec, decl, item)
+    call = _stage_call(spec, decl, item)
     fut = pool.submit(call)
     waiting = asyncio.wrap_future(fut)
     waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning once abandoned
@@ -361,8 +364,8 @@ def _finish(spec: StageSpec, result: StageResult) -> Any:
     return result.output
 
 
-def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> tuple[StageCall, float | None]:
-    """The pool call of this task run (ids, request, upstream calls, arrival) and its task's timeout."""
+def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> StageCall:
+    """The pool call of this task run: its ids, request, upstream calls and arrival."""
     from prefect.client.schemas.objects import TaskRunResult
     from prefect.context import FlowRunContext, TaskRunContext
 
@@ -392,7 +395,7 @@ def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> tuple[StageCa
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
         profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
     )
-    return call, getattr(getattr(task_ctx, "task", None), "timeout_seconds", None)
+    return call
 
 
 def replay_lines(result: StageResult, logger: Any) -> None:

@@ -54,7 +54,7 @@ def warn_if_shipped(stage: str, stage_path: str, profiled: str, profile: Latency
     a stage of the user's own code that happens to share a name (``detect``) would be
     planned with another model's timings, silently. Returns whether it warned.
     """
-    if stage_path.startswith(_EXAMPLES) or not any(p.stage == profiled for p in profile.points):
+    if stage_path.startswith(_EXAMPLES) or profiled not in profile.stages():
         return False
     logger.warning(
         "stage %r (%s) is planned with the latency profile shipped for esg-prefect's example stage %r, "

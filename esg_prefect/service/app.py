@@ -73,7 +73,7 @@ from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
 from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
-from esg_prefect.service.wire import BadRequest, call_digest, error_body, parse_call, result_body
+from esg_prefect.service.wire import MAX_WAIT_S, BadRequest, call_digest, error_body, parse_call, result_body
 
 __all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call"]
 
@@ -317,9 +317,7 @@ class PoolService:
             return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
         held, stored = await self._find(call.call_id)
         if stored is not None:
-            if stored[1] and stored[1] != digest:
-                return _conflict(call.call_id)
-            return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
+            return await _stored_answer(call.call_id, stored, digest)
         if held is not None and held[1] != digest:
             return _conflict(call.call_id)
         if held is None:
@@ -346,9 +344,7 @@ class PoolService:
             return JSONResponse({"error": "digest is missing: pass the digest of the call's 202 answer"}, 400)
         held, stored = await self._find(call_id)
         if stored is not None:
-            if stored[1] and stored[1] != digest:
-                return _conflict(call_id)
-            return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
+            return await _stored_answer(call_id, stored, digest)
         if held is None:
             return JSONResponse({"error": f"call {call_id!r} is not held here: post it again"}, status_code=404)
         if held[1] != digest:
@@ -466,7 +462,6 @@ class PoolService:
                 fut.set_result(body)
 
 
-MAX_WAIT_S = 3600.0
 ABANDONED_POLLS = 3
 ABANDON_MARGIN_S = 30.0
 """A long-polled call whose caller has not asked for 3 x wait_s + 30 s is withdrawn (:meth:`PoolService._watch`)."""
@@ -488,6 +483,13 @@ def _wait_s(value: str | None) -> float | None:
 def _render(body: dict[str, Any]) -> bytes:
     """A JSON answer's bytes, as JSONResponse renders them (called on a thread: outputs may be large)."""
     return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+async def _stored_answer(call_id: str, stored: tuple[dict[str, Any], str], digest: str) -> Response:
+    """A finished call's stored outcome, or 409 where it answered another call (its digest differs)."""
+    if stored[1] and stored[1] != digest:
+        return _conflict(call_id)
+    return Response(await asyncio.to_thread(_render, stored[0]), media_type="application/json")
 
 
 def _conflict(call_id: str) -> JSONResponse:

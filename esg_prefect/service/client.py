@@ -49,7 +49,7 @@ from esg_prefect.exceptions import (
     StageRejectedError,
 )
 from esg_prefect.service.guards import is_loopback
-from esg_prefect.service.wire import call_body, parse_result
+from esg_prefect.service.wire import MAX_WAIT_S, call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]
 
@@ -72,8 +72,8 @@ def _call_path(call_id: str) -> str | None:
     return "/v1/calls/" + urllib.parse.quote(call_id, safe="")
 
 
-MAX_POLL_S = 3600.0
-"""The longest the service holds a request (its ``wait_s`` bound): a longer ``poll_s`` would get 400 on every call."""
+MAX_POLL_S = MAX_WAIT_S
+"""The longest the service holds a request: a longer ``poll_s`` would get 400 on every call."""
 
 READ_MARGIN_S = 30.0
 """How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""

@@ -29,6 +29,9 @@ from esg_prefect.exceptions import (
 from esg_prefect.runtime.batch_output import checked_lines
 from esg_prefect.service.codec import decode, encode
 
+MAX_WAIT_S = 3600.0
+"""The longest the service holds a request before it answers a pending call ``202`` (``wait_s``)."""
+
 _ERRORS: dict[str, type[StageCallError]] = {
     "StageFailedError": StageFailedError,
     "StageRejectedError": StageRejectedError,
