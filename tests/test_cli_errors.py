@@ -110,6 +110,7 @@ def _one_line(err: str) -> str:
             ("--ssl-certfile", "'/none.pem'", "PEM file"),
         ),
         (["pool", "serve"], ("Missing option", "--allow")),
+        (["pool", "serve", "--allow", "x", "--store", "mysql://a"], ("--store", "scheme 'mysql'")),
         (["pool", "serve", "--allow", ""], ("--allow", "give a module prefix", "got ''")),
         (["pool", "serve", "--allow", "tests", "--allow", " "], ("--allow", "got ' '")),
         (["pool", "serve", "--allow", "x", "--hung-batch-s", "-1"], ("--hung-batch-s", "-1", "0: no limit")),

@@ -173,6 +173,11 @@ def serve(
                 f"or a shipped profile's name ({', '.join(n[:-4] for n in DEFAULT_PROFILES)})",
                 param_hint="--profile",
             ) from None
+    if store and store != "off":
+        try:
+            resolve_url(store)  # a URL the store cannot use: named with its option before any pool starts
+        except ESGError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--store") from None
     try:
         cache = ResultCache(results_db or ":memory:", results_ttl_s, int(results_max_mb * 1024 * 1024))
     except (OSError, sqlite3.Error, InvalidInputError) as exc:
