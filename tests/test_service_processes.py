@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -44,7 +44,7 @@ def start_service(port: int, results_db: Path, extra_env: dict[str, str] | None 
         "--backend",
         "inline",
         "--profile",
-        str(ROOT / "tests" / "toy_profile.csv"),
+        str(results_db.parent / "toy_profile.csv"),  # the toy_profile_csv fixture's, in the test's tmp_path
         "--results-db",
         str(results_db),
     ]
@@ -83,13 +83,12 @@ def wait_until(condition: Callable[[], bool], what: str, procs: Sequence[subproc
 
 
 @pytest.fixture
-def toy_profile_csv() -> Iterator[None]:
+def toy_profile_csv(tmp_path: Path) -> None:
+    """The toy profile as a CSV in the test's own tmp_path: tests in parallel workers each have theirs
+    (one shared file under tests/ was removed by one test's teardown while another's service read it)."""
     from tests.toy_stages import toy_profile
 
-    path = ROOT / "tests" / "toy_profile.csv"
-    toy_profile().to_csv(path)
-    yield
-    path.unlink(missing_ok=True)
+    toy_profile().to_csv(tmp_path / "toy_profile.csv")
 
 
 @pytest.mark.usefixtures("toy_profile_csv")
