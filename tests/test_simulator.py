@@ -343,9 +343,9 @@ def test_case_validation_names_values() -> None:
         cpu_case().with_(warmup_s=2.0)
     with pytest.raises(ConfigError, match="service_time"):
         SimSpec(service_time="median")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="neither a packaged profile") as err:
+    with pytest.raises(ConfigError, match="neither a shipped profile's name") as err:
         cpu_case().with_(profile="no-such-profile").load_profile()
-    assert "'nvidia_gpu'" in str(err.value) and "_samples" not in str(err.value)  # profiles only, no side tables
+    assert "nvidia_gpu" in str(err.value) and "_samples" not in str(err.value)  # profiles only, no side tables
 
 
 def test_batching_headroom_hand_worked() -> None:

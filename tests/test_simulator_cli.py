@@ -167,8 +167,8 @@ def test_compare_on_a_case_runs_from_the_cases_own_seed(tmp_path: Path) -> None:
 
 def test_a_case_file_simulate_writes_runs_from_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from esg_prefect.cli.case_file import case_dict_in
+    from esg_prefect.model.profile_source import PROFILE_DIR
     from esg_prefect.simulator import standard_case
-    from esg_prefect.simulator.case import PROFILE_DIR
 
     (tmp_path / "mycase").mkdir()
     (tmp_path / "mycase" / "mine.csv").write_text((PROFILE_DIR / "nvidia_gpu.csv").read_text())

@@ -33,9 +33,17 @@ CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simula
 
 
 def _case_paths(data: dict[str, Any], change: Callable[[str], str]) -> None:
-    """Apply ``change`` to a case's file paths in place: ``profile`` and a ``csv:`` trace's file."""
-    if isinstance(data.get("profile"), str) and data["profile"]:
-        data["profile"] = change(data["profile"])
+    """Apply ``change`` to a case's file paths in place: ``profile`` and a ``csv:`` trace's file.
+
+    A shipped profile's name is not a path and is left as it is; a changed profile path that
+    would read as such a name is written ``./NAME`` (:mod:`esg_prefect.model.profile_source`).
+    """
+    from esg_prefect.model.profile_source import is_shipped_name
+
+    profile = data.get("profile")
+    if isinstance(profile, str) and profile and not is_shipped_name(profile):
+        changed = change(profile)
+        data["profile"] = f"./{changed}" if is_shipped_name(changed) else changed
     workload = data.get("workload")
     if isinstance(workload, dict) and isinstance(workload.get("trace"), str) and workload["trace"].startswith("csv:"):
         workload["trace"] = "csv:" + change(workload["trace"][4:])
@@ -45,7 +53,7 @@ def _paths_beside(data: dict[str, Any], folder: Path) -> None:
     """Read a case's relative paths (``profile``, a ``csv:`` trace) from the case file's folder when they are there.
 
     As a user writes them: next to the case. A path found only from the
-    working directory (or a packaged profile's name) is left as it is.
+    working directory is left as it is, and so is a shipped profile's name.
     """
 
     def beside(value: str) -> str:
@@ -63,16 +71,14 @@ def case_dict_in(case: Any, folder: Path) -> dict[str, Any]:
     Its relative paths are relative to the working directory, but a case file's
     are read from the file's folder first (:func:`load_case`): a file under
     ``folder`` is written relative to it, any other absolute, so that the case
-    file runs from any working directory. Absolute paths and packaged profile
+    file runs from any working directory. Absolute paths and shipped profile
     names are written as they are.
     """
-    from esg_prefect.simulator.case import PROFILE_DIR
-
     home = folder.resolve()
 
     def portable(value: str) -> str:
         path = Path(value)
-        if path.is_absolute() or not path.is_file() or (PROFILE_DIR / f"{value}.csv").exists():
+        if path.is_absolute() or not path.is_file():
             return value
         path = path.resolve()
         return str(path.relative_to(home)) if path.is_relative_to(home) else str(path)

@@ -76,7 +76,8 @@ def serve(
     scheduler: str = typer.Option("esg", help="Scheduler name (esg-prefect schedulers)."),
     profile: str = typer.Option(
         "",
-        help="Latency profile CSV, or a shipped profile's name (nvidia_gpu, examples_cpu); default both of those.",
+        help="Latency profile CSV, or a shipped profile's name (nvidia_gpu, examples_cpu, ...; a name wins over "
+        "a file of that name: write ./NAME for the file); default nvidia_gpu and examples_cpu merged.",
     ),
     results_db: str = typer.Option("", help="SQLite file keeping finished outcomes across restarts."),
     results_ttl_s: float = typer.Option(3600.0, "--results-ttl-s", help="Seconds a finished outcome is kept."),
@@ -158,19 +159,19 @@ def serve(
     if backend not in ("process", "inline", "ray"):
         raise typer.BadParameter(f"must be 'process', 'inline' or 'ray', got {backend!r}", param_hint="--backend")
     latency = None
-    if profile:
-        from esg_prefect.runtime.profiles import DEFAULT_PROFILES, load_default_profile
+    if profile:  # a shipped name wins over a file of that name: esg_prefect.model.profile_source
+        from esg_prefect.model.profile_source import is_shipped_name, profile_path
+        from esg_prefect.runtime.profiles import load_default_profile
 
-        shipped = f"{profile}.csv"
         try:
-            if shipped in DEFAULT_PROFILES and not Path(profile).exists():  # a name; a file of that name wins
-                latency = load_default_profile((shipped,))
-            else:
-                latency = LatencyProfile.from_csv(profile)
+            csv = profile_path(profile)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--profile") from None
+        try:  # a shipped table loads as the default pool loads it, with the shipped size model
+            latency = load_default_profile((csv.name,)) if is_shipped_name(profile) else LatencyProfile.from_csv(csv)
         except (OSError, InvalidInputError) as exc:
             raise typer.BadParameter(
-                f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one) "
-                f"or a shipped profile's name ({', '.join(n[:-4] for n in DEFAULT_PROFILES)})",
+                f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one)",
                 param_hint="--profile",
             ) from None
     if store and store != "off":

@@ -333,7 +333,9 @@ def register(app: typer.Typer) -> None:
         tightness: float = typer.Option(
             5.0, help="SLO = tightness x the batch-1 critical path on a whole T4 (p95), rounded up to 10 ms."
         ),
-        profile: str = typer.Option("nvidia_gpu", help="Packaged profile name or CSV path."),
+        profile: str = typer.Option(
+            "nvidia_gpu", help="A shipped profile's name or a CSV path (a name wins: ./NAME for a file of that name)."
+        ),
         seed: int | None = typer.Option(
             None, min=0, help="Seed of arrivals and service times (default: 0; with --case, the case's)."
         ),

@@ -22,20 +22,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.profile_source import profile_path
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.workload.arrivals import Arrival, arrivals
 from esg_prefect.workload.sizes import check_size_source, request_sizes
-
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
-"""Packaged profiles: a case may name one by its file stem, e.g. ``"nvidia_gpu"``."""
 
 ServiceTime = Literal["sampled", "mean", "p95"]
 
@@ -226,28 +223,18 @@ def _load_profile(path: str) -> LatencyProfile:
     return LatencyProfile.from_csv(path)  # with its size model when the profiler's samples are beside it
 
 
-_NOT_PROFILES = ("_sources", "_samples", "_stalls", "_corun", "_validation")  # the profiler's other outputs
-
-
-def packaged_profiles() -> list[str]:
-    """Names of the latency profiles shipped with the package (not the profiler's other tables)."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.csv") if not p.stem.endswith(_NOT_PROFILES))
-
-
 def resolve_profile(profile: str | LatencyProfile) -> LatencyProfile:
-    """A profile object from a packaged name (``"nvidia_gpu"``), a CSV path, or the object itself.
+    """A profile object from a shipped profile's name (``"nvidia_gpu"``), a CSV path, or the object itself.
+
+    A shipped name wins over a file of that name (one rule for every command:
+    :mod:`esg_prefect.model.profile_source`); loaded once per process per file.
 
     Raises:
-        ConfigError: naming the profile when neither a packaged name nor a file.
+        ConfigError: naming the value and the shipped names when it is neither a shipped name nor a file.
     """
     if isinstance(profile, LatencyProfile):
         return profile
-    packaged = PROFILE_DIR / f"{profile}.csv"
-    path = packaged if packaged.exists() else Path(profile)
-    if not path.exists():
-        known = packaged_profiles()
-        raise ConfigError(f"profile {profile!r} is neither a packaged profile ({known}) nor a file")
-    return _load_profile(str(path.resolve()))
+    return _load_profile(str(profile_path(profile).resolve()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +244,7 @@ class Case:
     Args:
         name: a label for reports.
         workflows: the workflows (names unique), each with its SLO.
-        profile: a packaged profile name, a CSV path, or a LatencyProfile.
+        profile: a shipped profile's name, a CSV path (a name wins), or a LatencyProfile.
         prices: the price sheet.
         cluster: nodes and GPUs.
         workload: trace and rate.
