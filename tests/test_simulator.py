@@ -343,6 +343,12 @@ def test_case_validation_names_values() -> None:
         cpu_case().with_(warmup_s=2.0)
     with pytest.raises(ConfigError, match="service_time"):
         SimSpec(service_time="median")  # type: ignore[arg-type]
+    base = cpu_case()  # a seed built in Python is checked as one read from JSON is (Case.from_dict)
+    with pytest.raises(ConfigError, match=re.escape("the case's 'seed' must be an integer >= 0, got int -1")):
+        Case(base.name, base.workflows, base.profile, base.prices, base.cluster, base.workload, 1.0, seed=-1)
+    for bad, shown in ((1.5, "float 1.5"), (True, "bool True"), (None, "NoneType None")):
+        with pytest.raises(ConfigError, match=re.escape(f"the case's 'seed' must be an integer >= 0, got {shown}")):
+            base.with_(seed=bad)
     with pytest.raises(ConfigError, match="neither a shipped profile's name") as err:
         cpu_case().with_(profile="no-such-profile").load_profile()
     assert "nvidia_gpu" in str(err.value) and "_samples" not in str(err.value)  # profiles only, no side tables

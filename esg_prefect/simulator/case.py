@@ -214,6 +214,12 @@ def _shaped(key: str, value: Any, shape: type) -> None:
         raise ConfigError(f"the case's {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
 
 
+def _check_seed(seed: Any) -> None:
+    """Refuse a seed that is not an integer >= 0 (JSON gives 1.5, true, null, "3" as such), naming it."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"the case's 'seed' must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
+
+
 _WORKFLOW_KEYS = ("name", "stages", "edges", "slo_ms")
 _NODE_KEYS = ("name", "vcpus", "gpus", "max_clients", "max_workers")
 
@@ -258,7 +264,7 @@ class Case:
             a run starts with no warm worker, a platform in service does not.
 
     Raises:
-        ConfigError: on duplicate workflow names or a bad duration.
+        ConfigError: on duplicate workflow names, a seed that is not an integer >= 0, or a bad duration.
     """
 
     name: str
@@ -279,6 +285,7 @@ class Case:
         names = [w.name for w in self.workflows]
         if not names or len(set(names)) != len(names):
             raise ConfigError(f"a case needs workflows with unique names, got {names}")
+        _check_seed(self.seed)  # here, so a case built in Python, by with_ or from JSON is checked alike
         _positive(f"case {self.name!r}", "duration_s", self.duration_s)
         _positive(f"case {self.name!r}", "warmup_s", self.warmup_s, allow_zero=True)
         if self.warmup_s >= self.duration_s:
@@ -423,8 +430,7 @@ class Case:
         _known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
         _known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
         seed = data.get("seed", 0)
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:  # JSON gives 1.5, true, null, "3" as such
-            raise ConfigError(f"the case's 'seed' must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
+        _check_seed(seed)  # with the JSON's other shapes, before a missing key is named
         try:
             wl = dict(data["workload"])
             if wl.get("weights") is not None:
