@@ -13,8 +13,9 @@ from dataclasses import replace
 
 import pytest
 
+from esg_prefect.control.totals import Totals
 from esg_prefect.model import PriceSheet, Workflow
-from esg_prefect.model.attribution import IdleRecord, attribute_costs, idle_cost, idle_cost_split
+from esg_prefect.model.attribution import IdleRecord, attribute_costs, idle_cost, idle_cost_split, idle_rates
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.pool_resources import within_backend
 from esg_prefect.runtime.workers import LocalProcessBackend
@@ -35,6 +36,19 @@ def test_an_idle_interval_with_its_vcpus_held_is_billed_at_the_whole_rate() -> N
     cpu = IdleRecord("w2", 1, 0.0, "cpu", 0.0, 4000.0, vcpus_held=True)  # a CPU worker: 0 by default
     assert idle_cost(cpu, PRICES) == pytest.approx(4 * 0.5)
     assert idle_cost(replace(cpu, vcpus_held=False), PRICES) == 0.0
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_the_running_totals_bill_an_idle_worker_as_attribution_does(held: bool) -> None:
+    # one rule of idle prices (idle_rates): the pool's counters and the reports cannot disagree
+    record = IdleRecord("w1", 2, 0.25, "T4", 1000.0, 3000.0, loading_ms=500.0, vcpus_held=held)
+    whole_rate, share_rate = 2 * 0.5 + 0.25 * 4.0, 0.25 * 4.0
+    assert idle_rates(PRICES, 2, 0.25, "T4", held) == (whole_rate, whole_rate if held else share_rate)
+    totals = Totals()
+    totals.idle(record)
+    expected = 0.5 * whole_rate + 1.5 * (whole_rate if held else share_rate)
+    assert totals.bill(PRICES)["idle"] == pytest.approx(idle_cost(record, PRICES), rel=1e-12)
+    assert idle_cost(record, PRICES) == pytest.approx(expected, rel=1e-12)
 
 
 class _Holding(LocalProcessBackend):

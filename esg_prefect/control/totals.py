@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from esg_prefect.model.attribution import BatchRecord, IdleRecord
+from esg_prefect.model.attribution import BatchRecord, IdleRecord, idle_rates
 from esg_prefect.model.pricing import PriceSheet
 
 if TYPE_CHECKING:
@@ -95,8 +95,8 @@ class Totals:
         """The bill so far by part (:data:`BILL_PARTS`), in dollars: each part only grows under one price sheet.
 
         Priced as :func:`~esg_prefect.model.attribution.attribute_costs` prices
-        records: a batch at its worker's whole rate, idle time at its GPU share's
-        price (the whole rate for a pre-warm load and for idle vCPUs held).
+        records: a batch at its worker's whole rate, idle time by the same rule
+        (:func:`~esg_prefect.model.attribution.idle_rates`).
         """
         busy = cold = idle = 0.0
         for (hw, vcpus, share), (run_ms, cold_ms) in self._batch_ms.items():
@@ -104,9 +104,8 @@ class Totals:
             busy += rate * run_ms / 1000.0
             cold += rate * cold_ms / 1000.0
         for (hw, vcpus, share, held), (load_ms, rest_ms) in self._idle_ms.items():
-            whole = prices.rate_per_s(vcpus, share, hw)
-            rest = whole if held else prices.idle_rate_per_s(share, hw)
-            idle += (whole * load_ms + rest * rest_ms) / 1000.0
+            loading, rest = idle_rates(prices, vcpus, share, hw, held)
+            idle += (loading * load_ms + rest * rest_ms) / 1000.0
         return {"busy": busy, "cold_start": cold, "idle": idle}
 
     def copy(self) -> Totals:

@@ -307,11 +307,24 @@ def idle_cost_split(idle: IdleRecord, prices: PriceSheet) -> tuple[float, float]
     the rest is idle time proper, billed at the GPU share's price only (the whole rate when the
     worker held its vCPUs idle, ``IdleRecord.vcpus_held``).
     """
-    whole = prices.rate_per_s(idle.vcpus, idle.gpu_share, idle.hardware)
-    loading = whole * idle.loading_ms / 1000.0
-    rate = whole if idle.vcpus_held else prices.idle_rate_per_s(idle.gpu_share, idle.hardware)
+    load_rate, rate = idle_rates(prices, idle.vcpus, idle.gpu_share, idle.hardware, idle.vcpus_held)
+    loading = load_rate * idle.loading_ms / 1000.0
     waiting = rate * (idle.end_ms - idle.start_ms - idle.loading_ms)
     return loading, waiting / 1000.0
+
+
+def idle_rates(
+    prices: PriceSheet, vcpus: int, gpu_share: float, hardware: str, vcpus_held: bool
+) -> tuple[float, float]:
+    """Per-second prices of an idle worker's time: while it loads, and the rest (the one rule of idle prices).
+
+    A load holds the worker's vCPUs and GPU share, so it pays the whole rate; the rest pays
+    the GPU share's price only, or the whole rate where the platform held the vCPUs too
+    (``vcpus_held``, from the ``idle_vcpus`` knob). :func:`idle_cost_split` and the pool's
+    running totals (``control.totals.Totals.bill``) both price idle time with it, so they agree.
+    """
+    whole = prices.rate_per_s(vcpus, gpu_share, hardware)
+    return whole, whole if vcpus_held else prices.idle_rate_per_s(gpu_share, hardware)
 
 
 def _report(
