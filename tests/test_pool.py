@@ -89,7 +89,8 @@ def test_a_paused_pool_queues_calls_and_releases_them_together(inline_pool: Pool
     futs = [inline_pool.submit(call(i)) for i in range(1, 9)]
     time.sleep(0.3)  # many controller ticks
     assert not any(f.done() for f in futs)
-    assert inline_pool.snapshot().queue_depths == {"toy/inc": 8}
+    snap = inline_pool.snapshot()
+    assert snap.queue_depths == {"toy/inc": 8} and snap.queues == {QueueKey("toy", "inc"): 8}
     inline_pool.resume()
     assert not inline_pool.paused
     results = settle(futs)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from esg_prefect.control.records import PoolSnapshot
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, attribute_costs, split_weights
 from esg_prefect.model.config import Config
@@ -256,3 +257,9 @@ def test_after_warmup_keeps_the_window() -> None:
     assert [b.batch_id for b in w.batches] == ["b2"]  # b1 was dispatched at 20 ms
     # w1's idle from 120 ms stays; w2's idle 0-50 ms is cut to 30-50 ms
     assert [(i.worker_id, i.start_ms, i.end_ms) for i in w.idles] == [("w1", 120.0, 620.0), ("w2", 30.0, 50.0)]
+
+
+def test_a_snapshots_queue_depths_are_its_non_empty_queues_by_name() -> None:
+    snap = PoolSnapshot((), (), (), (), {}, (), queues={QueueKey("w", "a"): 3, QueueKey("w", "b"): 0})
+    assert snap.queue_depths == {"w/a": 3}
+    assert PoolSnapshot((), (), (), (), {}, ()).queue_depths == {}

@@ -83,8 +83,9 @@ class PoolSnapshot:
     ``first_batch`` and ``first_idle`` are the positions of ``batches[0]`` and
     ``idles[0]`` among every record the pool made (a long-lived pool keeps the
     newest only); ``closed_idles`` counts from ``first_idle``. ``queues``: the
-    waiting jobs of every queue, empty ones too; ``totals``: the running totals
-    since the pool started (:class:`~esg_prefect.control.totals.Totals`, a copy).
+    waiting jobs of every queue, empty ones too (:attr:`queue_depths` is read
+    from it); ``totals``: the running totals since the pool started
+    (:class:`~esg_prefect.control.totals.Totals`, a copy).
     """
 
     calls: tuple[CallRecord, ...]
@@ -92,7 +93,6 @@ class PoolSnapshot:
     idles: tuple[IdleRecord, ...]
     decisions: tuple[DecisionStats, ...]
     requests: dict[str, RequestRow]
-    queue_depths: dict[str, int]
     workers: tuple[WorkerRow, ...]
     corrections: tuple[CorrectionRow, ...] = ()
     closed_idles: int | None = None
@@ -101,6 +101,14 @@ class PoolSnapshot:
     first_idle: int = 0
     queues: Mapping[QueueKey, int] = field(default_factory=dict)
     totals: Totals = field(default_factory=Totals)
+
+    @property
+    def queue_depths(self) -> dict[str, int]:
+        """Waiting jobs of the non-empty queues, keyed ``workflow/stage`` (``str(QueueKey)``), as JSON shows them.
+
+        Read from :attr:`queues`, so the two cannot disagree; the service's ``/metrics`` JSON carries it.
+        """
+        return {str(k): n for k, n in self.queues.items() if n}
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,7 +176,6 @@ class CallBook:
             tuple(idles),
             tuple(newest),
             requests,
-            core.queue_lengths(),
             workers,
             corrections,
             closed,

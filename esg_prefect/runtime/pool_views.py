@@ -88,7 +88,7 @@ class PoolViews:
         if self._stopped:  # closed: no loop to ask, and nothing changes any more
             return self._snapshot_now(recent)
         if self._loop is None:
-            return PoolSnapshot((), (), (), (), {}, {}, ())
+            return PoolSnapshot((), (), (), (), {}, ())
         return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)
 
     def report(self, timeout_s: float = 30.0) -> Report:
