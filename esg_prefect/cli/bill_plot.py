@@ -12,8 +12,14 @@ from typing import Any
 
 __all__ = ["BILL", "bill_bars", "bill_figure", "bill_means", "label_of"]
 
-BILL = ("busy_per_request", "idle_per_request", "cold_per_request")
-"""The whole bill's parts per request, as the simulator's rows name them."""
+_PARTS = (  # (row key, legend label, colour), stacked from the bottom in this order
+    ("busy_per_request", "busy (batches)", "#4c72b0"),
+    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
+    ("cold_per_request", "cold starts", "#c44e52"),
+)
+
+BILL = tuple(key for key, _, _ in _PARTS)
+"""The whole bill's parts per request, as the simulator's rows name them (the keys of the plot's parts)."""
 
 _LABELS = {
     "load": "at {:g} requests/s",
@@ -26,13 +32,6 @@ _LABELS = {
 def label_of(key: str, value: Any) -> str:
     """How a run's group value reads: ``at 300 requests/s``, ``on trace code``."""
     return _LABELS.get(key, f"{key} {{}}").format(value)
-
-
-_PARTS = (
-    ("busy_per_request", "busy (batches)", "#4c72b0"),
-    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
-    ("cold_per_request", "cold starts", "#c44e52"),
-)
 
 
 def bill_means(rows: Sequence[dict[str, Any]], group: str) -> dict[Any, dict[str, dict[str, float]]]:
