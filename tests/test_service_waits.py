@@ -28,7 +28,7 @@ from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.client import PoolClient
 from esg_prefect.service.results import ResultCache
-from esg_prefect.service.wire import call_body, call_digest
+from esg_prefect.service.wire import call_body, call_digest, error_body
 from tests.toy_stages import toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
@@ -112,6 +112,29 @@ def test_a_client_that_gives_up_asks_the_service_to_withdraw_the_call(monkeypatc
         assert cancelled.wait(10)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("how", ["answered", "never answered"])
+def test_a_call_ended_otherwise_than_by_giving_up_sends_no_cancel(how: str) -> None:
+    """A 200 answer reporting a closed pool ends the call, and a service never reached holds nothing:
+    neither is told to withdraw it (only a client whose deadline passed while the service held it does)."""
+    paths: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if how == "never answered":
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=error_body(PoolClosedError("the pool closed before call 'c12' ran")))
+
+    client = _client(handler, deadline_s=5.0)
+    client._connect_grace_s = 0.0  # the first refusal gives up
+    try:
+        with pytest.raises(PoolClosedError):
+            client.submit(call(12)).result(30)
+        client._executor.shutdown(wait=True)  # a cancel would have been queued behind the call: now sent
+    finally:
+        client.close()
+    assert paths == ["/v1/calls"]
 
 
 def _result(call_id: str, output: int) -> dict[str, Any]:

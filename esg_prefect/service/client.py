@@ -136,14 +136,7 @@ class PoolClient:
                 fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
                 fut.set_exception(PoolClosedError("the pool client is closed"))
                 return fut
-            return self._executor.submit(self._call, call_body(call))
-
-    def _call(self, body: dict[str, Any]) -> StageResult:
-        try:
-            return self._wait_for(body)
-        except PoolClosedError:  # given up: the service withdraws the call if it still holds it queued
-            self.cancel(str(body.get("call_id", "")))
-            raise
+            return self._executor.submit(self._wait_for, call_body(call))
 
     def _wait_for(self, body: dict[str, Any]) -> StageResult:
         start = time.monotonic()
@@ -188,6 +181,9 @@ class PoolClient:
                 last = f"{resp.status_code}: {resp.text[:200]}"
                 wait = _retry_after_s(resp.headers.get("retry-after"), wait)
             if time.monotonic() + wait > give_up:
+                # Given up on a service that may still hold the call queued: it withdraws the call. Not on
+                # other failures: a service that never answered holds nothing, and an answer ends the call.
+                self.cancel(call_id)
                 raise PoolClosedError(
                     f"pool service at {self.address} gave the call no answer for {self._deadline_s:g} s ({last})"
                 )
