@@ -13,7 +13,15 @@ import torch
 from starlette.testclient import TestClient
 
 from esg_prefect.control.calls import StageCall, WorkflowDecl
-from esg_prefect.exceptions import InvalidInputError, StageFailedError
+from esg_prefect.exceptions import (
+    CallConflictError,
+    InvalidInputError,
+    PoolClosedError,
+    StageCallError,
+    StageFailedError,
+    StageRejectedError,
+    WorkerCrashedError,
+)
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
@@ -21,6 +29,7 @@ from esg_prefect.service.app import PoolService, check_bind
 from esg_prefect.service.client import call_body, parse_result
 from esg_prefect.service.codec import CodecError, decode, encode
 from esg_prefect.service.results import ResultCache
+from esg_prefect.service.wire import error_body
 from tests.toy_stages import POISON, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
@@ -90,6 +99,34 @@ def test_unencodable_values_and_bad_payloads_are_named() -> None:
         decode({"__esg__": "tensor", "dtype": "float32", "shape": [4], "data": "AAAA"})
     with pytest.raises(CodecError, match="'complex64'"):
         decode({"__esg__": "tensor", "dtype": "complex64", "shape": [1], "data": ""})
+
+
+WIRE_ERRORS = [StageFailedError, StageRejectedError, WorkerCrashedError, CallConflictError, PoolClosedError]
+
+
+@pytest.mark.parametrize("known", WIRE_ERRORS, ids=lambda c: c.__name__)
+def test_a_subclass_of_a_wire_error_travels_as_that_error(known: type[StageCallError]) -> None:
+    """The wire names the nearest known type in the error's MRO; a known type itself goes as before."""
+    sub = type(f"Own{known.__name__}", (known,), {})
+    assert error_body(known("m"))["error"]["type"] == known.__name__
+    body = error_body(sub("the message"))
+    assert body["error"]["type"] == known.__name__
+    with pytest.raises(known, match="the message") as got:
+        parse_result(body)
+    assert type(got.value) is not sub  # nothing of the sender's own classes is rebuilt
+
+
+def test_a_typed_stage_failure_and_other_errors_keep_their_wire_names() -> None:
+    typed = StageFailedError.raised("boom", "RuntimeError", "tb")
+    assert error_body(typed)["error"] == {
+        "type": "StageFailedError",
+        "message": "boom",
+        "error_type": "RuntimeError",
+        "traceback": "tb",
+    }
+    assert error_body(ValueError("v"))["error"]["type"] == "ValueError"  # a fault of the service itself
+    with pytest.raises(StageCallError, match="v"):
+        parse_result(error_body(ValueError("v")))
 
 
 # ---- HTTP ------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ _ERRORS: dict[str, type[StageCallError]] = {
     "CallConflictError": CallConflictError,
     "PoolClosedError": PoolClosedError,
 }
+_WIRE_NAMES = {cls: name for name, cls in _ERRORS.items()}
 
 
 class BadRequest(InvalidInputError):
@@ -235,11 +236,18 @@ def result_body(res: StageResult) -> dict[str, Any]:
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
-    """The JSON of a call that failed."""
+    """The JSON of a call that failed.
+
+    Its ``type`` is the nearest wire error type in the error's MRO, so a subclass
+    of one (a stage's typed :class:`StageFailedError`, say) reaches the client as
+    that type; any other error goes by its own name (the client reads it as a
+    :class:`StageCallError`).
+    """
+    wire = next((_WIRE_NAMES[c] for c in type(exc).__mro__ if c in _WIRE_NAMES), type(exc).__name__)
     return {
         "ok": False,
         "error": {
-            "type": "StageFailedError" if isinstance(exc, StageFailedError) else type(exc).__name__,
+            "type": wire,
             "message": str(exc),
             "error_type": getattr(exc, "error_type", ""),
             "traceback": getattr(exc, "remote_traceback", ""),
