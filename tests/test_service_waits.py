@@ -183,8 +183,8 @@ def _wait_until(cond: Any, timeout_s: float = 20.0) -> bool:
 
 def test_a_call_whose_caller_stopped_asking_is_withdrawn_not_run(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed client's long-polled call would run and be billed for nobody."""
-    monkeypatch.setattr("esg_prefect.service.app.ABANDONED_POLLS", 1)
-    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 0.0)
+    monkeypatch.setattr("esg_prefect.service.watch.ABANDONED_POLLS", 1)
+    monkeypatch.setattr("esg_prefect.service.watch.ABANDON_MARGIN_S", 0.0)
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
@@ -197,7 +197,7 @@ def test_a_call_whose_caller_stopped_asking_is_withdrawn_not_run(pool: Pool, mon
 
 
 def test_a_caller_that_keeps_asking_keeps_its_call(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("esg_prefect.service.app.ABANDON_MARGIN_S", 2.0)  # 3 x 0.2 s + 2 s without asking
+    monkeypatch.setattr("esg_prefect.service.watch.ABANDON_MARGIN_S", 2.0)  # 3 x 0.2 s + 2 s without asking
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
@@ -327,10 +327,10 @@ def test_a_post_that_comes_as_its_call_finishes_joins_it_not_runs_it_again(monke
         p.pause()
         with TestClient(service.app(), base_url=LOCAL) as client:
             assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(call(10))).status_code == 202
-            asked = service._asked["c10"]
+            watched = service._watched._calls["c10"]
             with concurrent.futures.ThreadPoolExecutor(1) as ex:
                 again = ex.submit(client.post, "/v1/calls", params={"wait_s": "30"}, json=call_body(call(10)))
-                assert _wait_until(lambda: results.reads == 2 or service._asked["c10"] != asked)  # it came
+                assert _wait_until(lambda: results.reads == 2 or watched.waiting > 0)  # it came
                 p.resume()
                 assert again.result(30).json()["result"]["output"] == 11
         assert len([c for c in p.snapshot().calls if c.call_id == "c10"]) == 1  # ran once
@@ -387,7 +387,8 @@ def test_a_bad_poll_s_is_refused_when_the_client_is_made(bad: object) -> None:
 
 
 def test_a_call_posted_to_wait_and_then_polled_leaves_nothing_behind(pool: Pool) -> None:
-    """A caller that posted without wait_s and polled with it: its poll time is dropped with the call."""
+    """A caller that posted without wait_s and polled with it: the call is not watched (its first request
+    waits on it), and nothing of it is left behind."""
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
@@ -396,11 +397,11 @@ def test_a_call_posted_to_wait_and_then_polled_leaves_nothing_behind(pool: Pool)
         blocking.start()
         assert _wait_until(lambda: "c11" in service._inflight)
         polled = client.get("/v1/calls/c11", params={"wait_s": "0.05", "digest": digest})
-        assert polled.status_code == 202 and "c11" in service._asked
+        assert polled.status_code == 202 and "c11" not in service._watched._calls
         pool.resume()
         blocking.join(30)
         assert _wait_until(lambda: not service._inflight)
-    assert service._asked == {}
+    assert service._watched._calls == {}
 
 
 def _counting_client(http: TestClient, monkeypatch: pytest.MonkeyPatch, threads: int) -> tuple[PoolClient, list[str]]:

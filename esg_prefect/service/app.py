@@ -7,7 +7,7 @@ Endpoints:
   ``{"ok": false, "error": {"type", "message", "traceback"}}``; with ``wait_s``, after at most
   that many seconds: ``202 {"pending": true, "paused": ..., "digest": ...}`` while it is queued or
   running, so a long wait (a paused pool) is told from a dead service; a call whose caller stops
-  asking is withdrawn if still queued.
+  asking is withdrawn if still queued (:mod:`esg_prefect.service.watch`).
 * ``GET /v1/calls/{call_id}?digest=D[&wait_s=S]``: join a call posted before, without sending its
   body again (``D`` is the ``digest`` of its ``202``): its outcome, ``202`` again, ``409`` for
   another call's digest, or ``404`` when the service does not hold it (restarted, or withdrawn):
@@ -48,7 +48,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -73,6 +72,7 @@ from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
 from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
+from esg_prefect.service.watch import PollWatch
 from esg_prefect.service.wire import MAX_WAIT_S, BadRequest, call_digest, error_body, parse_call, result_body
 
 __all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call"]
@@ -129,7 +129,7 @@ class PoolService:
         self._reading = 0  # bytes of bodies being read or decoded now
         self.on_call = on_call
         self._inflight: dict[str, tuple[asyncio.Future[dict[str, Any]], str]] = {}
-        self._asked: dict[str, float] = {}  # call id -> when its caller last asked (long-polling callers only)
+        self._watched = PollWatch(pool.cancel, time.monotonic)  # calls posted with wait_s
         self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
@@ -327,9 +327,9 @@ class PoolService:
                 self.on_call(call)
             held = (asyncio.get_running_loop().create_future(), digest)
             self._inflight[call.call_id] = held
-            self._spawn(self._run(call, held[0], digest))
             if wait_s is not None:
-                self._spawn(self._watch(call.call_id, held[0], wait_s))
+                self._watched.watch(call.call_id, wait_s)
+            self._spawn(self._run(call, held[0], digest))
         return await self._answer(call.call_id, held, wait_s)
 
     async def join(self, request: Request) -> Response:
@@ -370,11 +370,11 @@ class PoolService:
     async def _answer(
         self, call_id: str, held: tuple[asyncio.Future[dict[str, Any]], str], wait_s: float | None
     ) -> Response:
-        """The outcome of a call in flight once done, or ``202`` (with its digest) after ``wait_s``."""
-        if wait_s is None:
-            body = await asyncio.shield(held[0])
-        else:
-            self._asked[call_id] = time.monotonic()
+        """The outcome of a call in flight once done, or ``202`` (with its digest) after ``wait_s``.
+
+        Any request waiting here counts as its caller asking: a watched call is not withdrawn meanwhile.
+        """
+        with self._watched.asking(call_id):
             try:
                 body = await asyncio.wait_for(asyncio.shield(held[0]), wait_s)
             except TimeoutError:  # still queued or running: the caller asks again (the same call joins)
@@ -408,24 +408,6 @@ class PoolService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
 
-    async def _watch(self, call_id: str, fut: asyncio.Future[dict[str, Any]], wait_s: float) -> None:
-        """Withdraw a long-polled call whose caller stopped asking (killed, say): it would run for nobody.
-
-        A caller that long-polls asks again at once after each ``202``; one that
-        has not asked for ``ABANDONED_POLLS`` times ``wait_s`` (plus a margin) is
-        gone. A call still queued is withdrawn; one already running finishes.
-        """
-        limit = ABANDONED_POLLS * wait_s + ABANDON_MARGIN_S
-        try:
-            while not fut.done():
-                await asyncio.wait({fut}, timeout=wait_s)
-                if not fut.done() and time.monotonic() - self._asked.get(call_id, math.inf) > limit:
-                    logger.info("call %s: its caller stopped asking for %g s; withdrawn if queued", call_id, limit)
-                    self.pool.cancel(call_id)
-                    return
-        finally:
-            self._asked.pop(call_id, None)
-
     async def _run(self, call: StageCall, fut: asyncio.Future[dict[str, Any]], digest: str) -> None:
         """Run one call and answer everyone waiting on it, whatever happens on the way.
 
@@ -457,14 +439,9 @@ class PoolService:
                     logger.exception("could not store the outcome of call %s", call.call_id)
         finally:  # also when cancelled at shutdown: answered, never left hanging
             self._inflight.pop(call.call_id, None)
-            self._asked.pop(call.call_id, None)  # also for a call polled by one that posted it without wait_s
+            self._watched.forget(call.call_id)
             if not fut.done():
                 fut.set_result(body)
-
-
-ABANDONED_POLLS = 3
-ABANDON_MARGIN_S = 30.0
-"""A long-polled call whose caller has not asked for 3 x wait_s + 30 s is withdrawn (:meth:`PoolService._watch`)."""
 
 
 def _wait_s(value: str | None) -> float | None:
