@@ -62,7 +62,8 @@ class Executed:
     died: BaseException | None = None
     cold_ms: float = 0.0
     lines: dict[int, tuple[LogLine, ...]] = field(default_factory=dict)  # what each call's run printed or logged
-    ran_with: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the calls each call ran with (itself too)
+    # The calls each succeeded call ran with (itself too): set with its output, so every success has its entry
+    ran_with: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 Measured = Callable[[list[int], float], None]  # (indices run together, their time in ms) of a batch that succeeded

@@ -169,7 +169,6 @@ class PoolActions:
         self._book.batch(len(core.fleet.batches) - 1, runs)  # the record finished() just made
         self._listen.expect(a.batch_id)  # before any caller hears of the batch: it may wait for its records
         first_call = len(self._book.calls)
-        whole = tuple(range(len(pendings)))
         runs_in: dict[tuple[int, ...], int] = {}  # per run of the batch (its calls' indices): the flow runs in it
         for i, p in enumerate(pendings):
             if i not in out.results:
@@ -178,7 +177,7 @@ class PoolActions:
             res = None
             if err is None:
                 # The run it was part of: the whole batch, or a part of it run again (a failed input, a crash)
-                group = out.ran_with.get(i, whole)
+                group = out.ran_with[i]
                 if group not in runs_in:
                     runs_in[group] = len({pendings[j].call.run_id for j in group})
                 res = StageResult(
