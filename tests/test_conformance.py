@@ -33,6 +33,7 @@ from esg_prefect.model import Workflow
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import Config
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.runtime.batch_output import LogLine
 from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
 from esg_prefect.scheduling.registry import scheduler_names
@@ -119,6 +120,7 @@ class _Handle:
 
     def __init__(self, backend: FakeBackend, spec: WorkerSpec, warm: bool) -> None:
         self.backend, self.spec, self.fresh = backend, spec, not warm
+        self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         b, s = self.backend, self.spec

@@ -36,6 +36,7 @@ from esg_prefect.integration.run_views import money_text
 from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint
 from esg_prefect.model.attribution import attribute_costs, idle_cost
 from esg_prefect.model.cluster import Device, Node
+from esg_prefect.runtime.batch_output import LogLine
 from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
@@ -106,6 +107,7 @@ class ManualClock(PoolClock):
 class _Handle:
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
+        self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         ms = 10.0 + 2.0 * len(items)

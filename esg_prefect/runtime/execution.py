@@ -96,7 +96,7 @@ async def execute(
             await _run_items(out, pendings, normal, running, clock, measured, limit_s)
         for i in (i for i, p in enumerate(pendings) if p.solo):
             await _run_items(out, pendings, [i], running, clock, measured, limit_s)
-        loaded = loading(getattr(out.handle, "load_lines", ())) if started else ()
+        loaded = loading(out.handle.load_lines) if started else ()
         if loaded:  # these calls waited for the load: what it printed is theirs to see too
             for i in out.lines:
                 out.lines[i] = loaded + out.lines[i]

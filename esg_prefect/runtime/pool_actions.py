@@ -129,7 +129,7 @@ class PoolActions:
             return
         self._handles[wid] = handle
         logger.info("worker %s started ahead of calls for %s: %s", wid, a.queue.stage, a.reason)
-        for level, name, text in getattr(handle, "load_lines", ()):  # no call waited for this load: the pool's log
+        for level, name, text in handle.load_lines:  # no call waited for this load: the pool's log
             logger.log(level, "worker %s, loading its model: %s%s", wid, f"{name}: " if name else "", text)
         self.core.worker_ready(wid, self.clock.now())
         self._settle_soon()

@@ -79,6 +79,8 @@ class WorkerHandle(Protocol):
     spec: WorkerSpec
     load_ms: float
     enforcement: str
+    load_lines: tuple[LogLine, ...]
+    """What loading its model printed or logged: for the calls of its first batch, or the pool's log."""
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         """Run one batch. Raises WorkerDiedError if the worker dies meanwhile."""
