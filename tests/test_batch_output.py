@@ -16,7 +16,7 @@ from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import StageFailedError
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime import batch_output
-from esg_prefect.runtime.batch_output import MAX_LINES, capture, checked_lines, with_output
+from esg_prefect.runtime.batch_output import MAX_LINES, capture, checked_lines, run_caught, with_output
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling import ESGSettings
@@ -119,6 +119,22 @@ def test_a_failed_batchs_traceback_carries_what_it_printed() -> None:
     text = with_output("Traceback ...\nValueError: poison\n", [(20, "", "about to fail"), (30, "mod", "careful")])
     assert text.endswith("Output of the batch before it failed:\n  about to fail\n  mod: careful\n")
     assert with_output("tb", ()) == "tb"
+
+
+def test_run_caught_keeps_the_error_and_gives_it_as_a_worker_sends_it() -> None:
+    def boom(x: int) -> int:
+        print("before")
+        raise KeyError(x)
+
+    got = run_caught(boom, 3)
+    assert isinstance(got.error, KeyError) and got.value is None and got.lines == ((logging.INFO, "", "before"),)
+    assert got.failed is not None
+    kind, message, trace = got.failed  # made from the error: type, message, and its traceback
+    assert (kind, message) == ("KeyError", "3")
+    assert trace.startswith("Traceback (most recent call last):") and ", in boom\n" in trace
+    assert trace.endswith("KeyError: 3\n")
+    ok = run_caught(lambda: 5)
+    assert (ok.value, ok.error, ok.failed, ok.lines) == (5, None, None, ())
 
 
 def test_lines_survive_the_pool_services_json() -> None:

@@ -209,12 +209,19 @@ def capture() -> Iterator[BatchLines]:
 
 @dataclass(frozen=True, slots=True)
 class Caught:
-    """What :func:`run_caught` got: the value, or the error (its type, message and traceback), and the lines."""
+    """What :func:`run_caught` got: the value, or the error it raised, and the lines."""
 
     value: Any
-    failed: tuple[str, str, str] | None
+    error: Exception | None
     lines: tuple[LogLine, ...]
-    error: Exception | None = None
+
+    @property
+    def failed(self) -> tuple[str, str, str] | None:
+        """The error as it travels from a worker, (type, message, traceback), or None; made from :attr:`error`."""
+        exc = self.error
+        if exc is None:
+            return None
+        return type(exc).__qualname__, str(exc), "".join(traceback.format_exception(exc))
 
 
 def run_caught(fn: Callable[..., Any], *args: Any) -> Caught:
@@ -227,7 +234,7 @@ def run_caught(fn: Callable[..., Any], *args: Any) -> Caught:
         try:
             value = fn(*args)
         except Exception as exc:  # the stage's own code: reported by the caller, the worker lives on
-            return Caught(None, (type(exc).__qualname__, str(exc), traceback.format_exc()), caught.result(), exc)
+            return Caught(None, exc, caught.result())
     return Caught(value, None, caught.result())
 
 

@@ -118,8 +118,8 @@ class StageActor:
 
         t0 = time.perf_counter()
         got = run_caught(load)  # a failure is reported to the pool, which fails the calls with this message
-        if got.failed is not None:
-            kind, message, trace = got.failed
+        if (failed := got.failed) is not None:
+            kind, message, trace = failed
             return ("load_error", kind, message, with_output(trace, got.lines, "the model load"))
         return ("ready", (time.perf_counter() - t0) * 1000.0, got.value, os.getpid(), got.lines)
 
@@ -134,8 +134,8 @@ class StageActor:
 
         t0 = time.perf_counter()
         got = run_caught(run_checked, self.spec, self.model, items)
-        if got.failed is not None:  # the batch function's own error: reported, the actor lives on
-            return ("error", *got.failed, got.lines)
+        if (failed := got.failed) is not None:  # the batch function's own error: reported, the actor lives on
+            return ("error", *failed, got.lines)
         # Views into one batched tensor would carry the whole batch's storage into every item's object.
         return ("ok", [compact(o) for o in got.value], (time.perf_counter() - t0) * 1000.0, got.lines)
 

@@ -160,8 +160,8 @@ def worker_main(conn: Connection, preload: tuple[str, ...], env: dict[str, str])
 
     t0 = time.perf_counter()
     got = run_caught(load)  # any load failure goes to the pool, which fails the calls clearly
-    if got.failed is not None:
-        kind, message, trace = got.failed
+    if (failed := got.failed) is not None:
+        kind, message, trace = failed
         send(conn, ("load_error", kind, message, with_output(trace, got.lines, "the model load")))
         return
     enforcement, spec, model = got.value
@@ -214,8 +214,8 @@ def _serve_batches(conn: Connection, spec: Any, model: Any, run_checked: Any) ->
         t0 = time.perf_counter()
         got = run_caught(run_checked, spec, model, items)  # the batch function's own error: reported
         lines = got.lines
-        if got.failed is not None:
-            send(conn, ("error", batch_id, *got.failed, lines))
+        if (failed := got.failed) is not None:
+            send(conn, ("error", batch_id, *failed, lines))
             continue
         # No compact() here: dumps() sends each tensor as a numpy array, which pickles only its own data.
         try:

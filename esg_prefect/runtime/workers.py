@@ -382,8 +382,8 @@ class _InlineWorker:
             # Each output its own tensors, not views of the batch's: a view keeps the whole batch
             # alive in its task run, and persisting it writes other flow runs' outputs too.
             got = run_caught(run_checked, self.stage, self.model, items)
-            if got.failed is not None:  # the batch function's own error, reported like a process worker's
-                return BatchOutcome(False, [], 0.0, *got.failed, got.lines)
+            if (failed := got.failed) is not None:  # the batch function's own error, as a process worker's
+                return BatchOutcome(False, [], 0.0, *failed, got.lines)
             return BatchOutcome(True, compact(got.value), (time.perf_counter() - t0) * 1000.0, lines=got.lines)
 
         return await asyncio.to_thread(_run)
