@@ -21,7 +21,7 @@ from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.service.wire import parse_result, result_body
-from tests.toy_stages import POISON, RUN_LOGGER, chatty, settle, toy_profile
+from tests.toy_stages import POISON, RUN_LOGGER, chatty, loud, settle, toy_profile
 
 TALK = WorkflowDecl("talk", 5_000, ())
 PRICES = PriceSheet(1e-5, {})
@@ -237,6 +237,33 @@ def test_a_task_run_replays_its_batchs_output_as_prefect_would(
     else:  # printed where the flow runs
         assert not printed
         assert "] chatty got 1 item(s)" in out.out and "] chatty to stderr" in out.err
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_failed_task_run_shows_the_output_of_the_model_load_it_waited_for(caplog: pytest.LogCaptureFixture) -> None:
+    """The load's output goes with the cold batch's calls whether they succeed or fail: a failure is where it helps."""
+    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
+    try:
+
+        @flow(task_runner=ESGTaskRunner(pool=pool))
+        def failing(x: int) -> int:
+            return loud(x)
+
+        with caplog.at_level(logging.INFO):
+            state = failing(POISON, return_state=True)
+    finally:
+        pool.close()
+    assert state.is_failed()
+    err = state.result(raise_on_failure=False)
+    assert isinstance(err, StageFailedError) and isinstance(err, ValueError)
+    assert err.remote_traceback.endswith(
+        "Output of the batch before it failed:\n"
+        "  (loading the model) loading the loud model\n"
+        "  tests.chatty: (loading the model) loud: 2 weights were not found\n"
+    )
+    failed = [r for r in caplog.records if r.name == "prefect.task_runs" and r.levelno >= logging.ERROR]
+    shown = "\n".join(logging.Formatter().format(r) for r in failed)  # as the task run's log shows it
+    assert "(loading the model) loading the loud model" in shown, shown
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -333,6 +333,9 @@ def load_loudly(device: str) -> dict[str, Any]:
 
 @talk.stage(load=load_loudly, name="loud")
 def loud(model: dict[str, Any], items: list[int]) -> list[int]:
+    """Adds the model's step; fails on POISON, so that a failure can follow its load."""
+    if POISON in items:
+        raise ValueError("poison")
     return [x + model["step"] for x in items]
 
 

@@ -86,20 +86,18 @@ async def execute(
     out = Executed(handle)
     running: list[int] = []  # indices on the worker right now, to blame a crash on
     try:
-        started = out.handle is None
+        notes: tuple[LogLine, ...] = ()
         if out.handle is None:
             began = clock()
             out.handle = await backend.start(spec)
             out.cold_ms = clock() - began
+            # These calls waited for the load: what it printed is theirs to see, failed or not.
+            notes = loading(out.handle.load_lines)
         normal = [i for i, p in enumerate(pendings) if not p.solo]
         if normal:
-            await _run_items(out, pendings, normal, running, clock, measured, limit_s)
+            await _run_items(out, pendings, normal, running, clock, measured, limit_s, notes)
         for i in (i for i, p in enumerate(pendings) if p.solo):
-            await _run_items(out, pendings, [i], running, clock, measured, limit_s)
-        loaded = loading(out.handle.load_lines) if started else ()
-        if loaded:  # these calls waited for the load: what it printed is theirs to see too
-            for i in out.lines:
-                out.lines[i] = loaded + out.lines[i]
+            await _run_items(out, pendings, [i], running, clock, measured, limit_s, notes)
     except WorkerLoadError as exc:
         for i in range(len(pendings)):
             out.results.setdefault(i, (None, StageFailedError(str(exc), "WorkerLoadError")))
@@ -155,9 +153,11 @@ async def _run_items(
 ) -> None:
     """Run items as one batch on ``out.handle``; on a batch error, bisect until the failing inputs are alone.
 
-    ``notes``: warnings each call's log gets from the splits it went through,
-    so that a batch function that fails only in batches (one output per
-    batch, say) shows in every task run it slowed, not only in the pool's log.
+    ``notes``: lines each call's log gets ahead of its batch's own, in its
+    result or, failed, its error's traceback: the output of the model load it
+    waited for, and a warning per split it went through, so that a batch
+    function that fails only in batches (one output per batch, say) shows in
+    every task run it slowed, not only in the pool's log.
     """
     handle = out.handle
     assert handle is not None
