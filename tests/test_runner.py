@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
 import pickle
 import threading
@@ -302,6 +303,26 @@ def test_a_stages_aio_runs_locally_without_the_esg_runner_and_withdraws_a_cancel
         assert len(failed) == 1 and "cancelled" in failed[0].error
     finally:
         pool.close()
+
+
+def test_a_stage_with_options_is_a_stage_whose_async_twin_has_the_same_options(pool: Pool) -> None:
+    retried = inc.with_options(name="inc-retried", retries=2, tags={"retried"})
+    twin = retried.aio
+    assert (retried.name, retried.retries, retried.tags) == ("inc-retried", 2, {"retried"})
+    assert (twin.name, twin.retries, twin.tags) == ("inc-retried", 2, {"retried"})
+    assert inspect.iscoroutinefunction(twin.fn) and not inspect.iscoroutinefunction(retried.fn)
+    assert retried.esg_stage is twin.esg_stage is inc.esg_stage
+    assert retried.esg_pipeline is twin.esg_pipeline is inc.esg_pipeline
+    assert (inc.retries, inc.aio.retries, inc.aio.name) == (0, 0, "inc")  # the stage itself unchanged
+    hurried = twin.with_options(timeout_seconds=30)  # the twin's own with_options keeps it a stage's twin
+    assert (hurried.timeout_seconds, hurried.retries, hurried.esg_stage) == (30, 2, inc.esg_stage)
+    assert inspect.iscoroutinefunction(hurried.fn)
+
+    @flow(task_runner=ESGTaskRunner(pool=pool))
+    async def retried_flow(x: int) -> int:
+        return await hurried(x) + await retried.aio(x)
+
+    assert asyncio.run(retried_flow(5)) == 12
 
 
 def test_dag_is_learned_from_runs(pool: Pool) -> None:

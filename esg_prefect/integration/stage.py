@@ -145,6 +145,7 @@ class Pipeline:
         The task's ``.aio`` is its async twin (same stage, options and pool), for
         ``await stage.aio(item)`` in an async flow: a sync task there would block the
         event loop while its call waits, and no other run's call could join its batch.
+        ``stage.with_options(...)`` returns such a stage too, its ``.aio`` with the same options.
 
         Args:
             load: ``load(device) -> model``, run once per worker.
@@ -194,8 +195,6 @@ class Pipeline:
             if not _ASKS_TO_PERSIST.intersection(k for k, v in task_kwargs.items() if v not in (None, False)):
                 task_kwargs.setdefault("cache_policy", NO_CACHE)
             prefect_task = task(**task_kwargs)(one_item)
-            prefect_task.esg_stage = spec  # type: ignore[attr-defined]
-            prefect_task.esg_pipeline = self  # type: ignore[attr-defined]
 
             async def one_item_async(item: Any) -> Any:
                 self.check_edges()
@@ -203,12 +202,31 @@ class Pipeline:
 
             functools.update_wrapper(one_item_async, run)
             one_item_async.__signature__ = one_item.__signature__  # type: ignore[attr-defined]
-            aio = task(**task_kwargs)(one_item_async)
-            aio.esg_stage, aio.esg_pipeline = spec, self  # type: ignore[attr-defined]
-            prefect_task.aio = aio  # type: ignore[attr-defined]
-            return prefect_task
+            aio = _stage_task(task(**task_kwargs)(one_item_async), spec, self, None)
+            return _stage_task(prefect_task, spec, self, aio)
 
         return decorate
+
+
+def _stage_task(prefect_task: Any, spec: StageSpec, pipeline: Pipeline, aio: Any | None) -> Any:
+    """Mark a Prefect task as ``spec``'s: its ``esg_stage``, ``esg_pipeline`` and (the sync one) its ``.aio`` twin.
+
+    Its ``with_options`` keeps all three, the twin given the same options:
+    Prefect's builds a plain ``Task``, which would lose them, so that
+    ``stage.with_options(retries=2).aio`` would not exist.
+    """
+    prefect_task.esg_stage, prefect_task.esg_pipeline = spec, pipeline
+    if aio is not None:
+        prefect_task.aio = aio
+    plain = prefect_task.with_options
+
+    @functools.wraps(plain)
+    def with_options(**options: Any) -> Any:
+        twin = aio.with_options(**options) if aio is not None else None
+        return _stage_task(plain(**options), spec, pipeline, twin)
+
+    prefect_task.with_options = with_options  # this task's own: Prefect's method on its class is untouched
+    return prefect_task
 
 
 _ASKS_TO_PERSIST = frozenset(
