@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from esg_prefect.workload.gpu_profiles import COLD_STARTS, PROFILE_DIR, build
+from esg_prefect.model.profile_source import PROFILE_DIR
+from esg_prefect.workload.gpu_profiles import COLD_STARTS, build
 from esg_prefect.workload.traces import shared_traces_dir
 
 

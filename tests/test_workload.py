@@ -15,6 +15,7 @@ import pytest
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError, ProfileError
 from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.profile_source import PROFILE_DIR
 from esg_prefect.workload import ArrivalRateEWMA, arrivals, trace_available, trace_names, traces
 from esg_prefect.workload import gpu_profiles as gp
 from esg_prefect.workload.traces import parse_timestamp_s, shared_traces_dir
@@ -258,12 +259,12 @@ def test_derive_refuses_other_licences_and_ambiguous_tables() -> None:
 
 def test_shipped_profiles_load_and_cover_the_standard_models() -> None:
     for name, _ in gp.COLD_STARTS:
-        prof = LatencyProfile.from_csv(gp.PROFILE_DIR / name)
+        prof = LatencyProfile.from_csv(PROFILE_DIR / name)
         assert prof.stages() == frozenset(s.stage for s in gp.STAGES)
         for s in gp.STAGES:
             assert prof.hardware_types(s.stage) == frozenset({"T4", "V100", "A100"})
-    swap = LatencyProfile.from_csv(gp.PROFILE_DIR / "nvidia_gpu.csv")
-    container = LatencyProfile.from_csv(gp.PROFILE_DIR / "nvidia_gpu_container.csv")
+    swap = LatencyProfile.from_csv(PROFILE_DIR / "nvidia_gpu.csv")
+    container = LatencyProfile.from_csv(PROFILE_DIR / "nvidia_gpu_container.csv")
     assert swap.cold_start_ms("resnet50", "T4") == pytest.approx(50.0 + 98.0 / 12.0, abs=0.05)
     assert container.cold_start_ms("resnet50", "T4") == 1598.0
 
@@ -277,7 +278,7 @@ def test_shipped_profiles_are_reproducible_from_the_published_tables() -> None:
         table = list(csv.DictReader(fh))
     for name, cold in gp.COLD_STARTS:
         rows, sources = gp.derive(table, cold)
-        assert gp.profile_csv(rows) == (gp.PROFILE_DIR / name).read_text(encoding="utf-8")
+        assert gp.profile_csv(rows) == (PROFILE_DIR / name).read_text(encoding="utf-8")
     assert gp.sources_csv(sources) == gp.SOURCES_FILE.read_text(encoding="utf-8")
     assert {r["license"] for r in csv.DictReader(io.StringIO(gp.sources_csv(sources)))} <= set(gp.PERMISSIVE)
 

@@ -57,6 +57,7 @@ from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
 from esg_prefect.model.csv_rows import config_columns, read_rows
+from esg_prefect.model.profile_source import PROFILE_DIR
 
 __all__ = [
     "DEFAULT_CORUN_TABLE",
@@ -67,7 +68,7 @@ __all__ = [
     "InterferenceTable",
 ]
 
-DEFAULT_CORUN_TABLE = Path(__file__).resolve().parents[1] / "data" / "profiles" / "profiler_examples_cpu_corun.csv"
+DEFAULT_CORUN_TABLE = PROFILE_DIR / "profiler_examples_cpu_corun.csv"
 """The shipped measured co-run table (CPU, the example stages; see its profile's README)."""
 
 GPU_SLOWDOWN_PER_CORUNNER = 0.15

@@ -22,7 +22,10 @@ from esg_prefect.exceptions import ConfigError
 __all__ = ["PROFILE_DIR", "is_shipped_name", "profile_path", "shipped_profiles"]
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
-"""The shipped profiles' folder: a profile named ``"nvidia_gpu"`` is ``PROFILE_DIR / "nvidia_gpu.csv"``."""
+"""The shipped profiles' folder: a profile named ``"nvidia_gpu"`` is ``PROFILE_DIR / "nvidia_gpu.csv"``.
+
+The one definition of it: the runtime's default profile, the co-run table and the
+GPU-table builder all read and write their shipped files here."""
 
 _NOT_PROFILES = ("_sources", "_samples", "_stalls", "_corun", "_validation")  # the profiler's other outputs
 

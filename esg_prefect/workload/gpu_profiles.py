@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
+from esg_prefect.model.profile_source import PROFILE_DIR
 
 U_FLOOR = 0.25
 """Least fraction of a GPU any batch is taken to need (see the module docstring)."""
@@ -84,7 +85,6 @@ SHARES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 MAX_BATCH = 32
 PERMISSIVE = ("Apache-2.0", "BSD-3-Clause", "MIT")
 SOURCE_COMMIT = "729963dd47e7c8bd462ad10bfac7a7b0b604e6dd"
-PROFILE_DIR = Path(__file__).resolve().parents[1] / "data" / "profiles"
 SOURCES_FILE = PROFILE_DIR / "nvidia_gpu_sources.csv"
 
 
