@@ -50,7 +50,10 @@ def _one_line(err: str) -> str:
         (["simulate", "--tightness", "0"], ("--tightness", "0.0", "finite number > 0")),
         (["simulate", "--case", "/nonexistent.json"], ("--case", "'/nonexistent.json'", "case JSON file")),
         (["simulate", "--trace", "nope", "--duration", "1"], ("--trace", "'nope'", "azure_functions_2019", "csv:")),
-        (["simulate", "--profile", "nonexistent", "--duration", "1"], ("'nonexistent'", "nvidia_gpu", "nor a file")),
+        (
+            ["simulate", "--profile", "nonexistent", "--duration", "1"],
+            ("--profile", "'nonexistent'", "nvidia_gpu", "nor a file"),
+        ),
         (["simulate", "--set", "keep_alive_by_price"], ("--set", "KEY=VALUE", "'keep_alive_by_price'")),
         (["simulate", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
         (["simulate", "--set", "config_space=abc"], ("--set", "config_space", '{"batches": [1, 2, 4]', "'abc'")),

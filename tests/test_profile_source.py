@@ -139,3 +139,15 @@ def test_pool_serve_profile_follows_the_rule(in_tmp: Path, capsys: pytest.Captur
     assert main([*serve, "nvidia"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert "--profile" in line and f"profile 'nvidia' is neither a shipped profile's name ({SHIPPED})" in line
+
+
+def test_simulate_profile_follows_the_rule_and_names_the_option(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (in_tmp / "nvidia_gpu").write_text("not a profile\n")  # were it read, --profile would be refused
+    assert main(["simulate", "--profile", "./nvidia_gpu", "--duration", "1"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--profile" in line and "cannot read './nvidia_gpu'" in line  # the file was read
+    assert main(["simulate", "--profile", "nvidia", "--duration", "1"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--profile" in line and f"profile 'nvidia' is neither a shipped profile's name ({SHIPPED})" in line

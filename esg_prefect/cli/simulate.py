@@ -162,6 +162,32 @@ def check_trace(name: str) -> None:
         )
 
 
+def check_profile(value: str, hint: str = "--profile") -> None:
+    """Refuse a profile that is neither a shipped profile's name nor a readable latency profile CSV.
+
+    Loads it as the simulator will (once per process per file), so that a bad
+    value is named with its option before the run, as ``pool serve --profile`` does.
+
+    Raises:
+        typer.BadParameter: naming ``hint``, the value and the shipped names, or why the file cannot be read.
+    """
+    from esg_prefect.exceptions import ConfigError, InvalidInputError
+    from esg_prefect.model.profile_source import profile_path
+    from esg_prefect.simulator.case import resolve_profile
+
+    try:
+        profile_path(value)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    try:
+        resolve_profile(value)
+    except (OSError, InvalidInputError) as exc:
+        raise typer.BadParameter(
+            f"cannot read {value!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one)",
+            param_hint=hint,
+        ) from None
+
+
 def check_number(value: float, hint: str, what: str, *, zero_ok: bool = False) -> None:
     """Refuse a value that is not finite and > 0 (>= 0 with ``zero_ok``).
 
@@ -393,6 +419,7 @@ def register(app: typer.Typer) -> None:
                 )
             check_number(tightness, "--tightness", "SLO / batch-1 critical path")
             check_trace(trace)
+            check_profile(profile)
             case = standard_case(
                 scheduler or "esg",
                 rate_per_s=rate,
