@@ -241,8 +241,9 @@ def run_pool(
         pool.core.fleet.retire_idle(t)
         return True
 
-    def stuck() -> str:
-        return f"scheduler {case.scheduler!r} left calls waiting in {pool.core.queue_lengths() or 'no queue'}"
+    def stuck() -> str:  # on the pool's loop: the core's queues read directly, not through a snapshot
+        waiting = {str(k): len(q.jobs) for k, q in pool.core.queues.items() if q.jobs}
+        return f"scheduler {case.scheduler!r} left calls waiting in {waiting or 'no queue'}"
 
     async def drive() -> None:
         for t, name in arrivals:

@@ -491,7 +491,3 @@ class Core(DecisionApplier):
             q.state = None
         self.waiting = 0
         return jobs
-
-    def queue_lengths(self) -> dict[str, int]:
-        """Waiting jobs per queue, by ``str(QueueKey)``."""
-        return {str(k): len(q.jobs) for k, q in self.queues.items() if q.jobs}
