@@ -227,6 +227,18 @@ def test_compare_rows_carry_the_whole_bill_and_run_row_matches_run_spec() -> Non
     assert row["cold_per_request"] > 0  # triton starts workers on the requests' path
 
 
+def test_the_rows_bill_columns_are_the_pools_bill_parts_by_their_row_names() -> None:
+    from esg_prefect.cli.bill_plot import BILL, bill_columns
+    from esg_prefect.control.totals import BILL_PARTS
+
+    # One column per part of the pool's bill (its totals, its Prometheus labels), in the plot's stacking order.
+    row = bill_columns({"busy": 1.0, "cold_start": 3.0, "idle": 2.0})
+    assert row == {"busy_per_request": 1.0, "idle_per_request": 2.0, "cold_per_request": 3.0}
+    assert tuple(row) == BILL and len(BILL) == len(BILL_PARTS)
+    with pytest.raises(ValueError, match="the bill's parts are busy, cold_start, idle; got busy, cold"):
+        bill_columns({"busy": 1.0, "cold": 3.0})
+
+
 def test_the_bill_plot_stacks_three_parts_with_its_legend_outside_the_bars() -> None:
     from esg_prefect.cli.bill_plot import bill_figure
 

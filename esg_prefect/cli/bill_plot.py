@@ -6,20 +6,37 @@ and docs/results.md use the same parts, so a bar reads the same everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BILL", "bill_bars", "bill_figure", "bill_means", "label_of"]
+from esg_prefect.control.totals import BILL_PARTS
 
-_PARTS = (  # (row key, legend label, colour), stacked from the bottom in this order
-    ("busy_per_request", "busy (batches)", "#4c72b0"),
-    ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
-    ("cold_per_request", "cold starts", "#c44e52"),
-)
+__all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "label_of"]
 
-BILL = tuple(key for key, _, _ in _PARTS)
+_PARTS = {  # part (BILL_PARTS) -> (row key, legend label, colour), stacked from the bottom in this order
+    "busy": ("busy_per_request", "busy (batches)", "#4c72b0"),
+    "idle": ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
+    "cold_start": ("cold_per_request", "cold starts", "#c44e52"),
+}
+
+BILL = tuple(key for key, _, _ in _PARTS.values())
 """The whole bill's parts per request, as the simulator's rows name them (the keys of the plot's parts)."""
+
+
+def bill_columns(per_request: Mapping[str, float]) -> dict[str, float]:
+    """A row's bill columns (:data:`BILL`, in its order) from the bill per request by part (:data:`BILL_PARTS`).
+
+    The one place that maps the bill's part names (the pool's totals, its
+    Prometheus labels) to the columns of ``esg-prefect compare``'s rows.
+
+    Raises:
+        ValueError: naming the parts missing or unknown.
+    """
+    if set(per_request) != set(BILL_PARTS):
+        raise ValueError(f"the bill's parts are {', '.join(BILL_PARTS)}; got {', '.join(sorted(per_request))}")
+    return {key: per_request[part] for part, (key, _, _) in _PARTS.items()}
+
 
 _LABELS = {
     "load": "at {:g} requests/s",
@@ -71,7 +88,7 @@ def bill_figure(rows: Sequence[dict[str, Any]], group: str, title: str) -> Any:
         if len(groups) > 1:
             top.set_title(label_of(group, g), fontsize=9)
         base = [0.0] * len(scheds)
-        for key, label, color in _PARTS:
+        for key, label, color in _PARTS.values():
             vals = [1e6 * means[g][s][key] for s in scheds]
             bill.bar(scheds, vals, bottom=base, color=color, label=label)
             base = [a + b for a, b in zip(base, vals, strict=True)]

@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from esg_prefect.cli.bill_plot import BILL, bill_bars, label_of
+from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_columns, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
 from esg_prefect.cli.simulate import (
     WallClock,
@@ -57,10 +57,11 @@ STALL_COLUMNS = ("queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_ba
 
 
 def bill_split(run: Any, case: Any) -> dict[str, float]:
-    """The whole bill of ``run`` per request, in its report's window: busy, idle and cold-start parts.
+    """The whole bill of ``run`` per request, in its report's window: the row's columns :data:`BILL`.
 
-    The three add up to the report's ``cost_per_request`` (its busy plus idle
-    cost): ``cold`` is the part of the batches spent starting their worker,
+    The three parts (:data:`~esg_prefect.control.totals.BILL_PARTS`, as the pool's
+    totals name them) add up to the report's ``cost_per_request`` (its busy plus idle
+    cost): ``cold_start`` is the part of the batches spent starting their worker,
     ``busy`` the rest of the batches, ``idle`` the warm idle time (a pre-warmed
     worker's load included, as the report bills it: the worker holds its share
     with no job).
@@ -78,11 +79,9 @@ def bill_split(run: Any, case: Any) -> dict[str, float]:
         for b in window.batches
     )
     n = report.overall.count or 1
-    return {
-        "busy_per_request": max(0.0, report.busy_cost - cold) / n,
-        "idle_per_request": report.idle_cost / n,
-        "cold_per_request": cold / n,
-    }
+    return bill_columns(
+        {"busy": max(0.0, report.busy_cost - cold) / n, "idle": report.idle_cost / n, "cold_start": cold / n}
+    )
 
 
 def run_row(spec: Any, clock: Any = None) -> dict[str, Any]:
