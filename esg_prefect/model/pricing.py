@@ -7,7 +7,9 @@ GPU of type ``hw`` costs ``price_per_gpu_s[hw]``, a share of it pays pro rata.
 A worker pays for what it holds (``docs/decisions/idle-vcpus.md``): its GPU
 share for its whole life (the share stays reserved on its device), its vCPUs
 while it runs a batch or loads (the platform hands an idle worker's vCPUs to
-busy ones). Idle time is therefore billed at :meth:`PriceSheet.idle_rate_per_s`.
+busy ones). Idle time is therefore billed at :meth:`PriceSheet.idle_rate_per_s`,
+unless the ``idle_vcpus`` setting says the platform holds the vCPUs too
+(:func:`esg_prefect.model.attribution.idle_rates`).
 
 The default sheet (``PriceSheet.default()``) is illustrative: on-demand list
 prices of public clouds in 2024, rounded (vCPU $0.04/h; T4 $0.35/h; V100
@@ -141,7 +143,13 @@ class PriceSheet:
         return vcpus * self.price_per_vcpu_s + gpu_share * self.gpu_price_s(hardware)
 
     def idle_rate_per_s(self, gpu_share: float, hardware: str) -> float:
-        """Per-second price of an idle warm worker: its GPU share only (it holds no vCPU while idle)."""
+        """Per-second price of an idle warm worker's GPU share alone: what it pays idle where it holds no vCPU.
+
+        That is the default; with the ``idle_vcpus`` setting on, or while it
+        loads its model, an idle worker holds its vCPUs and pays the whole
+        :meth:`rate_per_s` (:func:`esg_prefect.model.attribution.idle_rates`,
+        the one rule of idle prices).
+        """
         return gpu_share * self.gpu_price_s(hardware)
 
     def batch_cost(self, config: Config, hardware: str, latency_ms: float) -> float:
