@@ -14,6 +14,7 @@ from esg_prefect.exceptions import ConfigError
 from esg_prefect.model import Job, LatencyProfile, PriceSheet, ProfilePoint, QueueKey, Workflow, cpu_cluster
 from esg_prefect.model.cluster import Node
 from esg_prefect.model.config import Config, ConfigSpace
+from esg_prefect.model.size_model import SizeModel, SizeSample
 from esg_prefect.scheduling import ESGScheduler, ESGSettings
 from esg_prefect.scheduling.base import QueueState, Snapshot
 from esg_prefect.scheduling.sharing import SharedBatches
@@ -57,6 +58,46 @@ def test_no_call_rides_when_the_larger_batch_would_break_the_dispatching_plan() 
     )
     res = esg().decide(snapshot, 0.0)
     assert [(d.queue, d.job_ids) for d in res.dispatches] == [(QB, ("b0",)), (QA, ("a0",))]
+
+
+# Stage "enc" has a size model (2 ms per item plus 0.1 ms per unit of size, typical item 100), "m" none.
+ENC_SIZES = SizeModel.fit(
+    [SizeSample("enc", "cpu", b, 1, 0.0, b * z, 2.0 * b + 0.1 * b * z) for b in (1, 2, 4) for z in (50.0, 100.0, 150.0)]
+)
+SIZED = LatencyProfile(
+    [*PROFILE.points, *(ProfilePoint("enc", "cpu", b, 1, 0.0, 12.0 * b) for b in (1, 2, 4))], sizes=ENC_SIZES
+)
+QC, QD = QueueKey("c", "enc"), QueueKey("d", "enc")
+
+
+def test_a_stage_packing_re_sizes_keeps_its_batches_and_the_others_share() -> None:
+    wfs = {**WFS, "c": Workflow.chain("c", ["enc"], 100.0), "d": Workflow.chain("d", ["enc"], 100.0)}
+    short = [replace(job(QC, i, 30.0), input_size=25.0) for i in range(2)]
+    queues = (
+        QueueState(QA, (job(QA, 0, 100.0),)),
+        QueueState(QB, (job(QB, 0, 30.0),)),
+        QueueState(QC, tuple(short)),
+        QueueState(QD, (replace(job(QD, 0, 100.0), input_size=25.0),)),
+    )
+    snapshot = Snapshot(queues, cpu_cluster(1, 4), wfs)
+
+    def decide(**knobs: bool) -> list[tuple[QueueKey, tuple[str, ...], float]]:
+        sched = ESGScheduler(SIZED, PriceSheet(1e-5, {}), ESGSettings(config_space=SPACE, **knobs))
+        return sorted((d.queue, d.job_ids, d.predicted_ms) for d in sched.decide(snapshot, 0.0).dispatches)
+
+    # "m" has no size fit: a's call rides b's batch. "enc" is packed: c's two short calls take 9 ms
+    # (24 for typical ones), and d's call, which a shared batch would take, goes on its own.
+    assert decide(share_batches=True) == [
+        (QB, ("b0", "a0"), 14.0),
+        (QC, ("c0", "c1"), pytest.approx(9.0)),
+        (QD, ("d0",), pytest.approx(4.5)),
+    ]
+    # Without packing, "enc" is shared too, at the table's count-only latencies: d's call rides c's first batch.
+    assert decide(share_batches=True, size_aware=False) == [
+        (QB, ("b0", "a0"), 14.0),
+        (QC, ("c0", "d0"), 24.0),
+        (QC, ("c1",), 12.0),
+    ]
 
 
 def tables() -> CandidateTables:

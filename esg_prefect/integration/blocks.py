@@ -244,7 +244,8 @@ class ESGSchedulerSettings(Block):
     )
     share_batches: bool = Field(
         default=_knob("share_batches"),
-        description="A batch takes on waiting calls of the same stage from other workflows' queues.",
+        description="A batch takes on waiting calls of the same stage from other workflows' queues "
+        "(in stages packing does not re-size).",
     )
     prewarm: bool = Field(
         default=_knob("prewarm"),

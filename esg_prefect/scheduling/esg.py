@@ -169,9 +169,10 @@ class ESGScheduler(ESG1Q):
         self._memo = Memo()
         self._prewarm = Prewarm(self.tables, self._hardware, self._memo) if self.settings.prewarm else None
         self._lookahead = Lookahead(self.tables, self._memo) if self.settings.lookahead_starts else None
-        # Batches across workflows' queues of one stage (share_batches; not with Cypress's packing).
-        share = self.settings.share_batches and self._packing is None
-        self._sharing = SharedBatches(self.tables, self.settings.config_space.max_batch) if share else None
+        # Batches across workflows' queues of one stage (share_batches), of the stages packing does not re-size.
+        packed = frozenset() if self._packing is None else self._packing.stages
+        max_batch = self.settings.config_space.max_batch
+        self._sharing = SharedBatches(self.tables, max_batch, packed) if self.settings.share_batches else None
         # A steady stage's starts held to one kind and a count (stage_plan; scheduling.stage_plan).
         self._planner = StagePlanner(self.tables) if self.settings.stage_plan else None
         # The calls new since the last round, scanned once for the planner and the lookahead.

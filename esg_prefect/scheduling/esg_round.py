@@ -35,7 +35,7 @@ from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
 from esg_prefect.scheduling.memo import Memo
-from esg_prefect.scheduling.packing import pack, packs
+from esg_prefect.scheduling.packing import pack, packed_stages, packs
 from esg_prefect.scheduling.stage_plan import stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables, Choice, Resource
 from esg_prefect.scheduling.waves import Waves
@@ -69,6 +69,7 @@ class Packing:
     def __init__(self, tables: CandidateTables) -> None:
         self.tables = tables
         self.max_batch = tables.settings.config_space.max_batch
+        self.stages = packed_stages(tables)  # the stages it may re-size; shared batches keep off them
 
     @classmethod
     def of(cls, tables: CandidateTables) -> Packing | None:

@@ -60,7 +60,7 @@ from collections.abc import Sequence
 from esg_prefect.model.config import Config
 from esg_prefect.scheduling.tables import CandidateTables, Choice
 
-__all__ = ["pack", "packs"]
+__all__ = ["pack", "packed_stages", "packs"]
 
 _EPS_MS = 1e-6
 
@@ -68,6 +68,20 @@ _EPS_MS = 1e-6
 def packs(tables: CandidateTables) -> bool:
     """Whether packing by predicted time is on for these tables (knob on and a size model present)."""
     return tables.settings.cypress.size_aware and tables.profile.sizes is not None
+
+
+def packed_stages(tables: CandidateTables) -> frozenset[str]:
+    """The stages whose batches :func:`pack` may re-size; none when packing is off.
+
+    A stage with a reliable size fit on any hardware or configuration: :func:`pack`
+    re-sizes only by :meth:`~esg_prefect.model.size_model.SizeModel.steering_fit`,
+    which falls back only to reliable fits of the same stage. Per stage, not per
+    configuration, so a stage's batches are either packed or shared (``share_batches``), never both.
+    """
+    sizes = tables.profile.sizes
+    if sizes is None or not packs(tables):
+        return frozenset()
+    return frozenset(f.stage for f in sizes.fits if f.reliable)
 
 
 def pack(

@@ -190,11 +190,12 @@ class ESGSettings:
         share_batches: a batch of one workflow's stage takes on waiting calls
             of the same stage from other workflows' queues (the same model)
             while each one's deadline and the dispatching plan's slack allow
-            the larger batch (:mod:`esg_prefect.scheduling.sharing`); queues
-            stay per (workflow, stage) for the SLO split. Off by default: on
-            the whole-bill grid it cut the bill in some cells and lost SLO hits
-            in others (not in the paper, whose queues never mix;
-            docs/decisions/whole-bill.md).
+            the larger batch (:mod:`esg_prefect.scheduling.sharing`), in the
+            stages packing does not re-size (``size_aware`` off or no reliable
+            size fit of the stage); queues stay per (workflow, stage) for the
+            SLO split. Off by default: on the whole-bill grid it cut the bill in
+            some cells and lost SLO hits in others (not in the paper, whose
+            queues never mix; docs/decisions/whole-bill.md).
         prewarm: after a dispatch onto a warm worker, start a worker off the
             requests' path (:class:`~esg_prefect.scheduling.base.Start`) when
             resources the queue could use warm within the same slack cost at

@@ -22,6 +22,12 @@ queues' waiting calls of the stage in order of their deadline while
   (a transfer is not in the profile's latency).
 
 The calls taken leave their queues' lists for the rest of the round.
+
+A stage whose batches Cypress's packing may re-size (``size_aware``, a
+reliable size fit of the stage: :func:`~esg_prefect.scheduling.packing.packed_stages`)
+is left out: its batches are sized by their items' predicted time, and a
+top-up would add items that time never counted. Its dispatches take no riders
+and its calls ride no other batch (a top-up takes calls of its own stage only).
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ class SharedBatches:
     Args:
         tables: the scheduler's tables (the batch latencies).
         max_batch: the largest batch of the configuration space.
+        packed: the stages packing re-sizes, whose batches are never shared.
     """
 
-    def __init__(self, tables: CandidateTables, max_batch: int) -> None:
+    def __init__(self, tables: CandidateTables, max_batch: int, packed: frozenset[str] = frozenset()) -> None:
         self.tables = tables
         self.max_batch = max_batch
+        self.packed = packed
         self._pending: dict[QueueKey, list[Job]] = {}
         self._by_stage: dict[str, list[QueueKey]] = {}
         self.taken: set[str] = set()
@@ -55,7 +63,7 @@ class SharedBatches:
         by_stage: dict[str, list[QueueKey]] = {}
         for key in pending:
             by_stage.setdefault(key.stage, []).append(key)
-        self._by_stage = {s: keys for s, keys in by_stage.items() if len(keys) > 1}
+        self._by_stage = {s: keys for s, keys in by_stage.items() if len(keys) > 1 and s not in self.packed}
 
     def free(self, key: QueueKey) -> list[Job]:
         """The queue's jobs that no dispatch of this round took (EDF order)."""
