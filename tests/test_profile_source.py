@@ -19,8 +19,17 @@ from esg_prefect.cli import main
 from esg_prefect.cli.case_file import case_dict_in, load_case
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.model.profile_source import PROFILE_DIR, is_shipped_name, profile_path, shipped_profiles
+from esg_prefect.model.profile import LatencyProfile
+from esg_prefect.model.profile_source import (
+    PROFILE_DIR,
+    is_shipped_name,
+    load_profile,
+    profile_path,
+    shipped_profiles,
+    shipped_size_model,
+)
 from esg_prefect.model.workflow import Workflow
+from esg_prefect.runtime.profiles import load_default_profile
 from esg_prefect.simulator.case import Case, ClusterSpec, NodeSpec, WorkloadSpec, resolve_profile
 
 MINE = "stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms\nmine,cpu,1,1,0,5,6,100\n"
@@ -98,6 +107,34 @@ def test_resolve_profile_follows_the_rule(in_tmp: Path) -> None:
     assert _case("./nvidia_gpu").load_profile().stages() == {"mine"}
     with pytest.raises(ConfigError, match=f"'nope' is neither a shipped profile's name \\({SHIPPED}\\)"):
         resolve_profile("nope")
+
+
+def _same(a: LatencyProfile, b: LatencyProfile) -> None:
+    assert a.points == b.points
+    assert {(p.stage, p.hardware): a.cold_start_ms(p.stage, p.hardware) for p in a.points} == {
+        (p.stage, p.hardware): b.cold_start_ms(p.stage, p.hardware) for p in b.points
+    }
+    assert a.sizes is not None and b.sizes is not None
+    assert a.sizes.fits == b.sizes.fits
+
+
+@pytest.mark.parametrize("name", shipped_profiles())
+def test_a_shipped_name_is_one_profile_in_the_simulator_and_the_pool(name: str) -> None:
+    # The simulator (a case, simulate --profile), pool serve --profile and the default pool's
+    # loader all give the same table with the same size model: the simulator predicts what runs.
+    simulated = resolve_profile(name)
+    _same(simulated, load_profile(name))  # what pool serve --profile reads
+    _same(simulated, load_default_profile((f"{name}.csv",)))
+    _same(simulated, resolve_profile(str(PROFILE_DIR / f"{name}.csv")))  # the shipped file by its path
+    model = shipped_size_model()
+    assert model is not None and simulated.sizes is not None
+    assert simulated.sizes.fits == model.fits
+
+
+def test_a_file_of_ones_own_keeps_its_own_size_model_or_none(in_tmp: Path) -> None:
+    # No samples beside ./nvidia_gpu: count-only, not the shipped samples' model.
+    assert load_profile("./nvidia_gpu").sizes is None
+    assert resolve_profile("./nvidia_gpu").sizes is None
 
 
 def test_a_case_file_keeps_a_shipped_name_and_reads_a_path_beside_it(

@@ -105,7 +105,6 @@ def serve(
 
     from esg_prefect.cli.simulate import check_number, check_scheduler, parse_settings
     from esg_prefect.exceptions import ConfigError, ESGError, InvalidInputError
-    from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend
     from esg_prefect.scheduling import ESGSettings
@@ -160,15 +159,14 @@ def serve(
         raise typer.BadParameter(f"must be 'process', 'inline' or 'ray', got {backend!r}", param_hint="--backend")
     latency = None
     if profile:  # a shipped name wins over a file of that name: esg_prefect.model.profile_source
-        from esg_prefect.model.profile_source import is_shipped_name, profile_path
-        from esg_prefect.runtime.profiles import load_default_profile
+        from esg_prefect.model.profile_source import profile_path, read_profile
 
         try:
             csv = profile_path(profile)
         except ConfigError as exc:
             raise typer.BadParameter(str(exc), param_hint="--profile") from None
-        try:  # a shipped table loads as the default pool loads it, with the shipped size model
-            latency = load_default_profile((csv.name,)) if is_shipped_name(profile) else LatencyProfile.from_csv(csv)
+        try:  # as the simulator loads it: a shipped table with the shipped size model
+            latency = read_profile(csv)
         except (OSError, InvalidInputError) as exc:
             raise typer.BadParameter(
                 f"cannot read {profile!r} ({exc}); give a latency profile CSV (esg-prefect profile writes one)",

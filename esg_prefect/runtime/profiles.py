@@ -5,13 +5,12 @@ from __future__ import annotations
 import logging
 
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
-from esg_prefect.model.profile_source import PROFILE_DIR
-from esg_prefect.model.size_model import SizeModel
+from esg_prefect.model.profile_source import PROFILE_DIR, SIZE_SAMPLES, read_profile, shipped_size_model
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROFILES = ("examples_cpu.csv", "nvidia_gpu.csv")
-DEFAULT_SIZE_SAMPLES = "profiler_examples_cpu_samples.csv"
+DEFAULT_SIZE_SAMPLES = SIZE_SAMPLES
 """Shipped profiles the default pool loads: the example pipelines on this CPU, published GPU tables."""
 
 
@@ -20,23 +19,21 @@ def load_default_profile(
 ) -> LatencyProfile:
     """The shipped latency profiles ``names``, merged; missing ones skipped.
 
-    The size model (Cypress) is fitted from the profiler's per-call samples
-    ``size_samples`` (the example stages on this project's CPU): a size
-    *factor* is a ratio to the typical item, so it carries over to the
-    table it rescales even though that table was measured in another run.
+    Each is read as a profile given by name is everywhere
+    (:func:`~esg_prefect.model.profile_source.read_profile`); the merged profile
+    carries the size model fitted from the shipped samples ``size_samples``
+    (None: count-only).
     """
     points: list[ProfilePoint] = []
     cold: dict[tuple[str, str], float] = {}
     for name in names:
         path = PROFILE_DIR / name
         if path.is_file():
-            prof = LatencyProfile.from_csv(path)
+            prof = read_profile(path)
             points.extend(prof.points)
             for p in prof.points:
                 cold[(p.stage, p.hardware)] = prof.cold_start_ms(p.stage, p.hardware)
-    sizes = None
-    if size_samples is not None and (PROFILE_DIR / size_samples).is_file():
-        sizes = SizeModel.from_samples_csv(PROFILE_DIR / size_samples)
+    sizes = None if size_samples is None else shipped_size_model(size_samples)
     return LatencyProfile(points, cold, sizes)
 
 

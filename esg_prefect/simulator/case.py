@@ -22,13 +22,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
-from esg_prefect.model.profile_source import profile_path
+from esg_prefect.model.profile_source import profile_path, read_profile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.workload.arrivals import Arrival, arrivals
@@ -226,14 +227,15 @@ _NODE_KEYS = ("name", "vcpus", "gpus", "max_clients", "max_workers")
 
 @lru_cache(maxsize=16)
 def _load_profile(path: str) -> LatencyProfile:
-    return LatencyProfile.from_csv(path)  # with its size model when the profiler's samples are beside it
+    return read_profile(Path(path))  # as pool serve loads it: the same size model
 
 
 def resolve_profile(profile: str | LatencyProfile) -> LatencyProfile:
     """A profile object from a shipped profile's name (``"nvidia_gpu"``), a CSV path, or the object itself.
 
-    A shipped name wins over a file of that name (one rule for every command:
-    :mod:`esg_prefect.model.profile_source`); loaded once per process per file.
+    A shipped name wins over a file of that name, and a file loads as ``pool
+    serve`` loads it, size model included (one rule and one loader for every
+    command: :mod:`esg_prefect.model.profile_source`); loaded once per process per file.
 
     Raises:
         ConfigError: naming the value and the shipped names when it is neither a shipped name nor a file.
