@@ -45,7 +45,9 @@ POOL_URL = os.environ.get("ESG_PREFECT_POOL_URL") or DEFAULT_POOL_URL
 PROCESS_LOG = "deployment run in process %d"
 """Logged at the start of every run: which process ran it (each deployment run has its own)."""
 
-_RUNNER: Any = ESGTaskRunner(address=POOL_URL, token=os.environ.get("ESG_PREFECT_TOKEN") or None)
+# A deployment run's SLO counts from when it started running: the worker (or served runner) picks it
+# up seconds after its slot and starts a process for it, which no stage can win back.
+_RUNNER: Any = ESGTaskRunner(address=POOL_URL, token=os.environ.get("ESG_PREFECT_TOKEN") or None, slo_from="start")
 
 
 @flow(name=pipelines.image_flow.name, task_runner=_RUNNER)

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from esg_prefect.service.client import PoolClient
 
 BackendName = Literal["process", "inline"]
+SloFrom = Literal["arrival", "start"]
 
 _shared: dict[tuple[Any, ...], Pool] = {}
 _shared_lock = threading.Lock()  # guards _shared: flow runs in many threads ask for the pool at once
@@ -190,9 +191,9 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     """Runs tasks in threads; pools DNN stage calls across flow runs with ESG.
 
     Args:
-        pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool. A
-            loaded ``ESGPool`` block stands for the options it holds (address, token, backend,
-            scheduler, profile), which are then not given again here.
+        pool: a :class:`~esg_prefect.runtime.pool.Pool` to use; default the shared embedded pool. An
+            ``ESGPool`` block (or the name of a saved one) stands for the options it holds (address,
+            token, backend, scheduler, profile), which are then not given again here.
         address: URL of a pool service (``esg-prefect pool serve``) instead of an embedded pool.
         token: bearer token of the pool service; default ``$ESG_PREFECT_TOKEN`` (read at the first
             call, in the process that runs the flow, as ``esg-prefect pool serve`` reads it).
@@ -213,6 +214,10 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             pool sets when it starts (``Pool``'s option; None leaves it alone):
             many flow runs share this process, and the pool's controller must
             not wait 5 ms slices behind their threads.
+        slo_from: where each flow run's SLO starts: ``"arrival"`` (its request's arrival: when the run
+            was created, or its scheduled slot) or ``"start"`` (when it started running). Deployment
+            runs wait seconds for a worker to pick them up and start their process; ``"start"``
+            plans their stages against the time left after that (``deployments/flows.py``).
 
     Examples:
         Before::
@@ -228,7 +233,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
 
     def __init__(
         self,
-        pool: Pool | ESGPool | None = None,
+        pool: Pool | ESGPool | str | None = None,
         *,
         address: str | None = None,
         token: str | None = None,
@@ -241,9 +246,14 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         artifacts: bool = True,
         store: str | bool | None = True,
         switch_interval_s: float | None = 0.001,
+        slo_from: SloFrom = "arrival",
     ) -> None:
         from esg_prefect.integration.blocks import ESGPool
 
+        if slo_from not in ("arrival", "start"):
+            raise InvalidInputError(f"slo_from must be 'arrival' or 'start', got {slo_from!r}")
+        if isinstance(pool, str):  # a saved ESGPool block's name
+            pool = _resolve(pool, "ESGPool")
         if isinstance(pool, ESGPool):  # the block's fields, as if given here
             named = {"address": address, "token": token, "profile": profile}
             again = [n for n, v in named.items() if v is not None]
@@ -260,7 +270,9 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         if backend not in ("process", "inline"):
             raise InvalidInputError(f"backend must be 'process' or 'inline', got {backend!r}")
         if pool is not None and not isinstance(pool, Pool):
-            raise InvalidInputError(f"pool must be an esg_prefect Pool, got {type(pool).__name__}")
+            raise InvalidInputError(
+                f"pool must be an esg_prefect Pool, an ESGPool block or a saved one's name, got {type(pool).__name__}"
+            )
         if pool is not None and (settings is not None or profile is not None or prices is not None):
             raise InvalidInputError("give either pool= or the settings of an embedded pool, not both")
         if not isinstance(artifacts, bool):
@@ -285,6 +297,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
         self._address = address
         self._token = token
+        self.slo_from: SloFrom = slo_from
         self._config: dict[str, Any] = {
             "scheduler": scheduler,
             "settings": settings,
@@ -315,7 +328,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         return self._pool
 
     def duplicate(self) -> Self:
-        dup = type(self)(max_workers=self._max_workers, **self._config)
+        dup = type(self)(max_workers=self._max_workers, slo_from=self.slo_from, **self._config)
         dup._pool, dup._address, dup._token = self._pool, self._address, self._token
         return dup
 
@@ -336,6 +349,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         return (
             self._config == other._config
             and self._address == other._address
+            and self.slo_from == other.slo_from
             and (self._pool is other._pool or self._address is not None)
         )
 

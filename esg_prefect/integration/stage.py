@@ -304,29 +304,42 @@ def run_locally(spec: StageSpec, item: Any) -> Any:
     return out
 
 
-def _pool_of_current_flow() -> Any:
+def _runner_of_current_flow() -> Any:
+    """The flow run's ESG task runner, or None when it runs under another runner (or no flow)."""
     from prefect.context import FlowRunContext
 
     from esg_prefect.integration.runner import ESGTaskRunner
 
     ctx = FlowRunContext.get()
     runner = getattr(ctx, "task_runner", None) if ctx is not None else None
-    return runner.pool_client() if isinstance(runner, ESGTaskRunner) else None
+    return runner if isinstance(runner, ESGTaskRunner) else None
 
 
-def request_arrival_ms(flow_run: Any) -> float:
-    """When the request a flow run serves arrived (wall clock, ms): where its SLO starts.
+def _pool_of_current_flow() -> Any:
+    runner = _runner_of_current_flow()
+    return runner.pool_client() if runner is not None else None
 
-    That is the run's expected start time (a scheduled run's slot; for a run
-    started by calling the flow, when it was created), else its creation time;
-    never later than when it started running. Not the start time alone:
-    creating a flow run and setting it running costs Prefect's API a few round
-    trips (0.2-0.5 s on a busy 2-core machine), spent against the SLO before the
-    first stage call, and a pool that did not count it planned later deadlines
-    than the caller measures.
+
+def request_arrival_ms(flow_run: Any, slo_from: str = "arrival") -> float:
+    """Where a flow run's SLO starts (wall clock, ms): when its request arrived, or when it started running.
+
+    ``"arrival"`` (the default) is the run's expected start time (a scheduled
+    run's slot; for a run started by calling the flow, when it was created),
+    else its creation time; never later than when it started running. Not the
+    start time alone: creating a flow run and setting it running costs Prefect's
+    API a few round trips (0.2-0.5 s on a busy 2-core machine), spent against
+    the SLO before the first stage call, and a pool that did not count it
+    planned later deadlines than the caller measures.
+
+    ``"start"`` is when the run started running (``ESGTaskRunner(slo_from="start")``):
+    for deployment runs, whose worker or served runner picks a run up seconds
+    after its slot and starts a process for it, time no stage can win back.
     """
     if flow_run is None:
         return time.time() * 1000.0
+    if slo_from == "start":
+        start = getattr(flow_run, "start_time", None)
+        return start.timestamp() * 1000.0 if start is not None else time.time() * 1000.0
     marks = [getattr(flow_run, name, None) for name in ("expected_start_time", "created", "start_time")]
     stamps = [m.timestamp() * 1000.0 for m in marks if m is not None]
     if not stamps:
@@ -397,7 +410,9 @@ def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> StageCall:
     if task_ctx is not None:
         for inputs in task_ctx.task_run.task_inputs.values():
             upstream.extend(str(i.id) for i in inputs if isinstance(i, TaskRunResult))
-    arrival_ms = request_arrival_ms(flow_ctx.flow_run if flow_ctx else None)
+    runner = _runner_of_current_flow()
+    slo_from = runner.slo_from if runner is not None else "arrival"
+    arrival_ms = request_arrival_ms(flow_ctx.flow_run if flow_ctx else None, slo_from)
     call = StageCall(
         call_id=f"{task_run_id}:{attempt}",
         stage=spec.name,
