@@ -120,6 +120,8 @@ class _Handle:
 
     def __init__(self, backend: FakeBackend, spec: WorkerSpec, warm: bool) -> None:
         self.backend, self.spec, self.fresh = backend, spec, not warm
+        self.load_ms = 0.0  # its cold start is taken by its first batch, as the simulator counts it
+        self.enforcement = "fake (virtual clock)"
         self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:

@@ -105,8 +105,10 @@ class ManualClock(PoolClock):
 
 
 class _Handle:
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
+    def __init__(self, clock: ManualClock, spec: WorkerSpec) -> None:
+        self.clock, self.spec = clock, spec
+        self.load_ms = 5.0  # what FakeBackend.start takes on the clock
+        self.enforcement = "fake (test clock)"
         self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
@@ -133,7 +135,7 @@ class FakeBackend:
 
     async def start(self, spec: WorkerSpec) -> _Handle:
         self.clock.advance(5.0)
-        return _Handle(self.clock)
+        return _Handle(self.clock, spec)
 
     async def close(self) -> None:
         return None

@@ -439,7 +439,7 @@ class Pool(PoolViews, PoolActions, PoolResources):
         """The snapshot, on the pool's loop (or on any thread once that loop has stopped)."""
         if self._core is None:
             return PoolSnapshot((), (), (), (), {}, ())
-        enforcement = {wid: str(getattr(h, "enforcement", "")) for wid, h in self._handles.items()}
+        enforcement = {wid: h.enforcement for wid, h in self._handles.items()}
         return self._book.snapshot(
             self._core, self.clock.now(), self._registry.slo_ms, enforcement, self.planner.corrections(), recent
         )
