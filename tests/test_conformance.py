@@ -122,6 +122,7 @@ class _Handle:
         self.backend, self.spec, self.fresh = backend, spec, not warm
         self.load_ms = 0.0  # its cold start is taken by its first batch, as the simulator counts it
         self.enforcement = "fake (virtual clock)"
+        self.out_of_process = False  # its batches take exactly their time on the clock: no overhead
         self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:

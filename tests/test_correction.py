@@ -1,17 +1,27 @@
-"""Online correction of the latency profile: the estimator, the rescaled profile, and the pool following a slowdown."""
+"""Online correction of the latency profile: the estimator, the rescaled profile, and the pool following a slowdown.
+
+And the per-batch overhead learned beside the factor: from synthetic (predicted, own, round trip) times, so
+that nothing here depends on the machine's speed.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import math
+from typing import Any
 
 import pytest
 
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import ConfigError, ProfileError
 from esg_prefect.model import Config, LatencyProfile, PriceSheet, ProfilePoint
-from esg_prefect.model.correction import MAX_FACTOR, LatencyCorrection
+from esg_prefect.model.correction import MAX_FACTOR, MAX_OVERHEAD_MS, LatencyCorrection
+from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.runtime.execution import Pending, execute
+from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.runtime.workers import BatchOutcome, InlineBackend, WorkerSpec
 from esg_prefect.scheduling import ESGSettings
 from tests.toy_stages import LAG, FakeClock, lagging_ms, lagging_profile
 
@@ -170,3 +180,191 @@ def test_correction_can_be_turned_off() -> None:
         pool.close()
     with pytest.raises(ConfigError, match="correction_alpha"):
         ESGSettings(correction_alpha=1.5)
+
+
+# ---- the per-batch overhead ------------------------------------------------------------------------
+
+
+def _tiny_profile() -> LatencyProfile:
+    """A sub-millisecond stage (0.5 ms a batch of 1) and a 10 ms one (25 ms a batch of 4)."""
+    return LatencyProfile(
+        [
+            ProfilePoint("tiny", "cpu", 1, 1, 0.0, 0.5, 0.5),
+            ProfilePoint("m", "cpu", 1, 1, 0.0, 10.0, 10.0),
+            ProfilePoint("m", "cpu", 4, 1, 0.0, 25.0, 25.0),
+        ],
+        {("tiny", "cpu"): 5.0, ("m", "cpu"): 50.0},
+    )
+
+
+def _planned(corr: LatencyCorrection, stage: str, batch: int) -> float:
+    scaled = _tiny_profile().scaled(corr.factors(), corr.overheads())
+    return scaled.latency_ms(stage, Config(batch, 1, 0.0), "cpu", "mean")
+
+
+def test_a_tiny_stage_with_an_overhead_is_predicted_where_a_factor_alone_is_capped() -> None:
+    """0.5 ms of model and 5 ms of round trip beyond it: the split predicts 5.5 ms; a factor stops at 4x 0.5."""
+    split, factor_only = LatencyCorrection(), LatencyCorrection()
+    for _ in range(15):
+        split.observe("tiny", "cpu", 0.5, 5.5, own_ms=0.5)
+        factor_only.observe("tiny", "cpu", 0.5, 5.5)
+    assert split.factor("tiny", "cpu") == 1.0  # the model runs at its profiled speed
+    assert split.overhead_ms("tiny", "cpu") == pytest.approx(5.0, rel=0.02)
+    assert _planned(split, "tiny", 1) == pytest.approx(5.5, rel=0.03)
+    assert factor_only.factor("tiny", "cpu") == pytest.approx(MAX_FACTOR)
+    assert _planned(factor_only, "tiny", 1) == pytest.approx(2.0)  # under-predicts every batch by 2.75x
+    assert factor_only.overhead_ms("tiny", "cpu") == 0.0
+
+
+def test_a_per_batch_overhead_is_right_at_every_batch_size_where_one_factor_cannot_be() -> None:
+    """A model 1.2x slower than profiled, plus 5 ms a batch, observed at batches of 1 and 4."""
+    split, factor_only = LatencyCorrection(), LatencyCorrection()
+    for _ in range(20):
+        for profiled in (10.0, 25.0):
+            own = 1.2 * profiled
+            split.observe("m", "cpu", profiled, own + 5.0, own_ms=own)
+            factor_only.observe("m", "cpu", profiled, own + 5.0)
+    assert split.factor("m", "cpu") == pytest.approx(1.2, rel=1e-4)
+    for batch, truth in ((1, 17.0), (2, 1.2 * 15.0 + 5.0), (4, 35.0)):
+        assert _planned(split, "m", batch) == pytest.approx(truth, rel=0.01)
+    # One factor between 1.7x (batch 1) and 1.4x (batch 4): small batches look faster than they are,
+    # big ones slower, which pushes the scheduler to smaller batches.
+    assert _planned(factor_only, "m", 1) < 0.95 * 17.0
+    assert _planned(factor_only, "m", 4) > 1.05 * 35.0
+
+
+def test_scaled_profile_adds_the_overhead_to_mean_and_p95() -> None:
+    prof = LatencyProfile(
+        [
+            ProfilePoint("a", "cpu", 1, 1, 0.0, 10.0, 12.0),
+            ProfilePoint("a", "cpu", 4, 1, 0.0, 20.0, None),
+            ProfilePoint("b", "cpu", 1, 1, 0.0, 5.0, 6.0),
+        ],
+        {("a", "cpu"): 100.0},
+    )
+    scaled = prof.scaled({("a", "cpu"): 2.0}, {("a", "cpu"): 3.0, ("b", "cpu"): 1.0})
+    assert scaled.latency_ms("a", Config(1, 1, 0.0), "cpu") == 27.0  # p95 12 x 2 + 3
+    assert scaled.latency_ms("a", Config(1, 1, 0.0), "cpu", "mean") == 23.0
+    assert scaled.latency_ms("a", Config(2, 1, 0.0), "cpu", "mean") == pytest.approx(2 * 40.0 / 3 + 3.0)
+    assert scaled.latency_ms("a", Config(4, 1, 0.0), "cpu") == 43.0  # no p95 measured: the mean's
+    assert scaled.latency_ms("b", Config(1, 1, 0.0), "cpu") == 7.0  # an overhead without a factor
+    assert scaled.cold_start_ms("a", "cpu") == 100.0
+    assert prof.scaled({}, {}).points == prof.points
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ProfileError, match="overhead"):
+            prof.scaled({}, {("a", "cpu"): bad})
+
+
+def test_an_overhead_re_plans_when_it_moves_a_typical_batch_by_10_percent_and_half_a_millisecond() -> None:
+    corr = LatencyCorrection(alpha=1.0)
+    corr.observe("a", "cpu", 10.0, 10.3, own_ms=10.0)
+    assert not corr.drifted({})  # 0.3 ms: under the 0.5 ms floor
+    corr.observe("a", "cpu", 10.0, 11.5, own_ms=10.0)
+    assert corr.drifted({})  # 1.5 ms on a 10 ms batch
+    assert not corr.drifted({}, overheads={("a", "cpu"): 1.5})
+    assert not corr.drifted({}, overheads={("a", "cpu"): 0.8})  # 0.7 ms off, under 10 % of 10.8 ms
+    assert corr.drifted({("a", "cpu"): 1.0}, overheads={("a", "cpu"): 0.2})  # 1.3 ms off
+    big = LatencyCorrection(alpha=1.0)
+    big.observe("big", "cpu", 500.0, 503.0, own_ms=500.0)
+    assert big.overhead_ms("big", "cpu") == 3.0 and not big.drifted({})  # 3 ms beside 500: no new plan
+    tiny = LatencyCorrection(alpha=1.0)
+    tiny.observe("tiny", "cpu", 0.5, 1.2, own_ms=0.5)
+    assert tiny.drifted({})  # 0.7 ms beside 0.5: a new plan
+
+
+@pytest.mark.parametrize("own", [0.0, -1.0, math.nan, math.inf])
+def test_meaningless_own_times_are_ignored(own: float) -> None:
+    corr = LatencyCorrection()
+    assert corr.observe("a", "cpu", 10.0, 15.0, own_ms=own) == 1.0
+    assert corr.observations("a", "cpu") == 0 and corr.overhead_ms("a", "cpu") == 0.0
+
+
+def test_overheads_are_clamped_and_never_negative() -> None:
+    corr = LatencyCorrection(alpha=1.0)
+    corr.observe("a", "cpu", 10.0, 10_000.0, own_ms=10.0)  # a stalled round trip counts MAX_OVERHEAD_MS at most
+    assert corr.overhead_ms("a", "cpu") == MAX_OVERHEAD_MS and corr.factor("a", "cpu") == 1.0
+    corr.observe("a", "cpu", 10.0, 9.0, own_ms=10.0)  # clocks that disagree: no negative overhead
+    assert corr.overhead_ms("a", "cpu") == 0.0 and corr.factor("a", "cpu") == 1.0
+    unsplit = LatencyCorrection()
+    unsplit.observe("a", "cpu", 10.0, 20.0)  # no own time: an in-process worker, the overhead stays 0
+    assert unsplit.overhead_ms("a", "cpu") == 0.0 and unsplit.factor("a", "cpu") > 1.0
+
+
+def test_the_planner_plans_with_the_learned_overhead_and_shows_it() -> None:
+    planner = Planner(_tiny_profile(), PriceSheet(1e-5, {}), ESGSettings(), "esg", None)
+    planner.replan_every_ms = 0.0
+    replans = [planner.correct("tiny", "cpu", 1, 0.0, [1.0], 5.5, float(t), own_ms=0.5) for t in range(20)]
+    assert replans[0] and any(replans[1:])
+    (row,) = planner.corrections()
+    assert (row.stage, row.factor, row.applied, row.batches) == ("tiny", 1.0, 1.0, 20)
+    assert row.overhead_ms == pytest.approx(5.0, rel=0.01)
+    # It plans with the overhead applied at its last re-plan: within the drift tolerance of the learned one.
+    applied = planner.applied_overheads[("tiny", "cpu")]
+    assert abs(applied - row.overhead_ms) <= max(0.5, 0.1 * (0.5 + applied))
+    planned = planner.profile.latency_ms("tiny", Config(1, 1, 0.0), "cpu")
+    assert planned == pytest.approx(0.5 + applied) and planned == pytest.approx(5.5, rel=0.1)
+    assert planner.profile.cold_start_ms("tiny", "cpu") == 5.0
+
+
+def test_an_in_process_pool_learns_no_overhead() -> None:
+    """On the inline backend the round trip is the model's time: the fake clock's, which the stage moves.
+
+    Its own ``elapsed_ms`` is the real (near zero) time of a stage that does not sleep: were the round
+    trip split there, the overhead would be the whole batch.
+    """
+    clock = FakeClock()
+    LAG["clock"], LAG["factor"] = clock, 1.0
+    settings = ESGSettings(wait_for_batch=False, reserve_overhead=False)
+    pool = Pool(lagging_profile(), PriceSheet(1e-5, {}), settings=settings, backend=InlineBackend(vcpus=2), clock=clock)
+    pool.planner.replan_every_ms = 0.0
+    try:
+        results = [pool.submit(_call(i)).result(60) for i in range(4)]
+        snap = pool.snapshot()
+    finally:
+        pool.close()
+        LAG["clock"] = None
+    assert [r.actual_ms for r in results] == [lagging_ms(1)] * 4
+    (row,) = [c for c in snap.corrections if c.stage == "lagging"]
+    assert row.overhead_ms == 0.0 and row.factor == pytest.approx(1.0) and row.batches == 4
+    assert pool.planner.applied_overheads == {}
+
+
+class _Remote:
+    """A worker in another process: its batch takes 2 ms of its own time and 7 ms of the test's clock."""
+
+    spec = WorkerSpec("w", "tests.toy_stages:inc", "local", None, "cpu", 1, 0.0)
+    load_ms, enforcement, load_lines, out_of_process = 0.0, "fake", (), True
+
+    def __init__(self, now: list[float]) -> None:
+        self.now = now
+
+    async def execute(self, items: list[Any]) -> BatchOutcome:
+        self.now[0] += 7.0
+        return BatchOutcome(True, [x + 1 for x in items], 2.0)
+
+    async def stop(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("out_of_process", [True, False])
+def test_a_batch_reports_its_workers_own_time_only_across_a_process_boundary(out_of_process: bool) -> None:
+    now = [0.0]
+    handle = _Remote(now)
+    handle.out_of_process = out_of_process
+    seen: list[tuple[list[int], float, float | None]] = []
+
+    def measured(idx: list[int], ms: float, own: float | None) -> None:
+        seen.append((idx, ms, own))
+
+    job = Job("c", "r", "r", QueueKey("drift", "inc"), 0.0, 0.0, 1e9, 1e9)
+    pendings = [Pending(_call(i), concurrent.futures.Future(), job) for i in range(3)]
+    out = asyncio.run(execute(InlineBackend(), handle, handle.spec, pendings, lambda: now[0], measured))
+    assert [out.results[i][0] for i in range(3)] == [1, 2, 3]
+    assert seen == [([0, 1, 2], 7.0, 2.0 if out_of_process else None)]
+
+
+def test_only_process_and_ray_workers_cross_a_process_boundary() -> None:
+    from esg_prefect.runtime.ray_backend import _RayWorker
+    from esg_prefect.runtime.workers import _InlineWorker, _LocalWorker
+
+    assert _LocalWorker.out_of_process and _RayWorker.out_of_process and not _InlineWorker.out_of_process

@@ -109,6 +109,7 @@ class _Handle:
         self.clock, self.spec = clock, spec
         self.load_ms = 5.0  # what FakeBackend.start takes on the clock
         self.enforcement = "fake (test clock)"
+        self.out_of_process = False  # its batches take exactly their time on the clock: no overhead
         self.load_lines: tuple[LogLine, ...] = ()  # its load prints nothing
 
     async def execute(self, items: list[Any]) -> BatchOutcome:

@@ -301,6 +301,17 @@ def test_the_json_metrics_carry_the_same_totals_as_the_counters(pool: Pool) -> N
     assert totals["bill_dollars"]["busy"] > 0 and totals["decisions"] >= 1
 
 
+def test_the_json_metrics_carry_the_profile_corrections(pool: Pool) -> None:
+    http = client(pool)
+    run_calls(http, 3, "k")
+    wait_for(lambda: sum(pool.snapshot().queue_depths.values()) == 0)
+    rows = {r["stage"]: r for r in http.get("/metrics").json()["profile_corrections"]}
+    inc = rows["inc"]
+    assert set(inc) == {"stage", "hardware", "factor", "applied", "batches", "overhead_ms"}
+    assert inc["batches"] >= 1 and inc["factor"] > 0
+    assert inc["overhead_ms"] == 0.0  # inline workers: the round trip is the model's own time
+
+
 def test_pool_status_prints_queues_workers_and_the_bill(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 

@@ -63,13 +63,18 @@ class WorkerRow:
 
 @dataclass(frozen=True, slots=True)
 class CorrectionRow:
-    """The online correction of one (stage, hardware): learned factor, factor planned with, batches seen."""
+    """The online correction of one (stage, hardware): learned factor, factor planned with, batches seen.
+
+    ``overhead_ms``: the learned per-batch overhead of a worker in another
+    process (round trip beyond the worker's own time); 0 for in-process workers.
+    """
 
     stage: str
     hardware: str
     factor: float
     applied: float
     batches: int
+    overhead_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -283,36 +283,40 @@ class LatencyProfile:
             return 1.0
         return self.sizes.factor(stage, sizes, hardware=hardware, vcpus=config.vcpus, gpu_share=config.gpu_share)
 
-    def scaled(self, factors: Mapping[tuple[str, str], float]) -> LatencyProfile:
-        """A copy whose batch latencies of each ``(stage, hardware)`` are multiplied by its factor.
+    def scaled(
+        self, factors: Mapping[tuple[str, str], float], overheads: Mapping[tuple[str, str], float] | None = None
+    ) -> LatencyProfile:
+        """A copy whose batch latencies of each ``(stage, hardware)`` are ``latency * factor + overhead``.
 
         This is how an online correction (:mod:`esg_prefect.model.correction`)
         reaches the scheduler: one factor per (stage, hardware) scales the whole
         measured table, so the profile's shape over batch sizes and resources is
-        kept and only its level moves. Cold starts are left alone (model loading
-        is not what drifts with load). Pairs absent from ``factors`` keep factor 1.
+        kept and only its level moves; one overhead in ms (what a batch's round
+        trip to its worker costs beyond the model's own time) is added to every
+        batch, its mean and p95 alike. Cold starts are left alone (model loading
+        is not what drifts with load). Pairs absent from ``factors`` keep factor
+        1, from ``overheads`` overhead 0.
 
         Raises:
-            ProfileError: for a factor that is not a finite number > 0.
+            ProfileError: for a factor that is not a finite number > 0, or an
+                overhead that is not a finite number >= 0.
         """
         for key, f in factors.items():
             if not (math.isfinite(f) and f > 0):
                 raise ProfileError(f"latency factor for {key} must be a finite number > 0, got {f!r}")
-        points = [
-            p
-            if factors.get((p.stage, p.hardware), 1.0) == 1.0
-            else ProfilePoint(
-                p.stage,
-                p.hardware,
-                p.batch,
-                p.vcpus,
-                p.gpu_share,
-                p.mean_ms * factors[(p.stage, p.hardware)],
-                None if p.p95_ms is None else p.p95_ms * factors[(p.stage, p.hardware)],
-            )
-            for p in self._points
-        ]
-        return LatencyProfile(points, self._cold, self.sizes)
+        extra = dict(overheads or {})
+        for key, o in extra.items():
+            if not (math.isfinite(o) and o >= 0):
+                raise ProfileError(f"latency overhead for {key} must be a finite number >= 0 ms, got {o!r}")
+
+        def moved(p: ProfilePoint) -> ProfilePoint:
+            f, o = factors.get((p.stage, p.hardware), 1.0), extra.get((p.stage, p.hardware), 0.0)
+            if f == 1.0 and o == 0.0:
+                return p
+            p95 = None if p.p95_ms is None else p.p95_ms * f + o
+            return ProfilePoint(p.stage, p.hardware, p.batch, p.vcpus, p.gpu_share, p.mean_ms * f + o, p95)
+
+        return LatencyProfile([moved(p) for p in self._points], self._cold, self.sizes)
 
     # ---- CSV -------------------------------------------------------------
 

@@ -66,7 +66,9 @@ class Executed:
     ran_with: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
-Measured = Callable[[list[int], float], None]  # (indices run together, their time in ms) of a batch that succeeded
+Measured = Callable[[list[int], float, float | None], None]
+"""Of a batch that succeeded: (indices run together, its round trip in ms, the worker's own time in ms, None
+for an in-process worker, whose round trip is its own time)."""
 
 
 async def execute(
@@ -172,7 +174,7 @@ async def _run_items(
         raise WorkerDiedError(f"the batch ran past its limit of {limit_s:g} s; its worker was stopped") from None
     running.clear()
     if outcome.ok:
-        measured(idx, clock() - began)
+        measured(idx, clock() - began, outcome.elapsed_ms if handle.out_of_process else None)
         group = tuple(idx)
         for i, value in zip(idx, outcome.outputs, strict=True):
             results[i] = (value, None)

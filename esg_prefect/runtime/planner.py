@@ -1,11 +1,14 @@
 """What the pool plans with: the profile (rescaled by the online correction), the scheduler and its tables.
 
-The online correction folds each batch's time as the pool saw it (inputs sent,
-batch run, outputs back: what the plan's batch latency has to cover) into a
-per-(stage, hardware) factor. Re-planning (a rescaled profile, a new scheduler
-and tables) happens when a factor moved by more than 10 % from the one in use,
-at most once a second; the scheduler keeps no state between rounds that this
-would lose (arrival rates live in the core).
+The online correction folds each batch's times into a per-(stage, hardware)
+factor and per-batch overhead: the worker's own time drives the factor, and
+the rest of the round trip as the pool saw it (inputs sent, batch run, outputs
+back: what the plan's batch latency has to cover) the overhead; for an
+in-process worker the round trip is all of it. Re-planning (a rescaled profile,
+a new scheduler and tables) happens when a factor moved by more than 10 % from
+the one in use, or an overhead by more than 10 % of a typical batch (and
+0.5 ms), at most once a second; the scheduler keeps no state between rounds
+that this would lose (arrival rates live in the core).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Planner:
         alpha = settings.correction_alpha
         self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None
         self.applied: dict[tuple[str, str], float] = {}  # factors the profile in use was scaled with
+        self.applied_overheads: dict[tuple[str, str], float] = {}  # and the per-batch overheads it adds, in ms
         self.replan_every_ms = REPLAN_EVERY_MS
         self._replanned_ms = -math.inf
         self.profile = profile
@@ -67,12 +71,31 @@ class Planner:
     def alias(self, name: str, stage: str) -> None:
         """Plan stage ``name`` with the profile of ``stage`` (a second code under one name)."""
         self.base_profile = self.base_profile.aliased({name: stage})
-        self.replan(self.base_profile.scaled(self.applied) if self.applied else self.base_profile)
+        self.replan(self._corrected())
+
+    def _corrected(self) -> LatencyProfile:
+        """The base profile with the factors and overheads applied now."""
+        if not self.applied and not self.applied_overheads:
+            return self.base_profile
+        return self.base_profile.scaled(self.applied, self.applied_overheads)
 
     def correct(
-        self, stage: str, hardware: str, vcpus: int, share: float, sizes: list[float], actual_ms: float, now_ms: float
+        self,
+        stage: str,
+        hardware: str,
+        vcpus: int,
+        share: float,
+        sizes: list[float],
+        actual_ms: float,
+        now_ms: float,
+        own_ms: float | None = None,
     ) -> bool:
-        """Fold one batch's measured time in; True when the profile was re-planned."""
+        """Fold one batch's times in; True when the profile was re-planned.
+
+        ``actual_ms``: the round trip as the pool saw it; ``own_ms``: the
+        worker's own time for the batch, None when the two are one (see
+        :meth:`LatencyCorrection.observe`).
+        """
         if self.correction is None:
             return False
         cfg = Config(len(sizes), vcpus, share)
@@ -80,20 +103,27 @@ class Planner:
         if predicted is None:
             return False
         predicted *= self.base_profile.size_factor(stage, cfg, hardware, sizes)
-        self.correction.observe(stage, hardware, predicted, actual_ms)
-        if now_ms - self._replanned_ms < self.replan_every_ms or not self.correction.drifted(self.applied):
+        corr = self.correction
+        corr.observe(stage, hardware, predicted, actual_ms, own_ms)
+        if now_ms - self._replanned_ms < self.replan_every_ms or not corr.drifted(
+            self.applied, overheads=self.applied_overheads
+        ):
             return False
         self._replanned_ms = now_ms
-        self.applied = self.correction.factors()
-        self.replan(self.base_profile.scaled(self.applied))
+        self.applied, self.applied_overheads = corr.factors(), {k: o for k, o in corr.overheads().items() if o > 0}
+        self.replan(self._corrected())
+        extra = self.applied_overheads
         logger.info(
             "profile corrected from measured batches: %s",
-            ", ".join(f"{st}@{hw} x{f:.2f}" for (st, hw), f in sorted(self.applied.items())),
+            ", ".join(
+                f"{st}@{hw} x{f:.2f}" + (f" +{extra[st, hw]:.2f} ms" if (st, hw) in extra else "")
+                for (st, hw), f in sorted(self.applied.items())
+            ),
         )
         return True
 
     def corrections(self) -> tuple[CorrectionRow, ...]:
-        """The online correction's learned factors, and the ones the scheduler plans with now."""
+        """The online correction's learned factors and overheads, and the factors the scheduler plans with now."""
         if self.correction is None:
             return ()
         return tuple(
@@ -103,6 +133,7 @@ class Planner:
                 round(f, 4),
                 round(self.applied.get((stage, hw), 1.0), 4),
                 self.correction.observations(stage, hw),
+                round(self.correction.overhead_ms(stage, hw), 3),
             )
             for (stage, hw), f in sorted(self.correction.factors().items())
         )

@@ -138,8 +138,8 @@ class PoolActions:
         w, d, start = a.worker, a.dispatch, a.t
         stage = d.queue.stage
 
-        def measured(idx: list[int], ms: float) -> None:
-            self._correct(stage, w, [pendings[i].job.input_size for i in idx], ms)
+        def measured(idx: list[int], ms: float, own_ms: float | None) -> None:
+            self._correct(stage, w, [pendings[i].job.input_size for i in idx], ms, own_ms)
 
         handle = self._handles.get(w.worker_id)
         limit = None if self.hung_batch_s is None else max(self.hung_batch_s, HUNG_FACTOR * d.predicted_ms / 1000.0)
@@ -216,7 +216,7 @@ class PoolActions:
             else:
                 p.future.set_exception(err)
 
-    def _correct(self, stage: str, w: FleetWorker, sizes: list[float], actual_ms: float) -> None:
-        """Fold a batch's time as the pool saw it into the online correction; re-plan on drift."""
-        if self.planner.correct(stage, w.hardware, w.vcpus, w.share, sizes, actual_ms, self.clock.now()):
+    def _correct(self, stage: str, w: FleetWorker, sizes: list[float], actual_ms: float, own_ms: float | None) -> None:
+        """Fold a batch's round trip (and its worker's own time) into the online correction; re-plan on drift."""
+        if self.planner.correct(stage, w.hardware, w.vcpus, w.share, sizes, actual_ms, self.clock.now(), own_ms):
             self._replanned()

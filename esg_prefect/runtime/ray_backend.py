@@ -201,6 +201,8 @@ def _brief(exc: BaseException) -> str:
 class _RayWorker:
     """The pool's handle on one actor."""
 
+    out_of_process = True
+
     def __init__(self, backend: RayBackend, spec: WorkerSpec, actor: Any, node: RayNode, resources: str) -> None:
         self.spec = spec
         self.actor = actor

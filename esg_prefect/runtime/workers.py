@@ -81,6 +81,9 @@ class WorkerHandle(Protocol):
     enforcement: str
     load_lines: tuple[LogLine, ...]
     """What loading its model printed or logged: for the calls of its first batch, or the pool's log."""
+    out_of_process: bool
+    """Whether its batches cross a process boundary: their round trip then costs more than the worker's own
+    ``BatchOutcome.elapsed_ms`` (pipe, pickling), an overhead the online correction learns apart."""
 
     async def execute(self, items: list[Any]) -> BatchOutcome:
         """Run one batch. Raises WorkerDiedError if the worker dies meanwhile."""
@@ -116,6 +119,8 @@ class WorkerBackend(Protocol):
 
 class _LocalWorker:
     """A worker process and the parent's end of its pipe."""
+
+    out_of_process = True
 
     def __init__(self, spec: WorkerSpec, proc: BaseProcess, conn: Connection) -> None:
         self.spec = spec
@@ -366,6 +371,8 @@ class LocalProcessBackend:
 
 
 class _InlineWorker:
+    out_of_process = False  # a batch's round trip is the model's own time: no overhead to learn
+
     def __init__(
         self, spec: WorkerSpec, stage: StageSpec, model: Any, load_ms: float, load_lines: tuple[LogLine, ...] = ()
     ) -> None:

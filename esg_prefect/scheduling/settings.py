@@ -158,9 +158,11 @@ class ESGSettings:
             remaining stage, plus one for the end of the flow run (not in the paper,
             whose stages are invoked by the platform itself).
         correction_alpha: the runtime compares each batch's measured time with
-            the profile's prediction and rescales the stage's profile
-            (:mod:`esg_prefect.model.correction`); this is the weight of the
-            newest batch in that estimate, 0 turns the correction off.
+            the profile's prediction and corrects the stage's profile: a factor
+            for the model's own time, and a per-batch overhead for a worker in
+            another process (:mod:`esg_prefect.model.correction`); this is the
+            weight of the newest batch in those estimates, 0 turns the
+            correction off.
         wait_for_busy_warm: when no plan meets a queue's slack and the fastest
             option is a cold start that would stop idle workers, keep the jobs
             for a busy worker warm for the stage if it would finish them sooner
