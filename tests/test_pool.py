@@ -332,6 +332,30 @@ def test_process_backend_defaults_to_the_fork_server_where_there_is_one() -> Non
     assert LocalProcessBackend(spares=0).start_method == expected
 
 
+def test_the_fork_server_starts_in_the_background_when_a_process_backend_is_made(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """So that the first cold start does not wait for its imports; never for spawn or inline, and a failure is quiet."""
+    from esg_prefect.runtime import workers
+
+    calls: list[str] = []
+    done = threading.Event()
+
+    def ensure_running() -> None:
+        calls.append(threading.current_thread().name)
+        done.set()
+        raise OSError("no unix sockets here")
+
+    monkeypatch.setattr(workers.forkserver, "ensure_running", ensure_running)
+    caplog.set_level(logging.DEBUG, logger="esg_prefect.runtime.workers")
+    InlineBackend()
+    LocalProcessBackend(vcpus=1, spares=0, preload=(), start_method="spawn")
+    assert calls == []
+    LocalProcessBackend(vcpus=1, spares=0, preload=(), start_method="forkserver")
+    assert done.wait(30) and calls == ["esg-forkserver-start"]
+    assert wait_until(lambda: any("fork server did not start" in r.getMessage() for r in caplog.records))
+
+
 def _chain_request(pool: Pool, r: int, pause_s: float, clock: FakeClock | None = None) -> None:
     """double -> (caller pauses) -> inc, as a flow run between two task runs would.
 

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -196,6 +197,19 @@ class _LocalWorker:
         await asyncio.to_thread(self.stop_now)
 
 
+def _start_fork_server() -> None:
+    """Start multiprocessing's fork server now (a no-op once it runs), so that it imports while the pool waits.
+
+    ``ensure_running`` only launches the server (it imports its preload on its
+    own, and a worker start waits for that); a failure here is left to the
+    first worker start, which tries again and reports it to the calls.
+    """
+    try:
+        forkserver.ensure_running()
+    except Exception as exc:  # e.g. no Unix sockets here: the first start raises it where it is seen
+        logger.debug("esg-prefect: the fork server did not start ahead of the first worker: %r", exc)
+
+
 class LocalProcessBackend:
     """Workers as local processes, forked from a pre-imported server, with spare processes.
 
@@ -206,7 +220,9 @@ class LocalProcessBackend:
     and prefect). The fork server holds no threads and never touches CUDA, so
     forking it is safe; each worker applies its own CUDA_VISIBLE_DEVICES and MPS
     share before torch initialises CUDA. The fork server is one per Python
-    process: the first backend to start a worker fixes its ``preload``.
+    process, started in the background when the first backend is created (its
+    imports take seconds, which the first cold start would otherwise wait for):
+    that backend fixes its ``preload``.
 
     Args:
         vcpus: vCPUs of this node that busy workers may use at once; default
@@ -269,6 +285,7 @@ class LocalProcessBackend:
         self._ctx: Any = mp.get_context(method)  # ForkServerContext or SpawnContext
         if method == "forkserver":
             self._ctx.set_forkserver_preload([*preload, "esg_prefect.runtime.worker_main"])
+            threading.Thread(target=_start_fork_server, name="esg-forkserver-start", daemon=True).start()
         self.start_method = method
         self._spares: list[tuple[BaseProcess, Connection]] = []
         self._closing = False  # set by close(): no spare is started after it
