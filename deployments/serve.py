@@ -12,12 +12,15 @@ its own, and stops it (and the service's worker processes) when serving ends::
 
 Options: ``--port`` of the pool service (4270), ``--backend`` of its workers
 (``process`` or ``inline``), ``--pool-url`` to use a pool service that is
-already running instead of starting one, ``--limit`` on concurrent flow runs,
-``--only NAME`` (repeatable) to serve some deployments only.
+already running instead of starting one, ``--limit`` on concurrent flow runs
+(at least 1), ``--only NAME`` (repeatable) to serve some deployments only. A bad
+one is refused in one line before any flow is loaded; a pool service that does
+not answer within 180 s (the script says once that it waits) ends it in one line.
 
-Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving (Prefect
-pauses the schedules), then the pool service (SIGINT, killed if it has not
-exited within 30 s), each step printed as it ends. Started in the background
+Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving: Prefect
+pauses the schedules and cancels the flow runs still in progress (they end
+Cancelled, "Runner is shutting down."). Then it stops the pool service (SIGINT,
+killed if it has not exited within 30 s), each step printed as it ends. Started in the background
 of a shell script (``python deployments/serve.py &``), the script ignores
 SIGINT, as the shell has every background command of a script do: stop it
 with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
@@ -76,6 +79,11 @@ def schedule_of(item: dict[str, Any]) -> Any:
     raise ValueError(f"a schedule needs cron, interval or rrule, got {sorted(item)}")
 
 
+def unknown_names(specs: Sequence[dict[str, Any]], only: Sequence[str]) -> list[str]:
+    """The names in ``only`` that no spec has, sorted (empty when every one is known)."""
+    return sorted(set(only) - {s["name"] for s in specs})
+
+
 def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ()) -> list[Any]:
     """``RunnerDeployment`` objects for ``prefect.serve``, one per spec (or per name in ``only``).
 
@@ -84,9 +92,8 @@ def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ())
     """
     from prefect.flows import load_flow_from_entrypoint
 
-    unknown = set(only) - {s["name"] for s in specs}
-    if unknown:
-        raise ValueError(f"no deployment named {sorted(unknown)} in {SPEC_FILE.name}")
+    if unknown := unknown_names(specs, only):
+        raise ValueError(f"no deployment named {unknown} in {SPEC_FILE.name}")
     out = []
     for spec in specs:
         if only and spec["name"] not in only:
@@ -105,17 +112,37 @@ def build_deployments(specs: Sequence[dict[str, Any]], only: Sequence[str] = ())
     return out
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 180.0) -> None:
-    """Wait for ``GET url/healthz``; fails early if ``proc`` (the service) exits."""
+WAIT_S = 180.0
+"""How long the script waits for the pool service to answer its health check (it imports torch first)."""
+
+
+class ServiceDown(RuntimeError):
+    """The pool service did not answer its health check in time, or exited: :func:`main` says so in one line."""
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = WAIT_S) -> None:
+    """Wait for ``GET url/healthz``; fails early if ``proc`` (the service) exits.
+
+    Says once that it waits, when the first check finds nothing there yet: a service
+    that is not up would otherwise leave the script silent for ``timeout_s``.
+
+    Raises:
+        ServiceDown: ``proc`` exited, or ``url`` did not answer within ``timeout_s``.
+    """
     give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
+    said = False
+    while True:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the pool service exited with code {proc.returncode}")
+            raise ServiceDown(f"the pool service exited with code {proc.returncode} before it answered at {url}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
                 return
+        if time.monotonic() >= give_up:
+            raise ServiceDown(f"the pool service at {url} did not answer GET /healthz within {timeout_s:g} s")
+        if not said:
+            print(f"waiting up to {timeout_s:g} s for the pool service at {url} to answer", flush=True)
+            said = True
         time.sleep(0.2)
-    raise RuntimeError(f"the pool service at {url} did not answer within {timeout_s:.0f} s")
 
 
 def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -131,10 +158,11 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def pool_service(port: int, backend: str, sets: Sequence[str] = ()) -> Iterator[str]:
+def pool_service(port: int, backend: str, sets: Sequence[str] = (), wait_s: float = WAIT_S) -> Iterator[str]:
     """Run ``esg-prefect pool serve`` for the example stages on 127.0.0.1:``port``; yields its URL.
 
-    ``sets`` are its ``--set KEY=VALUE`` overrides of the ESG settings (keep-alive, SLO percentile, ...).
+    ``sets`` are its ``--set KEY=VALUE`` overrides of the ESG settings (keep-alive, SLO percentile, ...);
+    ``wait_s`` bounds the wait for it to answer (:func:`wait_healthy`).
     """
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "esg_prefect.cli", "pool", "serve", "--allow", ALLOW]
@@ -144,7 +172,7 @@ def pool_service(port: int, backend: str, sets: Sequence[str] = ()) -> Iterator[
     # A session of its own: Ctrl-C reaches this script only, which stops serving first, then the service.
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, wait_s)
         print(f"pool service on {url} (pid {proc.pid})", flush=True)
         yield url
     finally:
@@ -163,13 +191,28 @@ def exit_fast() -> None:
     gc.freeze()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted."""
+def url_error(url: str) -> str | None:
+    """Why ``url`` cannot be a pool service's address (not an http(s) URL with a host), or None."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return str(exc)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return "not an http(s) URL with a host"
+    return None
+
+
+def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
+    """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted.
+
+    Bad options are refused in one line before any flow is loaded or service started;
+    ``wait_s`` bounds the wait for the pool service to answer (a parameter for tests).
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=4270, help="port of the pool service to start")
     parser.add_argument("--backend", choices=("process", "inline"), default="process", help="pool service workers")
     parser.add_argument("--pool-url", default=None, help="use this running pool service instead of starting one")
-    parser.add_argument("--limit", type=int, default=None, help="most flow runs at once")
+    parser.add_argument("--limit", type=int, default=None, help="most flow runs at once (default: no limit)")
     parser.add_argument("--only", action="append", default=[], help="serve only this deployment (repeat)")
     parser.add_argument(
         "--set",
@@ -182,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:  # as `esg-prefect pool serve` checks it; 0 (any free port) leaves no URL here
         parser.error(f"--port: must be a TCP port, 1 to 65535, got {args.port}")
+    if args.limit is not None and args.limit < 1:  # 0 served nothing, ever ("at capacity"); < 0 was a traceback
+        parser.error(f"--limit: must be at least 1 flow run at once (leave it out for no limit), got {args.limit}")
+    if args.pool_url is not None and (why := url_error(args.pool_url)):
+        parser.error(
+            f"--pool-url: {why}; give the pool service's address, e.g. http://127.0.0.1:4270, got {args.pool_url!r}"
+        )
     if args.pool_url and args.sets:
         parser.error("--set applies to the pool service this script starts; it cannot change one at --pool-url")
     if args.sets:  # refused here in one line, not by the service once it has started
@@ -194,6 +243,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             parse_settings(ESGSettings(), args.sets)
         except typer.BadParameter as exc:
             parser.error(f"--set: {exc.message}")
+    specs = deployment_specs()
+    if unknown := unknown_names(specs, args.only):
+        names = ", ".join(s["name"] for s in specs)
+        parser.error(
+            f"--only: no deployment named {', '.join(map(repr, unknown))} in {SPEC_FILE.name} (it has: {names})"
+        )
 
     from esg_prefect.cli.pool import bind_error
 
@@ -210,17 +265,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not PREFECT_API_URL.value():
         parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
     url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
+    if args.pool_url:  # before the flows load (seconds of imports): a service that is not there costs one line
+        try:
+            wait_healthy(url, timeout_s=wait_s)
+        except ServiceDown as exc:
+            parser.error(f"--pool-url: {exc}; start `esg-prefect pool serve` there, or leave --pool-url out")
     # Set before the flows are loaded; the flow runs' processes inherit it, and deployments/flows.py
     # reads it when Prefect loads the flow there.
     os.environ["ESG_PREFECT_POOL_URL"] = url
-    deployments = build_deployments(deployment_specs(), args.only)
-    with contextlib.ExitStack() as stack:
-        if args.pool_url:
-            wait_healthy(url)
-        else:
-            stack.enter_context(pool_service(args.port, args.backend, args.sets))
-        serve(*deployments, limit=args.limit)
-        print("serving stopped", flush=True)
+    deployments = build_deployments(specs, args.only)
+    try:
+        with contextlib.ExitStack() as stack:
+            if not args.pool_url:
+                stack.enter_context(pool_service(args.port, args.backend, args.sets, wait_s))
+            serve(*deployments, limit=args.limit)
+            print("serving stopped", flush=True)
+    except ServiceDown as exc:  # the service it started exited (its own output says why) or never answered
+        parser.exit(1, f"{parser.prog}: error: {exc}\n")
 
 
 if __name__ == "__main__":
