@@ -14,6 +14,7 @@ from prefect.testing.standard_test_suites import BlockStandardTestSuite
 
 from esg_prefect.integration.blocks import ESGPool, ESGPriceSheet, ESGSchedulerSettings
 from esg_prefect.model import PriceSheet
+from esg_prefect.model.interference import DEFAULT_CORUN_TABLE
 from esg_prefect.scheduling import ESGSettings
 
 DATA = Path(__file__).resolve().parent.parent / "esg_prefect" / "data"
@@ -68,11 +69,58 @@ def test_the_block_mirrors_every_knob() -> None:
     assert ESGSchedulerSettings(best_effort_tolerance=0.25).to_settings().best_effort_tolerance == 0.25
 
 
-def test_bad_knob_in_a_block_is_named() -> None:
-    from esg_prefect.exceptions import ConfigError
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"batches": [0], "gpu_shares": [5.0]}, "batches must hold ints >= 1, got 0"),
+        ({"gpu_shares": [0.5, 5.0]}, "gpu_share must be in [0, 1], got 5.0"),
+        ({"vcpus": []}, "vcpus must not be empty"),
+        ({"shed_after_slo": 0.5}, "shed_after_slo must be 0 (off) or a finite number >= 1"),
+        ({"corun_table": "/nope.csv"}, "corun_table '/nope.csv': co-run table '/nope.csv' not found"),
+        ({"corun_table": "/nope.csv", "hybrid_sharing": False}, "corun_table '/nope.csv'"),
+    ],
+)
+def test_a_bad_knob_is_refused_when_the_settings_block_is_made(fields: dict[str, object], named: str) -> None:
+    """Each saved fine and failed only at a flow run's first stage call; now refused by ESGSettings' own rules."""
+    from pydantic import ValidationError
 
-    with pytest.raises(ConfigError, match="batches must hold ints >= 1, got 0"):
-        ESGSchedulerSettings(batches=[0, 4]).to_settings()
+    with pytest.raises(ValidationError) as exc:
+        ESGSchedulerSettings(**fields)  # type: ignore[arg-type]
+    assert named in str(exc.value), exc.value
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"gpu": {"T4": -3.0, "A100": 1.0}}, "gpu_per_hour['T4'] must be a finite price >= 0, got -3.0"),
+        ({"unit": "per_second", "gpu": {"T4": float("inf")}}, "got inf"),
+        ({"vcpu": float("inf")}, "vcpu_per_hour must be a finite price >= 0, got inf"),
+    ],
+)
+def test_a_bad_price_is_refused_when_the_price_block_is_made(fields: dict[str, object], named: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as exc:
+        ESGPriceSheet(**fields)  # type: ignore[arg-type]
+    assert named in str(exc.value), exc.value
+
+
+def test_a_bad_value_set_on_a_made_block_is_refused_too() -> None:
+    from pydantic import ValidationError
+
+    prices, settings = ESGPriceSheet(), ESGSchedulerSettings()
+    with pytest.raises(ValidationError, match=r"gpu_per_hour\['T4'\] must be a finite price >= 0, got -1.0"):
+        prices.gpu = {"T4": -1.0}
+    with pytest.raises(ValidationError, match="shed_after_slo must be 0"):
+        settings.shed_after_slo = 0.5
+
+
+def test_good_values_still_make_blocks() -> None:
+    assert ESGSchedulerSettings(shed_after_slo=0.0).to_settings().shed_after_slo == 0.0
+    assert ESGSchedulerSettings(shed_after_slo=2.0, corun_table="default", hybrid_sharing=True).shed_after_slo == 2.0
+    table = str(DEFAULT_CORUN_TABLE)  # a co-run CSV given by its path, as a user would
+    assert ESGSchedulerSettings(corun_table=table, hybrid_sharing=True).to_settings().corun_table == table
+    assert ESGPriceSheet(gpu={"T4": 0.0}).to_price_sheet().gpu_price_s("T4") == 0.0
 
 
 @pytest.mark.usefixtures("prefect_harness")

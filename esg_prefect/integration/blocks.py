@@ -9,18 +9,36 @@ objects. ``blocks/create_defaults.py`` saves the default documents.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
+from esg_prefect.exceptions import InvalidInputError, ProfileError
 from esg_prefect.model.config import ConfigSpace
+from esg_prefect.model.interference import CoRunModel
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling.settings import ESGSettings
 
 # The same image ships in the package as esg_prefect/data/logo.png.
 _LOGO = "https://raw.githubusercontent.com/esg-prefect/esg-prefect/main/esg_prefect/data/logo.png"
 _DOCS = "https://github.com/esg-prefect/esg-prefect#readme"
+
+_VALIDATED = ConfigDict(validate_assignment=True)
+"""Blocks whose values the model checks: a field set after construction is checked again (before a save)."""
+
+
+def _refused(convert: Callable[[], object]) -> None:
+    """Run a block's conversion to the model's object, so that the model's rules refuse a bad value now.
+
+    A bad value in a saved block otherwise surfaced inside a flow run's first stage call. The
+    model's one-line error (naming the value) becomes the ``ValueError`` pydantic reports.
+    """
+    try:
+        convert()
+    except InvalidInputError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class ESGPool(Block):
@@ -77,6 +95,14 @@ class ESGPriceSheet(Block):
         default_factory=lambda: {"T4": 0.35, "V100": 2.48, "A10": 1.00, "A100": 3.67, "H100": 6.98, "H200": 10.60},
         description="Price of one whole GPU of each type in the unit above.",
     )
+
+    model_config = _VALIDATED
+
+    @model_validator(mode="after")
+    def _check_prices(self) -> ESGPriceSheet:
+        """Refuse a price the model's :class:`PriceSheet` refuses (a negative, NaN or infinite one), naming it."""
+        _refused(self.to_price_sheet)
+        return self
 
     def to_price_sheet(self) -> PriceSheet:
         """The model's :class:`PriceSheet` (per second)."""
@@ -302,6 +328,22 @@ class ESGSchedulerSettings(Block):
     corun_table: str = Field(
         default=_knob("corun_table"), description="Co-run table for hybrid sharing: 'default' (shipped) or a CSV path."
     )
+
+    model_config = _VALIDATED
+
+    @model_validator(mode="after")
+    def _check_settings(self) -> ESGSchedulerSettings:
+        """Refuse what :class:`ESGSettings` refuses (:meth:`to_settings`), and a co-run table that cannot be read.
+
+        The table is read as the pool reads it when hybrid sharing is on (``CoRunModel.load``),
+        whatever ``hybrid_sharing`` says now: a path that is not there is a bad value either way.
+        """
+        _refused(self.to_settings)
+        try:
+            CoRunModel.load(self.corun_table)
+        except (ProfileError, OSError) as exc:
+            raise ValueError(f"corun_table {self.corun_table!r}: {exc}") from None
+        return self
 
     def to_settings(self) -> ESGSettings:
         """The scheduler's :class:`ESGSettings` (validated there, with errors naming the bad value)."""
