@@ -58,6 +58,7 @@ def _one_line(err: str) -> str:
         (["simulate", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
         (["simulate", "--set", "config_space=abc"], ("--set", "config_space", '{"batches": [1, 2, 4]', "'abc'")),
         (["simulate", "--set", 'config_space={"batch": [1]}'], ("--set", "config_space", "(bad: batch)")),
+        (["simulate", "--set", "idle_vcpus=yes"], ("--set", "got 'yes'", "JSON or a Python literal: true/True")),
         # demo
         (["demo", "--rate", "-1"], ("--rate must be a finite number > 0 (requests per second), got -1.0",)),
         (["demo", "--rate", "0"], ("--rate must be a finite number > 0", "got 0.0")),

@@ -105,6 +105,27 @@ def test_simulate_set_overrides_settings_and_names_bad_ones(tmp_path: Path) -> N
         assert result.exit_code == 2 and named in result.output, result.output
 
 
+def test_set_reads_python_literals_as_the_schedulers_table_prints_defaults() -> None:
+    """`esg-prefect schedulers` and docs/settings.md print True, 'frontier', {'batches': [...]}: copied into
+    --set, they are read as what they say (was: "idle_vcpus must be a bool, got 'True'")."""
+    from esg_prefect.cli.simulate import parse_settings
+    from esg_prefect.scheduling import ESGSettings
+
+    pairs = ["idle_vcpus=True", "wait_for_batch=False", "heuristic='min_cost'", "percentile=mean"]
+    pairs += ["config_space={'batches': [1, 2]}", "tick_ms=2.5", "corun_table=/x/y.csv", 'search_horizon="workflow"']
+    s = parse_settings(ESGSettings(), pairs)
+    assert (s.idle_vcpus, s.wait_for_batch, s.heuristic, s.percentile) == (True, False, "min_cost", "mean")
+    assert s.config_space.batches == (1, 2) and s.tick_ms == 2.5
+    assert (s.corun_table, s.search_horizon) == ("/x/y.csv", "workflow")
+    with pytest.raises(typer.BadParameter) as exc:
+        parse_settings(ESGSettings(), ["idle_vcpus=yes"])
+    assert "idle_vcpus must be a bool, got 'yes'" in exc.value.message
+    assert "JSON or a Python literal: true/True" in exc.value.message  # how a value is read
+    with pytest.raises(typer.BadParameter) as exc:
+        parse_settings(ESGSettings(), ["no_such_knob=True"])
+    assert "no_such_knob" in exc.value.message and "Python literal" not in exc.value.message  # the key is wrong
+
+
 def test_compare_pruning_ablation_quick(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["compare", "--experiment", "e4", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ decisions and the simulator's speed); the simulator it drives does not.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import time
@@ -222,13 +223,18 @@ def with_settings(case: Any, pairs: Sequence[str]) -> Any:
     return replace(case, settings=parse_settings(case.settings, pairs))
 
 
+SET_FORMS = "--set reads a value as JSON or a Python literal: true/True, 0.25, \"p95\"/'p95', {...}; else as a string"
+"""How a ``--set`` value is read (:func:`setting_value`): said with a refused value."""
+
+
 def parse_settings(base: ESGSettings, pairs: Sequence[str]) -> ESGSettings:
     """``base`` with ``KEY=VALUE`` pairs applied (``--set``).
 
-    A value is read as JSON (``true``, ``0.25``, ``"p95"``, ``{...}``), else
-    taken as a string, so that ``--set percentile=mean`` works unquoted. Unknown
+    A value is read by :func:`setting_value` (JSON, a Python literal, else a
+    string), so that ``--set percentile=mean`` works unquoted and ``--set
+    idle_vcpus=True`` as ``esg-prefect schedulers`` prints the default. Unknown
     keys and bad values are refused by :class:`~esg_prefect.scheduling.ESGSettings`
-    with the name and the value in the message.
+    with the name and the value in the message; a bad value's also says how values are read.
 
     Raises:
         typer.BadParameter: on a pair without ``=`` or a setting refused.
@@ -237,15 +243,36 @@ def parse_settings(base: ESGSettings, pairs: Sequence[str]) -> ESGSettings:
     from esg_prefect.scheduling import ESGSettings
 
     data = base.to_dict()
-    data.update(setting_pairs(pairs))
+    given = setting_pairs(pairs)
+    data.update(given)
     try:
         return ESGSettings.from_dict(data)
     except (ConfigError, TypeError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--set") from None
+        known = all(key in ESGSettings.__dataclass_fields__ for key, _ in given)
+        note = f" ({SET_FORMS})" if known else ""  # else the message is about the unknown key
+        raise typer.BadParameter(f"{exc}{note}", param_hint="--set") from None
+
+
+def setting_value(raw: str) -> Any:
+    """One ``--set`` value: JSON (``true``, ``0.25``, ``"p95"``, ``{...}``), else a Python literal, else ``raw``.
+
+    Python literals (``True``, ``None``, ``'p95'``, ``{'batches': [1, 2]}``) are how
+    ``esg-prefect schedulers`` and docs/settings.md print the defaults, so a default
+    copied from there is read as what it says. Anything else stays a string
+    (``--set percentile=mean``), left for the setting's own check.
+    """
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
 
 
 def setting_pairs(pairs: Sequence[str]) -> list[tuple[str, Any]]:
-    """``KEY=VALUE`` strings as (key, value), each value read as JSON, else kept as a string (unchecked).
+    """``KEY=VALUE`` strings as (key, value), each value read by :func:`setting_value` (unchecked).
 
     Raises:
         typer.BadParameter: on a pair without ``=`` or without a key.
@@ -255,11 +282,7 @@ def setting_pairs(pairs: Sequence[str]) -> list[tuple[str, Any]]:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--set")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.append((key.strip(), value))
+        out.append((key.strip(), setting_value(raw)))
     return out
 
 
