@@ -26,7 +26,7 @@ async def serve(requests: int) -> None:
 
 
 def main() -> None:
-    requests = script_requests(24)
+    requests = script_requests(24, __doc__)
     asyncio.run(serve(requests))
 
 

@@ -3,22 +3,44 @@
 Stages defined in ``__main__`` work: worker processes find them through the script, which is
 why the flow calls sit under ``if __name__ == "__main__"``. The SLO and the DAG are declared on
 the Pipeline; a latency profile is required for ESG to plan (``esg-prefect profile`` measures one;
-here a small one is written next to the script on first run).
+here a small one is measured on this CPU first, into a temporary folder, or read from and kept at
+``--profile PATH``).
 
-    python flows/custom_pipeline.py
+    python flows/custom_pipeline.py --requests 32 [--profile ocr.profile.csv]
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
+import tempfile
 import time
 from pathlib import Path
 
-from esg_prefect.integration.api_check import ephemeral_api_defaults, require_prefect_api
+from esg_prefect.integration.api_check import requests_parser, script_args
 
 if __name__ == "__main__":
-    ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
-    require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
+    # --help, a bad option, an API that is not up: answered here, before Prefect and torch load (so
+    # defined here, above the imports). Prefect's temporary API gets an in-memory database (its
+    # SQLite file locks under concurrent runs).
+
+    def profile_option(text: str) -> Path:
+        """A ``--profile`` path: a profile CSV that exists, or a new file in a folder that does."""
+        path = Path(text).expanduser()
+        if path.is_dir() or not (path.exists() or path.parent.is_dir()):
+            raise argparse.ArgumentTypeError(f"give a profile CSV, or a new file in an existing folder, got {text!r}")
+        return path
+
+    parser = requests_parser(32, __doc__)
+    parser.add_argument(
+        "--profile",
+        type=profile_option,
+        default=None,
+        metavar="PATH",
+        help="latency profile CSV: read if it exists, else measured and written there; "
+        "default: measured into a temporary folder, removed at the end",
+    )
+    ARGS = script_args(parser)
 
 import torch
 from prefect import flow
@@ -26,7 +48,6 @@ from prefect import flow
 from esg_prefect import ESGTaskRunner, Pipeline
 from esg_prefect.model import LatencyProfile, ProfilePoint
 
-PROFILE = Path(__file__).with_suffix(".profile.csv")
 ocr = Pipeline("ocr", slo_ms=400, edges=[("embed", "read")])
 
 
@@ -56,8 +77,8 @@ def read(model: torch.nn.Module, feats: list[torch.Tensor]) -> list[int]:
         return model(torch.stack(feats)).argmax(dim=1).tolist()
 
 
-def measure_profile() -> LatencyProfile:
-    """A quick measured profile of both stages on this CPU (1 and 2 threads, batches 1-16)."""
+def measure_profile(path: Path) -> LatencyProfile:
+    """A quick measured profile of both stages on this CPU (1 and 2 threads, batches 1-16), written to ``path``."""
     points = []
     for name, load, make in (
         ("embed", load_embed, lambda b: torch.rand(b, 1, 64, 64)),
@@ -75,7 +96,7 @@ def measure_profile() -> LatencyProfile:
                         model(x)
                 points.append(ProfilePoint(name, "cpu", b, v, 0.0, (time.perf_counter() - t0) / 5 * 1000))
     prof = LatencyProfile(points, {("embed", "cpu"): 50.0, ("read", "cpu"): 50.0})
-    prof.to_csv(PROFILE)
+    prof.to_csv(path)
     return prof
 
 
@@ -85,10 +106,17 @@ def ocr_flow(seed: int) -> int:
     return read(embed(torch.rand(1, 64, 64)))
 
 
+def main(requests: int, profile: Path | None) -> None:
+    """One warm-up flow run, then ``requests`` at once, planned with ``profile`` (measured first if missing)."""
+    with tempfile.TemporaryDirectory(prefix="esg-custom-pipeline-") as tmp:
+        path = profile or Path(tmp) / "ocr.profile.csv"
+        if not path.exists():
+            measure_profile(path)
+        pooled = ocr_flow.with_options(task_runner=ESGTaskRunner(profile=path))
+        pooled(seed=0)  # one run first: concurrent first runs would race to start Prefect's ephemeral API
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            print(list(ex.map(lambda s: pooled(seed=s), range(requests))))
+
+
 if __name__ == "__main__":
-    if not PROFILE.exists():
-        measure_profile()
-    pooled = ocr_flow.with_options(task_runner=ESGTaskRunner(profile=PROFILE))
-    pooled(seed=0)  # one run first: concurrent first runs would race to start Prefect's ephemeral API
-    with concurrent.futures.ThreadPoolExecutor(16) as ex:
-        print(list(ex.map(lambda s: pooled(seed=s), range(32))))
+    main(ARGS.requests, ARGS.profile)

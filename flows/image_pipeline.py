@@ -13,7 +13,7 @@ from esg_prefect.integration.api_check import script_requests
 
 
 def main() -> None:
-    requests = script_requests(24)
+    requests = script_requests(24, __doc__)
     from esg_prefect import ESGTaskRunner
     from esg_prefect.examples.pipelines import image_flow
 

@@ -10,8 +10,10 @@ stderr (the URL, and what to run) and exit code 2, for scripts such as
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from esg_prefect.exceptions import InvalidInputError
 
@@ -91,24 +93,47 @@ __all__ = [
     "check_prefect_api",
     "ephemeral_api_defaults",
     "prefect_api_url",
+    "requests_parser",
     "require_prefect_api",
+    "script_args",
+    "script_requests",
 ]
 
 
-def script_requests(default: int) -> int:
-    """A ``flows/`` script's ``--requests`` (checked: one line for a bad one), with Prefect's API made ready.
+def requests_parser(default: int, description: str | None = None) -> argparse.ArgumentParser:
+    """The options of a ``flows/`` script: ``--requests`` (with ``default``), under ``description`` (its docstring).
+
+    Each script runs one flow run alone first, then ``--requests`` at once: concurrent
+    first runs would race to start Prefect's temporary API. The help says so, since the
+    run count a user sees is one more than asked.
+    """
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=default,
+        metavar="N",
+        help=f"flow runs at once, after one warm-up run alone (N + 1 flow runs in all); default {default}",
+    )
+    return parser
+
+
+def script_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """A ``flows/`` script's options (``--requests`` checked: one line for a bad one), with Prefect's API made ready.
 
     Called before Prefect and torch are imported: :func:`ephemeral_api_defaults`
-    then :func:`require_prefect_api`, as every script that runs many flows needs.
+    then :func:`require_prefect_api`, as every script that runs many flows needs;
+    ``--help`` and a bad option end the script before either.
     """
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=default)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.requests < 1:
         parser.exit(2, f"{parser.prog}: error: --requests must be at least 1, got {args.requests}\n")
     ephemeral_api_defaults()  # Prefect's temporary API in memory: its SQLite file locks under concurrent runs
     require_prefect_api()  # before Prefect and torch load: a server that is not up costs one line
-    requests: int = args.requests
+    return args
+
+
+def script_requests(default: int, description: str | None = None) -> int:
+    """A ``flows/`` script's ``--requests`` (:func:`requests_parser`, :func:`script_args`)."""
+    requests: int = script_args(requests_parser(default, description)).requests
     return requests
