@@ -6,6 +6,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from esg_prefect.integration.blocks import ESGSchedulerSettings
+from esg_prefect.model.config import ConfigSpace
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.scheduling.settings import PaldiaSettings, PlatformSettings
 from esg_prefect.scheduling.settings_doc import knob_descriptions, knob_groups, settings_markdown
@@ -32,6 +33,10 @@ def test_the_block_takes_every_default_from_the_dataclass() -> None:
     source = (ROOT / "esg_prefect" / "integration" / "blocks.py").read_text(encoding="utf-8")
     knobs = source[source.index("class ESGSchedulerSettings") : source.index("def to_settings")]
     assert "default=_knob(" in knobs and "default=True" not in knobs and "default=False" not in knobs
+    # docs/settings.md says config_space is the ConfigSpace's fields there, one list each.
+    space = {f.name for f in fields(ConfigSpace)}
+    assert space <= set(ESGSchedulerSettings.model_fields) and "config_space" not in ESGSchedulerSettings.model_fields
+    assert all(f"`{name}`" in settings_markdown().split("## ")[0] for name in space)
 
 
 def test_the_groups_carry_the_settings_values() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 
+from esg_prefect.model.config import ConfigSpace
 from esg_prefect.scheduling.settings import SETTINGS_GROUPS, ESGSettings, search_knobs
 
 
@@ -54,13 +55,16 @@ def settings_markdown() -> str:
     """The whole of docs/settings.md."""
     defaults = ESGSettings().to_dict()
     described = knob_descriptions()
+    space = [f"`{f.name}`" for f in fields(ConfigSpace)]  # the block's fields for config_space
     lines = [
         "# Settings",
         "",
         "Every knob of `ESGSettings` (`esg_prefect.scheduling.settings`), with its default. The same",
-        "knobs are fields of the `ESGSchedulerSettings` Prefect block; `--set KEY=VALUE` (repeatable)",
-        "overrides them for `esg-prefect simulate` and `compare` runs and for a pool service",
-        "(`esg-prefect pool serve`). A value is read as JSON (`true`, `0.25`, `{...}`), else as a string.",
+        "knobs are fields of the `ESGSchedulerSettings` Prefect block, except `config_space`: there it is",
+        f"{len(space)} fields, {', '.join(space[:-1])} and {space[-1]}. `--set KEY=VALUE` (repeatable)",
+        "overrides the knobs for `esg-prefect simulate` and `compare` runs and for a pool service",
+        "(`esg-prefect pool serve`). A value is read as JSON (`true`, `0.25`, `{...}`), else as a Python",
+        "literal (`True`, `'frontier'`, as the defaults below are written), else as a string.",
         "This page is generated from the code (`esg-prefect schedulers --markdown > docs/settings.md`);",
         "figures behind the defaults are in [results.md](results.md).",
         "",
