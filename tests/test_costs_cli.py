@@ -14,6 +14,7 @@ from esg_prefect.cli import app
 from esg_prefect.cli.costs import parse_since
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.store import IDLE_KEY, CostStore
+from esg_prefect.store.billing import Billing
 from tests.cost_records import (
     EXPECTED_IDLE_LINE,
     EXPECTED_PER_RUN,
@@ -109,10 +110,78 @@ def test_by_day_since_and_split(store_path: str) -> None:
     rows = json.loads(out)["rows"]
     assert [(r["key"], r["runs"]) for r in rows] == [("2024-05-02", 1), (IDLE_KEY, 0)]
     assert [r["cost"] for r in rows] == pytest.approx([EXPECTED_PER_RUN[RUN_C], EXPECTED_IDLE_LINE], rel=1e-12)
-    code, out = invoke("--url", store_path, "--format", "json", "--split", "input_size", "--idle-billing", "separate")
+    result = runner.invoke(
+        app, ["costs", "--url", store_path, "--format", "json", "--split", "input_size", "--idle-billing", "separate"]
+    )
+    assert result.exit_code == 0, result.output
+    costs = {r["key"]: r["cost"] for r in json.loads(result.stdout)["rows"]}
+    assert costs == pytest.approx(BY_SIZE_SEPARATE, rel=1e-12)
+
+
+BY_SIZE_SEPARATE = {RUN_A: 0.25 + 0.4, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 2.5 + 0.2 + 1.1}
+"""The worked example priced with the input-size split (A 1 : B 3 in b1) and idle time on its own line."""
+
+
+@pytest.fixture
+def billed_store(tmp_path: Path) -> str:
+    """The worked example recorded by a pool that priced its runs by input size, idle time on its own line."""
+    path = tmp_path / "billed.db"
+    with CostStore(str(path)) as store:
+        for rec in all_records():
+            store.record(rec, scope="p1", billing=Billing("input_size", "separate"))
+    return str(path)
+
+
+def test_costs_are_priced_as_the_pool_priced_them_by_default(billed_store: str) -> None:
+    result = runner.invoke(app, ["costs", "--url", billed_store, "--format", "json"])
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    doc = json.loads(result.stdout)
+    assert {r["key"]: r["cost"] for r in doc["rows"]} == pytest.approx(BY_SIZE_SEPARATE, rel=1e-12)
+    assert doc["priced_as"] == [{"cost_split": "input_size", "idle_billing": "separate"}]
+    code, out = invoke("--url", billed_store)
     assert code == 0, out
-    costs = {r["key"]: r["cost"] for r in json.loads(out)["rows"]}
-    assert costs == pytest.approx({RUN_A: 0.25 + 0.4, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 2.5 + 0.2 + 1.1}, rel=1e-12)
+    assert "A run's cost: its share of its batches' busy time; the idle line holds all warm idle time" in out
+    assert "Priced as each pool priced its runs (its artifacts show the same): input_size split, idle time on" in out
+    assert "note:" not in out
+    # an override equal to the pool's own changes nothing and says nothing
+    result = runner.invoke(app, ["costs", "--url", billed_store, "--format", "csv", "--split", "input_size"])
+    assert result.exit_code == 0 and result.stderr == "", result.output
+
+
+def test_an_override_that_differs_from_the_pool_says_so_in_one_line(billed_store: str) -> None:
+    result = runner.invoke(app, ["costs", "--url", billed_store, "--format", "json", "--idle-billing", "attribute"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        "note: --idle-billing attribute overrides the pool's own separate idle billing: "
+        "these figures differ from its artifacts\n"
+    )
+    doc = json.loads(result.stdout)  # stdout stays JSON
+    by_size = {RUN_A: 0.25 + 0.4 + 0.625 + 0.2, RUN_B: 0.75 + 1.875, RUN_C: 0.05, IDLE_KEY: 1.1}
+    assert {r["key"]: r["cost"] for r in doc["rows"]} == pytest.approx(by_size, rel=1e-12)
+    assert doc["priced_as"] == [{"cost_split": "input_size", "idle_billing": "attribute"}]
+    result = runner.invoke(app, ["costs", "--url", billed_store, "--split", "equal", "--idle-billing", "attribute"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(
+        "note: --split equal --idle-billing attribute override the pool's own input_size split and separate idle "
+        "billing: these figures differ from its artifacts\n"
+    )
+    code, out = invoke("--url", billed_store, "--split", "equal")
+    assert code == 0, out
+    assert out.startswith("note: --split equal overrides the pool's own input_size split: these figures differ")
+    assert "Priced with the options given: equal split, idle time on the idle line." in out
+
+
+def test_a_store_whose_pools_stored_no_options_says_what_it_read_them_as(store_path: str) -> None:
+    code, out = invoke("--url", store_path)
+    assert code == 0, out
+    assert (
+        "1 pool stored no pricing options (written by an older esg-prefect): its records read as equal split, "
+        "idle time to the runs before it; if it priced otherwise, give --split and --idle-billing."
+    ) in out
+    assert "Priced as each pool priced its runs" not in out  # not known of this one
+    # its options are not known: an override changes nothing that is known, and says nothing
+    result = runner.invoke(app, ["costs", "--url", store_path, "--format", "json", "--idle-billing", "separate"])
+    assert result.exit_code == 0 and result.stderr == "", result.output
 
 
 def test_store_url_from_the_environment(store_path: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,8 +18,12 @@ from tests.test_store import SHIPPED, costs_by_key, count, record_all
 
 NEXT = Migration(SHIPPED + 1, "runs.note", add_column("runs", "note", "VARCHAR(200)", "'none'"))
 """A test-only next version: what a newer esg-prefect would apply to this one's databases."""
-ADDED_AFTER_V1 = {2: ("worker_idle", "loading_ms"), 3: ("worker_idle", "vcpus_held")}
-"""What each shipped migration after version 1 adds (table, column): what a version-1 database lacks."""
+ADDED_AFTER_V1: dict[int, tuple[str, str | None]] = {
+    2: ("worker_idle", "loading_ms"),
+    3: ("worker_idle", "vcpus_held"),
+    4: ("pools", None),
+}
+"""What each shipped migration after version 1 adds (table, column; None: the whole table): what version 1 lacks."""
 
 
 def test_schema_version_and_migration_keep_data(store_url: str) -> None:
@@ -63,11 +67,12 @@ def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) ->
         record_all(s)  # w4's 200 ms load is written, then lost with its column, as version 1 would never have kept it
         with s.engine.begin() as conn:
             for table, column in ADDED_AFTER_V1.values():
-                conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+                drop = f"DROP TABLE {table}" if column is None else f"ALTER TABLE {table} DROP COLUMN {column}"
+                conn.execute(text(drop))
         with s.engine.connect() as conn:
             idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
             versions = conn.execute(text("SELECT version FROM schema_version")).scalars().all()
-        added = {column for _, column in ADDED_AFTER_V1.values()}
+        added = {column for _, column in ADDED_AFTER_V1.values() if column is not None}
         assert idle_cols == {c.name for c in IdleRow.__table__.columns} - added  # type: ignore[attr-defined]
         assert list(versions) == [1] and s.schema_version == 1
     with CostStore(store_url) as s:

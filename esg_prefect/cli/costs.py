@@ -2,7 +2,10 @@
 
 A run's cost is the one figure its Prefect artifacts show (``docs/decisions/one-cost.md``):
 its shares of its batches' busy time and of the warm idle time they caused,
-shown with that busy/idle split and the price sheet's unit.
+shown with that busy/idle split and the price sheet's unit. Each pool's runs are
+priced with the cost split and idle billing that pool used, as the store keeps
+them; ``--split`` and ``--idle-billing`` override them, with a note when that
+changes a pool's figures.
 """
 
 from __future__ import annotations
@@ -13,19 +16,31 @@ import json
 import os
 import re
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
+
+if TYPE_CHECKING:
+    from esg_prefect.store.billing import Billing
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 FORMATS = ("table", "csv", "json")
 SPLITS = ("equal", "input_size")
 IDLE_BILLINGS = ("attribute", "separate")
-IDLE_KEY_LINE = "the idle line holds the idle time of workers that never ran a batch"
+IDLE_LINES = {
+    "attribute": "the idle line holds the idle time of workers that never ran a batch",
+    "separate": "the idle line holds all warm idle time (idle billing separate)",
+    "mixed": (
+        "the idle line holds the idle time of workers that never ran a batch, "
+        "and all idle time of pools that bill it separately"
+    ),
+}
+"""What the idle line holds, by the idle billing the rows were priced with (``mixed``: both kinds of pools)."""
 
 
 def parse_since(text: str | None, now_s: float | None = None) -> float | None:
@@ -82,9 +97,16 @@ def register(app: typer.Typer) -> None:
         since: str | None = typer.Option(
             None, "--since", help="Only costs from then on: an ISO date or time (UTC) or an age such as 12h, 7d."
         ),
-        split: str | None = typer.Option(None, "--split", help="Batch cost split: equal (default) or input_size."),
+        split: str | None = typer.Option(
+            None,
+            "--split",
+            help="Override the batch cost split, equal or input_size (default: each pool's own, as its artifacts).",
+        ),
         idle_billing: str | None = typer.Option(
-            None, "--idle-billing", help="Idle time: attribute (default) to the runs served before it, or separate."
+            None,
+            "--idle-billing",
+            help="Override idle billing: attribute to the runs served before it, or separate "
+            "(default: each pool's own, as its artifacts).",
         ),
         limit: int = typer.Option(0, "--limit", help="Show only the last N groups (the total counts all); 0: all."),
     ) -> None:
@@ -124,24 +146,41 @@ def register(app: typer.Typer) -> None:
             if fmt == "table":
                 return
             rows: list[Any] = []
+            pricing = Pricing.none()
         else:
-            rows = _read(url, by, since_ms, split, idle_billing)
+            rows, pricing = _read(url, by, since_ms, split, idle_billing)
+            note = pricing.note(split, idle_billing)
+            if note:  # on stderr beside CSV and JSON, which stay machine-readable
+                typer.echo(note, err=fmt != "table")
         total = sum(r.cost for r in rows)
         shown = _last(rows, limit)
         records = [r.as_dict() for r in shown]
         if fmt == "json":
             parts = {"busy": sum(r.busy_cost for r in rows), "idle": sum(r.idle_cost for r in rows)}
             unit = rows[-1].unit if rows else "$"
-            doc = {"group_by": by, "rows": records, "total": total, "total_split": parts, "unit": unit}
+            priced = [
+                {"cost_split": b.cost_split, "idle_billing": b.idle_billing}
+                for b in sorted(set(pricing.used), key=repr)
+            ]
+            doc = {
+                "group_by": by,
+                "rows": records,
+                "total": total,
+                "total_split": parts,
+                "unit": unit,
+                "priced_as": priced,
+            }
             typer.echo(json.dumps(doc, indent=2))
         elif fmt == "csv":
             typer.echo(rows_as_csv(records), nl=False)
         else:
-            _print_table(by, shown, rows, safe_url(resolve_url(url)), len(rows) - len(shown))
+            _print_table(by, shown, rows, safe_url(resolve_url(url)), pricing, len(rows) - len(shown))
 
 
-def _read(url: str | None, by: str, since_ms: float | None, split: str | None, idle_billing: str | None) -> list[Any]:
-    """The cost rows of the store at ``url``.
+def _read(
+    url: str | None, by: str, since_ms: float | None, split: str | None, idle_billing: str | None
+) -> tuple[list[Any], Pricing]:
+    """The cost rows of the store at ``url``, and how they were priced.
 
     Raises:
         typer.BadParameter: naming ``--url`` and the store, when there is no
@@ -156,7 +195,8 @@ def _read(url: str | None, by: str, since_ms: float | None, split: str | None, i
     try:
         store = CostStore(url, create=False)
         try:
-            return store.costs(by, since_ms, split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
+            rows = store.costs(by, since_ms, split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
+            stored, default = list(store.billings(since_ms).values()), store.default_billing
         finally:
             store.close()
     except ESGError as exc:
@@ -166,6 +206,108 @@ def _read(url: str | None, by: str, since_ms: float | None, split: str | None, i
     except SQLAlchemyError as exc:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot read the cost store at {where}: {why}", param_hint="--url") from None
+    return rows, Pricing.of(stored, default, split, idle_billing)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How the rows were priced: the options each pool stored, those used (overrides applied), the store's defaults.
+
+    Attributes:
+        stored: per pool in the rows, the options it priced its runs with (what its artifacts
+            show); None for a pool that stored none (an older esg-prefect's): not known.
+        default: what such a pool's records are read with (the store's defaults).
+        used: per pool, the options its rows were priced with here.
+        overridden: whether ``--split`` or ``--idle-billing`` was given.
+    """
+
+    stored: list[Billing | None]
+    default: Billing
+    used: list[Billing]
+    overridden: bool
+
+    @classmethod
+    def of(cls, stored: list[Billing | None], default: Billing, split: str | None, idle: str | None) -> Pricing:
+        """From the options each pool stored (None: none) and the overrides (None: not given)."""
+        used = [(b or default).overridden(split, idle) for b in stored]
+        return cls(stored, default, used, split is not None or idle is not None)
+
+    @classmethod
+    def none(cls) -> Pricing:
+        """No store: nothing priced."""
+        from esg_prefect.store.billing import DEFAULT_BILLING
+
+        return cls([], DEFAULT_BILLING, [], False)
+
+    def note(self, split: str | None, idle_billing: str | None) -> str | None:
+        """One line when ``--split``/``--idle-billing`` change the figures of pools whose options are known."""
+        return override_note([b for b in self.stored if b is not None], split, idle_billing)
+
+    def idle_line(self) -> str:
+        """What the idle line holds, for the options the rows were priced with."""
+        kinds = {b.idle_billing for b in self.used} or {"attribute"}
+        return IDLE_LINES[kinds.pop() if len(kinds) == 1 else "mixed"]
+
+    def cost_line(self) -> str:
+        """What a run's cost is, for the options the rows were priced with."""
+        caused = not self.used or any(b.idle_billing == "attribute" for b in self.used)
+        idle = " and of the warm idle time they caused" if caused else ""
+        return f"A run's cost: its share of its batches' busy time{idle}; {self.idle_line()}."
+
+    def priced_line(self) -> str:
+        """How the rows were priced, in a sentence or two."""
+        if not self.used:
+            return "No pool billed anything in this window."
+        if self.overridden:
+            return f"Priced with the options given: {'; '.join(sorted({b.describe() for b in self.used}))}."
+        known = sorted({b.describe() for b in self.stored if b is not None})
+        unknown = sum(1 for b in self.stored if b is None)
+        lines = (
+            [f"Priced as each pool priced its runs (its artifacts show the same): {'; '.join(known)}."] if known else []
+        )
+        if unknown:
+            one = unknown == 1
+            lines.append(
+                f"{_pools(unknown)} stored no pricing options (written by an older esg-prefect): "
+                f"{'its' if one else 'their'} records read as {self.default.describe()}; if {'it' if one else 'they'} "
+                "priced otherwise, give --split and --idle-billing."
+            )
+        return " ".join(lines)
+
+
+def _pools(n: int) -> str:
+    return "1 pool" if n == 1 else f"{n} pools"
+
+
+def override_note(own: list[Billing], split: str | None, idle_billing: str | None) -> str | None:
+    """One line saying that ``--split``/``--idle-billing`` change some pools' figures; None when they change none.
+
+    ``own``: the options each pool priced its runs with (what its artifacts show).
+
+    Example:
+        >>> from esg_prefect.store.billing import Billing
+        >>> print(override_note([Billing("input_size", "separate")], "equal", "separate"))
+        note: --split equal overrides the pool's own input_size split: these figures differ from its artifacts
+    """
+    given = (
+        ("--split", split, "cost_split", "split"),
+        ("--idle-billing", idle_billing, "idle_billing", "idle billing"),
+    )
+    differ = [(f, v, k, w) for f, v, k, w in given if v is not None and any(getattr(b, k) != v for b in own)]
+    if not differ:
+        return None
+    flags = " ".join(f"{f} {v}" for f, v, _, _ in differ)
+    theirs = " and ".join(
+        f"{' or '.join(sorted({getattr(b, k) for b in own if getattr(b, k) != v}))} {w}" for _, v, k, w in differ
+    )
+    verb = "overrides" if len(differ) == 1 else "override"
+    changed = sum(1 for b in own if any(getattr(b, k) != v for _, v, k, _ in differ))
+    if len(own) == 1:
+        return f"note: {flags} {verb} the pool's own {theirs}: these figures differ from its artifacts"
+    return (
+        f"note: {flags} {verb} what {changed} of {len(own)} pools priced their runs with ({theirs}): "
+        "these figures differ from their artifacts"
+    )
 
 
 def _last(rows: list[Any], limit: int) -> list[Any]:
@@ -176,7 +318,7 @@ def _last(rows: list[Any], limit: int) -> list[Any]:
     return [*groups[-limit:], *(r for r in rows if r.idle)]
 
 
-def _print_table(by: str, rows: list[Any], every: list[Any], where: str, hidden: int = 0) -> None:
+def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing: Pricing, hidden: int = 0) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -200,10 +342,5 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, hidden:
     if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
         console = Console(width=160)
     console.print(table)
-    console.print(
-        f"A run's cost: its share of its batches' busy time and of the warm idle time they caused; {IDLE_KEY_LINE}.",
-        soft_wrap=True,
-        markup=False,
-        highlight=False,
-    )
-    console.print(f"store: {where}", soft_wrap=True, markup=False, highlight=False)
+    for line in (pricing.cost_line(), pricing.priced_line(), f"store: {where}"):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)

@@ -9,7 +9,9 @@ part of their runs' costs.
 
 The pool numbers batches and workers from 1 (``b1``, ``w1``) in every process;
 each attachment draws a random scope that prefixes them in the store, so that
-pools of one process, and processes writing one store, never share an id.
+pools of one process, and processes writing one store, never share an id. The
+store keeps the pool's cost split and idle billing under that scope, with its
+first records, so that it prices them as the pool's artifacts do.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from esg_prefect.runtime.pool_records import final_records
+from esg_prefect.store.billing import billing_of
 from esg_prefect.store.cost_store import CostStore
 
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ class StoreAttachment:
         self.pool = pool
         self.store = store
         self.scope = uuid.uuid4().hex[:16]
+        self.billing = billing_of(pool)  # None for a source without settings: the store's defaults
         self.deployment_of = deployment_of
         self._idles_seen = 0  # the pool's idle records up to here came with batches
 
@@ -56,24 +60,26 @@ class StoreAttachment:
             except Exception as exc:  # a lookup that fails must not lose the run's costs
                 logger.debug("no deployment name for run %s: %s", records.run_id, exc)
         # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
-        self.store.record_run(records, scope=self.scope, deployment=deployment)
+        self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread)."""
-        self.store.record_batches(done, scope=self.scope)
+        self.store.record_batches(done, scope=self.scope, billing=self.billing)
         for d in done:
             if d.idle_index >= 0:
                 self._idles_seen = max(self._idles_seen, d.idle_index + len(d.new_idles))
 
     def store_idles(self, idles: Sequence[IdleRecord]) -> None:
         """Store closed idle intervals learned elsewhere (the artifact publisher's settle checks)."""
-        self.store.record_idles(idles, self.pool.prices, scope=self.scope)
+        self.store.record_idles(idles, self.pool.prices, scope=self.scope, billing=self.billing)
 
     def pool_closed(self) -> None:
         """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""
         final = final_records(self.pool)
         if final is not None:
-            self.store.record_idles(final[1][self._idles_seen :], self.pool.prices, scope=self.scope)
+            self.store.record_idles(
+                final[1][self._idles_seen :], self.pool.prices, scope=self.scope, billing=self.billing
+            )
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Store the pool's idle intervals up to now, open ones included.
@@ -84,7 +90,7 @@ class StoreAttachment:
         interval replaces the stored one.
         """
         snap = self.pool.snapshot(timeout_s)
-        self.store.record_idles(snap.idles, self.pool.prices, scope=self.scope)
+        self.store.record_idles(snap.idles, self.pool.prices, scope=self.scope, billing=self.billing)
 
 
 def attach_store(

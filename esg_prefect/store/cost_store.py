@@ -14,7 +14,9 @@ is the figure its artifacts show, busy and idle parts (``docs/decisions/one-cost
 It is final once the idle intervals after the run's batches are stored closed:
 they are stored open (``StoreAttachment.flush``), as they close (handed over
 with later batches and runs) and, for what was still open, at the pool's close.
-The cost split and idle billing are the store's settings or the caller's.
+Each pool's records are priced with the cost split and idle billing that pool
+priced its runs with (stored per pool, :mod:`~esg_prefect.store.billing`), so
+the store's figure is its artifacts'; a caller may override them for a what-if.
 
 Example:
     >>> from esg_prefect.store import CostStore, attach_store   # doctest: +SKIP
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -41,6 +44,7 @@ from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, attribute_costs, merge_reports
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import rows as R
+from esg_prefect.store.billing import DEFAULT_BILLING, Billing, scope_of
 from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
 from esg_prefect.store.migrations import Migration, current_version, migrate
 from esg_prefect.store.report import CostRow, RunInfo, check_group_by, group_costs
@@ -48,6 +52,7 @@ from esg_prefect.store.tables import (
     BatchItemRow,
     BatchRow,
     IdleRow,
+    PoolRow,
     PriceSheetRow,
     RunRow,
     StageCallRow,
@@ -61,13 +66,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's and PostgreSQL's parameter limits
-
-
-def _check_split(cost_split: str, idle_billing: str) -> None:
-    if cost_split not in ("equal", "input_size"):
-        raise ConfigError(f"cost_split must be 'equal' or 'input_size', got {cost_split!r}")
-    if idle_billing not in ("attribute", "separate"):
-        raise ConfigError(f"idle_billing must be 'attribute' or 'separate', got {idle_billing!r}")
 
 
 def since_ms(since: datetime | float | None) -> float | None:
@@ -93,8 +91,10 @@ class CostStore:
     Args:
         url: SQLAlchemy URL or SQLite file path; default ``$ESG_PREFECT_STORE_URL``,
             else ``$PREFECT_HOME/esg_prefect/costs.db``.
-        cost_split: default split of a batch's cost among its jobs (``equal`` or ``input_size``).
-        idle_billing: default billing of warm idle time (``attribute`` or ``separate``).
+        cost_split: split of a batch's cost among its jobs (``equal`` or ``input_size``) for
+            records whose pool stored no options (written by an older esg-prefect, or by
+            :meth:`record` without ``billing``).
+        idle_billing: billing of warm idle time (``attribute`` or ``separate``), likewise.
         create: create the SQLite file if missing (the CLI reads without creating).
         migrations: schema steps (tests pass their own; default the released ones).
 
@@ -104,7 +104,7 @@ class CostStore:
     Examples:
         >>> store = CostStore("sqlite://")        # in memory
         >>> store.schema_version
-        2
+        4
         >>> store.costs("run")[-1].key
         '(unattributed idle)'
     """
@@ -118,7 +118,7 @@ class CostStore:
         create: bool = True,
         migrations: Sequence[Migration] | None = None,
     ) -> None:
-        _check_split(cost_split, idle_billing)
+        self.default_billing = Billing(cost_split, idle_billing)
         self.url = resolve_url(url)
         self.cost_split: CostSplit = cost_split
         self.idle_billing: IdleBilling = idle_billing
@@ -140,7 +140,14 @@ class CostStore:
 
     # ---- writing -------------------------------------------------------------------------------
 
-    def record(self, records: RunRecords, *, scope: str = "", deployment: str | None = None) -> None:
+    def record(
+        self,
+        records: RunRecords,
+        *,
+        scope: str = "",
+        deployment: str | None = None,
+        billing: Billing | None = None,
+    ) -> None:
         """Store one finished flow run: run, calls, batches with their items, new idle intervals, prices.
 
         Suitable as a pool run listener (thread-safe). Idempotent: the same records
@@ -150,9 +157,12 @@ class CostStore:
             records: what the pool handed its run listeners.
             scope: prefix of the pool's batch and worker ids (see :func:`attach_store`).
             deployment: the run's deployment name, if known (a known one is never erased by None).
+            billing: the pool's pricing options, kept for its scope (the first ones stored
+                stay); None: its records are read with the store's defaults.
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
             _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
             _upsert(conn, BatchRow, batches, ("batch_id",))
@@ -160,24 +170,33 @@ class CostStore:
             _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
-    def record_run(self, records: RunRecords, *, scope: str = "", deployment: str | None = None) -> None:
+    def record_run(
+        self,
+        records: RunRecords,
+        *,
+        scope: str = "",
+        deployment: str | None = None,
+        billing: Billing | None = None,
+    ) -> None:
         """Store a run's own row and the idle intervals closed since, when its batches are stored already.
 
         What a pool's run listener needs once :meth:`record_batches` has written
         the run's batches and calls as they completed (see ``attach_store``).
+        ``billing`` as for :meth:`record`.
         """
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
             _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
-    def record_batches(self, done: Sequence[BatchDone], *, scope: str = "") -> None:
+    def record_batches(self, done: Sequence[BatchDone], *, scope: str = "", billing: Billing | None = None) -> None:
         """Store batches as they complete, in one transaction: rows, items, calls, idle intervals closed since.
 
         So that a pool killed mid-run loses at most the batches not yet handed
         over, not every batch of its unfinished runs. A run's calls are filed
         under a provisional run row until its end writes the real one
-        (:meth:`record_run`). Idempotent, like :meth:`record`.
+        (:meth:`record_run`). Idempotent, like :meth:`record`; ``billing`` as for it.
         """
         if not done:
             return
@@ -192,9 +211,11 @@ class CostStore:
             items += i
             calls += R.call_rows(d.calls, scope)
             idles += R.idle_rows(d.new_idles, d.prices, scope)
-            stubs.update((r.run_id, R.run_stub_row(r, self.cost_split)) for r in d.runs if r.run_id not in stubs)
+            split = (billing or self.default_billing).cost_split
+            stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
         sheets = {R.sheet_row(d.prices)["sheet_id"]: R.sheet_row(d.prices) for d in done}
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, list(sheets.values()), ("sheet_id",), update=False)
             _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
             _upsert(conn, BatchRow, batches, ("batch_id",))
@@ -202,12 +223,15 @@ class CostStore:
             _upsert(conn, StageCallRow, calls, ("call_id",))
             _upsert(conn, IdleRow, idles, ("idle_id",))
 
-    def record_idles(self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "") -> None:
+    def record_idles(
+        self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "", billing: Billing | None = None
+    ) -> None:
         """Store idle intervals (e.g. a pool's still-open ones before it closes); idempotent like :meth:`record`."""
         rows = R.idle_rows(idles, prices, scope)
         if not rows:
             return
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
+            _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, [R.sheet_row(prices)], ("sheet_id",), update=False)
             _upsert(conn, IdleRow, rows, ("idle_id",))
 
@@ -227,12 +251,17 @@ class CostStore:
         batch started before it goes on the idle line (not to the next batch,
         as a worker's lead idle time would: see ``prior_workers`` of
         :func:`~esg_prefect.model.attribution.attribute_costs`).
+
+        Each pool's records are priced with the options it stored (:meth:`billings`);
+        ``split`` and ``idle_billing``, when given, override them for every pool.
+
+        Raises:
+            ConfigError: a bad override, or a stored option that is neither choice.
         """
-        split = split or self.cost_split
-        billing = idle_billing or self.idle_billing
-        _check_split(split, billing)
+        DEFAULT_BILLING.overridden(split, idle_billing)  # a bad override is refused even on an empty store
         start = since_ms(since)
         with Session(self.engine) as s:
+            pools = {r.scope: r for r in s.execute(select(PoolRow)).scalars()}
             sheets = {
                 r.sheet_id: R.sheet_from_row(r.price_per_vcpu_s, r.price_per_gpu_s_json)
                 for r in s.execute(select(PriceSheetRow)).scalars()
@@ -247,15 +276,50 @@ class CostStore:
             idle_rows: list[IdleRow] = list(s.execute(iq).scalars())
             items = _items_of(s, [b.batch_id for b in batch_rows])
             prior = _busy_before(s, sorted({i.worker_id for i in idle_rows}), start) if start is not None else set()
-        by_sheet: defaultdict[str, tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
+        # Per pool and sheet: a worker belongs to one pool, which has one sheet and one set of options.
+        parts: defaultdict[tuple[str, str], tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for b in batch_rows:
-            by_sheet[b.sheet_id][0].append(R.batch_record(b, items.get(b.batch_id, [])))
+            parts[scope_of(b.worker_id), b.sheet_id][0].append(R.batch_record(b, items.get(b.batch_id, [])))
         for i in idle_rows:
-            by_sheet[i.sheet_id][1].append(R.idle_record(i))
-        return merge_reports(
-            attribute_costs(bs, ids, sheets[sid], split, billing, prior_workers=prior)
-            for sid, (bs, ids) in sorted(by_sheet.items())
-        )
+            parts[scope_of(i.worker_id), i.sheet_id][1].append(R.idle_record(i))
+        reports = []
+        for (scope, sid), (bs, ids) in sorted(parts.items()):
+            opts = self._billing(pools.get(scope)).overridden(split, idle_billing)
+            reports.append(
+                attribute_costs(bs, ids, sheets[sid], opts.cost_split, opts.idle_billing, prior_workers=prior)
+            )
+        return merge_reports(reports)
+
+    def billings(self, since: datetime | float | None = None) -> dict[str, Billing | None]:
+        """The options each pool with batches or idle time from ``since`` on stored, by scope; None: none stored.
+
+        A pool attached by an older esg-prefect stored none: :meth:`cost_report`
+        reads its records with the store's defaults (``cost_split``, ``idle_billing``).
+
+        Raises:
+            ConfigError: a stored option that is neither choice.
+        """
+        start = since_ms(since)
+        with Session(self.engine) as s:
+            workers: set[str] = set()
+            for model in (BatchRow, IdleRow):
+                q = select(col(model.worker_id)).distinct()
+                if start is not None:
+                    q = q.where(col(model.start_ms) >= start)
+                workers.update(s.execute(q).scalars())
+            pools = {r.scope: r for r in s.execute(select(PoolRow)).scalars()}
+        scopes = sorted({scope_of(w) for w in workers})
+        return {sc: self._stored_billing(pools[sc]) if sc in pools else None for sc in scopes}
+
+    def _billing(self, row: PoolRow | None) -> Billing:
+        return self.default_billing if row is None else self._stored_billing(row)
+
+    @staticmethod
+    def _stored_billing(row: PoolRow) -> Billing:
+        try:
+            return Billing(row.cost_split, row.idle_billing)  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ConfigError(f"pool {row.scope!r} in the cost store: {exc}") from None
 
     def costs(
         self,
@@ -271,8 +335,8 @@ class CostStore:
             group_by: ``run``, ``workflow``, ``deployment`` or ``day`` (UTC day of arrival).
             since: only costs incurred from then on (a datetime, naive = UTC, or epoch ms);
                 runs that arrived from then on are listed even at cost 0.
-            split: cost split (default the store's).
-            idle_billing: idle billing (default the store's).
+            split: cost split for every pool (default: each pool's own, see :meth:`cost_report`).
+            idle_billing: idle billing for every pool (default: each pool's own).
 
         Returns:
             One :class:`CostRow` per group; the rows' costs add up to every stored
@@ -323,6 +387,13 @@ class CostStore:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _record_pool(conn: Connection, scope: str, billing: Billing | None) -> None:
+    """Keep a pool's options for its scope, once (a pool's settings do not change while it runs)."""
+    if billing is not None:
+        row = R.pool_row(scope, billing, time.time() * 1000.0)
+        _upsert(conn, PoolRow, [row], ("scope",), update=False)
 
 
 def _upsert(

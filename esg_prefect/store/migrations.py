@@ -169,6 +169,20 @@ def add_column(table: str, column: str, ddl_type: str, default_sql: str) -> Call
     return apply
 
 
+def _create_pools(conn: Connection) -> None:
+    """Version 4: the ``pools`` table (empty: pools of older versions recorded no options, read as the defaults).
+
+    Spelled out rather than built from :class:`~esg_prefect.store.tables.PoolRow`, so that a later change
+    of the class cannot change what this released step does.
+    """
+    conn.execute(
+        text(
+            "CREATE TABLE pools (scope VARCHAR NOT NULL, cost_split VARCHAR NOT NULL, "
+            "idle_billing VARCHAR NOT NULL, first_ms FLOAT NOT NULL, PRIMARY KEY (scope))"
+        )
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "runs, stage calls, batches and their items, worker idle intervals, price sheets", _create_v1),
     Migration(
@@ -181,5 +195,6 @@ MIGRATIONS: tuple[Migration, ...] = (
         "worker_idle.vcpus_held: a worker that held its vCPUs while idle",
         add_column("worker_idle", "vcpus_held", "BOOLEAN", "FALSE"),
     ),
+    Migration(4, "pools: the cost split and idle billing each pool priced its runs with", _create_pools),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

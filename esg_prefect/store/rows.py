@@ -18,6 +18,7 @@ from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow
 
 if TYPE_CHECKING:
     from esg_prefect.control.records import CallRecord, RunRecords, RunStub
+    from esg_prefect.store.billing import Billing
 
 
 def scoped(scope: str, local_id: str) -> str:
@@ -43,6 +44,16 @@ def sheet_row(prices: PriceSheet) -> dict[str, Any]:
 def sheet_from_row(price_per_vcpu_s: float, price_per_gpu_s_json: str) -> PriceSheet:
     """The price sheet a ``price_sheets`` row describes."""
     return PriceSheet(price_per_vcpu_s, json.loads(price_per_gpu_s_json))
+
+
+def pool_row(scope: str, billing: Billing, now_ms: float) -> dict[str, Any]:
+    """The ``pools`` row of an attached pool: its scope and the options it prices with."""
+    return {
+        "scope": scope,
+        "cost_split": billing.cost_split,
+        "idle_billing": billing.idle_billing,
+        "first_ms": now_ms,
+    }
 
 
 def utc_day(epoch_ms: float) -> str:

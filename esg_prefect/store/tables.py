@@ -1,11 +1,12 @@
 """The cost store's tables, as SQLModel classes (the shape of the newest schema version).
 
 One row per flow run, per stage call, per batch (its items in ``batch_items``),
-per warm idle interval of a worker and per distinct price sheet. Batches and
+per warm idle interval of a worker, per distinct price sheet and per attached
+pool (the cost split and idle billing it priced its runs with). Batches and
 idle intervals are what is billed; runs and calls are what the bill is read
 against. Costs are never stored: they are recomputed by
-:func:`~esg_prefect.model.attribution.attribute_costs` when asked for, so a
-change of cost split or idle billing applies to past runs too.
+:func:`~esg_prefect.model.attribution.attribute_costs` when asked for, with
+each pool's own options unless the reader overrides them.
 
 Ids of batches, workers and idle intervals are *scoped*: the pool numbers them
 from 1 in every process (``b1``, ``w1``), so the store prefixes them with a
@@ -143,5 +144,28 @@ class IdleRow(StoreModel, table=True):
     vcpus_held: bool = Field(default=False, description="the worker held its vCPUs while idle (billed for them)")
 
 
-DATA_TABLES: tuple[type[StoreModel], ...] = (PriceSheetRow, RunRow, BatchRow, BatchItemRow, StageCallRow, IdleRow)
+class PoolRow(StoreModel, table=True):
+    """The pricing options of one attached pool: what its batches and idle intervals are read with.
+
+    One row per scope (a pool's attachment to the store), so that pools and
+    restarts with different settings writing one store each keep theirs.
+    """
+
+    __tablename__ = "pools"
+
+    scope: str = Field(primary_key=True, description="the prefix of the pool's batch and worker ids")
+    cost_split: str = Field(description="equal or input_size")
+    idle_billing: str = Field(description="attribute or separate")
+    first_ms: float = Field(description="when the store first heard of the pool (epoch ms)")
+
+
+DATA_TABLES: tuple[type[StoreModel], ...] = (
+    PriceSheetRow,
+    RunRow,
+    BatchRow,
+    BatchItemRow,
+    StageCallRow,
+    IdleRow,
+    PoolRow,
+)
 """The tables holding records, in an order that respects their foreign keys."""

@@ -1,0 +1,102 @@
+"""The cost store prices each pool's records with the cost split and idle billing that pool used.
+
+The worked example (tests/cost_records.py) recorded by pools of different
+options into one store: each pool's share of a run's cost is what that pool's
+artifacts showed, an override prices every pool alike, and a store written
+before the options were kept reads as the defaults, as it did then.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect, text
+
+from esg_prefect.exceptions import ConfigError
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.store import IDLE_KEY, CostStore
+from esg_prefect.store.billing import Billing, billing_of, scope_of
+from esg_prefect.store.migrations import MIGRATIONS
+from esg_prefect.store.tables import PoolRow
+from tests.cost_records import EXPECTED_PER_RUN, RUN_A, RUN_B, RUN_C, all_records
+from tests.test_store import costs_by_key
+
+DEFAULT = {**EXPECTED_PER_RUN, IDLE_KEY: 1.1}
+"""Equal split, idle attributed (the defaults): the worked example's figures."""
+BY_SIZE_SEPARATE = {RUN_A: 0.25 + 0.4, RUN_B: 0.75, RUN_C: 0.05, IDLE_KEY: 2.5 + 0.2 + 1.1}
+"""Input-size split (A 1 : B 3 in b1), every idle interval on the idle line."""
+
+
+def record(store: CostStore, scope: str, billing: Billing | None) -> None:
+    for rec in all_records():
+        store.record(rec, scope=scope, billing=billing)
+
+
+def test_each_pool_is_priced_with_its_own_options(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        record(s, "p1", Billing("input_size", "separate"))
+        record(s, "p2", Billing())
+        record(s, "p3", None)  # a pool that stored no options: the store's defaults
+        assert s.billings() == {"p1": Billing("input_size", "separate"), "p2": Billing(), "p3": None}
+        got = costs_by_key(s)
+        assert got == pytest.approx({k: BY_SIZE_SEPARATE[k] + 2 * DEFAULT[k] for k in DEFAULT}, rel=1e-12)
+        assert sum(got.values()) == pytest.approx(3 * 5.25, rel=1e-12)  # the whole bill of the three pools
+        # an override prices every pool alike
+        assert costs_by_key(s, split="equal", idle_billing="attribute") == pytest.approx(
+            {k: 3 * v for k, v in DEFAULT.items()}, rel=1e-12
+        )
+        assert costs_by_key(s, split="input_size", idle_billing="separate") == pytest.approx(
+            {k: 3 * v for k, v in BY_SIZE_SEPARATE.items()}, rel=1e-12
+        )
+        rows = {r.key: r for r in s.costs("run")}
+        assert (rows[RUN_B].busy_cost, rows[RUN_B].idle_cost) == pytest.approx((0.75 + 2 * 0.5, 2 * 1.25), rel=1e-12)
+    # the store's defaults apply to the pool that stored none, and only to it
+    with CostStore(store_url, cost_split="input_size", idle_billing="separate") as s:
+        got = costs_by_key(s)
+        assert got == pytest.approx({k: 2 * BY_SIZE_SEPARATE[k] + DEFAULT[k] for k in DEFAULT}, rel=1e-12)
+
+
+def test_a_pool_keeps_the_options_it_first_stored(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        record(s, "p1", Billing("input_size", "separate"))
+        record(s, "p1", Billing())  # the same scope again: its first options stay
+        assert s.billings() == {"p1": Billing("input_size", "separate")}
+        assert costs_by_key(s) == pytest.approx(BY_SIZE_SEPARATE, rel=1e-12)
+
+
+def test_a_store_from_before_the_options_reads_as_the_defaults(store_url: str) -> None:
+    """A version-3 store (no ``pools`` table) upgrades, reads as before, and keeps new pools' options."""
+    with CostStore(store_url, migrations=MIGRATIONS[:3]) as s:
+        record(s, "old", None)
+        with s.engine.begin() as conn:
+            conn.execute(text("DROP TABLE pools"))  # version 3 had none
+    with CostStore(store_url) as s:
+        assert s.schema_version == len(MIGRATIONS) == 4
+        assert s.billings() == {"old": None}
+        assert costs_by_key(s) == pytest.approx(DEFAULT, rel=1e-12)  # as before the upgrade
+        with s.engine.connect() as conn:
+            cols = {c["name"]: c["nullable"] for c in inspect(conn).get_columns("pools")}
+        assert cols == {c.name: c.nullable for c in PoolRow.__table__.columns}  # type: ignore[attr-defined]
+        record(s, "new", Billing("input_size", "separate"))
+        assert s.billings() == {"new": Billing("input_size", "separate"), "old": None}
+        assert costs_by_key(s) == pytest.approx({k: DEFAULT[k] + BY_SIZE_SEPARATE[k] for k in DEFAULT}, rel=1e-12)
+
+
+def test_a_bad_stored_option_is_one_error_naming_the_pool(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        record(s, "p1", Billing())
+        with s.engine.begin() as conn:
+            conn.execute(text("UPDATE pools SET cost_split = 'by_weight'"))
+        with pytest.raises(ConfigError, match=r"pool 'p1' in the cost store: cost_split .* got 'by_weight'"):
+            s.costs("run")
+
+
+def test_billing_of_a_pool_and_scopes() -> None:
+    class WithSettings:
+        settings = ESGSettings(cost_split="input_size", idle_billing="separate")
+
+    assert billing_of(WithSettings()) == Billing("input_size", "separate")
+    assert billing_of(object()) is None
+    assert (scope_of("3f2a:w1"), scope_of("w1")) == ("3f2a", "")
+    with pytest.raises(ConfigError, match="'later'"):
+        Billing("equal", "later")  # type: ignore[arg-type]
+    assert Billing().overridden(None, "separate") == Billing("equal", "separate")
