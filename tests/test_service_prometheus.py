@@ -336,3 +336,19 @@ def test_pool_status_prints_queues_workers_and_the_bill(pool: Pool, monkeypatch:
     assert seen[0]["Authorization"] == f"Bearer {TOKEN}" and seen[0]["Accept"] == "application/json"
     as_json = CliRunner().invoke(app, ["pool", "status", "--json"])
     assert as_json.exit_code == 0 and '"totals"' in as_json.output
+
+
+def test_pool_status_splits_the_bill_as_the_artifacts_and_costs_do() -> None:
+    """Busy includes the batches' cold starts, as in a run's artifacts and `esg-prefect costs`; shown as its part."""
+    from esg_prefect.cli.pool import bill_text
+
+    totals = {
+        "bill_dollars": {"busy": 7.284e-06, "cold_start": 1.957e-04, "idle": 2.0e-06},
+        "open_idle_dollars": 1.0e-06,
+        "calls": {"a": 2, "b": 1},
+    }
+    assert bill_text(totals) == (
+        "bill $0.000205984 (busy $0.000202984 + idle $3e-06; cold starts $0.0001957 of the busy part), "
+        "$6.87e-05 per call"
+    )
+    assert bill_text({}) == "bill $0 (busy $0 + idle $0; cold starts $0 of the busy part)"

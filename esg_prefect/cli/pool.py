@@ -305,15 +305,11 @@ def status(
 
     console = Console()
     totals = body.get("totals", {})
-    bill = totals.get("bill_dollars", {})
-    whole = sum(bill.values()) + totals.get("open_idle_dollars", 0.0)
     calls = sum(totals.get("calls", {}).values())
     console.print(
         f"{url}: {'[yellow]paused[/]' if body.get('paused') else 'dispatching'}; "
         f"{body.get('calls_in_flight', 0)} calls in flight; {sum(totals.get('batches', {}).values())} batches of "
-        f"{calls} calls so far; bill ${whole:.6g} (busy ${bill.get('busy', 0.0):.4g}, cold starts "
-        f"${bill.get('cold_start', 0.0):.4g}, idle ${bill.get('idle', 0.0) + totals.get('open_idle_dollars', 0.0):.4g})"
-        + (f", ${whole / calls:.3g} per call" if calls else ""),
+        f"{calls} calls so far; {bill_text(totals)}",
         highlight=False,
     )
     queues = Table("queue (workflow/stage)", "waiting", title="queues")
@@ -327,6 +323,26 @@ def status(
                         str(w.get("vcpus")), state)  # fmt: skip
     console.print(queues if queues.row_count else "no queued calls", highlight=False)
     console.print(workers if workers.row_count else "no workers", highlight=False)
+
+
+def bill_text(totals: dict[str, Any]) -> str:
+    """The bill so far, split as the run artifacts and ``esg-prefect costs`` split it: busy + idle.
+
+    Busy includes the cold starts of batches (a batch's worker start is billed in
+    its batch, as the artifacts bill it); their part of it is shown beside it. Idle
+    is the warm idle time, closed and still open.
+
+    Example:
+        >>> bill_text({"bill_dollars": {"busy": 1.5, "cold_start": 0.5, "idle": 0.75}, "calls": {"s": 4}})
+        'bill $2.75 (busy $2 + idle $0.75; cold starts $0.5 of the busy part), $0.688 per call'
+    """
+    bill = totals.get("bill_dollars", {})
+    cold = bill.get("cold_start", 0.0)
+    busy = bill.get("busy", 0.0) + cold
+    idle = bill.get("idle", 0.0) + totals.get("open_idle_dollars", 0.0)
+    calls = sum(totals.get("calls", {}).values())
+    text = f"bill ${busy + idle:.6g} (busy ${busy:.6g} + idle ${idle:.6g}; cold starts ${cold:.4g} of the busy part)"
+    return text + (f", ${(busy + idle) / calls:.3g} per call" if calls else "")
 
 
 def _get_metrics(url: str, token_env: str) -> dict[str, Any]:
