@@ -77,9 +77,9 @@ def test_table_of_run_a() -> None:
         "runs": 2,
         "worker": "w1",
         "wait ms": 100.0,
-        "busy $": 0.5,  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
-        "idle $": 1.25,  # w1 idle after b1: 0.5 T4 x 4.0 per s x 1.25 s = 2.5, half of it
-        "cost $": 1.75,
+        "busy $": "0.5",  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
+        "idle $": "1.25",  # w1 idle after b1: 0.5 T4 x 4.0 per s x 1.25 s = 2.5, half of it
+        "cost $": "1.75",
     }
     classify = {
         "stage": "classify",
@@ -88,38 +88,39 @@ def test_table_of_run_a() -> None:
         "runs": 1,
         "worker": "w2",
         "wait ms": 0.0,
-        "busy $": 0.4,  # (2 vCPU x 0.5 + 0.25 T4 x 4.0) per s x 0.2 s
-        "idle $": 0.2,  # w2 idle after b2: 0.25 T4 x 4.0 per s x 0.2 s, all A's
-        "cost $": 0.6,
+        "busy $": "0.4",  # (2 vCPU x 0.5 + 0.25 T4 x 4.0) per s x 0.2 s
+        "idle $": "0.2",  # w2 idle after b2: 0.25 T4 x 4.0 per s x 0.2 s, all A's
+        "cost $": "0.6",
     }
-    total = NONE_ROW | {"stage": "total", "busy $": 0.9, "idle $": 1.45, "cost $": 2.35}
+    total = NONE_ROW | {"stage": "total", "busy $": "0.9", "idle $": "1.45", "cost $": "2.35"}
     rows = run_table(settled(records_a()))
-    assert rows[-1][COST] == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
+    assert float(rows[-1][COST]) == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
     assert rows == [detect, classify, total]
     assert [tuple(r) for r in rows] == [table_columns("$")] * 3  # column order, the unit in the cost headers
     json.dumps(rows)  # what the artifact carries
 
 
 def test_table_cells_are_short() -> None:
-    """Three significant digits: the table reads at 1400 px, and the numbers stay numbers."""
+    """Three significant digits: the table reads at 1400 px; costs as the money text every surface writes."""
     rec = settled(_with_split(records_a(), "input_size"))
     rows = run_table(rec)
-    assert rows[-1][COST] == 1.48  # 0.25 + 0.625 + 0.4 + 0.2 = 1.475 (1.4750000000000000888 in binary) to three digits
+    assert rows[-1][COST] == "1.48"  # 0.25 + 0.625 + 0.4 + 0.2 = 1.475 (1.4750000000000000888 in binary), 3 digits
     assert rec.cost().total == pytest.approx(1.475)
     for row in rows:
-        for col in ("wait ms", "busy $", "idle $", "cost $"):
-            value = row[col]
-            assert value is None or (isinstance(value, float) and value == float(f"{value:.3g}"))
+        wait = row["wait ms"]
+        assert wait is None or (isinstance(wait, float) and wait == float(f"{wait:.3g}"))
+        for col in ("busy $", "idle $", "cost $"):
+            assert isinstance(row[col], str) and row[col] == money_text(float(row[col]))
 
 
 def test_table_of_a_run_with_a_failed_call() -> None:
     rows = run_table(settled(records_c()))
     assert [(r["stage"], r["batch"], r[COST]) for r in rows] == [
-        ("embed", "b3", 0.05),
-        ("embed", "failed", 0.0),
-        ("total", None, 0.05),
+        ("embed", "b3", "0.05"),
+        ("embed", "failed", "0"),
+        ("total", None, "0.05"),
     ]
-    assert rows[1] == NONE_ROW | {"stage": "embed", "batch": "failed", "busy $": 0.0, "idle $": 0.0, "cost $": 0.0}
+    assert rows[1] == NONE_ROW | {"stage": "embed", "batch": "failed", "busy $": "0", "idle $": "0", "cost $": "0"}
 
 
 def test_cost_shares_follow_the_split() -> None:
@@ -213,8 +214,8 @@ def test_money_text_reads_like_the_browser_shows_the_tables_number() -> None:
         0.0: "0",
     }
     assert {v: money_text(v) for v in cases} == cases
-    for v in cases:  # the text is the table's number
-        assert float(money_text(v)) == money(v)
+    for v in cases:  # the table's cell is the same text
+        assert money_text(v) == money(v)
 
 
 def test_run_tags_are_the_tables_total_and_the_stores_slo() -> None:
@@ -224,9 +225,9 @@ def test_run_tags_are_the_tables_total_and_the_stores_slo() -> None:
     assert run_tags(c) == ("esg:$0.05", "esg:slo-missed")  # a call failed: the run never finished
     for rec in (a, b, c):
         cost_tag = run_tags(rec)[0]
-        assert float(cost_tag.removeprefix("esg:$")) == run_table(rec)[-1][COST] == money(rec.cost().total)
+        assert cost_tag.removeprefix("esg:$") == run_table(rec)[-1][COST] == money(rec.cost().total)
     # before the idle time is known, the tag says what the (not final) artifact says
-    assert run_tags(records_a())[0] == "esg:$0.9" == f"esg:${money_text(run_table(records_a())[-1][COST])}"
+    assert run_tags(records_a())[0] == "esg:$0.9" == f"esg:${run_table(records_a())[-1][COST]}"
 
 
 def test_merged_tags_keep_the_runs_own_tags_and_replace_earlier_esg_tags() -> None:
@@ -402,12 +403,12 @@ def test_publish_on_a_flow_run() -> None:
     assert table.key == f"esg-cost-{run_id}" and markdown.key == f"esg-summary-{run_id}"
     rows = json.loads(table.data)
     assert rows == run_table(rec)
-    assert rows[-1]["stage"] == "total" and rows[-1][COST] == 0.9
+    assert rows[-1]["stage"] == "total" and rows[-1][COST] == "0.9"
     assert markdown.data == run_summary(rec)
     # The runs list: the table's total and the SLO outcome in front, the run's own tags kept.
     found = read_tags(uuid.UUID(run_id))
     assert found[:2] == ["esg:$0.9", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
-    assert float(found[0].removeprefix("esg:$")) == rows[-1][COST]
+    assert found[0].removeprefix("esg:$") == rows[-1][COST]
     # Published again (the same run, its cost now final): the ESG tags are replaced, not added.
     publish_run(renamed(settled(records_a()), run_id))
     again = read_tags(uuid.UUID(run_id))
@@ -457,7 +458,7 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
         slo = "esg:slo-met" if row.slo_met == 1 else "esg:slo-missed"
         assert row.slo_met + row.slo_missed == 1
         assert read_tags(uuid.UUID(run_id)) == [f"esg:${money_text(row.cost)}", slo, "mine"]
-        assert money_text(row.cost) == money_text(total[COST])
+        assert money_text(row.cost) == total[COST]
         assert f"**SLO {slo.removeprefix('esg:slo-')}**" in found[0].data  # the summary says the same
     finally:
         pool.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from esg_prefect.cli import app
 from esg_prefect.cli.costs import parse_since
 from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store.billing import Billing
 from tests.cost_records import (
@@ -130,6 +132,35 @@ def billed_store(tmp_path: Path) -> str:
         for rec in all_records():
             store.record(rec, scope="p1", billing=Billing("input_size", "separate"))
     return str(path)
+
+
+def test_the_table_writes_money_as_the_artifacts_do_and_says_it_is_rounded(tmp_path: Path) -> None:
+    """One money format (tags, summary, table artifact, here): 3 significant digits, positional from 1e-6."""
+    from esg_prefect.model.money import money_str, money_text
+
+    assert [money_text(v) for v in (1.4712e-05, 1.3188e-05, 1.7583e-05, 4.55805e-05)] == [
+        "0.0000147",
+        "0.0000132",
+        "0.0000176",
+        "0.0000456",
+    ]  # rounded rows of 0.0000455 and a total of 0.0000456: the table says they are rounded
+    assert money_str(4.55805e-05) == "$0.0000456" and money_str(9.012e-07, "€") == "€9.01e-7"
+    path = tmp_path / "tiny.db"
+    with CostStore(str(path)) as store:
+        for rec in all_records():  # the worked example at a millionth of its prices
+            store.record(dataclasses.replace(rec, prices=PriceSheet(0.5e-6, {"T4": 4.0e-6})))
+    code, out = invoke("--url", str(path), "--by", "workflow")
+    assert code == 0, out
+    cells = {
+        c[0]: c[5:] for c in ([x.strip() for x in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line)
+    }
+    assert cells["img"] == ["0.0000014", "0.0000027", "0.0000041"]  # a millionth of busy 1.4, idle 2.7
+    assert cells["txt"] == ["5e-8", "0", "5e-8"]  # below 1e-6: with an exponent, as a browser writes it
+    assert cells["total"] == ["0.00000145", "0.0000038", "0.00000525"]
+    assert "Costs in $, rounded to 3 significant digits: rows may not add up to the total exactly" in out
+    assert "(--format csv or json: full precision)" in out
+    code, out = invoke("--url", str(path), "--by", "workflow", "--format", "json")
+    assert json.loads(out)["total"] == pytest.approx(EXPECTED_TOTAL * 1e-6, rel=1e-12)  # full precision
 
 
 def test_costs_are_priced_as_the_pool_priced_them_by_default(billed_store: str) -> None:

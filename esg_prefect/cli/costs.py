@@ -322,13 +322,15 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
     from rich.console import Console
     from rich.table import Table
 
+    from esg_prefect.model.money import ROUNDED_NOTE, money_text
+
     unit = every[-1].unit if every else "$"
     table = Table(title=f"ESG costs by {by}")
     table.add_column(by, no_wrap=True)
     for name in ("runs", "stage calls", "SLO met", "SLO missed", f"busy {unit}", f"idle {unit}", f"cost {unit}"):
         table.add_column(name, justify="right")
     for r in rows:
-        money = (f"{r.busy_cost:.6g}", f"{r.idle_cost:.6g}", f"{r.cost:.6g}")
+        money = (money_text(r.busy_cost), money_text(r.idle_cost), money_text(r.cost))
         if r.idle:
             table.add_row(r.key, "", "", "", "", *money, style="dim")
         else:
@@ -337,10 +339,11 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
     if hidden:
         table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", "", "", style="dim")
     busy, idle, total = (sum(getattr(r, k) for r in every) for k in ("busy_cost", "idle_cost", "cost"))
-    table.add_row("total", "", "", "", "", f"{busy:.6g}", f"{idle:.6g}", f"{total:.6g}", style="bold")
+    table.add_row("total", "", "", "", "", money_text(busy), money_text(idle), money_text(total), style="bold")
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
         console = Console(width=160)
     console.print(table)
-    for line in (pricing.cost_line(), pricing.priced_line(), f"store: {where}"):
+    rounded = f"Costs in {unit}, {ROUNDED_NOTE} (--format csv or json: full precision)."
+    for line in (pricing.cost_line(), pricing.priced_line(), rounded, f"store: {where}"):
         console.print(line, soft_wrap=True, markup=False, highlight=False)

@@ -136,6 +136,7 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
     from esg_prefect.examples.catalog import PIPELINES
     from esg_prefect.examples.driver import percentile
     from esg_prefect.examples.pipelines import SLO_MS
+    from esg_prefect.model.money import money_str, money_text
 
     unit = runs[0].cost_unit
     table = Table(title="Per pipeline: SLO met, latency from arrival to the flow's return, cost per run")
@@ -156,7 +157,7 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
             cost = wf_cost / len(outs) if wf_cost is not None else run.cost_per_request
             cells = (str(len(outs)), f"{SLO_MS[wf] / 1000:g}", f"{hit:.0%}")
             table.add_row(wf, run.runner, *cells, _sec(percentile(lat, 50)), _sec(percentile(lat, 95)),
-                          mean_batch, f"{cost:.2e}")  # fmt: skip
+                          mean_batch, money_text(cost))  # fmt: skip
     console.print(table)
     esg = runs[0]
     if esg.report is not None:
@@ -177,15 +178,15 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
         for name in (f"busy {unit}", f"idle {unit}", f"cost {unit}"):
             runs_table.add_column(name, justify="right")
         for rid, wf, run_cost in esg.per_run_cost[:runs_shown]:
-            runs_table.add_row(rid[:8], wf, *(f"{m:.2e}" for m in (run_cost.busy, run_cost.idle, run_cost.total)))
+            runs_table.add_row(rid[:8], wf, *(money_text(m) for m in (run_cost.busy, run_cost.idle, run_cost.total)))
         console.print(runs_table)
     for run in runs:
         ok = sum(o.ok for o in run.outcomes)
         console.print(
             f"{run.runner:>10}: {ok}/{len(run.outcomes)} requests ok in {run.wall_s:.1f} s "
             f"({ok / run.wall_s:.2f} requests/s), SLO met {run.slo_met:.0%}, "
-            f"{'whole bill' if run.runner == 'esg' else 'calls billed'} {unit}{run.cost_total:.3e} "
-            f"({unit}{run.cost_per_request:.2e}/request)",
+            f"{'whole bill' if run.runner == 'esg' else 'calls billed'} {money_str(run.cost_total, unit)} "
+            f"({money_str(run.cost_per_request, unit)}/request)",
             highlight=False,
         )
     if esg.batches:

@@ -336,13 +336,16 @@ def bill_text(totals: dict[str, Any]) -> str:
         >>> bill_text({"bill_dollars": {"busy": 1.5, "cold_start": 0.5, "idle": 0.75}, "calls": {"s": 4}})
         'bill $2.75 (busy $2 + idle $0.75; cold starts $0.5 of the busy part), $0.688 per call'
     """
+    from esg_prefect.model.money import money_str
+
     bill = totals.get("bill_dollars", {})
     cold = bill.get("cold_start", 0.0)
     busy = bill.get("busy", 0.0) + cold
     idle = bill.get("idle", 0.0) + totals.get("open_idle_dollars", 0.0)
     calls = sum(totals.get("calls", {}).values())
-    text = f"bill ${busy + idle:.6g} (busy ${busy:.6g} + idle ${idle:.6g}; cold starts ${cold:.4g} of the busy part)"
-    return text + (f", ${(busy + idle) / calls:.3g} per call" if calls else "")
+    whole = busy + idle
+    text = f"bill {money_str(whole)} (busy {money_str(busy)} + idle {money_str(idle)}; cold starts {money_str(cold)} "
+    return text + "of the busy part)" + (f", {money_str(whole / calls)} per call" if calls else "")
 
 
 def _get_metrics(url: str, token_env: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from esg_prefect.integration.run_views import run_summary as run_summary
 from esg_prefect.integration.run_views import run_table as run_table
 from esg_prefect.model.attribution import IdleRecord
 from esg_prefect.model.ledger import CostLedger, run_deadline
+from esg_prefect.model.money import ROUNDED_NOTE
 from esg_prefect.runtime.pool_records import final_records
 
 if TYPE_CHECKING:
@@ -117,7 +118,9 @@ def publish_run(records: RunRecords, client: SyncPrefectClient | None = None) ->
         ArtifactCreate(
             type="table",
             key=artifact_key("esg-cost", records.run_id),
-            description=f"ESG pool: stage calls of flow run {records.run_id}, their batches and cost shares",
+            description=(
+                f"ESG pool: stage calls of flow run {records.run_id}, their batches and cost shares ({ROUNDED_NOTE})"
+            ),
             data=json.dumps(run_table(records)),
             flow_run_id=flow_run_id,
         )

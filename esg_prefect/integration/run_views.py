@@ -16,11 +16,13 @@ Pure builders over the records a pool hands its run listeners
 
 Both UIs of Prefect 3.9 give a table artifact 700 (V2) to 845 px (V1) at a
 1400 px wide window and never wrap its cells, so the table has nine columns,
-the unit in the cost columns' headers, and numbers to three significant
-digits (:func:`money`); the scheduler's reasons, long sentences, are a
-markdown list, which wraps, not a table column, with each batch's place,
-predicted and actual latency. :func:`money_text` writes a cost the way the
-browser shows the table's number, so the tag and the table read the same.
+the unit in the cost columns' headers, and costs to three significant
+digits; the scheduler's reasons, long sentences, are a markdown list, which
+wraps, not a table column, with each batch's place, predicted and actual
+latency. Every cost is written by :func:`~esg_prefect.model.money.money_text`,
+the one money format of the package: the table's cells carry that text, so
+the table, the summary, the tag, ``esg-prefect costs`` and ``pool status``
+read the same, whatever renders the table's JSON.
 
 The cost is the run's one cost figure (``docs/decisions/one-cost.md``): its
 shares of its batches' busy time and of the warm idle time those batches
@@ -32,11 +34,11 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Sequence
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
 from esg_prefect.model.attribution import CostSplit, RunCost, cost_unit, idle_cost, idle_owners, split_weights
 from esg_prefect.model.config import CPU
+from esg_prefect.model.money import money_str, money_text
 from esg_prefect.store.rows import slo_met
 
 if TYPE_CHECKING:
@@ -79,33 +81,12 @@ def table_columns(unit: str) -> tuple[str, ...]:
 
 
 def sig3(value: float) -> float:
-    """``value`` to three significant digits: short in a table cell, and still a number."""
+    """``value`` to three significant digits: short in a table cell, and still a number (latencies)."""
     return float(f"{value:.3g}")
 
 
-money = sig3
-"""A cost as the table and the tags carry it: three significant digits."""
-
-
-def money_text(value: float) -> str:
-    """A cost as text, as the browser shows the table's number :func:`money` (``value``).
-
-    JavaScript writes a number in positional notation from 1e-6 up to 1e21 and
-    with an exponent outside that range; this does the same, so a tag reads
-    exactly like the table cell it repeats.
-
-    Example:
-        >>> [money_text(v) for v in (2.15, 3.2047e-06, 9.012e-07, 1234.5, 0.0)]
-        ['2.15', '0.0000032', '9.01e-7', '1230', '0']
-    """
-    v = money(value)
-    if v == 0.0:
-        return "0"
-    if 1e-6 <= abs(v) < 1e21:
-        text = format(Decimal(repr(v)), "f")
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    mantissa, exponent = f"{v:.3g}".split("e")
-    return f"{mantissa}e{int(exponent):+d}"
+money = money_text
+"""A cost as the table and the tags carry it: the package's money text (three significant digits)."""
 
 
 def artifact_key(prefix: str, run_id: str) -> str:
@@ -194,7 +175,7 @@ def run_table(records: RunRecords) -> list[dict[str, Any]]:
 def cost_tag(records: RunRecords) -> str:
     """The run's cost as a tag: ``esg:$0.0000502``, the figure of the table's total row."""
     cost = records.cost()
-    return f"{TAG_PREFIX}{cost.unit}{money_text(cost.total)}"
+    return f"{TAG_PREFIX}{money_str(cost.total, cost.unit)}"
 
 
 def run_tags(records: RunRecords) -> tuple[str, str]:
@@ -260,7 +241,7 @@ def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
     cost = records.cost()
     u = cost.unit
     head = (
-        f"**Cost**: {u}{money_text(cost.total)} (busy {u}{money_text(cost.busy)} + idle {u}{money_text(cost.idle)}), "
+        f"**Cost**: {money_str(cost.total, u)} (busy {money_str(cost.busy, u)} + idle {money_str(cost.idle, u)}), "
         f"this run's share of {_plural(batches, 'batch', 'batches')} ({shared} shared with other flow runs; "
         f"{records.cost_split} split of each batch's cost)"
     )
