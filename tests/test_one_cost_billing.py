@@ -113,3 +113,19 @@ def test_a_pool_billing_idle_separately_by_input_size_shows_one_figure_everywher
         assert f"**Cost**: ${money_text(row.cost)} (busy ${money_text(row.busy_cost)} + idle $0)" in summary
         assert "Warm idle time is billed on its own line" in summary and "`esg-prefect costs` shows the same" in summary
     store.close()
+
+
+def test_a_run_listener_of_its_own_gets_records_priced_with_the_pools_options() -> None:
+    """Run records carry the pool's split and idle billing, not the defaults (no publisher patches them in)."""
+    clock = ManualClock()
+    pool = Pool(_t4_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=USER_SETTINGS,
+                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    ended: list[RunRecords] = []
+    pool.add_run_listener(ended.append)
+    runs = [str(uuid.uuid4()) for _ in range(3)]
+    try:
+        _flows(pool, clock, runs, [1.0, 4.0, 9.0])
+        _wait_for(lambda: len(ended) == len(runs))
+    finally:
+        pool.close()
+    assert {(r.cost_split, r.idle_billing) for r in ended} == {("input_size", "separate")}

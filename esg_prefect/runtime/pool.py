@@ -383,8 +383,9 @@ class Pool(PoolViews, PoolActions, PoolResources):
             self._book.forget_run(run_id)
         else:
             slo = self._registry.slo_ms(reqs[0].workflow)
+            s = self.settings
             self._listen.run_ended(
-                self._book.run_ended(run_id, reqs, self.core, slo, self.prices, self.settings.cost_split)
+                self._book.run_ended(run_id, reqs, self.core, slo, self.prices, s.cost_split, s.idle_billing)
             )
 
     async def _set_paused(self, paused: bool) -> None:

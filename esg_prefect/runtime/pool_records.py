@@ -95,9 +95,20 @@ class CallBook:
             self._batches_of_run[run].append(index)
 
     def run_ended(
-        self, run_id: str, reqs: list[Request], core: Core, slo_ms: float, prices: PriceSheet, split: str
+        self,
+        run_id: str,
+        reqs: list[Request],
+        core: Core,
+        slo_ms: float,
+        prices: PriceSheet,
+        split: str,
+        idle_billing: str,
     ) -> RunRecords:
-        """A run's records: its calls and batches, its outcome, and the idle time since the last run ended."""
+        """A run's records: its calls and batches, its outcome, and the idle time since the last run ended.
+
+        ``split`` and ``idle_billing`` are the pool's own options, so that any reader of the
+        records prices the run as the pool does.
+        """
         fleet = core.fleet
         records = RunRecords(
             run_id,
@@ -110,6 +121,7 @@ class CallBook:
             prices,
             split,  # type: ignore[arg-type]
             tuple(fleet.idles[self._idle_cursor :]),  # a Ring slices by absolute position too
+            idle_billing=idle_billing,
         )
         self._idle_cursor = len(fleet.idles)
         return records
