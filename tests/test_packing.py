@@ -114,6 +114,21 @@ def test_cold_start_stays_in_the_budget_and_the_prediction() -> None:
     assert got.cold and got.config.batch == 8 and got.latency_ms == pytest.approx(100.0 + 36.0)
 
 
+def test_a_corrected_overhead_is_added_after_the_size_factor_not_scaled_by_it() -> None:
+    """Long items scale the profile's time (its corrected factor too); the per-batch overhead is paid once."""
+    prof = _profile(_sizes()).scaled({("enc", "cpu"): 1.5}, {("enc", "cpu"): 5.0})
+    one = Config(1, 1, 0.0)
+    long = prof.size_factor("enc", one, "cpu", [300.0])
+    assert long == pytest.approx((2.0 + 30.0) / 12.0)
+    assert prof.latency_ms("enc", one, "cpu", size_factor=long) == pytest.approx(12.0 * 1.5 * long + 5.0)
+    t = CandidateTables(prof, PriceSheet(1e-5, {}), ESGSettings(config_space=ConfigSpace((1, 2, 4, 8), (1,), (0.0,))))
+    assert t.sized_latency_ms("enc", 2, 1, 0.0, "cpu", long) == pytest.approx(24.0 * 1.5 * long + 5.0)
+    assert t.sized_latency_ms("enc", 2, 1, 0.0, "cpu", 1.0) == t.latency_ms("enc", 2, 1, 0.0, "cpu") == 41.0
+    plan = Choice("enc", Config(4, 1, 0.0), "cpu", 48.0 * 1.5 + 5.0)
+    got = pack(t, plan, [300.0] * 4, max_batch=8)  # one long item: 18 ms x factor + 5 ms fits, two do not
+    assert got.config.batch == 1 and got.latency_ms == pytest.approx(12.0 * 1.5 * long + 5.0)
+
+
 def test_count_only_profile_is_not_packed() -> None:
     t = _tables(None)
     plan = Choice("enc", Config(4, 1, 0.0), "cpu", 48.0)

@@ -128,6 +128,12 @@ def _bracket(values: list[int] | list[float], x: float) -> tuple[float, float] |
     return values[i - 1], values[i]
 
 
+def _check_overhead(key: tuple[str, str], ms: float) -> None:
+    """A per-batch overhead is a finite number of ms >= 0."""
+    if not (math.isfinite(ms) and ms >= 0):
+        raise ProfileError(f"latency overhead for {key} must be a finite number >= 0 ms, got {ms!r}")
+
+
 def _inverse_lerp(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
     """Linear interpolation in 1/x between (x0, y0) and (x1, y1)."""
     if x0 == x1:
@@ -147,9 +153,12 @@ class LatencyProfile:
             (Cypress, :mod:`esg_prefect.model.size_model`), or None for a
             count-only profile. The table answers for batches of typical items;
             :meth:`size_factor` rescales it for a batch's real items.
+        overheads: a per-batch time in ms per ``(stage, hardware)`` added to
+            every batch after any size factor (what :meth:`scaled` learns from
+            the online correction); missing pairs add 0 ms.
 
     Raises:
-        ProfileError: on duplicate points or negative cold starts.
+        ProfileError: on duplicate points, negative cold starts or overheads.
 
     Examples:
         >>> prof = LatencyProfile([
@@ -165,6 +174,7 @@ class LatencyProfile:
         points: Iterable[ProfilePoint],
         cold_start_ms: Mapping[tuple[str, str], float] | None = None,
         sizes: SizeModel | None = None,
+        overheads: Mapping[tuple[str, str], float] | None = None,
     ) -> None:
         self._points = tuple(points)
         self.sizes = sizes
@@ -177,11 +187,25 @@ class LatencyProfile:
             if not (math.isfinite(ms) and ms >= 0):
                 raise ProfileError(f"cold_start_ms for {key} must be >= 0, got {ms!r}")
             self._cold[key] = float(ms)
+        self._overheads: dict[tuple[str, str], float] = {}
+        for key, ms in (overheads or {}).items():
+            _check_overhead(key, ms)
+            if ms > 0:
+                self._overheads[key] = float(ms)
 
     @property
     def points(self) -> tuple[ProfilePoint, ...]:
-        """Every measured point, in the order given."""
+        """Every measured point, in the order given (without the per-batch overheads: :meth:`overhead_ms`)."""
         return self._points
+
+    @property
+    def overheads(self) -> dict[tuple[str, str], float]:
+        """The non-zero per-batch overheads in ms, by (stage, hardware)."""
+        return dict(self._overheads)
+
+    def overhead_ms(self, stage: str, hardware: str) -> float:
+        """The per-batch time added to every batch of ``stage`` on ``hardware``, whatever its items' size."""
+        return self._overheads.get((stage, hardware), 0.0)
 
     def stages(self) -> frozenset[str]:
         """Stages with at least one measured point."""
@@ -202,14 +226,21 @@ class LatencyProfile:
         """Time to start a worker and load the stage's model on ``hardware``."""
         return self._cold.get((stage, hardware), 0.0)
 
-    def latency_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95") -> float:
+    def latency_ms(
+        self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95", size_factor: float = 1.0
+    ) -> float:
         """Predicted latency of one batch of ``stage`` with ``config`` on ``hardware``.
+
+        ``table * size_factor + overhead``: the measured table answers for
+        typical items, ``size_factor`` (:meth:`size_factor`) rescales it for
+        the batch's own, and the per-batch overhead (:meth:`overhead_ms`) is
+        added once, since it does not grow with the items' size.
 
         Raises:
             MissingProfileError: when the measured points do not cover the query.
             ProfileError: when ``percentile`` is not ``"p95"`` or ``"mean"``.
         """
-        value = self.try_latency_ms(stage, config, hardware, percentile)
+        value = self.try_latency_ms(stage, config, hardware, percentile, size_factor)
         if value is None:
             raise MissingProfileError(
                 f"no profile covers stage {stage!r} on {hardware!r} with {config}; "
@@ -217,8 +248,17 @@ class LatencyProfile:
             )
         return value
 
-    def try_latency_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95") -> float | None:
+    def try_latency_ms(
+        self, stage: str, config: Config, hardware: str, percentile: Percentile = "p95", size_factor: float = 1.0
+    ) -> float | None:
         """Like :meth:`latency_ms` but returns None where the profile has no cover."""
+        value = self._table_ms(stage, config, hardware, percentile)
+        if value is None:
+            return None
+        return value * size_factor + self._overheads.get((stage, hardware), 0.0)
+
+    def _table_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile) -> float | None:
+        """The measured table's latency, interpolated (None where it has no cover)."""
         if percentile not in _PERCENTILES:
             raise ProfileError(f"percentile must be one of {_PERCENTILES}, got {percentile!r}")
         if (config.gpu_share == 0.0) != (hardware == CPU):
@@ -247,7 +287,7 @@ class LatencyProfile:
 
     def with_sizes(self, sizes: SizeModel | None) -> LatencyProfile:
         """A copy of this profile carrying ``sizes`` (None: count-only)."""
-        return LatencyProfile(self._points, self._cold, sizes)
+        return LatencyProfile(self._points, self._cold, sizes, self._overheads)
 
     def aliased(self, aliases: Mapping[str, str]) -> LatencyProfile:
         """A copy in which each stage ``alias`` answers with the measurements of ``aliases[alias]``.
@@ -267,14 +307,18 @@ class LatencyProfile:
         kept = [p for p in self._points if p.stage not in aliases]
         cold = dict(self._cold)
         cold.update({(a, hw): ms for a, st in aliases.items() for (s, hw), ms in self._cold.items() if s == st})
+        over = {(s, hw): ms for (s, hw), ms in self._overheads.items() if s not in aliases}
+        over.update({(a, hw): ms for a, st in aliases.items() for (s, hw), ms in self._overheads.items() if s == st})
         sizes = None if self.sizes is None else self.sizes.aliased(aliases)
-        return LatencyProfile([*kept, *extra], cold, sizes)
+        return LatencyProfile([*kept, *extra], cold, sizes, over)
 
     def size_factor(self, stage: str, config: Config, hardware: str, item_sizes: Iterable[float]) -> float:
         """How much the batch of ``item_sizes`` runs longer (> 1) or shorter than typical items; 1 if count-only.
 
         Item sizes are in the stage's own unit (its size function's, as the
-        profiler measured them). See :meth:`SizeModel.factor`.
+        profiler measured them). See :meth:`SizeModel.factor`. Pass it to
+        :meth:`latency_ms` rather than multiplying its answer, which holds the
+        per-batch overhead that items' size does not scale.
         """
         if self.sizes is None:
             return 1.0
@@ -293,9 +337,10 @@ class LatencyProfile:
         measured table, so the profile's shape over batch sizes and resources is
         kept and only its level moves; one overhead in ms (what a batch's round
         trip to its worker costs beyond the model's own time) is added to every
-        batch, its mean and p95 alike. Cold starts are left alone (model loading
-        is not what drifts with load). Pairs absent from ``factors`` keep factor
-        1, from ``overheads`` overhead 0.
+        batch, its mean and p95 alike, after any size factor (:meth:`latency_ms`):
+        it is kept apart from the points, not folded into them. Cold starts are
+        left alone (model loading is not what drifts with load). Pairs absent
+        from ``factors`` keep factor 1, from ``overheads`` overhead 0.
 
         Raises:
             ProfileError: for a factor that is not a finite number > 0, or an
@@ -306,17 +351,20 @@ class LatencyProfile:
                 raise ProfileError(f"latency factor for {key} must be a finite number > 0, got {f!r}")
         extra = dict(overheads or {})
         for key, o in extra.items():
-            if not (math.isfinite(o) and o >= 0):
-                raise ProfileError(f"latency overhead for {key} must be a finite number >= 0 ms, got {o!r}")
+            _check_overhead(key, o)
+        # This profile's own overheads scale with the factor: (table + own) * f + o.
+        over = {key: o * factors.get(key, 1.0) for key, o in self._overheads.items()}
+        for key, o in extra.items():
+            over[key] = over.get(key, 0.0) + o
 
         def moved(p: ProfilePoint) -> ProfilePoint:
-            f, o = factors.get((p.stage, p.hardware), 1.0), extra.get((p.stage, p.hardware), 0.0)
-            if f == 1.0 and o == 0.0:
+            f = factors.get((p.stage, p.hardware), 1.0)
+            if f == 1.0:
                 return p
-            p95 = None if p.p95_ms is None else p.p95_ms * f + o
-            return ProfilePoint(p.stage, p.hardware, p.batch, p.vcpus, p.gpu_share, p.mean_ms * f + o, p95)
+            p95 = None if p.p95_ms is None else p.p95_ms * f
+            return ProfilePoint(p.stage, p.hardware, p.batch, p.vcpus, p.gpu_share, p.mean_ms * f, p95)
 
-        return LatencyProfile([moved(p) for p in self._points], self._cold, self.sizes)
+        return LatencyProfile([moved(p) for p in self._points], self._cold, self.sizes, over)
 
     # ---- CSV -------------------------------------------------------------
 
@@ -374,7 +422,11 @@ class LatencyProfile:
         return cls(points, cold)
 
     def to_csv(self, target: str | Path) -> None:
-        """Write the profile in the format :meth:`from_csv` reads."""
+        """Write the profile in the format :meth:`from_csv` reads (its points and cold starts; not the overheads).
+
+        A correction's per-batch overheads belong to the pool that learned
+        them, not to the measured table.
+        """
         fields = ["stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms"]
         with open(target, "w", newline="", encoding="utf-8") as fh:
             writer = csv.DictWriter(fh, fieldnames=fields)

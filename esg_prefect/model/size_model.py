@@ -377,7 +377,7 @@ class SizeModel:
         """How much longer (> 1) or shorter (< 1) a batch of ``item_sizes`` runs than one of typical items.
 
         The bridge to the profile table (the way to wire this model into a
-        scheduler): ``profile.latency_ms(stage, config, hw) * size_factor(...)``
+        scheduler): ``profile.latency_ms(stage, config, hw, size_factor=size_factor(...))``
         keeps the profile's percentile and its interpolation over vcpus and GPU
         shares, and rescales by the fitted size effect. ``typical_item_size`` is
         the mean item size the profile was measured with (the profiler's

@@ -13,7 +13,8 @@ urgent job minus the planned latencies of the plan's later stages), or the
 planned batch latency (cold start included) when that is larger. Jobs are
 taken in EDF order, and the batch holds the number ``k`` of them whose
 size-aware prediction, ``L(stage, k) x size_factor(sizes of those k jobs)``
-(:meth:`esg_prefect.model.profile.LatencyProfile.size_factor`), fits the
+(:meth:`esg_prefect.model.profile.LatencyProfile.size_factor`; plus the
+per-batch overhead of a corrected profile, which does not scale), fits the
 budget at the least predicted time per job (ESG's own criterion, on fixed
 resources; ties go to the larger batch). The later stages' planned latencies
 are summed: exact for a chain, conservative where the plan branches. At
@@ -121,11 +122,11 @@ def pack(
     total = 0.0
     for k in range(1, top + 1):
         total += item_sizes[k - 1]
-        base = tables.latency_ms(stage, k, cfg.vcpus, cfg.gpu_share, hw)
-        if base is None:
+        factor = sizes.total_factor(stage, k, total, hardware=hw, vcpus=cfg.vcpus, gpu_share=cfg.gpu_share)
+        sized = tables.sized_latency_ms(stage, k, cfg.vcpus, cfg.gpu_share, hw, factor)
+        if sized is None:
             continue  # a batch size the table does not cover on these resources
-        pred = base * sizes.total_factor(stage, k, total, hardware=hw, vcpus=cfg.vcpus, gpu_share=cfg.gpu_share)
-        pred += cold_ms
+        pred = sized + cold_ms
         if first is None:
             first = pred
         # Within the budget, the cheapest per job (ESG's own criterion; the resources are fixed, so the

@@ -116,6 +116,20 @@ class CandidateTables:
             )
         return got  # type: ignore[return-value]
 
+    def sized_latency_ms(
+        self, stage: str, batch: int, vcpus: int, share: float, hardware: str, size_factor: float
+    ) -> float | None:
+        """Planned latency of a batch whose items run ``size_factor`` times as long as typical ones.
+
+        The factor scales the table's time only: a corrected profile's per-batch
+        overhead is paid once whatever the items' size (:meth:`LatencyProfile.latency_ms`).
+        """
+        if size_factor == 1.0:
+            return self.latency_ms(stage, batch, vcpus, share, hardware)
+        return self.profile.try_latency_ms(
+            stage, self._config(batch, vcpus, share), hardware, self.settings.percentile, size_factor
+        )
+
     def _config(self, batch: int, vcpus: int, share: float) -> Config:
         """``Config(batch, vcpus, share)``, one object per value (checked once; stages share them)."""
         key = (batch, vcpus, share)
