@@ -5,6 +5,7 @@ Prices are chosen as binary fractions (0.25, 2.0, ...) so that costs are exact.
 
 from __future__ import annotations
 
+import logging
 import pickle
 import re
 
@@ -12,7 +13,12 @@ import pytest
 
 from esg_prefect.exceptions import InvalidInputError, PriceError
 from esg_prefect.model.config import Config
-from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.pricing import PriceSheet, price_mismatches
+from esg_prefect.model.profile import LatencyProfile, ProfilePoint
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.simulator.run import simulate
+from esg_prefect.simulator.standard import tiny_case
 
 
 def sheet() -> PriceSheet:
@@ -195,3 +201,48 @@ def test_keep_alive_scales_follow_the_cheapest_gpu_type_present() -> None:
         "V100": pytest.approx(0.35 / 2.48),
         "B200": 1.0,
     }
+
+
+# ---- prices against a profile's hardware ---------------------------------------------------
+
+
+def test_a_price_for_a_misspelt_gpu_is_named_beside_the_profiled_one_it_misses() -> None:
+    prices = PriceSheet(0.25, {"T4": 2.0, "a100": 8.0})
+    assert price_mismatches(prices, {"A100", "T4", "cpu"}) == [
+        "price for 'a100' matches no hardware in the profile (A100, T4, cpu); did you mean 'A100'?"
+    ]
+    for typo in ("A-100", "a_100 "):
+        (message,) = price_mismatches(PriceSheet(0.25, {"T4": 2.0, typo: 8.0}), {"A100", "T4", "cpu"})
+        assert message.endswith("did you mean 'A100'?"), typo
+
+
+def test_prices_for_hardware_no_profile_has_are_fine_while_every_profiled_gpu_has_its_own() -> None:
+    """Hardware names are open-ended: the default sheet prices GPUs a user's profile does not cover."""
+    assert price_mismatches(PriceSheet.default(), {"T4", "cpu"}) == []
+    assert price_mismatches(PriceSheet(0.25, {"my-gpu": 1.0}), {"cpu"}) == []
+    assert price_mismatches(PriceSheet(0.25), {"L4", "cpu"}) == []  # unpriced, but no price went astray
+
+
+def test_an_unpriced_gpu_and_unmatched_prices_of_other_names_are_named_together() -> None:
+    (message,) = price_mismatches(PriceSheet(0.25, {"T4": 2.0, "H100": 8.0, "L40": 1.0}), {"L4", "T4", "cpu"})
+    assert message == (
+        "no price for the profile's L4, and the prices for H100, L40 match no hardware in the profile "
+        "(L4, T4, cpu): is one of them misnamed?"
+    )
+    (message,) = price_mismatches(PriceSheet(0.25, {"T4": 2.0, "A10": 8.0}), {"A100", "T4", "cpu"})
+    assert message.startswith("no price for the profile's A100, and the prices for A10 ")  # another GPU: no guess
+
+
+def test_a_pool_and_a_simulation_warn_of_a_misspelt_gpu_price_where_profile_and_prices_meet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    profile = LatencyProfile([ProfilePoint("enc", hw, 1, 1, 1.0, 10.0) for hw in ("T4", "A10G")])
+    caplog.set_level(logging.WARNING, logger="esg_prefect.model.pricing")
+    pool = Pool(profile, PriceSheet(0.25, {"T4": 2.0, "a10g": 1.0}), backend=InlineBackend())
+    pool.close()
+    assert "price for 'a10g' matches no hardware in the profile (A10G, T4); did you mean 'A10G'?" in caplog.messages
+    case = tiny_case()  # the shipped GPU profile: A100, T4 and V100
+    simulate(case.with_(prices=PriceSheet(0.25, {"T4": 2.0, "A100": 8.0, "v-100": 4.0}), duration_s=0.5))
+    assert (
+        "price for 'v-100' matches no hardware in the profile (A100, T4, V100); did you mean 'V100'?" in caplog.messages
+    )

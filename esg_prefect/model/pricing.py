@@ -14,12 +14,17 @@ unless the ``idle_vcpus`` setting says the platform holds the vCPUs too
 The default sheet (``PriceSheet.default()``) is illustrative: on-demand list
 prices of public clouds in 2024, rounded (vCPU $0.04/h; T4 $0.35/h; V100
 $2.48/h; A10 $1.00/h; A100 $3.67/h; H100 $6.98/h; H200 $10.60/h). Users give
-their own through the price-sheet block.
+their own through the price-sheet block. GPU names are open-ended (a profile
+may name its own hardware); where a sheet meets a profile (a pool, a
+simulation), a price that likely misnames a profiled GPU is warned of
+(:func:`warn_price_mismatches`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -36,6 +41,9 @@ _DEFAULT_GPU_PER_HOUR = {
     "H200": 10.60,
 }
 _DEFAULT_VCPU_PER_HOUR = 0.04
+
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()  # mismatch messages already logged by this process
 
 
 def _check_price(name: str, value: float) -> float:
@@ -161,3 +169,68 @@ class PriceSheet:
     def cost_per_request(self, config: Config, hardware: str, latency_ms: float) -> float:
         """Cost of one job of a full batch: ``batch_cost / batch``."""
         return self.batch_cost(config, hardware, latency_ms) / config.batch
+
+
+def price_mismatches(prices: PriceSheet, hardware: Iterable[str]) -> list[str]:
+    """Messages for the GPU prices in ``prices`` that are likely misnamed, given the profiled ``hardware``.
+
+    Hardware names are open-ended (a user's profile names its own), so a sheet
+    may price GPUs the profile does not cover; but a price that matches no
+    profiled hardware while a profiled GPU has no price of its own is almost
+    always a misspelt name (``'a100'`` for ``'A100'``): that price is never
+    used, and batches on the unpriced GPU cannot be priced.
+    """
+    known = set(hardware)
+    unpriced = sorted(hw for hw in known if hw != CPU and hw not in prices.price_per_gpu_s)
+    if not unpriced:
+        return []
+    listed = ", ".join(sorted(known))
+    out: list[str] = []
+    guessed: set[str] = set()
+    unsure: list[str] = []  # unmatched prices that spell no unpriced GPU
+    for name in sorted(prices.price_per_gpu_s):
+        if name in known:
+            continue
+        guess = _closest(name, unpriced)
+        if guess is None:
+            unsure.append(name)
+            continue
+        guessed.add(guess)
+        out.append(f"price for {name!r} matches no hardware in the profile ({listed}); did you mean {guess!r}?")
+    left = [hw for hw in unpriced if hw not in guessed]
+    if unsure and left:
+        out.append(
+            f"no price for the profile's {', '.join(left)}, and the prices for {', '.join(unsure)} "
+            f"match no hardware in the profile ({listed}): is one of them misnamed?"
+        )
+    return out
+
+
+def warn_price_mismatches(prices: PriceSheet, hardware: Iterable[str]) -> list[str]:
+    """Log :func:`price_mismatches` where a profile and prices meet (a pool, a simulation); returns them.
+
+    A warning, not an error: the sheet may rightly price hardware no worker is
+    placed on. Each message is logged once per process, since a simulation
+    study builds the same case many times.
+    """
+    found = price_mismatches(prices, hardware)
+    for message in found:
+        if message not in _warned:
+            _warned.add(message)
+            logger.warning("%s", message)
+    return found
+
+
+def _closest(name: str, candidates: list[str]) -> str | None:
+    """The candidate ``name`` spells but for case and punctuation (``a100``, ``A-100``), or None.
+
+    No nearer guess: GPU names that differ by a letter or a digit (``A10``,
+    ``A100``; ``L4``, ``L40``) are other GPUs, so such prices are named
+    together instead (:func:`price_mismatches`).
+    """
+    folded = {_fold(c): c for c in candidates}
+    return folded.get(_fold(name))
+
+
+def _fold(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", name.lower())

@@ -211,6 +211,10 @@ class LatencyProfile:
         """Stages with at least one measured point."""
         return frozenset(stage for stage, _ in self._grids)
 
+    def all_hardware(self) -> frozenset[str]:
+        """Every hardware type with a measured point, whatever the stage."""
+        return frozenset(hw for _, hw in self._grids)
+
     def hardware_types(self, stage: str) -> frozenset[str]:
         """Hardware types on which ``stage`` was measured."""
         return frozenset(hw for st, hw in self._grids if st == stage)

@@ -19,7 +19,7 @@ import math
 from esg_prefect.control.records import CorrectionRow
 from esg_prefect.model.config import Config
 from esg_prefect.model.correction import LatencyCorrection
-from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.model.pricing import PriceSheet, warn_price_mismatches
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.scheduling import ESGSettings, Scheduler, create_scheduler
 from esg_prefect.scheduling.search import Clock
@@ -51,6 +51,7 @@ class Planner:
     ) -> None:
         self.base_profile = profile
         self.prices, self.settings = prices, settings
+        warn_price_mismatches(prices, profile.all_hardware())  # a misnamed GPU price, once, where the two meet
         self.scheduler_name, self._clock = scheduler_name, scheduler_clock
         alpha = settings.correction_alpha
         self.correction: LatencyCorrection | None = LatencyCorrection(alpha) if alpha > 0 else None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.attribution import BatchRecord, IdleRecord
+from esg_prefect.model.pricing import warn_price_mismatches
 from esg_prefect.model.records import RequestRecord, StageRecord
 from esg_prefect.model.report import Report, summarize
 from esg_prefect.model.window import after_warmup
@@ -112,6 +113,7 @@ def simulate(
     """
     seed = case.seed if seed is None else seed
     profile = case.load_profile()
+    warn_price_mismatches(case.prices, profile.all_hardware())
     settings = case.settings
     scheduler = create_scheduler(case.scheduler, profile, case.prices, settings, clock)
     loop = EventLoop()
