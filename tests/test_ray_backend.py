@@ -17,9 +17,10 @@ import pytest
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import PriceSheet
-from esg_prefect.runtime import ray_backend
+from esg_prefect.runtime import ray_backend, worker_main
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.ray_backend import RayBackend, RayPlacement
+from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.runtime.workers import WorkerDiedError, WorkerLoadError, WorkerSpec
 from esg_prefect.scheduling import ESGSettings
 from tests.test_ray_multinode import Gates, LocalCluster, held_call, local_cluster, wait_for
@@ -138,6 +139,24 @@ def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'esg-prefect\[ray\]'"):
         RayBackend()
+
+
+def test_an_actors_batch_time_leaves_out_compacting_the_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the process worker leaves out pickling them: the rest of the round trip is the per-batch overhead."""
+    now = [0.0]  # a clock that moves only while the outputs are compacted
+    monkeypatch.setattr(ray_backend, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def slow_compact(obj: Any) -> Any:
+        now[0] += 1.0
+        return obj
+
+    monkeypatch.setattr(worker_main, "compact", slow_compact)
+    actor = ray_backend.StageActor("tests.toy_stages:inc", 1, 0.0)
+    actor.spec = resolve_stage("tests.toy_stages:inc")
+    actor.model = actor.spec.load("cpu")
+    status, outputs, elapsed_ms, _ = actor.run([1, 2, 3])
+    assert (status, outputs, now[0]) == ("ok", [2, 3, 4], 3.0)
+    assert elapsed_ms == 0.0
 
 
 # ---- on a local Ray instance ----------------------------------------------------------------------

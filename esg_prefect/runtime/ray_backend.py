@@ -126,7 +126,11 @@ class StageActor:
     def run(self, items: list[Any]) -> tuple[Any, ...]:
         """Run one batch: ``("ok", outputs, elapsed_ms, lines)`` or ``("error", type, message, traceback, lines)``.
 
-        ``lines``: what the batch printed or logged (:mod:`~esg_prefect.runtime.batch_output`).
+        ``elapsed_ms``: the batch function's run only, as the process backend's
+        worker times it (:mod:`~esg_prefect.runtime.worker_main`): it drives the
+        correction's factor, and the rest (compacting the outputs, Ray's round
+        trip) is the per-batch overhead. ``lines``: what the batch printed or
+        logged (:mod:`~esg_prefect.runtime.batch_output`).
         """
         from esg_prefect.runtime.batch_output import run_caught
         from esg_prefect.runtime.stages import run_checked
@@ -134,10 +138,11 @@ class StageActor:
 
         t0 = time.perf_counter()
         got = run_caught(run_checked, self.spec, self.model, items)
+        elapsed_ms = (time.perf_counter() - t0) * 1000.0
         if (failed := got.failed) is not None:  # the batch function's own error: reported, the actor lives on
             return ("error", *failed, got.lines)
         # Views into one batched tensor would carry the whole batch's storage into every item's object.
-        return ("ok", [compact(o) for o in got.value], (time.perf_counter() - t0) * 1000.0, got.lines)
+        return ("ok", [compact(o) for o in got.value], elapsed_ms, got.lines)
 
     def pid(self) -> int:
         """The actor's process id (for operators and fault tests)."""
