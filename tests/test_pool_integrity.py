@@ -292,3 +292,34 @@ def test_finished_outputs_kept_for_retries_are_bounded_in_bytes() -> None:
     again: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
     assert not ids.join(StageCall("c0", "s", "m:s", decl, "r", "r", 0), again)  # forgotten: it would run again
     assert ids.join(StageCall("c2", "s", "m:s", decl, "r", "r", 2), again) and again.result(1).output.nbytes == 600
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [{"scores": [0.5]}, "ok", b"ok", {0.5}, 0.5, None],
+    ids=["dict", "str", "bytes", "set", "float", "None"],
+)
+def test_a_batch_function_returning_no_sequence_is_refused_even_at_batch_one(returned: object) -> None:
+    """A dict of one key, a one-character string: iterated, they pass the count at batch 1 and hand back garbage."""
+    from esg_prefect.runtime.stages import StageSpec, run_checked
+
+    spec = StageSpec("rank", lambda device: None, lambda model, items: returned, "tests.toy_stages:inc")
+    with pytest.raises(InvalidInputError, match=rf"stage 'rank': batch function returned a {type(returned).__name__},"):
+        run_checked(spec, None, [1])
+
+
+def test_a_batch_function_may_return_any_ordered_sequence_of_outputs() -> None:
+    import torch
+
+    from esg_prefect.runtime.stages import StageSpec, run_checked
+
+    def spec(run: Any) -> StageSpec:
+        return StageSpec("rank", lambda device: None, run, "tests.toy_stages:inc")
+
+    assert run_checked(spec(lambda m, items: [i * 2 for i in items]), None, [1, 2]) == [2, 4]
+    assert run_checked(spec(lambda m, items: tuple(items)), None, [1, 2]) == [1, 2]
+    assert run_checked(spec(lambda m, items: (i for i in items)), None, [1, 2]) == [1, 2]
+    rows = run_checked(spec(lambda m, items: torch.ones(len(items), 3)), None, [1, 2])
+    assert len(rows) == 2 and rows[0].shape == (3,)
+    with pytest.raises(InvalidInputError, match="returned a Tensor, not a sequence"):
+        run_checked(spec(lambda m, items: torch.tensor(0.5)), None, [1])  # a 0-d tensor: one value, not a batch

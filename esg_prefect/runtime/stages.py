@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,10 +152,22 @@ def resolve_stage(import_path: str) -> StageSpec:
 def run_checked(spec: StageSpec, model: Any, items: list[Any]) -> list[Any]:
     """Run a batch and check it returned one output per item.
 
+    The outputs must be an ordered sequence: a list, a tuple, a generator, or a
+    tensor or array whose first dimension is the batch. A dict, a string, a set
+    or a scalar is refused, even at a batch of one, where iterating it would
+    pass the count check by chance (a dict's keys, a one-character string) and
+    hand the caller garbage that breaks only once batches grow.
+
     Raises:
-        InvalidInputError: when the batch function returns the wrong number of outputs.
+        InvalidInputError: when the batch function returns something else, or the wrong number of outputs.
     """
     outputs = spec.run(model, items)
+    if _not_a_batch(outputs):
+        raise InvalidInputError(
+            f"stage {spec.name!r}: batch function returned a {type(outputs).__name__}, not a sequence of outputs; "
+            f"it must return one output per input, in order (a list, a tuple, or a tensor whose first dimension "
+            f"is the batch: {len(items)} here)"
+        )
     outputs = list(outputs)
     if len(outputs) != len(items):
         raise InvalidInputError(
@@ -163,3 +175,12 @@ def run_checked(spec: StageSpec, model: Any, items: list[Any]) -> list[Any]:
             f"for {len(items)} input{'' if len(items) == 1 else 's'}; it must return one output per input, in order"
         )
     return outputs
+
+
+def _not_a_batch(outputs: Any) -> bool:
+    """Whether a batch function's return value cannot be one output per input, in order."""
+    if isinstance(outputs, (str, bytes, bytearray, Mapping, Set)):
+        return True
+    if getattr(outputs, "ndim", None) == 0:  # a 0-d tensor or array: one value, not a batch
+        return True
+    return not isinstance(outputs, Iterable)
