@@ -191,17 +191,6 @@ def exit_fast() -> None:
     gc.freeze()
 
 
-def url_error(url: str) -> str | None:
-    """Why ``url`` cannot be a pool service's address (not an http(s) URL with a host), or None."""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        return str(exc)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        return "not an http(s) URL with a host"
-    return None
-
-
 def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
     """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted.
 
@@ -227,10 +216,14 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
         parser.error(f"--port: must be a TCP port, 1 to 65535, got {args.port}")
     if args.limit is not None and args.limit < 1:  # 0 served nothing, ever ("at capacity"); < 0 was a traceback
         parser.error(f"--limit: must be at least 1 flow run at once (leave it out for no limit), got {args.limit}")
-    if args.pool_url is not None and (why := url_error(args.pool_url)):
-        parser.error(
-            f"--pool-url: {why}; give the pool service's address, e.g. http://127.0.0.1:4270, got {args.pool_url!r}"
-        )
+    if args.pool_url is not None:
+        from esg_prefect.exceptions import InvalidInputError
+        from esg_prefect.service.address import check_address
+
+        try:
+            check_address(args.pool_url, "--pool-url")
+        except InvalidInputError as exc:
+            parser.error(str(exc))
     if args.pool_url and args.sets:
         parser.error("--set applies to the pool service this script starts; it cannot change one at --pool-url")
     if args.sets:  # refused here in one line, not by the service once it has started

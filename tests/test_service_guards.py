@@ -5,7 +5,8 @@ web page could pause a tokenless service or read its metrics through a
 rebound host name; one call's SLO of 1e308 failed every waiting call of every
 client; tokens an HTTP header cannot carry were accepted; a full pool read
 whole bodies before refusing them; the client raised on a ``Retry-After`` date
-and on an answer of the wrong shape.
+and on an answer of the wrong shape. The service's address is checked by one rule
+wherever it is given (``http://``, with no host, passed the client and the runner).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from esg_prefect.exceptions import InvalidInputError, StageFailedError, StageRej
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
+from esg_prefect.service.address import address_error, check_address
 from esg_prefect.service.app import PoolService, check_bind, check_token
 from esg_prefect.service.client import PoolClient, _retry_after_s
 from esg_prefect.service.wire import call_body
@@ -107,6 +109,37 @@ def test_a_token_with_a_space_is_told_so() -> None:
 @pytest.mark.parametrize("host", ["[::1]", "LOCALHOST", "::1"])
 def test_loopback_names_need_no_token(host: str) -> None:
     check_bind(host, None)
+
+
+# ---- the service's address ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("localhost:4270", "not an http(s) URL with a host"),
+        ("http://", "not an http(s) URL with a host"),
+        ("ftp://127.0.0.1:4270", "not an http(s) URL with a host"),
+        ("http://127.0.0.1:4270\n", "non-printable ASCII character"),
+        (4270, "not a string but int"),
+    ],
+)
+def test_a_bad_address_is_refused_alike_by_the_client_and_the_runner(address: Any, why: str) -> None:
+    """One rule in three places (runner, client, deployments/serve.py): ``http://`` passed the client's and runner's."""
+    from esg_prefect import ESGTaskRunner
+
+    for make in (PoolClient, lambda a: ESGTaskRunner(address=a)):
+        with pytest.raises(InvalidInputError) as err:
+            make(address)
+        line = str(err.value)
+        assert line.startswith("address: ") and why in line.split(";")[0] and line.endswith(f"got {address!r}"), line
+        assert "\n" not in line and LOCAL in line  # one line, with an address that works
+
+
+@pytest.mark.parametrize("address", [LOCAL, "https://pool.example:8443/", "HTTP://[::1]:4270"])
+def test_an_http_url_with_a_host_is_an_address(address: str) -> None:
+    assert address_error(address) is None
+    check_address(address)
 
 
 # ---- one client cannot fail the others ---------------------------------------------------------

@@ -44,6 +44,7 @@ from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend
 from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.service.address import check_address
 
 if TYPE_CHECKING:
     from esg_prefect.integration.blocks import ESGPool
@@ -290,8 +291,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                     f"pool service at {address} has its own "
                     "(esg-prefect pool serve --set KEY=VALUE, --scheduler, --profile): give either address= or them"
                 )
-        if address is not None and not address.startswith(("http://", "https://")):
-            raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        if address is not None:
+            check_address(address)
         settings = _check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call

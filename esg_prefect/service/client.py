@@ -48,6 +48,7 @@ from esg_prefect.exceptions import (
     StageCallError,
     StageRejectedError,
 )
+from esg_prefect.service.address import check_address
 from esg_prefect.service.guards import is_loopback
 from esg_prefect.service.wire import MAX_WAIT_S, call_body, parse_result
 
@@ -102,8 +103,7 @@ class PoolClient:
         connect_grace_s: float = 30.0,
         poll_s: float = 50.0,
     ) -> None:
-        if not address.startswith(("http://", "https://")):
-            raise InvalidInputError(f"address must be an http(s) URL, got {address!r}")
+        check_address(address)
         if isinstance(poll_s, bool) or not (isinstance(poll_s, (int, float)) and 0 < poll_s <= MAX_POLL_S):
             raise InvalidInputError(f"poll_s must be a number of seconds in (0, {MAX_POLL_S:g}], got {poll_s!r}")
         self._connect_grace_s = connect_grace_s
