@@ -20,10 +20,14 @@ not answer within 180 s (the script says once that it waits) ends it in one line
 Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving: Prefect
 pauses the schedules and cancels the flow runs still in progress (they end
 Cancelled, "Runner is shutting down."). Then it stops the pool service (SIGINT,
-killed if it has not exited within 30 s), each step printed as it ends. Started in the background
-of a shell script (``python deployments/serve.py &``), the script ignores
-SIGINT, as the shell has every background command of a script do: stop it
-with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
+killed if it has not exited within 30 s, or at a second Ctrl-C), each step
+printed as it ends. A Ctrl-C before serving starts (the wait for the pool
+service, the flows loading) ends the script in one line, exit code 130; a pool
+service it started that has not answered yet is ended with SIGTERM, silently (a
+SIGINT made it print the traceback of the import it interrupted). Started in
+the background of a shell script (``python deployments/serve.py &``), the
+script ignores SIGINT, as the shell has every background command of a script
+do: stop it with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
 script, to see what a slow shutdown waits on. The script skips the
 interpreter's last garbage collection on the way out (:func:`exit_fast`): with
 torch and Prefect loaded it took 1 to 2 s of CPU of a 6 s shutdown, and several
@@ -145,16 +149,23 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes] | None = None, timeout_
         time.sleep(0.2)
 
 
-def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """Interrupt a process started in a session of its own; kill what is left of its group after ``timeout_s``."""
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 30.0, sig: int = signal.SIGINT, quiet: bool = False) -> None:
+    """Signal a process started in a session of its own; kill what is left of its group after ``timeout_s``.
+
+    A second Ctrl-C while it waits kills the group at once rather than leave the service running.
+    ``quiet``: say nothing (a service that never answered was never announced either).
+    """
     if proc.poll() is None:
-        print(f"stopping the pool service (pid {proc.pid})", flush=True)
-        proc.send_signal(signal.SIGINT)
+        if not quiet:
+            print(f"stopping the pool service (pid {proc.pid})", flush=True)
+        proc.send_signal(sig)
+    try:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout_s)
-    with contextlib.suppress(ProcessLookupError):  # its worker processes, should any outlive it
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # its worker processes, should any outlive it
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @contextlib.contextmanager
@@ -173,7 +184,12 @@ def pool_service(port: int, backend: str, sets: Sequence[str] = (), wait_s: floa
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
     try:
         wait_healthy(url, proc, wait_s)
-        print(f"pool service on {url} (pid {proc.pid})", flush=True)
+    except BaseException:  # Ctrl-C while it starts, or it exited or never answered (ServiceDown says so)
+        # SIGTERM ends a service still importing without the traceback a SIGINT prints there.
+        stop(proc, sig=signal.SIGTERM, quiet=True)
+        raise
+    print(f"pool service on {url} (pid {proc.pid})", flush=True)
+    try:
         yield url
     finally:
         began = time.monotonic()
@@ -191,12 +207,8 @@ def exit_fast() -> None:
     gc.freeze()
 
 
-def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
-    """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted.
-
-    Bad options are refused in one line before any flow is loaded or service started;
-    ``wait_s`` bounds the wait for the pool service to answer (a parameter for tests).
-    """
+def make_parser() -> argparse.ArgumentParser:
+    """The script's options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=4270, help="port of the pool service to start")
     parser.add_argument("--backend", choices=("process", "inline"), default="process", help="pool service workers")
@@ -211,7 +223,11 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
         metavar="KEY=VALUE",
         help="ESG setting of the pool service it starts (repeat), e.g. --set keep_alive_s=10",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Refuse a bad option in one line (``parser.error``, exit code 2); the deployments' specs otherwise."""
     if not 1 <= args.port <= 65535:  # as `esg-prefect pool serve` checks it; 0 (any free port) leaves no URL here
         parser.error(f"--port: must be a TCP port, 1 to 65535, got {args.port}")
     if args.limit is not None and args.limit < 1:  # 0 served nothing, ever ("at capacity"); < 0 was a traceback
@@ -251,30 +267,56 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
             f"--port {args.port}: cannot listen on 127.0.0.1:{args.port} ({why}); give another --port, "
             "or --pool-url to use the service there"
         )
+    return specs
 
-    from prefect import serve
-    from prefect.settings import PREFECT_API_URL
 
-    if not PREFECT_API_URL.value():
-        parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
-    url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
-    if args.pool_url:  # before the flows load (seconds of imports): a service that is not there costs one line
-        try:
-            wait_healthy(url, timeout_s=wait_s)
-        except ServiceDown as exc:
-            parser.error(f"--pool-url: {exc}; start `esg-prefect pool serve` there, or leave --pool-url out")
-    # Set before the flows are loaded; the flow runs' processes inherit it, and deployments/flows.py
-    # reads it when Prefect loads the flow there.
-    os.environ["ESG_PREFECT_POOL_URL"] = url
-    deployments = build_deployments(specs, args.only)
+INTERRUPTED = 130
+"""The exit code of a Ctrl-C that reaches the script itself (128 + SIGINT), as a shell reports one."""
+
+
+def interrupted(serving: bool) -> str:
+    """The one line a Ctrl-C that Prefect's serving did not handle ends the script with."""
+    return "interrupted before serving started" if not serving else "interrupted"
+
+
+def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
+    """Start the pool service (unless ``--pool-url``), then serve the deployments until interrupted.
+
+    Bad options are refused in one line before any flow is loaded or service started;
+    ``wait_s`` bounds the wait for the pool service to answer (a parameter for tests).
+    A Ctrl-C before serving starts (imports, the wait for the pool service, the flows
+    loading) ends it in one line, exit code 130: once serving, Prefect's ``serve`` handles it.
+    """
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    serving = False
     try:
+        specs = check_options(parser, args)
+        from prefect import serve
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
+        url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
+        if args.pool_url:  # before the flows load (seconds of imports): a service that is not there costs one line
+            try:
+                wait_healthy(url, timeout_s=wait_s)
+            except ServiceDown as exc:
+                parser.error(f"--pool-url: {exc}; start `esg-prefect pool serve` there, or leave --pool-url out")
+        # Set before the flows are loaded; the flow runs' processes inherit it, and deployments/flows.py
+        # reads it when Prefect loads the flow there.
+        os.environ["ESG_PREFECT_POOL_URL"] = url
+        deployments = build_deployments(specs, args.only)
         with contextlib.ExitStack() as stack:
             if not args.pool_url:
                 stack.enter_context(pool_service(args.port, args.backend, args.sets, wait_s))
+            serving = True
             serve(*deployments, limit=args.limit)
             print("serving stopped", flush=True)
     except ServiceDown as exc:  # the service it started exited (its own output says why) or never answered
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
+    except KeyboardInterrupt:  # the pool service it started, if any, is stopped by now
+        parser.exit(INTERRUPTED, f"{parser.prog}: {interrupted(serving)}\n")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ The wait for the pool service is bounded by ``main``'s ``wait_s``, so no test wa
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.prefect_server import free_port
+from tests.prefect_server import ROOT, SIGINT_DEFAULT, free_port
 from tests.scripts import load_script
 
 
@@ -83,3 +86,71 @@ def test_a_pool_service_that_exits_is_named_with_its_exit_code(serve: ModuleType
     proc.wait()
     with pytest.raises(serve.ServiceDown, match=r"exited with code 3 before it answered at http://127\.0\.0\.1:1$"):
         serve.wait_healthy("http://127.0.0.1:1", proc, timeout_s=60)
+
+
+# ---- Ctrl-C before serving starts ----------------------------------------------------------------
+
+
+def test_ctrl_c_while_waiting_for_the_pool_service_ends_in_one_line(tmp_path: Path) -> None:
+    """Was a KeyboardInterrupt traceback. SIGINT is sent once the script says it waits (nothing listens
+    at ``--pool-url``), so the wait is where it lands, whatever the machine's speed."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    env.pop("ESG_PREFECT_POOL_URL", None)
+    cmd = ["deployments/serve.py", "--pool-url", f"http://127.0.0.1:{free_port()}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGINT_DEFAULT, sys.executable, *cmd],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # blocks until the script has printed it (or exited: then "")
+        assert first.startswith("waiting up to "), first + proc.communicate(timeout=60)[1]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err == "serve.py: interrupted before serving started\n" and out == "", (out, err)
+
+
+def test_ctrl_c_while_the_flows_load_ends_in_one_line(
+    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def build(*args: object) -> list[object]:
+        raise KeyboardInterrupt  # as Ctrl-C during the seconds of imports that loading the flows takes
+
+    monkeypatch.setattr(serve, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "build_deployments", build)
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), pytest.raises(SystemExit) as exc:
+        serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
+    assert exc.value.code == 130
+    out = capsys.readouterr()
+    assert out.err.endswith(": interrupted before serving started\n") and out.err.count("\n") == 1, out.err
+    assert out.out == ""
+
+
+def test_a_pool_service_interrupted_while_it_starts_is_ended_without_a_word(
+    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT (as the script stopped every service) printed the service's own traceback of an import it
+    interrupted; one that never answered was never announced, so its end is not either."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def interrupted_wait(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        started.append(proc)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve, "wait_healthy", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt), serve.pool_service(free_port(), "inline"):
+        pass
+    assert started[0].returncode == -signal.SIGTERM
+    assert capsys.readouterr().out == ""
