@@ -1,29 +1,23 @@
 """A user's mistake on the command line is one line naming the bad value and what is accepted, exit code 2.
 
-Every command is covered: a bad value, an unknown name, a missing file, and a
-Prefect API (or pool service, or database) that does not answer. The commands
-run in this process through :func:`esg_prefect.cli.main`, the flow scripts as
-subprocesses; none of the refusals starts a simulation, a server or a pool.
+Every command is covered: a bad value, an unknown name, a missing file (a
+Prefect API, pool service or database that does not answer: test_cli_unreachable.py).
+The commands run in this process through :func:`esg_prefect.cli.main`, the flow
+scripts as subprocesses; none of the refusals starts a simulation, a server or a pool.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from esg_prefect.cli import main
-from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
+from tests.prefect_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 UNSET_TOKEN = "ESG_PREFECT_TEST_TOKEN_NEVER_SET"
@@ -274,7 +268,7 @@ def test_profile_warns_in_one_line_of_vcpus_beyond_the_machines(
 
 
 def test_pool_serve_takes_a_shipped_profile_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    port = str(_closed_port())
+    port = str(free_port())
     # Past the profile, the next check fails: a results file in a folder that does not exist.
     bad_db = str(tmp_path / "no" / "such" / "results.db")
     argv = ["pool", "serve", "--allow", "x", "--port", port, "--profile", "nvidia_gpu", "--results-db", bad_db]
@@ -357,55 +351,6 @@ def test_a_refused_demo_leaves_this_process_as_it_was(capsys: pytest.CaptureFixt
     assert dict(os.environ) == before
 
 
-# ---- a Prefect API (or pool service) that does not answer -----------------------------------------
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def dead_api(monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"http://127.0.0.1:{_closed_port()}/api"
-    monkeypatch.setenv("PREFECT_API_URL", url)
-    return url
-
-
-def test_the_demo_against_an_unreachable_api_is_one_line(dead_api: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--requests", "2"]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert dead_api in line and "prefect server start" in line
-
-
-def test_profile_as_a_flow_against_an_unreachable_api_is_one_line(
-    dead_api: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["profile", "--flow", "--quick"]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert dead_api in line and "prefect server start" in line
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "flows").glob("*.py")))
-def test_flow_scripts_against_an_unreachable_api_are_one_line_within_10_s(script: str) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}/api"
-    t0 = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(REPO / "flows" / script), "--requests", "2"],
-        env={**os.environ, "PREFECT_API_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-    elapsed = time.monotonic() - t0
-    assert done.returncode == 2, done.stderr
-    line = _one_line(done.stderr)
-    assert url in line and "prefect server start" in line
-    assert elapsed < 10.0, f"{script} took {elapsed:.1f} s to refuse"
-
-
 @pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "flows").glob("*.py")))
 def test_flow_scripts_refuse_a_bad_request_count_in_one_line(script: str) -> None:
     done = subprocess.run(
@@ -418,122 +363,3 @@ def test_flow_scripts_refuse_a_bad_request_count_in_one_line(script: str) -> Non
     assert done.returncode == 2
     line = _one_line(done.stderr)
     assert "--requests must be at least 1, got 0" in line
-
-
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        ok = self.path == "/api/health"
-        self.send_response(200 if ok else 404)
-        self.end_headers()
-        self.wfile.write(b"true" if ok else b"")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def live_api() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/api"
-    server.shutdown()
-    server.server_close()
-
-
-def test_an_api_that_answers_passes_the_check(live_api: str) -> None:
-    check_prefect_api(live_api)
-    check_prefect_api(live_api + "/")
-    check_prefect_api(None)  # no URL: Prefect starts its own API, nothing to check
-
-
-def test_an_api_that_answers_with_an_error_is_refused(live_api: str) -> None:
-    with pytest.raises(InvalidInputError, match="HTTPStatusError"):
-        check_prefect_api(live_api.removesuffix("/api") + "/elsewhere")
-
-
-def test_an_api_that_accepts_but_never_answers_is_refused_within_the_timeout() -> None:
-    with socket.socket() as s:  # listens (the kernel completes connections) but never reads or answers
-        s.bind(("127.0.0.1", 0))
-        s.listen(8)
-        url = f"http://127.0.0.1:{s.getsockname()[1]}/api"
-        t0 = time.monotonic()
-        with pytest.raises(InvalidInputError, match="ReadTimeout") as info:
-            check_prefect_api(url, timeout_s=0.5)
-        assert time.monotonic() - t0 < 5.0
-    assert url in str(info.value) and "\n" not in str(info.value)
-
-
-def test_the_api_url_comes_from_the_environment_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PREFECT_API_URL", "http://example.invalid:4200/api")
-    assert prefect_api_url() == "http://example.invalid:4200/api"
-
-
-def test_pool_admin_against_no_service_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    port = _closed_port()
-    assert main(["pool", "pause", "--url", f"http://127.0.0.1:{port}"]) == 1
-    line = _one_line(capsys.readouterr().err)
-    assert f"127.0.0.1:{port}" in line and "esg-prefect pool serve" in line
-
-
-def test_pool_admin_finds_the_service_in_esg_prefect_pool_url(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    port = _closed_port()
-    monkeypatch.setenv("ESG_PREFECT_POOL_URL", f"http://127.0.0.1:{port}")
-    assert main(["pool", "resume"]) == 1
-    assert f"127.0.0.1:{port}" in _one_line(capsys.readouterr().err)  # the one named, not the default
-
-
-def test_pool_serve_names_an_allow_prefix_no_module_answers_to() -> None:
-    from esg_prefect.cli.pool import unimportable
-
-    assert unimportable(["esg_prefect.examples", "tests", "no_such_module_xyz.stages", "bad-name", "json"]) == [
-        "no_such_module_xyz.stages",
-        "bad-name",
-    ]
-
-
-def test_pool_serve_on_a_port_in_use_is_one_line_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        assert main(["pool", "serve", "--allow", "tests", "--port", str(port)]) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert "--port" in line and f"cannot listen on 127.0.0.1:{port}" in line and "in use" in line, line
-
-
-def test_pool_serve_with_an_unreachable_store_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """A PostgreSQL cost store that does not answer: one line naming --store (password masked), not 500 of traceback."""
-    pytest.importorskip("psycopg")
-    url = f"postgresql://esg:secretpw@127.0.0.1:{_closed_port()}/costs"
-    argv = ["pool", "serve", "--allow", "x", "--backend", "inline", "--port", str(_closed_port()), "--store", url]
-    assert main(argv) == 2
-    line = _one_line(capsys.readouterr().err)
-    assert "--store" in line and "127.0.0.1" in line and "secretpw" not in line, line
-
-
-@pytest.mark.parametrize(
-    ("api_url", "artifacts", "warned"),
-    [("", [], True), ("http://127.0.0.1:4200/api", [], False), ("", ["--no-artifacts"], False)],
-)
-def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    api_url: str,
-    artifacts: list[str],
-    warned: bool,
-) -> None:
-    """Without PREFECT_API_URL the service's artifacts and tags land on a temporary API no flow reports to."""
-    import uvicorn
-
-    from esg_prefect.integration import api_check
-
-    ran: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.append(app))
-    monkeypatch.setattr(api_check, "prefect_api_url", lambda: api_url or None)
-    assert main(["pool", "serve", "--allow", "tests", "--port", str(_closed_port()), "--store", "off", *artifacts]) == 0
-    assert len(ran) == 1
-    err = capsys.readouterr().err
-    assert ("warning: no Prefect API is set (PREFECT_API_URL)" in err) is warned, err
