@@ -232,10 +232,10 @@ class ESGSettings:
             workers downstream (not in the paper;
             :class:`~esg_prefect.scheduling.esg_round.Lookahead`;
             docs/decisions/whole-bill.md, section 11).
-        size_aware: when the profile carries an input-size model (Cypress,
-            :mod:`esg_prefect.scheduling.packing`), pack each batch by its
-            items' predicted time instead of their count; no effect on a
-            count-only profile (such as the published GPU tables).
+        size_aware: pack each batch by its items' predicted time (the
+            profile's input-size model; Cypress, :mod:`esg_prefect.scheduling.packing`)
+            instead of their count; no effect on a stage the size model has no
+            fit for (the published GPU tables' stages have none).
         hardware_selection: PALDIA's per-stage hardware selection
             (:mod:`esg_prefect.scheduling.hardware`): each stage may use only
             the cheapest hardware type whose pool can carry its queue's arrival
