@@ -170,6 +170,27 @@ def test_text_outputs(traces: dict[str, Any]) -> None:
         assert len(summ["tokens"]) == text.SUMMARY_TOKENS and isinstance(summ["text"], str)
 
 
+def test_a_summary_is_never_empty_and_other_summaries_are_unchanged(traces: dict[str, Any]) -> None:
+    """request_seed=0 (and 35, 42) decoded ``[EOS]`` first: an empty text, ``0 `` in flows/text_pipeline.py.
+
+    The summarizer now never ends before its first token; a summary whose first token
+    was another one decodes as it did (seed 1, and the batch of the traces fixture).
+    """
+    models = traces["text"][0]
+    inputs = [text.make_input(random.Random(seed)) for seed in (0, 35, 42, 1)] + requests_for("text")
+    _, out = trace_pipeline("text", inputs, batch_size=4, models=models)
+    assert all(s["text"] for s in out["summarize"]), [s["text"] for s in out["summarize"]]
+    hidden, pad = text.pad_batch([c["hidden"] for c in out["classify_text"]])
+    first = torch.tensor([TOKEN_ID[f"[T{c['label']}]"] for c in out["classify_text"]])
+    with torch.inference_mode():
+        memory = models["summarize"].memory_norm(hidden)
+        before = models["summarize"].decoder.generate(memory, pad, first, text.SUMMARY_TOKENS).tolist()
+    eos = TOKEN_ID["[EOS]"]
+    assert [b[0] == eos for b in before] == [True, True, True] + [False] * (len(inputs) - 3)
+    for b, s in zip(before[3:], out["summarize"][3:], strict=True):
+        assert s["tokens"] == b
+
+
 def test_video_outputs(traces: dict[str, Any]) -> None:
     _, jobs, out = traces["video"]
     clips = requests_for("video")

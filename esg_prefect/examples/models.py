@@ -326,7 +326,7 @@ class GreedyDecoder(nn.Module):
         """Never emit these tokens (padding, unknown and other control tokens)."""
         self.banned[list(token_ids)] = True
 
-    def generate(self, memory: Tensor, memory_pad: Tensor, first: Tensor, steps: int) -> Tensor:
+    def generate(self, memory: Tensor, memory_pad: Tensor, first: Tensor, steps: int, min_tokens: int = 0) -> Tensor:
         """Greedily decode ``steps`` tokens after ``first`` (``(B,)`` token ids).
 
         Args:
@@ -334,6 +334,8 @@ class GreedyDecoder(nn.Module):
             memory_pad: ``(B, M)`` bool, True where ``memory`` is padding; each row keeps >= 1 real entry.
             first: the start token of each sequence.
             steps: tokens to emit; each row is decoded independently of the others.
+            min_tokens: the first steps that never emit ``[EOS]``, so that a text has at least
+                that many tokens (a row whose best token was another keeps it: greedy is unchanged).
 
         Returns:
             ``(B, steps)`` int64 token ids.
@@ -348,8 +350,10 @@ class GreedyDecoder(nn.Module):
             x = self.embed(token)[:, None, :] + self.pos[t]
             for layer, cache, mem in zip(layers, caches, mems, strict=True):
                 x = layer.step(x, cache, mem, mem_mask)
-            logits = self.head(self.norm(x[:, 0]))
-            token = logits.masked_fill(self.banned, float("-inf")).argmax(dim=-1)
+            logits = self.head(self.norm(x[:, 0])).masked_fill(self.banned, float("-inf"))
+            if t < min_tokens:
+                logits[:, TOKEN_ID[EOS]] = float("-inf")
+            token = logits.argmax(dim=-1)
             out.append(token)
         return torch.stack(out, dim=1)
 

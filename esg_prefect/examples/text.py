@@ -15,7 +15,8 @@ Data flow, per request (every value is a tensor, number, string, list or dict of
   transformer layer, attention pooling and an MLP choose one of 8 topics; the encoder states
   travel on because ``summarize`` attends to them (the chain has no encode->summarize edge);
 - ``summarize`` -> ``{"tokens": list[int], "text": str}``: a 2-layer transformer decoder with
-  cross-attention decodes 16 tokens greedily, starting from the topic's control token.
+  cross-attention decodes ``SUMMARY_TOKENS`` tokens greedily, starting from the topic's control
+  token; it never ends (``[EOS]``) before its first token, so no summary is empty.
 
 Texts of different lengths in one batch are padded to the longest and masked;
 the encoder runs PyTorch's nested-tensor fast path, which skips the padding.
@@ -247,5 +248,7 @@ def run_summarize(model: Summarizer, inputs: list[Any]) -> list[Any]:
     dev = model_device(model)
     with torch.inference_mode():
         memory = model.memory_norm(hidden.to(dev))
-        tokens = model.decoder.generate(memory, pad.to(dev), first.to(dev), SUMMARY_TOKENS).cpu().tolist()
+        # A token before [EOS]: a summary that ended at once was empty (request_seed=0, among others).
+        ids = model.decoder.generate(memory, pad.to(dev), first.to(dev), SUMMARY_TOKENS, min_tokens=1)
+        tokens = ids.cpu().tolist()
     return [{"tokens": t, "text": detokenize(t)} for t in tokens]
