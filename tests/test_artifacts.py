@@ -23,6 +23,7 @@ from esg_prefect.integration.run_views import (
     CALL_COLUMNS,
     artifact_key,
     call_costs,
+    cost_notice,
     is_run_tag,
     merged_tags,
     money,
@@ -195,6 +196,22 @@ def test_artifact_keys() -> None:
     # Prefect's run ids are time-ordered: runs of one minute share their first characters, not their key.
     same_minute = ("01a21f3b-5c2e-7d10-8a3b-0c1d2e3f4a5b", "01a21f3b-9f00-7e22-b1c4-5d6e7f8a9b0c")
     assert len({artifact_key("esg-cost", r) for r in same_minute}) == 2
+
+
+def test_the_cost_notice_says_where_and_when_never_a_figure() -> None:
+    """A run's log had no word of its cost; the figure is not known when it ends, so the line says when it comes."""
+    line = cost_notice("R1", keep_alive_s=12.5)
+    assert "artifact 'esg-cost-r1' (with the run's summary" in line and "keep-alive of up to 12.5 s" in line
+    assert "pool's close" in line and "$" not in line and "\n" not in line
+    assert "now (idle time is billed apart)" in cost_notice("R1", keep_alive_s=12.5, settled=True)
+    remote = ESGTaskRunner(address="http://127.0.0.1:4270")._cost_notice("R1")
+    assert remote is not None and "by the pool service at http://127.0.0.1:4270" in remote
+    assert "the keep-alive," in remote and "service's close" in remote
+    pool = Pool(toy_profile(), backend=InlineBackend())
+    try:  # no recorders attached (they are, at its first stage call, with artifacts=False): nothing is published
+        assert ESGTaskRunner(pool=pool, artifacts=False)._cost_notice("R1") is None
+    finally:
+        pool.close()
 
 
 # ---- runs-list tags ----------------------------------------------------------------------------
@@ -416,7 +433,7 @@ def test_publish_on_a_flow_run() -> None:
 
 
 @pytest.mark.usefixtures("prefect_harness")
-def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
+def test_runner_publishes_and_records_each_flow_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from prefect import flow, tags
 
     url = f"sqlite:///{tmp_path / 'runner.db'}"
@@ -433,10 +450,15 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path) -> None:
             assert ctx is not None and ctx.flow_run is not None
             return str(ctx.flow_run.id)
 
-        with tags("mine"):
+        with tags("mine"), caplog.at_level(logging.INFO):
             run_id = toy_flow(4)
         # Its workers idle for their 60 s keep-alive: the run's cost is not final, nothing is published yet.
         assert read_artifacts(uuid.UUID(run_id)) == []
+        # ... and the run's last log line says where and when it will be, on the run itself.
+        (notice,) = [r for r in caplog.records if r.getMessage().startswith("cost of this run: ")]
+        assert notice.levelno == logging.INFO and getattr(notice, "flow_run_id", None) == run_id
+        keep_s = max(pool.keep_alive_ms().values()) / 1000.0
+        assert f"'esg-cost-{run_id}'" in notice.getMessage() and f"up to {keep_s:g} s" in notice.getMessage()
         assert read_tags(uuid.UUID(run_id)) == ["mine"]
         pool.close()  # the idle time closes: the publisher posts the run's artifacts before close returns
         found = read_artifacts(uuid.UUID(run_id))

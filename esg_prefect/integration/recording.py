@@ -37,8 +37,9 @@ from esg_prefect.store import CostStore, attach_store
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()  # guards the four below: flow runs of many threads call in
+_lock = threading.Lock()  # guards the five below: flow runs of many threads call in
 _attached: weakref.WeakSet[Pool] = weakref.WeakSet()
+_publishing: weakref.WeakSet[Pool] = weakref.WeakSet()  # the attached pools that publish artifacts
 _stores: dict[str | None, CostStore] = {}
 _deployments: dict[uuid.UUID, str] = {}  # deployment id -> name
 _run_deployments: OrderedDict[str, uuid.UUID] = OrderedDict()  # flow run id -> deployment id, until recorded
@@ -132,6 +133,8 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
         if pool in _attached:
             return
         _attached.add(pool)
+        if artifacts:
+            _publishing.add(pool)
     # The store first: listeners run in order on one thread, and costs matter more than artifacts.
     # The publisher hands the store the idle time it learns of when it checks for expired keep-alives,
     # so that a run's artifacts and `esg-prefect costs` show the same figure from the moment it is final.
@@ -140,6 +143,11 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
         attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
     if cost_store is not None or artifacts:
         at_exit_before_threads_stop(_close_at_exit, weakref.ref(pool))
+
+
+def publishes(pool: Pool) -> bool:
+    """Does ``pool`` publish its flow runs' cost artifacts (it was given recorders with ``artifacts``)?"""
+    return pool in _publishing
 
 
 def at_exit_before_threads_stop(fn: Any, *args: Any) -> None:

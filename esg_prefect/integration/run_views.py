@@ -104,6 +104,34 @@ def artifact_key(prefix: str, run_id: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", raw)).strip("-")
 
 
+def cost_notice(
+    run_id: str, *, keep_alive_s: float | None = None, settled: bool = False, service: str | None = None
+) -> str:
+    """The one log line a flow run ends with: where and when its cost will appear, not a figure.
+
+    When the run ends its cost is not known yet: the warm idle time after its
+    batches is part of it and closes only at the workers' next batch, their
+    keep-alive expiry or the pool's close (``docs/decisions/one-cost.md``).
+    ``keep_alive_s`` is the longest keep-alive (None: unknown, as for a pool
+    ``service``); ``settled``: the idle time is billed apart, so it is final now.
+
+    Example:
+        >>> cost_notice("R1", keep_alive_s=60.0)  # doctest: +NORMALIZE_WHITESPACE
+        "cost of this run: published as artifact 'esg-cost-r1' (with the run's summary and cost tags) once
+        the idle time after its batches closes (the workers' next batch, a keep-alive of up to 60 s, or the
+        pool's close)"
+    """
+    where = f"artifact {artifact_key('esg-cost', run_id)!r} (with the run's summary and cost tags)"
+    by = f" by the pool service at {service} (unless it runs with --no-artifacts)" if service else ""
+    if settled:
+        return f"cost of this run: published{by} as {where} now (idle time is billed apart)"
+    keep = f"a keep-alive of up to {keep_alive_s:g} s" if keep_alive_s is not None else "the keep-alive"
+    return (
+        f"cost of this run: published{by} as {where} once the idle time after its batches closes "
+        f"(the workers' next batch, {keep}, or the {'service' if service else 'pool'}'s close)"
+    )
+
+
 def call_costs(records: RunRecords) -> dict[str, RunCost]:
     """Each successful call's share of its batch's cost: busy time and the idle time the batch caused.
 

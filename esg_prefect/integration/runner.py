@@ -38,7 +38,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from esg_prefect.control.calls import StagePool
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.integration.recording import attach_recorders, check_store_option, remember_run
+from esg_prefect.integration.recording import attach_recorders, check_store_option, publishes, remember_run
+from esg_prefect.integration.run_views import cost_notice
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.runtime.pool import Pool
@@ -296,6 +297,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         settings = _check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
+        self._run_logger: Any = None  # that flow run's logger, for the line its cost notice is (__exit__)
         self._address = address
         self._token = token
         self.slo_from: SloFrom = slo_from
@@ -325,7 +327,10 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
 
             ctx = FlowRunContext.get()
             if ctx is not None and ctx.flow_run is not None:
+                from prefect.logging.loggers import flow_run_logger
+
                 self._run_id = remember_run(ctx.flow_run)  # and its deployment, for the cost store
+                self._run_logger = flow_run_logger(ctx.flow_run, ctx.flow)
         return self._pool
 
     def duplicate(self) -> Self:
@@ -342,7 +347,19 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         run_id = self._run_id or (str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None)
         if self._pool is not None and run_id is not None:
             self._pool.end_run(run_id)  # non-blocking: posts to the pool's loop
+        if self._run_logger is not None and self._run_id is not None and (notice := self._cost_notice(self._run_id)):
+            self._run_logger.info(notice)
         super().__exit__(exc_type, exc_value, traceback)
+
+    def _cost_notice(self, run_id: str) -> str | None:
+        """Where and when the ended run's cost appears (:func:`cost_notice`); None when it is not published."""
+        if self._address is not None:  # the service publishes, with its own options
+            return cost_notice(run_id, service=self._address)
+        pool = self._pool
+        if not isinstance(pool, Pool) or not publishes(pool):
+            return None
+        keep_alive_s = max(pool.keep_alive_ms().values(), default=pool.settings.keep_alive_s * 1000.0) / 1000.0
+        return cost_notice(run_id, keep_alive_s=keep_alive_s, settled=pool.settings.idle_billing == "separate")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ESGTaskRunner):
@@ -362,4 +379,5 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         # re-resolves its own shared pool from the settings instead.
         state = super().__getstate__()
         state["_pool"] = None
+        state["_run_logger"] = None
         return state
