@@ -30,8 +30,7 @@ script ignores SIGINT, as the shell has every background command of a script
 do: stop it with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
 script, to see what a slow shutdown waits on. The script skips the
 interpreter's last garbage collection on the way out (:func:`exit_fast`): with
-torch and Prefect loaded it took 1 to 2 s of CPU of a 6 s shutdown, and several
-times that on a loaded machine.
+torch and Prefect loaded it is a large part of the shutdown.
 """
 
 from __future__ import annotations
