@@ -78,7 +78,7 @@ def test_table_of_run_a() -> None:
         "runs": 2,
         "worker": "w1",
         "wait ms": 100.0,
-        "busy $": "0.5",  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
+        "busy $": "0.500",  # b1: (1 vCPU x 0.5 + 0.5 T4 x 4.0) per s x 0.4 s = 1.0, half of it
         "idle $": "1.25",  # w1 idle after b1: 0.5 T4 x 4.0 per s x 1.25 s = 2.5, half of it
         "cost $": "1.75",
     }
@@ -89,11 +89,11 @@ def test_table_of_run_a() -> None:
         "runs": 1,
         "worker": "w2",
         "wait ms": 0.0,
-        "busy $": "0.4",  # (2 vCPU x 0.5 + 0.25 T4 x 4.0) per s x 0.2 s
-        "idle $": "0.2",  # w2 idle after b2: 0.25 T4 x 4.0 per s x 0.2 s, all A's
-        "cost $": "0.6",
+        "busy $": "0.400",  # (2 vCPU x 0.5 + 0.25 T4 x 4.0) per s x 0.2 s
+        "idle $": "0.200",  # w2 idle after b2: 0.25 T4 x 4.0 per s x 0.2 s, all A's
+        "cost $": "0.600",
     }
-    total = NONE_ROW | {"stage": "total", "busy $": "0.9", "idle $": "1.45", "cost $": "2.35"}
+    total = NONE_ROW | {"stage": "total", "busy $": "0.900", "idle $": "1.45", "cost $": "2.35"}
     rows = run_table(settled(records_a()))
     assert float(rows[-1][COST]) == EXPECTED_PER_RUN[RUN_A]  # what the cost store gives run A
     assert rows == [detect, classify, total]
@@ -117,9 +117,9 @@ def test_table_cells_are_short() -> None:
 def test_table_of_a_run_with_a_failed_call() -> None:
     rows = run_table(settled(records_c()))
     assert [(r["stage"], r["batch"], r[COST]) for r in rows] == [
-        ("embed", "b3", "0.05"),
+        ("embed", "b3", "0.0500"),
         ("embed", "failed", "0"),
-        ("total", None, "0.05"),
+        ("total", None, "0.0500"),
     ]
     assert rows[1] == NONE_ROW | {"stage": "embed", "batch": "failed", "busy $": "0", "idle $": "0", "cost $": "0"}
 
@@ -142,7 +142,7 @@ def test_summary_of_run_a() -> None:
         "\n"
         "**SLO met**: 700.0 ms end to end, 300.0 ms inside the 1000 ms SLO.\n"
         "\n"
-        "**Cost**: $2.35 (busy $0.9 + idle $1.45), this run's share of 2 batches (1 shared with other flow runs; "
+        "**Cost**: $2.35 (busy $0.900 + idle $1.45), this run's share of 2 batches (1 shared with other flow runs; "
         "equal split of each batch's cost) and, split the same way, of the warm idle time those batches caused: "
         "a worker's idle time goes to the batch that ended just before it, a worker's idle time before its first "
         "batch to that batch. Final: the idle time after each of its batches has closed; `esg-prefect costs` shows "
@@ -163,9 +163,9 @@ def test_summary_of_run_a() -> None:
 def test_summary_says_by_how_much_the_slo_was_missed() -> None:
     lines = run_summary(records_b()).splitlines()
     assert lines[2] == "**SLO missed** by 150.0 ms: 450.0 ms end to end against a 300 ms SLO."
-    assert lines[4].startswith("**Cost**: $0.5 (busy $0.5 + idle $0), this run's share of 1 batch (1 shared with")
+    assert lines[4].startswith("**Cost**: $0.500 (busy $0.500 + idle $0), this run's share of 1 batch (1 shared with")
     assert lines[4].endswith("Not final yet: idle time after its batches was still open.")
-    assert run_summary(settled(records_b())).splitlines()[4].startswith("**Cost**: $1.75 (busy $0.5 + idle $1.25)")
+    assert run_summary(settled(records_b())).splitlines()[4].startswith("**Cost**: $1.75 (busy $0.500 + idle $1.25)")
     separate = dataclasses.replace(records_b(), settled=True, idle_billing="separate")
     assert "billed on its own line, to no run (idle billing `separate`). Final:" in run_summary(separate)
     lines = run_summary(records_c()).splitlines()
@@ -217,34 +217,42 @@ def test_the_cost_notice_says_where_and_when_never_a_figure() -> None:
 # ---- runs-list tags ----------------------------------------------------------------------------
 
 
-def test_money_text_reads_like_the_browser_shows_the_tables_number() -> None:
-    """JavaScript's number to string: positional from 1e-6 up, an exponent below (no padding zero)."""
+def test_money_text_always_shows_three_significant_digits() -> None:
+    """Three significant digits, trailing zeros kept (0.000150, not 0.00015); positional from 1e-6 up, an
+    exponent below as a browser writes it (no padding zero); zero is 0."""
     cases = {
         2.15: "2.15",
-        0.7: "0.7",
+        0.7: "0.700",
+        0.00015: "0.000150",
         1.275: "1.27",  # 1.275 is 1.27499... in binary
-        3.2047e-06: "0.0000032",
+        3.2047e-06: "0.00000320",
         5.02416e-05: "0.0000502",
+        9.996e-07: "0.00000100",  # rounds up to 1e-6: positional
         9.012e-07: "9.01e-7",
+        1.15e-07: "1.15e-7",  # a small CPU model's cost per run
+        5e-08: "5.00e-8",
+        3.5e21: "3.50e+21",
         1234.5: "1230",
         120.0: "120",
         0.0: "0",
     }
     assert {v: money_text(v) for v in cases} == cases
-    for v in cases:  # the table's cell is the same text
+    for v, text in cases.items():  # the table's cell is the same text, and reads back as the rounded number
         assert money_text(v) == money(v)
+        assert money_text(float(text)) == text
+        assert is_run_tag(f"esg:${text}", "$")
 
 
 def test_run_tags_are_the_tables_total_and_the_stores_slo() -> None:
     a, b, c = settled(records_a()), settled(records_b()), settled(records_c())
     assert run_tags(a) == ("esg:$2.35", "esg:slo-met")
     assert run_tags(b) == ("esg:$1.75", "esg:slo-missed")  # 450 ms against a 300 ms SLO
-    assert run_tags(c) == ("esg:$0.05", "esg:slo-missed")  # a call failed: the run never finished
+    assert run_tags(c) == ("esg:$0.0500", "esg:slo-missed")  # a call failed: the run never finished
     for rec in (a, b, c):
         cost_tag = run_tags(rec)[0]
         assert cost_tag.removeprefix("esg:$") == run_table(rec)[-1][COST] == money(rec.cost().total)
     # before the idle time is known, the tag says what the (not final) artifact says
-    assert run_tags(records_a())[0] == "esg:$0.9" == f"esg:${run_table(records_a())[-1][COST]}"
+    assert run_tags(records_a())[0] == "esg:$0.900" == f"esg:${run_table(records_a())[-1][COST]}"
 
 
 def test_merged_tags_keep_the_runs_own_tags_and_replace_earlier_esg_tags() -> None:
@@ -252,7 +260,7 @@ def test_merged_tags_keep_the_runs_own_tags_and_replace_earlier_esg_tags() -> No
     assert merged_tags([], a) == ["esg:$2.35", "esg:slo-met"]
     own = ["nightly", "team:vision", "esg:v2", "esg:slo-metrics"]  # look alike, but the user's own
     assert merged_tags(own, a) == ["esg:$2.35", "esg:slo-met", *own]
-    earlier = ["nightly", "esg:$0.9", "esg:slo-missed", "team:vision"]  # a first publication's tags
+    earlier = ["nightly", "esg:$0.9", "esg:$0.900", "esg:slo-missed", "team:vision"]  # earlier publications
     assert merged_tags(earlier, a) == ["esg:$2.35", "esg:slo-met", "nightly", "team:vision"]
     assert merged_tags(merged_tags(own, a), a) == merged_tags(own, a)  # setting them again changes nothing
     assert [t for t in ("esg:$1e-7", "esg:$3.5e+21", "esg:$0", "esg:€1", "esg:$v2") if is_run_tag(t, "$")] == [
@@ -420,11 +428,11 @@ def test_publish_on_a_flow_run() -> None:
     assert table.key == f"esg-cost-{run_id}" and markdown.key == f"esg-summary-{run_id}"
     rows = json.loads(table.data)
     assert rows == run_table(rec)
-    assert rows[-1]["stage"] == "total" and rows[-1][COST] == "0.9"
+    assert rows[-1]["stage"] == "total" and rows[-1][COST] == "0.900"
     assert markdown.data == run_summary(rec)
     # The runs list: the table's total and the SLO outcome in front, the run's own tags kept.
     found = read_tags(uuid.UUID(run_id))
-    assert found[:2] == ["esg:$0.9", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
+    assert found[:2] == ["esg:$0.900", "esg:slo-met"] and sorted(found[2:]) == ["nightly", "team-a"]
     assert found[0].removeprefix("esg:$") == rows[-1][COST]
     # Published again (the same run, its cost now final): the ESG tags are replaced, not added.
     publish_run(renamed(settled(records_a()), run_id))

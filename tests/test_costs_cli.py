@@ -98,10 +98,10 @@ def test_table_by_deployment_is_the_default_format(store_path: str) -> None:
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
     assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "busy $", "idle $", "cost $"]
     assert cells[1:] == [
-        ["(no deployment)", "1", "1", "0", "1", "0.5", "1.25", "1.75"],
-        ["nightly", "2", "4", "1", "1", "0.95", "1.45", "2.4"],
-        [IDLE_KEY, "", "", "", "", "0", "1.1", "1.1"],
-        ["total", "", "", "", "", "1.45", "3.8", "5.25"],
+        ["(no deployment)", "1", "1", "0", "1", "0.500", "1.25", "1.75"],
+        ["nightly", "2", "4", "1", "1", "0.950", "1.45", "2.40"],
+        [IDLE_KEY, "", "", "", "", "0", "1.10", "1.10"],
+        ["total", "", "", "", "", "1.45", "3.80", "5.25"],
     ]
     assert f"store: sqlite:///{store_path}" in out
 
@@ -154,9 +154,9 @@ def test_the_table_writes_money_as_the_artifacts_do_and_says_it_is_rounded(tmp_p
     cells = {
         c[0]: c[5:] for c in ([x.strip() for x in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line)
     }
-    assert cells["img"] == ["0.0000014", "0.0000027", "0.0000041"]  # a millionth of busy 1.4, idle 2.7
-    assert cells["txt"] == ["5e-8", "0", "5e-8"]  # below 1e-6: with an exponent, as a browser writes it
-    assert cells["total"] == ["0.00000145", "0.0000038", "0.00000525"]
+    assert cells["img"] == ["0.00000140", "0.00000270", "0.00000410"]  # a millionth of busy 1.4, idle 2.7
+    assert cells["txt"] == ["5.00e-8", "0", "5.00e-8"]  # below 1e-6: with an exponent, as a browser writes it
+    assert cells["total"] == ["0.00000145", "0.00000380", "0.00000525"]
     assert "Costs in $, rounded to 3 significant digits: rows may not add up to the total exactly" in out
     assert "(--format csv or json: full precision)" in out
     code, out = invoke("--url", str(path), "--by", "workflow", "--format", "json")

@@ -182,8 +182,8 @@ def test_the_result_tables_read_whole_at_80_columns() -> None:
     assert "ESG ran 40 batches; 7 of them mixed calls of several flow runs" in text
     assert "$/run" in text and "cost $" in text  # every cost with its unit
     flat = " ".join(text.split())  # lines wrap at 80
-    assert "esg: 9/9 requests ok" in flat and "whole bill $0.00032 ($0.0000356/request)" in flat
-    assert "calls billed $0.00019" in flat  # the thread pool: its calls' own time
+    assert "esg: 9/9 requests ok" in flat and "whole bill $0.000320 ($0.0000356/request)" in flat
+    assert "calls billed $0.000190" in flat  # the thread pool: its calls' own time
     assert "0.00000123 │ 0.0000346 │ 0.0000358" in flat  # a run's busy, idle and cost, as its artifacts write them
 
 

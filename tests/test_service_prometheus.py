@@ -348,6 +348,7 @@ def test_pool_status_splits_the_bill_as_the_artifacts_and_costs_do() -> None:
         "calls": {"a": 2, "b": 1},
     }
     assert bill_text(totals) == (
-        "bill $0.000206 (busy $0.000203 + idle $0.000003; cold starts $0.000196 of the busy part), $0.0000687 per call"
+        "bill $0.000206 (busy $0.000203 + idle $0.00000300; cold starts $0.000196 of the busy part), "
+        "$0.0000687 per call"
     )
     assert bill_text({}) == "bill $0 (busy $0 + idle $0; cold starts $0 of the busy part)"

@@ -334,7 +334,7 @@ def bill_text(totals: dict[str, Any]) -> str:
 
     Example:
         >>> bill_text({"bill_dollars": {"busy": 1.5, "cold_start": 0.5, "idle": 0.75}, "calls": {"s": 4}})
-        'bill $2.75 (busy $2 + idle $0.75; cold starts $0.5 of the busy part), $0.688 per call'
+        'bill $2.75 (busy $2.00 + idle $0.750; cold starts $0.500 of the busy part), $0.688 per call'
     """
     from esg_prefect.model.money import money_str
 

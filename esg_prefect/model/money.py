@@ -1,9 +1,11 @@
 """How a cost is written for people: one format for every surface that shows a run's cost.
 
-Three significant digits, in positional notation from 1e-6 up and with an
-exponent below (as a browser writes a number), so that a run's table artifact,
-its summary, its runs-list tag, ``esg-prefect costs``, ``pool status`` and the
-demo all read the same text for the same figure. Machine-readable outputs
+Always three significant digits, trailing zeros kept (``0.000150``, ``2.40``;
+zero is ``0``), positional from 1e-6 up and with an exponent below (``1.15e-7``,
+as a browser writes such a number), so that a run's table artifact, its
+summary, its runs-list tag, ``esg-prefect costs``, ``pool status`` and the
+demo read the same text for the same figure, and a column of costs shows
+each to the same precision. Machine-readable outputs
 (``--json``, CSV, the cost store) keep full precision; rounded rows need not
 add up to a rounded total, which the tables that show both say.
 """
@@ -24,22 +26,23 @@ def money_round(value: float) -> float:
 
 
 def money_text(value: float) -> str:
-    """A cost as text, three significant digits, without its unit.
+    """A cost as text, three significant digits (trailing zeros kept), without its unit.
 
-    Positional from 1e-6 up to 1e21, with an exponent outside that range (as
-    JavaScript writes a number), so a tag reads like the table cell it repeats.
+    Positional from 1e-6 up to 1e21, with an exponent outside that range
+    (``9.01e-7``, no padding zero in the exponent), so a tag reads like the
+    table cell it repeats and ``float()`` reads either back.
 
     Example:
-        >>> [money_text(v) for v in (2.15, 3.2047e-06, 9.012e-07, 1234.5, 0.0, 4.55805e-05)]
-        ['2.15', '0.0000032', '9.01e-7', '1230', '0', '0.0000456']
+        >>> [money_text(v) for v in (2.15, 0.00015, 9.012e-07, 1234.5, 0.0, 4.55805e-05, 0.9)]
+        ['2.15', '0.000150', '9.01e-7', '1230', '0', '0.0000456', '0.900']
     """
     v = money_round(value)
     if v == 0.0:
         return "0"
     if 1e-6 <= abs(v) < 1e21:
-        text = format(Decimal(repr(v)), "f")
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    mantissa, exponent = f"{v:.3g}".split("e")
+        exact = Decimal(repr(v))
+        return format(exact, f".{max(0, 2 - exact.adjusted())}f")
+    mantissa, exponent = f"{v:.2e}".split("e")
     return f"{mantissa}e{int(exponent):+d}"
 
 
