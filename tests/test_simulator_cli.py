@@ -388,8 +388,8 @@ def test_compare_says_who_wins_in_words() -> None:
         {"scheduler": "fast-gshare", "cost_per_request": 1.38e-9, "slo_hit_rate": 1.0, "p99_ms": 1.8},
     ]
     lines = verdict(rows)
-    assert lines[0] == "Cheapest on the whole bill (busy + idle + cold starts): esg-fastest, $1e-09 per request."
-    assert lines[1] == "Most SLOs met: esg-fastest, 100.00% (at $1e-09 per request)."
+    assert lines[0] == "Cheapest on the whole bill (busy + idle + cold starts): esg-fastest, $1.00e-9 per request."
+    assert lines[1] == "Most SLOs met: esg-fastest, 100.00% (at $1.00e-9 per request)."
     assert lines[2] == "Lowest p99 latency: esg-fastest, 1.0 ms."
     # ESG's ablations are not baselines; the best baseline meets the most SLOs, then is the cheaper
     assert lines[3].startswith("ESG against the baseline meeting the most SLOs (infless): 46.15x dearer")

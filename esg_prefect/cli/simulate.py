@@ -3,9 +3,10 @@
 It runs the standard case (changed by options) or a case JSON file, under a
 progress bar, and prints the report's tables and a summary line. Every option
 is checked before the progress bar starts, so that a bad value is the only
-line printed. The helpers here (tables, ``--set``) are shared with
-``esg-prefect compare`` (:mod:`esg_prefect.cli.compare`); reading a case file
-is :mod:`esg_prefect.cli.case_file`. This module reads the wall clock (to time
+line printed. The helpers here (checks, ``--set``, the progress bar) are
+shared with ``esg-prefect compare`` (:mod:`esg_prefect.cli.compare`); the
+tables are :mod:`esg_prefect.cli.tables`, reading a case file
+:mod:`esg_prefect.cli.case_file`. This module reads the wall clock (to time
 decisions and the simulator's speed); the simulator it drives does not.
 """
 
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from esg_prefect.cli.case_file import (
     CASE_KEYS,
@@ -33,6 +33,7 @@ from esg_prefect.cli.case_file import (
     note_case,
     note_csv_replay,
 )
+from esg_prefect.cli.tables import print_table
 
 if TYPE_CHECKING:
     from esg_prefect.control.core import Core
@@ -46,61 +47,6 @@ class WallClock:
 
     def __call__(self) -> float:
         return time.perf_counter() * 1000.0
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-            return f"{v:.3g}"
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-    return str(v)
-
-
-def column_groups(widths: Sequence[int], room: int, keys: int = 1) -> list[list[int]]:
-    """Indexes of the columns of each table, so that each fits ``room`` characters with the first ``keys``
-    columns (the row's name) in every one.
-
-    ``widths`` are the columns' content widths; each column takes three more (padding and border),
-    the table one more. A column too wide to fit beside the keys still gets a table of its own.
-    """
-    head = list(range(min(keys, len(widths))))
-    base = 1 + sum(widths[i] + 3 for i in head)
-    groups: list[list[int]] = []
-    used = 0
-    for i in range(len(head), len(widths)):
-        if not groups or used + widths[i] + 3 > room:
-            groups.append(list(head))
-            used = base
-        groups[-1].append(i)
-        used += widths[i] + 3
-    return groups if groups else [head]
-
-
-def print_table(
-    console: Console, title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], keys: int = 1
-) -> None:
-    """A rich table of ``columns`` of ``rows``; on a console too narrow for it, several tables of fewer
-    columns, each led by the first ``keys`` columns, so that no header or value is cut short."""
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
-    groups = column_groups(widths, console.width, keys)
-    for n, group in enumerate(groups):
-        table = Table(title=f"{title} ({n + 1}/{len(groups)})" if len(groups) > 1 else title)
-        for i in group:
-            table.add_column(columns[i], no_wrap=True, min_width=widths[i])
-        for row in cells:
-            table.add_row(*(row[i] for i in group))
-        console.print(table)
-
-
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """The same table in Markdown."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
 
 
 def progress_bar(console: Console) -> Progress:
@@ -295,6 +241,8 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
     whole run too, next to the worker starts they caused, and says which
     figure the table shows: the counts cannot seem to contradict each other.
     """
+    from esg_prefect.model.money import money_str
+
     report = run.report
     n = len(run.requests)
     speed = n / wall_s if wall_s > 0 else float("inf")
@@ -306,8 +254,8 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
         f"{run.cold_starts} ({run.prewarm_starts} pre-warmed, {run.at_risk_cold_starts} for best-effort dispatches, "
         f"which no plan fitted in the slack). Requests with a best-effort stage (at_risk): {at_risk_all} over the "
         f"whole run, {report.overall.at_risk} after the {case.warmup_s:g} s warm-up (the table). Cost after the "
-        f"warm-up: ${report.overall.cost_total:.3g} (batches ${report.busy_cost:.3g}, idle ${report.idle_cost:.3g}). "
-        + _overhead_note(case)
+        f"warm-up: {money_str(report.overall.cost_total)} (batches {money_str(report.busy_cost)}, idle "
+        f"{money_str(report.idle_cost)}). " + _overhead_note(case)
     )
 
 

@@ -28,10 +28,12 @@ def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
     """Sentences for one comparison's rows (one seed): whole bill, SLO hit rate, p99, and ESG against the best.
 
     ``cost_per_request`` is the whole bill per request (busy, idle and cold
-    starts, in dollars); the best baseline is the one meeting the most SLOs
-    (ties: the cheaper), :func:`esg_prefect.simulator.experiments.best_baseline`,
-    the one the headline table names.
+    starts, in dollars, written as every cost is: :mod:`esg_prefect.model.money`);
+    the best baseline is the one meeting the most SLOs (ties: the cheaper),
+    :func:`esg_prefect.simulator.experiments.best_baseline`, the one the
+    headline table names.
     """
+    from esg_prefect.model.money import money_str
     from esg_prefect.simulator.experiments import best_baseline
 
     if not rows:
@@ -41,8 +43,9 @@ def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
     fastest = min(rows, key=lambda r: (r["p99_ms"], _name(r)))
     out = [
         f"Cheapest on the whole bill (busy + idle + cold starts): {_name(cheapest)}, "
-        f"${cheapest['cost_per_request']:.3g} per request.",
-        f"Most SLOs met: {_name(most)}, {most['slo_hit_rate']:.2%} (at ${most['cost_per_request']:.3g} per request).",
+        f"{money_str(cheapest['cost_per_request'])} per request.",
+        f"Most SLOs met: {_name(most)}, {most['slo_hit_rate']:.2%} "
+        f"(at {money_str(most['cost_per_request'])} per request).",
         f"Lowest p99 latency: {_name(fastest)}, {fastest['p99_ms']:.1f} ms.",
     ]
     mine = [r for r in rows if _name(r) == esg]
@@ -53,7 +56,7 @@ def verdict(rows: Sequence[Mapping[str, Any]], esg: str = "esg") -> list[str]:
         out.append(
             f"ESG against the baseline meeting the most SLOs ({_name(best)}): "
             f"{_times(e['cost_per_request'], best['cost_per_request'])} on the whole bill "
-            f"(${e['cost_per_request']:.3g} vs ${best['cost_per_request']:.3g} per request), "
+            f"({money_str(e['cost_per_request'])} vs {money_str(best['cost_per_request'])} per request), "
             f"SLO hit rate {points:+.2f} points ({e['slo_hit_rate']:.2%} vs {best['slo_hit_rate']:.2%}), "
             f"p99 {e['p99_ms']:.1f} vs {best['p99_ms']:.1f} ms."
         )

@@ -3,9 +3,9 @@
 Always three significant digits, trailing zeros kept (``0.000150``, ``2.40``;
 zero is ``0``), positional from 1e-6 up and with an exponent below (``1.15e-7``,
 as a browser writes such a number), so that a run's table artifact, its
-summary, its runs-list tag, ``esg-prefect costs``, ``pool status`` and the
-demo read the same text for the same figure, and a column of costs shows
-each to the same precision. Machine-readable outputs
+summary, its runs-list tag, ``esg-prefect costs``, ``pool status``, the demo
+and the tables and lines of ``simulate`` and ``compare`` read the same text
+for the same figure, and a column of costs shows each to the same precision. Machine-readable outputs
 (``--json``, CSV, the cost store) keep full precision; rounded rows need not
 add up to a rounded total, which the tables that show both say.
 """

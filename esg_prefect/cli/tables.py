@@ -1,0 +1,79 @@
+"""The tables ``esg-prefect simulate`` and ``compare`` print and write, from rows of plain values.
+
+On a console too narrow for a table it is split into several, each led by the
+row's name, so that no header or value is cut short. Costs are written as
+every other surface writes them (:func:`~esg_prefect.model.money.money_text`);
+other figures to about three significant digits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from esg_prefect.cli.bill_plot import BILL
+from esg_prefect.model.money import money_text
+
+MONEY_COLUMNS = frozenset({"cost", "cost_per_request", "batch_cost_per_request", *BILL})
+"""The row keys that hold money: written by :func:`~esg_prefect.model.money.money_text`."""
+
+
+def cell(column: str, v: Any) -> str:
+    """A value as a table shows it: money in the package's one format, other numbers short, None as ``-``."""
+    if v is None:
+        return "-"
+    if column in MONEY_COLUMNS and isinstance(v, int | float) and not isinstance(v, bool):
+        return money_text(float(v))
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f"{v:.3g}"
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def column_groups(widths: Sequence[int], room: int, keys: int = 1) -> list[list[int]]:
+    """Indexes of the columns of each table, so that each fits ``room`` characters with the first ``keys``
+    columns (the row's name) in every one.
+
+    ``widths`` are the columns' content widths; each column takes three more (padding and border),
+    the table one more. A column too wide to fit beside the keys still gets a table of its own.
+    """
+    head = list(range(min(keys, len(widths))))
+    base = 1 + sum(widths[i] + 3 for i in head)
+    groups: list[list[int]] = []
+    used = 0
+    for i in range(len(head), len(widths)):
+        if not groups or used + widths[i] + 3 > room:
+            groups.append(list(head))
+            used = base
+        groups[-1].append(i)
+        used += widths[i] + 3
+    return groups if groups else [head]
+
+
+def print_table(
+    console: Console, title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], keys: int = 1
+) -> None:
+    """A rich table of ``columns`` of ``rows``; on a console too narrow for it, several tables of fewer
+    columns, each led by the first ``keys`` columns, so that no header or value is cut short."""
+    cells = [[cell(c, r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    groups = column_groups(widths, console.width, keys)
+    for n, group in enumerate(groups):
+        table = Table(title=f"{title} ({n + 1}/{len(groups)})" if len(groups) > 1 else title)
+        for i in group:
+            table.add_column(columns[i], no_wrap=True, min_width=widths[i])
+        for row in cells:
+            table.add_row(*(row[i] for i in group))
+        console.print(table)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """The same table in Markdown."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
