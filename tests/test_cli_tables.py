@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from esg_prefect.cli import app
 from esg_prefect.cli.simulate import REPORT_COLUMNS
-from esg_prefect.cli.tables import column_groups, print_table
+from esg_prefect.cli.tables import column_groups, header, print_table
 
 
 def test_column_groups_fit_the_room_and_repeat_the_keys() -> None:
@@ -34,7 +34,7 @@ def test_print_table_on_80_columns_shows_every_header_and_value_whole() -> None:
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "…" not in text
     for c in REPORT_COLUMNS:
-        assert f" {c} " in text and f" {c}-value " in text
+        assert f" {header(c)} " in text and f" {c}-value " in text
     assert text.count("image-classify") == text.count(" report (")  # the key column leads every table
     assert " report (1/" in text
 
@@ -45,7 +45,7 @@ def test_simulate_on_a_narrow_terminal_cuts_nothing_short() -> None:
     )
     assert result.exit_code == 0, result.output
     assert "…" not in result.output
-    assert "slo_hit_rate" in result.output and "cost_per_request" in result.output
+    assert "slo_hit_rate" in result.output and "whole bill $/req" in result.output
 
 
 def _body_cells(text: str) -> list[list[str]]:
@@ -66,7 +66,7 @@ def test_tables_write_costs_as_every_other_surface_does() -> None:
     print_table(Console(file=out, width=200), "t", rows, columns)
     # was 1.52e-07 and 2.8e-06; a figure that is not money keeps its own format
     assert _body_cells(out.getvalue()) == [["all", "1.52e-7", "0.00000280", "0", "1.52e-07"]]
-    assert markdown_table(rows, columns).splitlines()[-1] == "| all | 1.52e-7 | 0.00000280 | 0 | 1.52e-07 |"
+    assert "\n| all | 1.52e-7 | 0.00000280 | 0 | 1.52e-07 |\n" in markdown_table(rows, columns)
 
 
 def test_simulate_and_its_summary_write_money_in_the_one_format(tmp_path: Path) -> None:
@@ -82,4 +82,72 @@ def test_simulate_and_its_summary_write_money_in_the_one_format(tmp_path: Path) 
     row = next(r for r in _body_cells(first) if r[0] == "all")
     assert row[REPORT_COLUMNS.index("cost_per_request")] == money_text(overall["cost_per_request"])
     assert row[REPORT_COLUMNS.index("batch_cost_per_request")] == money_text(overall["batch_cost_per_request"])
-    assert f"Cost after the warm-up: {money_str(overall['cost_total'])} " in " ".join(result.output.split())
+    assert f"Cost after the warm-up: {money_str(overall['cost_total'])}, " in " ".join(result.output.split())
+
+
+def test_cost_headers_say_whether_busy_includes_cold_starts_and_a_line_says_what_each_holds() -> None:
+    """simulate's busy (batch_cost_per_request) includes cold starts, compare's (busy_per_request) does not:
+    their headers differ, and the line under each table names every cost column's meaning and key."""
+    from esg_prefect.cli.compare import RUN_COLUMNS
+    from esg_prefect.cli.tables import cost_legend, markdown_table
+
+    assert header("batch_cost_per_request") == "busy incl. cold $/req"
+    assert header("busy_per_request") == "busy excl. cold $/req"
+    assert header("cold_per_request") == "cold starts $/req" and header("idle_per_request") == "idle $/req"
+    assert header("cost_per_request") == "whole bill $/req" and header("p99_ms") == "p99_ms"
+    rows = [{c: 1.5e-6 for c in RUN_COLUMNS} | {"scheduler": "esg"}]
+    out = io.StringIO()
+    print_table(Console(file=out, width=80), "case", rows, RUN_COLUMNS)
+    text = out.getvalue()
+    legend = cost_legend(RUN_COLUMNS)
+    assert legend is not None and " ".join(legend.split()) in " ".join(text.split())
+    assert text.rindex("┘") < text.index("Costs (3 significant digits)")  # under the (last) table
+    for key in ("cost_per_request", "busy_per_request", "idle_per_request", "cold_per_request"):
+        assert f"{header(key)} = " in legend and f"({key})" in legend
+    assert "busy excl. cold $/req = the batches less their workers' cold starts" in legend
+    assert "busy incl." not in legend  # no column of that kind here
+    assert markdown_table(rows, RUN_COLUMNS).endswith("\n\n" + legend)
+    assert cost_legend(("scheduler", "p99_ms")) is None
+    plain = io.StringIO()
+    print_table(Console(file=plain, width=80), "e3", [{"space": "a", "p99_ms": 1.0}], ("space", "p99_ms"))
+    assert "Costs" not in plain.getvalue()  # no cost column: no legend
+
+
+def test_simulate_splits_the_whole_bill_as_compare_does() -> None:
+    from esg_prefect.cli.compare import bill_split
+    from esg_prefect.cli.simulate import summary_line
+    from esg_prefect.model.money import money_str
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case("triton", rate_per_s=60.0, duration_s=4.0, warmup_s=1.0)  # triton: cold starts on the path
+    run = simulate(case)
+    n = run.report.overall.count
+    part = bill_split(run, case)
+    assert part["cold_per_request"] > 0
+    line = summary_line(run, case, wall_s=1.0)
+    assert (
+        f"Cost after the warm-up: {money_str(run.report.overall.cost_total)}, the whole bill: busy excl. cold "
+        f"{money_str(part['busy_per_request'] * n)} + idle {money_str(part['idle_per_request'] * n)} + cold starts "
+        f"{money_str(part['cold_per_request'] * n)} (the table's busy incl. cold = busy excl. cold + cold starts)."
+    ) in line
+
+
+def test_compare_prints_and_writes_the_cost_headers_and_their_legend(tmp_path: Path) -> None:
+    import json
+
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(standard_case(rate_per_s=40.0, duration_s=2.0, warmup_s=0.5).to_dict()))
+    out = tmp_path / "out"
+    args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.replace("│", " ").split())
+    for name in ("whole bill $/req", "busy excl. cold $/req", "idle $/req", "cold starts $/req"):
+        assert name in flat
+    assert "busy excl. cold $/req = the batches less their workers' cold starts (busy_per_request)" in flat
+    tables = (out / "tables.md").read_text()
+    assert "| busy excl. cold $/req |" in tables and "(busy_per_request)" in tables
+    row = json.loads((out / "results.json").read_text())["rows"][0]
+    assert {"busy_per_request", "idle_per_request", "cold_per_request", "cost_per_request"} <= set(row)  # keys kept

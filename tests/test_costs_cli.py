@@ -96,7 +96,9 @@ def test_table_by_deployment_is_the_default_format(store_path: str) -> None:
     assert "ESG costs by deployment" in out
     lines = [line.replace("┃", "│") for line in out.splitlines() if "│" in line or "┃" in line]
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines]
-    assert cells[0] == ["deployment", "runs", "stage calls", "SLO met", "SLO missed", "busy $", "idle $", "cost $"]
+    assert cells[0] == [
+        "deployment", "runs", "stage calls", "SLO met", "SLO missed", "busy incl. cold $", "idle $", "cost $"
+    ]  # fmt: skip
     assert cells[1:] == [
         ["(no deployment)", "1", "1", "0", "1", "0.500", "1.25", "1.75"],
         ["nightly", "2", "4", "1", "1", "0.950", "1.45", "2.40"],

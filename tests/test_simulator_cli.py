@@ -276,7 +276,7 @@ def test_the_bill_plot_stacks_three_parts_with_its_legend_outside_the_bars() -> 
         renderer = fig.canvas.get_renderer()
         legend = fig.legends[0].get_window_extent(renderer)
         assert [t.get_text() for t in fig.legends[0].get_texts()] == [
-            "busy (batches)",
+            "busy excl. cold starts (batches)",
             "idle (kept warm, pre-warm loads included)",
             "cold starts",
         ]

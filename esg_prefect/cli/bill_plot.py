@@ -15,7 +15,7 @@ from esg_prefect.control.totals import BILL_PARTS
 __all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "label_of"]
 
 _PARTS = {  # part (BILL_PARTS) -> (row key, legend label, colour), stacked from the bottom in this order
-    "busy": ("busy_per_request", "busy (batches)", "#4c72b0"),
+    "busy": ("busy_per_request", "busy excl. cold starts (batches)", "#4c72b0"),
     "idle": ("idle_per_request", "idle (kept warm, pre-warm loads included)", "#dd8452"),
     "cold_start": ("cold_per_request", "cold starts", "#c44e52"),
 }

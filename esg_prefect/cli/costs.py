@@ -41,6 +41,13 @@ IDLE_LINES = {
     ),
 }
 """What the idle line holds, by the idle billing the rows were priced with (``mixed``: both kinds of pools)."""
+COST_HEADERS = ("busy incl. cold", "idle", "cost")
+"""The table's cost columns (the unit follows): busy is said to include cold starts, as ``compare``'s excludes them."""
+COLUMNS_LINE = (
+    "Columns: busy incl. cold = the batches' busy time, their workers' cold starts included (busy_cost in csv/json); "
+    "idle = warm idle time (idle_cost); cost = busy + idle, the figure of a run's artifacts and tag (cost)."
+)
+"""The line under the table that says what each cost column holds."""
 
 
 def parse_since(text: str | None, now_s: float | None = None) -> float | None:
@@ -327,7 +334,7 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
     unit = every[-1].unit if every else "$"
     table = Table(title=f"ESG costs by {by}")
     table.add_column(by, no_wrap=True)
-    for name in ("runs", "stage calls", "SLO met", "SLO missed", f"busy {unit}", f"idle {unit}", f"cost {unit}"):
+    for name in ("runs", "stage calls", "SLO met", "SLO missed", *(f"{k} {unit}" for k in COST_HEADERS)):
         table.add_column(name, justify="right")
     for r in rows:
         money = (money_text(r.busy_cost), money_text(r.idle_cost), money_text(r.cost))
@@ -345,5 +352,5 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
         console = Console(width=160)
     console.print(table)
     rounded = f"Costs in {unit}, {ROUNDED_NOTE} (--format csv or json: full precision)."
-    for line in (pricing.cost_line(), pricing.priced_line(), rounded, f"store: {where}"):
+    for line in (COLUMNS_LINE, pricing.cost_line(), pricing.priced_line(), rounded, f"store: {where}"):
         console.print(line, soft_wrap=True, markup=False, highlight=False)

@@ -241,8 +241,6 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
     whole run too, next to the worker starts they caused, and says which
     figure the table shows: the counts cannot seem to contradict each other.
     """
-    from esg_prefect.model.money import money_str
-
     report = run.report
     n = len(run.requests)
     speed = n / wall_s if wall_s > 0 else float("inf")
@@ -253,9 +251,27 @@ def summary_line(run: Any, case: Any, wall_s: float) -> str:
         f"scheduler's decide over {run.rounds} rounds). Workers started over the whole run, warm-up included: "
         f"{run.cold_starts} ({run.prewarm_starts} pre-warmed, {run.at_risk_cold_starts} for best-effort dispatches, "
         f"which no plan fitted in the slack). Requests with a best-effort stage (at_risk): {at_risk_all} over the "
-        f"whole run, {report.overall.at_risk} after the {case.warmup_s:g} s warm-up (the table). Cost after the "
-        f"warm-up: {money_str(report.overall.cost_total)} (batches {money_str(report.busy_cost)}, idle "
-        f"{money_str(report.idle_cost)}). " + _overhead_note(case)
+        f"whole run, {report.overall.at_risk} after the {case.warmup_s:g} s warm-up (the table). "
+        + bill_note(run, case)
+        + _overhead_note(case)
+    )
+
+
+def bill_note(run: Any, case: Any) -> str:
+    """The whole bill after the warm-up, split as ``compare``'s rows split it: busy excl. cold + idle + cold starts.
+
+    The table's rows carry busy with cold starts included (the report's, per
+    workflow); cold starts are split out for the whole run only, here.
+    """
+    from esg_prefect.cli.compare import bill_split
+    from esg_prefect.model.money import money_str
+
+    n = run.report.overall.count or 1
+    part = {k: v * n for k, v in bill_split(run, case).items()}
+    return (
+        f"Cost after the warm-up: {money_str(run.report.overall.cost_total)}, the whole bill: busy excl. cold "
+        f"{money_str(part['busy_per_request'])} + idle {money_str(part['idle_per_request'])} + cold starts "
+        f"{money_str(part['cold_per_request'])} (the table's busy incl. cold = busy excl. cold + cold starts). "
     )
 
 

@@ -3,13 +3,16 @@
 On a console too narrow for a table it is split into several, each led by the
 row's name, so that no header or value is cut short. Costs are written as
 every other surface writes them (:func:`~esg_prefect.model.money.money_text`);
-other figures to about three significant digits.
+other figures to about three significant digits. "Busy" means the batches with
+their workers' cold starts in ``simulate``'s rows and without them in
+``compare``'s: so the cost columns' headers say which, and a line under each
+table says what every cost column holds and its key in the JSON files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,8 +20,48 @@ from rich.table import Table
 from esg_prefect.cli.bill_plot import BILL
 from esg_prefect.model.money import money_text
 
+if TYPE_CHECKING:
+    from rich.console import JustifyMethod
+
 MONEY_COLUMNS = frozenset({"cost", "cost_per_request", "batch_cost_per_request", *BILL})
 """The row keys that hold money: written by :func:`~esg_prefect.model.money.money_text`."""
+
+HEADERS = {
+    "cost": "whole bill $",
+    "cost_per_request": "whole bill $/req",
+    "batch_cost_per_request": "busy incl. cold $/req",
+    "busy_per_request": "busy excl. cold $/req",
+    "cold_per_request": "cold starts $/req",
+    "idle_per_request": "idle $/req",
+}
+"""The header of a cost column, by row key: what it holds, so that no two kinds of "busy" read alike."""
+
+_MEANS = {
+    "cost": "the batches, cold starts included, + idle",
+    "cost_per_request": "the batches, cold starts included, + idle, per request",
+    "batch_cost_per_request": "the batches, their workers' cold starts included",
+    "busy_per_request": "the batches less their workers' cold starts",
+    "cold_per_request": "the part of the batches spent starting their worker",
+    "idle_per_request": "workers kept warm with no batch, pre-warm loads included",
+}
+
+
+def header(column: str) -> str:
+    """The header a table shows for the row key ``column`` (the key itself unless it is a cost)."""
+    return HEADERS.get(column, column)
+
+
+def cost_legend(columns: Sequence[str]) -> str | None:
+    """The line under a table that says what each of its cost columns holds; None when it has none.
+
+    Example:
+        >>> print(cost_legend(["scheduler", "cost"]))
+        Costs (3 significant digits): whole bill $ = the batches, cold starts included, + idle (cost).
+    """
+    shown = [c for c in columns if c in _MEANS]
+    if not shown:
+        return None
+    return "Costs (3 significant digits): " + "; ".join(f"{header(c)} = {_MEANS[c]} ({c})" for c in shown) + "."
 
 
 def cell(column: str, v: Any) -> str:
@@ -58,22 +101,29 @@ def print_table(
     console: Console, title: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], keys: int = 1
 ) -> None:
     """A rich table of ``columns`` of ``rows``; on a console too narrow for it, several tables of fewer
-    columns, each led by the first ``keys`` columns, so that no header or value is cut short."""
+    columns, each led by the first ``keys`` columns, so that no header or value is cut short. Cost columns
+    get their :data:`HEADERS`, and the table its :func:`cost_legend` line."""
+    names = [header(c) for c in columns]
     cells = [[cell(c, r.get(c)) for c in columns] for r in rows]
-    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    widths = [max([len(n), *(len(row[i]) for row in cells)]) for i, n in enumerate(names)]
     groups = column_groups(widths, console.width, keys)
     for n, group in enumerate(groups):
         table = Table(title=f"{title} ({n + 1}/{len(groups)})" if len(groups) > 1 else title)
         for i in group:
-            table.add_column(columns[i], no_wrap=True, min_width=widths[i])
+            justify: JustifyMethod = "right" if columns[i] in MONEY_COLUMNS else "left"  # money: digits line up
+            table.add_column(names[i], no_wrap=True, min_width=widths[i], justify=justify)
         for row in cells:
             table.add_row(*(row[i] for i in group))
         console.print(table)
+    legend = cost_legend(columns)
+    if legend is not None:
+        console.print(legend, highlight=False, markup=False)
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """The same table in Markdown."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    """The same table in Markdown, its legend line under it."""
+    lines = ["| " + " | ".join(header(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |")
-    return "\n".join(lines)
+    legend = cost_legend(columns)
+    return "\n".join(lines) + (f"\n\n{legend}" if legend is not None else "")
