@@ -263,6 +263,7 @@ def _compare_case(
 def register(app: typer.Typer) -> None:
     """Add the ``compare`` command."""
 
+    # typer prints each paragraph of the docstring with its line breaks: one line each.
     @app.command("compare")
     def compare_cmd(
         ctx: typer.Context,
@@ -276,7 +277,7 @@ def register(app: typer.Typer) -> None:
         seeds: int = typer.Option(
             1, help="Seeds per simulated point: 0, 1, ...; with --case, the case's seed and the next ones."
         ),
-        quick: bool = typer.Option(False, help="Short runs and fewer decisions (a smoke test, minutes)."),
+        quick: bool = typer.Option(False, "--quick", help="Short runs and fewer decisions (a smoke test, minutes)."),
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
         out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULT_OUT,
         case_file: Annotated[
@@ -294,8 +295,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run experiments E1-E7 (or the schedulers on --case) and write results.json, tables.md and plots.
 
-        Each finished simulation is appended to rows.jsonl in --out; running the
-        same command again reuses those rows (--fresh starts afresh).
+        Each finished simulation is appended to rows.jsonl in --out; the same command again reuses them (--fresh).
         """
         from esg_prefect.simulator import experiments as ex
         from esg_prefect.simulator import plots

@@ -92,6 +92,8 @@ def rows_as_csv(rows: list[dict[str, Any]]) -> str:
 def register(app: typer.Typer) -> None:
     """Add the ``costs`` command."""
 
+    # typer prints each paragraph of the docstring with its line breaks, the first as the command's
+    # summary in `esg-prefect --help`: one line each.
     @app.command("costs")
     def costs(
         by: str = typer.Option("run", "--by", help="Group by run, workflow, deployment or day (UTC)."),
@@ -117,8 +119,10 @@ def register(app: typer.Typer) -> None:
         ),
         limit: int = typer.Option(0, "--limit", help="Show only the last N groups (the total counts all); 0: all."),
     ) -> None:
-        """Costs of flow runs from the cost store, one row per group and a total (idle time attributed to no run
-        has a row of its own)."""
+        """Costs of flow runs from the cost store: one row per run, workflow, deployment or day, and a total.
+
+        Idle time attributed to no run has a row of its own; --format csv or json keeps full precision.
+        """
         from esg_prefect.store import GROUP_BYS, resolve_url
         from esg_prefect.store.engine import ENV_URL, default_store_path, safe_url
 
