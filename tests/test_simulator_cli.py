@@ -463,3 +463,19 @@ def test_headline_and_sentences_name_the_same_best_baseline() -> None:
     assert best_baseline(rows[:2]) is None
     with pytest.raises(ValueError, match="no baseline among the schedulers"):
         headline(rows[:2])
+
+
+def test_compare_writes_into_a_folder_of_its_own_in_the_working_folder_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not bench/out/compare, a path of this repository that a user's working folder does not have."""
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(standard_case(rate_per_s=40.0, duration_s=2.0, warmup_s=0.5).to_dict()))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["compare", "--case", "case.json", "--schedulers", "triton", "--processes", "1"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "esg-compare" / "results.json").is_file() and not (tmp_path / "bench").exists()
+    help_text = " ".join(CliRunner().invoke(app, ["compare", "--help"]).output.replace("│", " ").split())
+    assert "(default: ./esg-compare in the working folder)" in help_text

@@ -32,7 +32,8 @@ from esg_prefect.cli.simulate import WallClock, check_scheduler, make_out_dir, p
 from esg_prefect.cli.tables import markdown_table, print_table
 from esg_prefect.cli.verdict import verdict
 
-DEFAULT_OUT = Path("bench/out/compare")
+DEFAULT_OUT = Path("esg-compare")
+"""Where ``compare`` writes when no ``--out`` is given: a folder of its own in the working folder."""
 DEFAULT_LOADS = "150,300,450,600"
 EXPERIMENTS = ("e1", "e2", "e3", "e4", "e5", "e6", "e7")
 RUN_COLUMNS = (
@@ -279,7 +280,10 @@ def register(app: typer.Typer) -> None:
         ),
         quick: bool = typer.Option(False, "--quick", help="Short runs and fewer decisions (a smoke test, minutes)."),
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
-        out: Annotated[Path, typer.Option(help="Output directory.")] = DEFAULT_OUT,
+        out: Annotated[
+            Path,
+            typer.Option(help="Output directory, created if missing (default: ./esg-compare in the working folder)."),
+        ] = DEFAULT_OUT,
         case_file: Annotated[
             Path | None,
             typer.Option("--case", help="Compare the schedulers on this case JSON instead of running E1-E7."),
