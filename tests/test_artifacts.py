@@ -397,6 +397,14 @@ def read_artifacts(flow_run_id: uuid.UUID) -> list[Any]:
     return sorted(Artifact.model_validate_list(response.json()), key=lambda a: a.type or "")
 
 
+def read_name(flow_run_id: uuid.UUID) -> str:
+    """A flow run's name, read back through the client."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return str(client.read_flow_run(flow_run_id).name)
+
+
 def read_tags(flow_run_id: uuid.UUID) -> list[str]:
     """A flow run's tags, read back through the client."""
     from prefect.client.orchestration import get_client
@@ -478,6 +486,7 @@ def test_runner_publishes_and_records_each_flow_run(tmp_path: Path, caplog: pyte
         with CostStore(url) as store:  # the same figure, and split, as the store's
             (row,) = [r for r in store.costs("run") if not r.idle]
         assert row.key == run_id and row.idle_cost > 0 and row.busy_cost > 0 and row.unit == "$"
+        assert row.name == read_name(uuid.UUID(run_id))  # the name the UI shows, for `costs --by run`
         total = rows[-1]
         assert (total["cost $"], total["busy $"], total["idle $"]) == (
             money(row.cost),

@@ -30,7 +30,8 @@ from tests.cost_records import (
 
 runner = CliRunner()
 HEADER = [
-    "group_by", "key", "runs", "stage_calls", "slo_met", "slo_missed", "cost", "idle", "busy_cost", "idle_cost", "unit"
+    "group_by", "key", "runs", "stage_calls", "slo_met", "slo_missed", "cost", "idle", "busy_cost", "idle_cost", "unit",
+    "name",
 ]  # fmt: skip
 
 

@@ -48,6 +48,22 @@ COLUMNS_LINE = (
     "idle = warm idle time (idle_cost); cost = busy + idle, the figure of a run's artifacts and tag (cost)."
 )
 """The line under the table that says what each cost column holds."""
+SHORT_ID = 8
+"""Characters of a run id shown after its name: the last ones (Prefect's ids are time-ordered, the first alike)."""
+RUN_NAMES_LINE = (
+    f"A run is shown by its flow run name and the last {SHORT_ID} characters of its id "
+    "(--format csv or json: the whole id); runs the store has no name for, by their id."
+)
+
+
+def run_label(key: str, name: str | None) -> str:
+    """How the table names a run: its flow run's name and the end of its id, or its id when the name is unknown.
+
+    Example:
+        >>> run_label("9b6f0c1e-4a1d-4f7e-9a51-0c1d2e3f4a5b", "crimson-fox")
+        'crimson-fox (2e3f4a5b)'
+    """
+    return f"{name} ({key[-SHORT_ID:]})" if name else key
 
 
 def parse_since(text: str | None, now_s: float | None = None) -> float | None:
@@ -345,7 +361,8 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
         if r.idle:
             table.add_row(r.key, "", "", "", "", *money, style="dim")
         else:
-            table.add_row(r.key, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), *money)
+            label = run_label(r.key, r.name) if by == "run" else r.key
+            table.add_row(label, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), *money)
     table.add_section()
     if hidden:
         table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", "", "", style="dim")
@@ -356,5 +373,6 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
         console = Console(width=160)
     console.print(table)
     rounded = f"Costs in {unit}, {ROUNDED_NOTE} (--format csv or json: full precision)."
-    for line in (COLUMNS_LINE, pricing.cost_line(), pricing.priced_line(), rounded, f"store: {where}"):
+    named = [RUN_NAMES_LINE] if any(r.name for r in rows) else []
+    for line in (COLUMNS_LINE, *named, pricing.cost_line(), pricing.priced_line(), rounded, f"store: {where}"):
         console.print(line, soft_wrap=True, markup=False, highlight=False)

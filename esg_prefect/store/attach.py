@@ -42,25 +42,26 @@ class StoreAttachment:
     """
 
     def __init__(
-        self, pool: RecordSource, store: CostStore, deployment_of: Callable[[str], str | None] | None = None
+        self,
+        pool: RecordSource,
+        store: CostStore,
+        deployment_of: Callable[[str], str | None] | None = None,
+        name_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.pool = pool
         self.store = store
         self.scope = uuid.uuid4().hex[:16]
         self.billing = billing_of(pool)  # None for a source without settings: the store's defaults
         self.deployment_of = deployment_of
+        self.name_of = name_of
         self._idles_seen = 0  # the pool's idle records up to here came with batches
 
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
-        deployment = None
-        if self.deployment_of is not None:
-            try:
-                deployment = self.deployment_of(records.run_id)
-            except Exception as exc:  # a lookup that fails must not lose the run's costs
-                logger.debug("no deployment name for run %s: %s", records.run_id, exc)
+        deployment = _looked_up(self.deployment_of, records.run_id, "deployment name")
+        name = _looked_up(self.name_of, records.run_id, "flow run name")
         # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
-        self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing)
+        self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread)."""
@@ -93,8 +94,23 @@ class StoreAttachment:
         self.store.record_idles(snap.idles, self.pool.prices, scope=self.scope, billing=self.billing)
 
 
+def _looked_up(lookup: Callable[[str], str | None] | None, run_id: str, what: str) -> str | None:
+    """``lookup(run_id)``, or None when there is no lookup or it fails: a failed lookup must not lose the run."""
+    if lookup is None:
+        return None
+    try:
+        return lookup(run_id)
+    except Exception as exc:
+        logger.debug("no %s for run %s: %s", what, run_id, exc)
+        return None
+
+
 def attach_store(
-    pool: RecordSource, store: CostStore, *, deployment_of: Callable[[str], str | None] | None = None
+    pool: RecordSource,
+    store: CostStore,
+    *,
+    deployment_of: Callable[[str], str | None] | None = None,
+    name_of: Callable[[str], str | None] | None = None,
 ) -> StoreAttachment:
     """Record every flow run that ends in ``pool`` into ``store``.
 
@@ -103,11 +119,13 @@ def attach_store(
         store: the store.
         deployment_of: ``run_id -> deployment name or None``, called on the listener
             thread (the Prefect integration passes an API lookup).
+        name_of: ``run_id -> flow run name or None``, likewise (the integration passes the
+            name seen in the run's context).
 
     Returns:
         The listener, whose :meth:`StoreAttachment.flush` stores trailing idle time.
     """
-    attachment = StoreAttachment(pool, store, deployment_of)
+    attachment = StoreAttachment(pool, store, deployment_of, name_of)
     pool.add_run_listener(attachment)
     pool.add_batch_listener(attachment.on_batches)
     return attachment

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CHUNK = 500  # ids per IN (...) list: well under SQLite's and PostgreSQL's parameter limits
+_KEEP = ("deployment", "run_name")  # a run's columns that a later record without them never erases
 
 
 def since_ms(since: datetime | float | None) -> float | None:
@@ -104,7 +105,7 @@ class CostStore:
     Examples:
         >>> store = CostStore("sqlite://")        # in memory
         >>> store.schema_version
-        4
+        5
         >>> store.costs("run")[-1].key
         '(unattributed idle)'
     """
@@ -147,6 +148,7 @@ class CostStore:
         scope: str = "",
         deployment: str | None = None,
         billing: Billing | None = None,
+        name: str | None = None,
     ) -> None:
         """Store one finished flow run: run, calls, batches with their items, new idle intervals, prices.
 
@@ -159,12 +161,13 @@ class CostStore:
             deployment: the run's deployment name, if known (a known one is never erased by None).
             billing: the pool's pricing options, kept for its scope (the first ones stored
                 stay); None: its records are read with the store's defaults.
+            name: the flow run's name, if known (as ``deployment``, never erased by None).
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
             _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
-            _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
+            _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
             _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
@@ -177,17 +180,18 @@ class CostStore:
         scope: str = "",
         deployment: str | None = None,
         billing: Billing | None = None,
+        name: str | None = None,
     ) -> None:
         """Store a run's own row and the idle intervals closed since, when its batches are stored already.
 
         What a pool's run listener needs once :meth:`record_batches` has written
         the run's batches and calls as they completed (see ``attach_store``).
-        ``billing`` as for :meth:`record`.
+        ``billing`` and ``name`` as for :meth:`record`.
         """
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
             _record_pool(conn, scope, billing)
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
-            _upsert(conn, RunRow, [R.run_row(records, deployment)], ("run_id",), keep_if_null=("deployment",))
+            _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
     def record_batches(self, done: Sequence[BatchDone], *, scope: str = "", billing: Billing | None = None) -> None:
@@ -365,7 +369,9 @@ class CostStore:
             pending = sorted(set(report.per_run) - set(found))
             batch_of_pending = _first_batches(s, pending)
         runs = {
-            rid: RunInfo(r.run_id, r.workflow, r.deployment, r.day, r.arrival_ms, r.slo_met, calls.get(rid, 0))
+            rid: RunInfo(
+                r.run_id, r.workflow, r.deployment, r.day, r.arrival_ms, r.slo_met, calls.get(rid, 0), r.run_name
+            )
             for rid, r in found.items()
         }
         for rid in pending:  # billed in batches shared with stored runs, not ended (or not stored) yet

@@ -196,5 +196,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         add_column("worker_idle", "vcpus_held", "BOOLEAN", "FALSE"),
     ),
     Migration(4, "pools: the cost split and idle billing each pool priced its runs with", _create_pools),
+    Migration(
+        5,
+        "runs.run_name: the flow run's name in Prefect, shown by esg-prefect costs --by run",
+        add_column("runs", "run_name", "VARCHAR", "NULL"),
+    ),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

@@ -40,6 +40,7 @@ class RunInfo:
         slo_met: whether it met its SLO; None when the run is not recorded yet
             (its items were billed in batches shared with recorded runs).
         stage_calls: its stage calls in the window.
+        name: its flow run's name in Prefect, if the store has it.
     """
 
     run_id: str
@@ -49,6 +50,7 @@ class RunInfo:
     arrival_ms: float
     slo_met: bool | None
     stage_calls: int = 0
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class CostRow:
         busy_cost: the part of ``cost`` that is shares of batches' busy time.
         idle_cost: the part of ``cost`` that is warm idle time (all of it on the idle line).
         unit: the unit of the costs (the price sheet's: ``$``).
+        name: grouped by run, the flow run's name when the store has it (the key stays its id);
+            else None.
     """
 
     group_by: str
@@ -79,6 +83,7 @@ class CostRow:
     busy_cost: float = 0.0
     idle_cost: float = 0.0
     unit: str = COST_UNIT
+    name: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The row as a plain dict (for JSON and CSV)."""
@@ -144,6 +149,7 @@ def group_costs(report: CostReport, runs: Mapping[str, RunInfo], group_by: str) 
             busy_cost=sum(report.per_run_busy.get(i.run_id, 0.0) for i in members[key]),
             idle_cost=sum(report.per_run_idle.get(i.run_id, 0.0) for i in members[key]),
             unit=report.unit,
+            name=members[key][0].name if by == "run" else None,
         )
         for key in keys
     ]

@@ -66,8 +66,8 @@ def slo_met(records: RunRecords) -> bool:
     return records.finish_ms is not None and records.finish_ms - records.arrival_ms <= records.slo_ms
 
 
-def run_row(records: RunRecords, deployment: str | None) -> dict[str, Any]:
-    """The ``runs`` row of a finished run."""
+def run_row(records: RunRecords, deployment: str | None, name: str | None = None) -> dict[str, Any]:
+    """The ``runs`` row of a finished run (``name``: its flow run's name, if known)."""
     return {
         "run_id": records.run_id,
         "workflow": records.workflow,
@@ -78,6 +78,7 @@ def run_row(records: RunRecords, deployment: str | None) -> dict[str, Any]:
         "slo_met": slo_met(records),
         "day": utc_day(records.arrival_ms),
         "cost_split": records.cost_split,
+        "run_name": name,
     }
 
 
@@ -93,6 +94,7 @@ def run_stub_row(stub: RunStub, cost_split: str) -> dict[str, Any]:
         "slo_met": False,
         "day": utc_day(stub.arrival_ms),
         "cost_split": cost_split,
+        "run_name": None,
     }
 
 

@@ -66,6 +66,7 @@ class RunRow(StoreModel, table=True):
     slo_met: bool
     day: str = Field(index=True, description="UTC date of arrival, YYYY-MM-DD")
     cost_split: str = Field(default="equal", description="the pool's cost split when the run ended")
+    run_name: str | None = Field(default=None, description="the flow run's name in Prefect, if known")
 
 
 class StageCallRow(StoreModel, table=True):

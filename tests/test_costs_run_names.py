@@ -1,0 +1,73 @@
+"""``esg-prefect costs --by run`` names runs as the Prefect UI does: the store keeps each flow run's name."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from types import SimpleNamespace
+
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from esg_prefect.cli import app
+from esg_prefect.cli.costs import RUN_NAMES_LINE, run_label
+from esg_prefect.integration import recording
+from esg_prefect.store import CostStore
+from esg_prefect.store.attach import StoreAttachment
+from esg_prefect.store.tables import RunRow
+from tests.cost_records import RUN_A, RUN_B, RUN_C, all_records, records_a
+
+
+def _store(tmp_path: Path) -> str:
+    path = tmp_path / "names.db"
+    with CostStore(str(path)) as store:
+        for rec in all_records():
+            store.record(rec, name="crimson-fox" if rec.run_id == RUN_A else None)
+        store.record(records_a(), name=None)  # recorded again without it: the name stays
+    return str(path)
+
+
+def test_the_store_keeps_a_runs_name_and_groups_by_run_with_it(tmp_path: Path) -> None:
+    with CostStore(_store(tmp_path)) as store:
+        rows = {r.key: r.name for r in store.costs("run") if not r.idle}
+        assert rows == {RUN_A: "crimson-fox", RUN_B: None, RUN_C: None}
+        assert all(r.name is None for r in store.costs("workflow"))  # a group of runs has no one name
+
+
+def test_the_table_shows_the_name_and_the_end_of_the_id_and_csv_the_whole_id(tmp_path: Path) -> None:
+    url = _store(tmp_path)
+    table = CliRunner().invoke(app, ["costs", "--url", url])
+    assert table.exit_code == 0, table.output
+    first = [line.split("│")[1].strip() for line in table.output.splitlines() if line.startswith("│")]
+    assert first[:3] == [f"crimson-fox ({RUN_A[-8:]})", RUN_B, RUN_C]  # without a name: the id, whole
+    assert " ".join(RUN_NAMES_LINE.split()) in " ".join(table.output.split())
+    assert run_label(RUN_B, None) == RUN_B and run_label(RUN_A, "x") == f"x ({RUN_A[-8:]})"
+    as_csv = CliRunner().invoke(app, ["costs", "--url", url, "--format", "csv"])
+    rows = list(csv.DictReader(io.StringIO(as_csv.output)))
+    assert [(r["key"], r["name"]) for r in rows[:3]] == [(RUN_A, "crimson-fox"), (RUN_B, ""), (RUN_C, "")]
+    by_workflow = CliRunner().invoke(app, ["costs", "--url", url, "--by", "workflow"])
+    assert by_workflow.exit_code == 0 and "flow run name" not in by_workflow.output
+
+
+def test_the_runner_side_remembers_the_name_in_the_runs_context_for_the_store(tmp_path: Path) -> None:
+    run_id = RUN_A
+    flow_run = SimpleNamespace(id=run_id, deployment_id=None, name="crimson-fox")
+    assert recording.remember_run(flow_run) == run_id
+    assert recording.run_name(run_id) == "crimson-fox"
+    assert recording.run_name(run_id) is None  # forgotten once asked: the store has it
+    recording.remember_run(SimpleNamespace(id=RUN_B, deployment_id=None))  # a context without a name
+    assert recording.run_name(RUN_B) is None
+    recording.remember_run(flow_run)
+    with CostStore(str(tmp_path / "attach.db")) as store:
+        pool = SimpleNamespace(prices=records_a().prices)
+        attachment = StoreAttachment(pool, store, name_of=recording.run_name)  # type: ignore[arg-type]
+        attachment(records_a())
+
+        def failing(run: str) -> str | None:
+            raise RuntimeError("no API")
+
+        StoreAttachment(pool, store, name_of=failing)(records_a())  # type: ignore[arg-type]  # the run is kept
+        with store.engine.connect() as conn:
+            names = conn.execute(select(RunRow.run_id, RunRow.run_name)).all()  # type: ignore[call-overload]
+    assert [tuple(n) for n in names] == [(RUN_A, "crimson-fox")]
