@@ -99,7 +99,10 @@ def serve(
         help="warning (problems only), info (every batch, worker start and stop, and request), or debug.",
     ),
 ) -> None:
-    """Serve one pool over HTTP until interrupted."""
+    """Serve one pool over HTTP until interrupted; stage modules are imported from the working directory too."""
+    from esg_prefect.cli.profile import import_from_cwd
+
+    import_from_cwd()  # before the workers' fork server starts: they import the stages, and inherit the path
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -215,8 +218,9 @@ def serve(
     service = PoolService(pool, allow, token, cache, max_pending, on_call=remember_deployment)
     for prefix in unimportable(allow):
         typer.echo(
-            f"warning: --allow {prefix!r}: no module {prefix.split('.')[0]!r} can be imported here; calls to its "
-            "stages will fail unless the workers can import it (a Ray runtime_env, for one)",
+            f"warning: --allow {prefix!r}: no module {prefix.split('.')[0]!r} can be imported here (the working "
+            "directory and PYTHONPATH are searched); calls to its stages will fail unless the workers can import "
+            "it (a Ray runtime_env, for one)",
             err=True,
         )
     if artifacts and not prefect_api_url():

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import typer
 
 DEFAULT_BATCHES = "1,2,4,8,16,32"
+
+
+def import_from_cwd() -> str | None:
+    """Let this process and its children import modules from the working directory, as ``uvicorn module:app`` does.
+
+    Why: ``python -m`` puts the working directory on ``sys.path``, a console script does not, so
+    ``esg-prefect profile -t mypipe:embed@mypipe:images`` run beside ``mypipe.py`` would not find it.
+    The directory goes first on ``sys.path`` (what multiprocessing hands to spawned and fork-server
+    children) and on ``PYTHONPATH`` (what any other child interpreter reads). Returns the directory
+    added, or None when ``sys.path`` had it already (then nothing changes).
+    """
+    cwd = os.getcwd()
+    if any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        return None
+    sys.path.insert(0, cwd)
+    rest = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = cwd + (os.pathsep + rest if rest else "")
+    return cwd
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -78,7 +97,7 @@ def register(app: typer.Typer) -> None:
             "--target",
             "-t",
             help="What to profile: 'examples', 'examples:<pipeline>', 'module:attr' (a ProfileTarget or a list), "
-            "or 'module:stage@module:samples'. Repeatable.",
+            "or 'module:stage@module:samples'; modules are imported from the working directory too. Repeatable.",
         ),
         vcpus: str = typer.Option(
             "1,2", help="Thread counts (vCPUs), comma-separated; more than this machine's CPUs: a warning."
@@ -121,8 +140,10 @@ def register(app: typer.Typer) -> None:
         input-size model, and saves the run in the profile store. --breakdown adds
         the Stash stall breakdown (compute, host-to-device copy, interference,
         transfer, queueing, cold start) and the co-run table; --validate compares
-        the profile's predictions with fresh measurements.
+        the profile's predictions with fresh measurements. Targets are imported from the
+        working directory too, as with python -m.
         """
+        import_from_cwd()  # a console script, unlike python -m, does not put it on the import path
         _check_files(
             ("--fit-sizes", fit_sizes, "a samples CSV (esg-prefect profile writes one)"),
             ("--profile", profile_csv, "a latency profile CSV"),

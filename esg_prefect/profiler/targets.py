@@ -164,6 +164,22 @@ def targets_of(spec: str) -> list[ProfileTarget]:
     return found[0].targets(found[1]) if found else resolve_targets(spec)
 
 
+def where_hint(module_name: str, exc: BaseException | None) -> str:
+    """Where to run from when ``exc`` says ``module_name`` itself was not found ("" for any other failure).
+
+    A module missing from the import path is most often a script beside the user that the
+    command was run away from; a module that fails inside (a missing dependency) needs no hint.
+    """
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or not (module_name == missing or module_name.startswith(missing + ".")):
+        return ""
+    top = module_name.split(".")[0]
+    return (
+        f"; run esg-prefect from the folder that holds {top}.py (or {top}/), as the working directory is "
+        "on the import path, or add that folder to PYTHONPATH"
+    )
+
+
 def _import(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -171,7 +187,9 @@ def _import(path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UnknownStageError(f"cannot import module {module_name!r} of target {path!r}: {exc}") from exc
+        raise UnknownStageError(
+            f"cannot import module {module_name!r} of target {path!r}: {exc}{where_hint(module_name, exc)}"
+        ) from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -191,7 +209,13 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
         stage_path, samples_path = spec.split("@", 1)
         from esg_prefect.runtime.stages import resolve_stage
 
-        stage = resolve_stage(stage_path)
+        try:
+            stage = resolve_stage(stage_path)
+        except UnknownStageError as exc:  # its module not found: say where to run from
+            hint = where_hint(stage_path.partition(":")[0], exc.__cause__)
+            if not hint:
+                raise
+            raise UnknownStageError(f"{exc}{hint}") from exc.__cause__
         samples = _import(samples_path)
         if not callable(samples):
             raise UnknownStageError(f"samples {samples_path!r} of target {spec!r} is not callable")

@@ -1,0 +1,94 @@
+"""The profiler on a user's own stages: where their module is found, and what a bad run or bad samples say.
+
+No profiling run here: the commands are stopped before any worker starts, and the
+summary's warnings and the memory figures are checked on synthetic measurements.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from esg_prefect.exceptions import UnknownStageError
+from esg_prefect.profiler.targets import resolve_targets
+
+REPO = Path(__file__).resolve().parents[1]
+USER_MODULE = "esg_user_stages_beside"  # a name no installed package has
+USER_SOURCE = """
+from esg_prefect.profiler import ProfileTarget
+
+def targets():
+    return [ProfileTarget("beside", lambda d: 1, lambda m, xs: list(xs), lambda rng, n: [1.0] * n)]
+"""
+
+
+@pytest.fixture
+def beside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A user's module in a folder that is the working directory but not on the import path."""
+    (tmp_path / f"{USER_MODULE}.py").write_text(USER_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or os.curdir) != str(tmp_path)])
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    yield tmp_path
+    sys.modules.pop(USER_MODULE, None)
+
+
+def test_profile_imports_a_module_from_the_working_directory(beside: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import esg_prefect.cli.profile as profile_cli
+    from esg_prefect.cli import app
+
+    seen: list[str] = []
+
+    def run_cli(*, target: tuple[str, ...], **_: object) -> None:  # instead of the run: resolve its targets here
+        seen.extend(t.name for t in resolve_targets(target[0]))
+
+    monkeypatch.setattr(profile_cli, "_run_cli", run_cli)
+    result = CliRunner().invoke(app, ["profile", "-t", f"{USER_MODULE}:targets", "--vcpus", "1"])
+    assert result.exit_code == 0, result.output
+    assert seen == ["beside"]
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(beside), str(REPO)]  # for the worker processes
+    child = subprocess.run(
+        [sys.executable, "-P", "-c", f"import {USER_MODULE}"], cwd="/", capture_output=True, text=True, timeout=60
+    )
+    assert child.returncode == 0, child.stderr  # a child interpreter finds it too, from anywhere
+
+
+def test_pool_serve_imports_stages_from_the_working_directory(beside: Path) -> None:
+    from esg_prefect.cli import main
+
+    assert main(["pool", "serve", "--allow", USER_MODULE, "--port", "-1"]) == 2  # refused before any pool starts
+    assert sys.path[0] == str(beside) and os.environ["PYTHONPATH"].startswith(str(beside))
+
+
+def test_a_console_script_finds_the_module_beside_it(beside: Path) -> None:
+    # -P: no working directory on sys.path, as for the esg-prefect console script
+    argv = ["profile", "-t", f"{USER_MODULE}:no_such_attribute", "--vcpus", "1", "--no-store"]
+    code = "import sys; from esg_prefect.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", code, *argv], cwd=beside, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert f"module {USER_MODULE!r} has no attribute 'no_such_attribute'" in proc.stderr, proc.stderr
+
+
+def test_a_module_not_found_says_where_to_run_from(beside: Path) -> None:
+    (beside / "needs_a_dependency_xyz.py").write_text("import no_such_dependency_xyz\n")
+    sys.path.insert(0, str(beside))
+    with pytest.raises(UnknownStageError) as info:
+        resolve_targets("not_here_xyz:embed@not_here_xyz:images")
+    assert "No module named 'not_here_xyz'; run esg-prefect from the folder that holds not_here_xyz.py" in str(
+        info.value
+    )
+    assert "or add that folder to PYTHONPATH" in str(info.value)
+    with pytest.raises(UnknownStageError, match="'not_here_xyz'; run esg-prefect from the folder"):
+        resolve_targets("not_here_xyz.sub:targets")
+    with pytest.raises(UnknownStageError) as info:  # the module is there; what it imports is not: no hint
+        resolve_targets("needs_a_dependency_xyz:targets")
+    assert "No module named 'no_such_dependency_xyz'" in str(info.value) and "run esg-prefect" not in str(info.value)
+    sys.modules.pop("needs_a_dependency_xyz", None)
