@@ -16,6 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.exceptions import UnknownStageError
+from esg_prefect.profiler import ProfileRequest, SessionResult
+from esg_prefect.profiler.report import falls, noise_warnings, quiet_line
+from esg_prefect.profiler.results import ProfiledPoint
+from esg_prefect.profiler.run import Configuration, ProfileRun
 from esg_prefect.profiler.targets import resolve_targets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,3 +96,45 @@ def test_a_module_not_found_says_where_to_run_from(beside: Path) -> None:
         resolve_targets("needs_a_dependency_xyz:targets")
     assert "No module named 'no_such_dependency_xyz'" in str(info.value) and "run esg-prefect" not in str(info.value)
     sys.modules.pop("needs_a_dependency_xyz", None)
+
+
+# ---- a disturbed run: counted and warned of -------------------------------------------------------
+
+
+def _point(stage: str, batch: int, mean_ms: float, vcpus: int = 1, quiet: bool = True) -> ProfiledPoint:
+    return ProfiledPoint(stage, "cpu", batch, vcpus, 0.0, mean_ms, mean_ms, mean_ms, 2.0, 1.0, 0.0, quiet=quiet)
+
+
+def _run(points: list[ProfiledPoint]) -> ProfileRun:
+    configs = [Configuration("cpu", "cpu", v) for v in dict.fromkeys(p.vcpus for p in points)]
+    other: dict[str, float | None] = {c.label: 1.7 for c in configs}
+    return ProfileRun(ProfileRequest(), points, [], configs, [], other, {}, 0.0, 1.0, {})
+
+
+def test_a_disturbed_run_counts_its_points_and_warns_per_stage() -> None:
+    embed = [(1, 0.5), (2, 0.86), (4, 0.68), (8, 1.87), (16, 7.48), (32, 3.15)]  # as a loaded machine timed them
+    rank2 = [(1, 0.040), (2, 15.4), (4, 0.034), (8, 0.038)]
+    points = [_point("embed", b, ms, quiet=b not in (2, 16)) for b, ms in embed]
+    points += [_point("rank", b, ms, vcpus=2, quiet=b != 2) for b, ms in rank2]
+    points += [_point("steady", b, 1.0 + b * (0.2 if b != 4 else 0.15)) for b in (1, 2, 4, 8)]  # a 12 % dip: noise
+    text = SessionResult(run=_run(points)).text()
+    assert "other processes' CPU during profiling (cores): cpu/1vcpu 1.70, cpu/2vcpu 1.70" in text
+    assert (
+        "points not quiet (other processes on their cores after every attempt): cpu/1vcpu 2/10, cpu/2vcpu 1/4" in text
+    )
+    assert "3/14 in all" in text
+    warnings = [line for line in text.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, text  # embed and rank; steady is neither disturbed nor falling
+    assert warnings[0].startswith("warning: embed: 2 of 6 points not quiet (cpu/1vcpu b2, b16); time falls as the ")
+    assert "(cpu/1vcpu b16 7.48 ms -> b32 3.15 ms)" in warnings[0]
+    assert "b2 0.86 ms -> b4 0.68 ms" not in warnings[0]  # 21 % faster: within noise
+    assert "cpu/2vcpu b2 15.4 ms -> b4 0.034 ms" in warnings[1]
+    assert all("profile again on a quieter machine" in w for w in warnings)
+
+
+def test_a_quiet_monotonic_run_has_no_warning() -> None:
+    points = [_point("s", b, 0.03 + 0.01 * b) for b in (1, 2, 4, 8)]
+    points.append(_point("tiny", 1, 0.06))
+    points.append(_point("tiny", 2, 0.03))  # half the time, but 30 us: the timer's jitter
+    assert falls(points) == [] and noise_warnings(points) == []
+    assert quiet_line(points).endswith("cpu/1vcpu 0/6; 0/6 in all")

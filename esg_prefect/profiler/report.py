@@ -8,6 +8,7 @@ predicted-versus-measured figure for the validation.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +50,77 @@ def profile_summary(points: Sequence[ProfiledPoint]) -> str:
             f"{peak:9.0f}{anyp.total_cold_start_ms:9.0f}"
         )
     return "\n".join(lines)
+
+
+FALL_RATIO = 0.7
+"""A batch timed below this fraction of the next smaller batch's time is implausible: a bigger batch does
+more work, so the smaller one was slowed by other processes or the bigger one timed in a lull."""
+FALL_MIN_MS = 0.05
+"""Falls smaller than this are left alone: on sub-millisecond calls they are the timer's and the caches' jitter."""
+
+
+def _configs(points: Sequence[ProfiledPoint]) -> dict[tuple[str, str], list[ProfiledPoint]]:
+    """Points by (stage, configuration label), each list in batch order, stages and configurations as measured."""
+    out: dict[tuple[str, str], list[ProfiledPoint]] = {}
+    for p in points:
+        out.setdefault((p.stage, p.config_label), []).append(p)
+    return {k: sorted(v, key=lambda p: p.batch) for k, v in out.items()}
+
+
+def quiet_line(points: Sequence[ProfiledPoint]) -> str:
+    """How many points per configuration stayed disturbed after every attempt (``quiet=0``), and in all."""
+    by: dict[str, list[ProfiledPoint]] = {}
+    for p in points:
+        by.setdefault(p.config_label, []).append(p)
+    each = ", ".join(f"{label} {sum(not p.quiet for p in ps)}/{len(ps)}" for label, ps in by.items())
+    noisy = sum(not p.quiet for p in points)
+    return (
+        f"points not quiet (other processes on their cores after every attempt): {each}; {noisy}/{len(points)} in all"
+    )
+
+
+def falls(points: Sequence[ProfiledPoint]) -> list[tuple[ProfiledPoint, ProfiledPoint]]:
+    """Pairs (smaller batch, next bigger batch) of one stage and configuration where the time falls beyond noise.
+
+    Beyond noise: the bigger batch takes less than :data:`FALL_RATIO` of the smaller one's mean,
+    by more than :data:`FALL_MIN_MS`.
+    """
+    out = []
+    for ps in _configs(points).values():
+        for small, big in itertools.pairwise(ps):
+            if big.mean_ms < FALL_RATIO * small.mean_ms and small.mean_ms - big.mean_ms > FALL_MIN_MS:
+                out.append((small, big))
+    return out
+
+
+def noise_warnings(points: Sequence[ProfiledPoint]) -> list[str]:
+    """One line per stage whose points were not quiet or whose time falls as the batch grows, naming them.
+
+    Such rows time the neighbours as much as the stage, and the scheduler would plan with them as
+    they are: the line says which, and to profile again on a quieter machine.
+    """
+    lines = []
+    fell = falls(points)
+    for stage in dict.fromkeys(p.stage for p in points):
+        mine = [p for p in points if p.stage == stage]
+        parts = []
+        noisy = {label: [p for p in ps if not p.quiet] for (st, label), ps in _configs(mine).items() if st == stage}
+        if any(noisy.values()):
+            where = "; ".join(f"{k} {', '.join(f'b{p.batch}' for p in v)}" for k, v in noisy.items() if v)
+            parts.append(f"{sum(map(len, noisy.values()))} of {len(mine)} points not quiet ({where})")
+        drops = [(a, b) for a, b in fell if a.stage == stage]
+        if drops:
+            named = ", ".join(
+                f"{a.config_label} b{a.batch} {a.mean_ms:.3g} ms -> b{b.batch} {b.mean_ms:.3g} ms" for a, b in drops
+            )
+            parts.append(f"time falls as the batch grows ({named})")
+        if parts:
+            lines.append(
+                f"warning: {stage}: {'; '.join(parts)}: these rows time other processes as much as the stage; "
+                "profile again on a quieter machine (a longer --wait-quiet-s, more --max-attempts) before "
+                "planning with them"
+            )
+    return lines
 
 
 def breakdown_table(rows: Sequence[StallRow]) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "EXTRA_FIELDS",
     "ProfiledPoint",
     "Sample",
+    "config_label",
     "read_profile_csv",
     "read_samples_csv",
     "write_profile_csv",
@@ -50,6 +51,12 @@ EXTRA_FIELDS = (
     "pipeline",
 )
 SAMPLE_FIELDS = SAMPLE_COLUMNS  # the reader's columns (model/size_model.py), written in this order
+
+
+def config_label(hardware: str, vcpus: int, gpu_share: float) -> str:
+    """A configuration's name in the run's account: ``cpu/1vcpu``, or ``H100/2vcpu/0.5`` with a GPU share."""
+    base = f"{hardware}/{vcpus}vcpu"
+    return base if gpu_share == 0.0 else f"{base}/{gpu_share:g}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,11 @@ class ProfiledPoint:
     quiet: bool = True
     mean_input_size: float = 0.0
     pipeline: str = ""
+
+    @property
+    def config_label(self) -> str:
+        """The point's configuration as the run names it: ``cpu/1vcpu`` or ``H100/2vcpu/0.5``."""
+        return config_label(self.hardware, self.vcpus, self.gpu_share)
 
     @property
     def total_cold_start_ms(self) -> float:

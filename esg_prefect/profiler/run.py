@@ -27,6 +27,7 @@ from esg_prefect.profiler.measure import MeasureSettings
 from esg_prefect.profiler.results import (
     ProfiledPoint,
     Sample,
+    config_label,
     write_profile_csv,
     write_samples_csv,
 )
@@ -52,8 +53,7 @@ class Configuration:
     @property
     def label(self) -> str:
         """``cpu/1vcpu`` or ``H100/2vcpu/0.5``."""
-        base = f"{self.hardware}/{self.vcpus}vcpu"
-        return base if self.gpu_share == 0.0 else f"{base}/{self.gpu_share:g}"
+        return config_label(self.hardware, self.vcpus, self.gpu_share)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,14 @@ from esg_prefect.profiler.breakdown import (
 )
 from esg_prefect.profiler.interference import InterferenceTable
 from esg_prefect.profiler.measure import MeasureSettings
-from esg_prefect.profiler.report import breakdown_table, plot_breakdown, plot_validation, profile_summary
+from esg_prefect.profiler.report import (
+    breakdown_table,
+    noise_warnings,
+    plot_breakdown,
+    plot_validation,
+    profile_summary,
+    quiet_line,
+)
 from esg_prefect.profiler.run import ProfileRequest, ProfileRun, ProgressFn, run_profile
 from esg_prefect.profiler.sizes import size_report
 from esg_prefect.profiler.stalls import DEFAULT_TRACE
@@ -120,7 +127,10 @@ class SessionResult:
         if self.run is not None:
             parts += [profile_summary(self.run.points)]
             others = ", ".join(f"{k} {'?' if v is None else f'{v:.2f}'}" for k, v in self.run.other_cpu.items())
-            parts.append(f"other processes' CPU during profiling (cores): {others}")
+            parts.append(f"other processes' CPU during profiling (cores): {others}\n{quiet_line(self.run.points)}")
+            warnings = noise_warnings(self.run.points)
+            if warnings:
+                parts.append("\n".join(warnings))
             parts += [f"skipped: {s}" for s in self.run.skipped]
             if self.run.samples:
                 parts.append(size_report(self.run.samples))
