@@ -16,11 +16,11 @@ import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.exceptions import UnknownStageError
-from esg_prefect.profiler import ProfileRequest, SessionResult
+from esg_prefect.profiler import MeasureSettings, ProfileRequest, ProfileTarget, SessionResult
 from esg_prefect.profiler.report import falls, noise_warnings, quiet_line
 from esg_prefect.profiler.results import ProfiledPoint
 from esg_prefect.profiler.run import Configuration, ProfileRun
-from esg_prefect.profiler.targets import resolve_targets
+from esg_prefect.profiler.targets import PreparedStage, resolve_targets
 
 REPO = Path(__file__).resolve().parents[1]
 USER_MODULE = "esg_user_stages_beside"  # a name no installed package has
@@ -138,3 +138,53 @@ def test_a_quiet_monotonic_run_has_no_warning() -> None:
     points.append(_point("tiny", 2, 0.03))  # half the time, but 30 us: the timer's jitter
     assert falls(points) == [] and noise_warnings(points) == []
     assert quiet_line(points).endswith("cpu/1vcpu 0/6; 0/6 in all")
+
+
+# ---- peak memory: the batch's own, never the process's ------------------------------------------
+
+
+def _tiny_stage(model_mem_mb: float = 0.0) -> PreparedStage:
+    target = ProfileTarget("tiny", lambda d: 1, lambda m, xs: list(xs), lambda rng, n: [1.0] * n)
+    return PreparedStage(target, 1, [1.0, 2.0], load_ms=1.0, cold_start_ms=2.0, model_mem_mb=model_mem_mb)
+
+
+class _Rss:
+    """A process of 313 MiB resident (torch, other models) whose calls allocate ``per_item`` MiB each."""
+
+    def __init__(self, per_item: float, can_reset: bool = True) -> None:
+        self.per_item, self.can_reset, self.peak, self.batch = per_item, can_reset, 313.0, 0
+
+    def reset(self) -> bool:
+        if self.can_reset:
+            self.peak = 313.0
+        return self.can_reset
+
+    def run(self, model: object, items: list[float]) -> list[float]:
+        self.peak = max(self.peak, 313.0 + self.per_item * len(items))
+        return list(items)
+
+
+@pytest.mark.parametrize("can_reset", [True, False])
+@pytest.mark.parametrize(("per_item", "model_mb"), [(0.0, 0.0), (0.0, 1.5), (2.0, 0.0)])
+def test_peak_memory_is_the_model_plus_the_batch_own_peak(
+    monkeypatch: pytest.MonkeyPatch, per_item: float, model_mb: float, can_reset: bool
+) -> None:
+    from dataclasses import replace
+
+    from esg_prefect.profiler import measure
+
+    rss = _Rss(per_item, can_reset)
+    monkeypatch.setattr(measure, "reset_peak_rss", rss.reset)
+    monkeypatch.setattr(measure, "current_rss_mb", lambda: 313.0 if can_reset else None)
+    monkeypatch.setattr(measure, "peak_rss_mb", lambda: rss.peak)
+    stage = _tiny_stage(model_mb)
+    stage.target = replace(stage.target, run=rss.run)
+    peaks = {}
+    for batch in (1, 2, 4, 8):
+        point, _ = measure.measure_point(stage, batch, vcpus=1, settings=MeasureSettings.quick((batch,)))
+        peaks[batch] = point.peak_mem_mb
+    own = {b: model_mb + per_item * b for b in (1, 2, 4, 8)}
+    if can_reset:  # Linux: the peak is reset before each point
+        assert peaks == own  # never the process's 313 MiB
+    else:  # elsewhere: the rise of the process's high-water mark, a lower bound (the growth since the last point)
+        assert all(model_mb <= peaks[b] <= own[b] for b in own) and (per_item == 0) == (peaks[8] == model_mb)

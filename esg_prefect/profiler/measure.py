@@ -19,7 +19,11 @@ interpolation), the peak memory, and one :class:`Sample` per call with the
 batch's total input size. Peak memory is what a worker serving only this stage
 would hold at most: the resident memory its model added when it was built,
 plus the peak of resident memory above the level before the point
-(``/proc/self/clear_refs`` resets the peak before each point, on Linux).
+(``/proc/self/clear_refs`` resets the peak before each point, on Linux), so 0
+for a tiny model whose calls allocate nothing, never the whole process's
+resident memory (which holds every profiled model and torch). Where the peak
+cannot be reset, the rise of the process's high-water mark during the point
+stands for the calls' peak: a lower bound (0 when an earlier point peaked higher).
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ def measure_point(
         gc.collect()
         _reset_gpu_peak(device)
         rss0 = current_rss_mb() if reset_peak_rss() else None
+        base = rss0 if rss0 is not None else peak_rss_mb()  # resident now (peak reset), else the high-water mark
         with CpuWatch() as watch:
             est = float("inf")
             for _ in range(s.warmup):
@@ -150,8 +155,7 @@ def measure_point(
                 sizes.append(sum(stage.target.size(x) for x in items))
                 times.append(time_call(stage, items, device))
         gpu_peak = max(gpu_peak, _gpu_peak_mb(device))
-        if rss0 is not None:
-            work_mb = max(work_mb, peak_rss_mb() - rss0)
+        work_mb = max(work_mb, peak_rss_mb() - base)
         other = watch.other_cores or 0.0
         if best is None or other < best[0]:
             best = (other, times, sizes, watch.wall_s)
@@ -172,8 +176,8 @@ def measure_point(
         cold_start_ms=stage.cold_start_ms,
         load_ms=stage.load_ms,
         # This process holds every profiled stage's model: a worker holding only this one
-        # would peak at its model plus what the calls allocate (without clear_refs: the process's peak).
-        peak_mem_mb=stage.model_mem_mb + work_mb if work_mb > 0 or stage.model_mem_mb > 0 else peak_rss_mb(),
+        # would peak at its model plus what the calls allocate.
+        peak_mem_mb=stage.model_mem_mb + work_mb,
         model_mem_mb=stage.model_mem_mb,
         gpu_peak_mem_mb=gpu_peak,
         reps=len(times),

@@ -66,8 +66,9 @@ class ProfiledPoint:
     ``cold_start_ms`` is the in-process cold start (model build plus the first
     call); :attr:`total_cold_start_ms` adds the start of the worker process.
     ``peak_mem_mb`` is what a worker serving only this stage would hold at most
-    (its model's resident memory plus the calls' peak, see
-    :mod:`~esg_prefect.profiler.measure`); ``model_mem_mb`` the model's part;
+    (its model's resident memory plus the calls' peak above the level before the
+    point, see :mod:`~esg_prefect.profiler.measure`; not the profiling process's
+    resident memory); ``model_mem_mb`` the model's part;
     ``gpu_peak_mem_mb`` is ``torch.cuda.max_memory_allocated`` during the
     point (0 on CPU). ``other_cpu`` is the cores other processes used meanwhile.
     """
