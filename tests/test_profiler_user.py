@@ -1,12 +1,14 @@
 """The profiler on a user's own stages: where their module is found, and what a bad run or bad samples say.
 
-No profiling run here: the commands are stopped before any worker starts, and the
-summary's warnings and the memory figures are checked on synthetic measurements.
+No profiling run here: the commands are stopped before any worker starts, the
+summary's warnings and the memory figures are checked on synthetic measurements,
+and the worker's body runs in this process.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,12 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from esg_prefect.exceptions import UnknownStageError
+from esg_prefect.exceptions import ProfileError, UnknownStageError
 from esg_prefect.profiler import MeasureSettings, ProfileRequest, ProfileTarget, SessionResult
 from esg_prefect.profiler.report import falls, noise_warnings, quiet_line
 from esg_prefect.profiler.results import ProfiledPoint
 from esg_prefect.profiler.run import Configuration, ProfileRun
-from esg_prefect.profiler.targets import PreparedStage, resolve_targets
+from esg_prefect.profiler.targets import PreparedStage, prepare, resolve_targets
 
 REPO = Path(__file__).resolve().parents[1]
 USER_MODULE = "esg_user_stages_beside"  # a name no installed package has
@@ -188,3 +190,41 @@ def test_peak_memory_is_the_model_plus_the_batch_own_peak(
         assert peaks == own  # never the process's 313 MiB
     else:  # elsewhere: the rise of the process's high-water mark, a lower bound (the growth since the last point)
         assert all(model_mb <= peaks[b] <= own[b] for b in own) and (per_item == 0) == (peaks[8] == model_mb)
+
+
+# ---- samples that do not fit the stage ------------------------------------------------------------
+
+
+def text_samples(rng: random.Random, n: int) -> list[str]:
+    return ["a few words"] * n  # tests.toy_stages:inc adds 1 to numbers
+
+
+def broken_samples(rng: random.Random, n: int) -> list[int]:
+    raise KeyError("no such split")
+
+
+def test_samples_that_do_not_fit_name_the_stage_and_the_samples() -> None:
+    with pytest.raises(ProfileError) as info:
+        prepare(["tests.toy_stages:inc@tests.test_profiler_user:text_samples"], pool=2)
+    assert str(info.value) == (
+        "stage 'inc' failed on its first input from samples 'tests.test_profiler_user:text_samples' (they may "
+        'not fit the stage: check what it takes): TypeError: can only concatenate str (not "int") to str'
+    )
+    with pytest.raises(ProfileError, match=r"^samples 'tests.test_profiler_user:broken_samples' of stage 'inc' "):
+        prepare(["tests.toy_stages:inc@tests.test_profiler_user:broken_samples"], pool=2)
+
+
+def test_the_worker_reports_the_stage_and_samples_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from esg_prefect.profiler import worker
+    from esg_prefect.profiler.worker import FAILED, _main
+
+    monkeypatch.setattr(worker, "_apply", lambda job: "cpu")  # the worker's body in this process: threads untouched
+    job = {"task": "profile", "specs": ["tests.toy_stages:inc@tests.test_profiler_user:text_samples"], "vcpus": 1}
+    (tmp_path / "job.json").write_text(json.dumps({**job, "out": str(tmp_path / "out.json")}))
+    assert _main([str(tmp_path / "job.json")]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"{FAILED}stage 'inc' failed on its first input from samples 'tests.test_profiler_user:")

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from esg_prefect.exceptions import InvalidInputError, UnknownStageError
+from esg_prefect.exceptions import InvalidInputError, ProfileError, UnknownStageError
 from esg_prefect.runtime.stages import SizeFn, StageSpec
 from esg_prefect.runtime.stages import input_size as input_size  # re-exported: the profiler's size unit
 
@@ -102,17 +102,42 @@ class PreparedStage:
         return items
 
 
-def timed_cold(target: ProfileTarget, device: str, first: Any) -> tuple[Any, float, float, float]:
-    """Build the model and make the first call: ``(model, load ms, cold start ms, resident MiB the model added)``."""
+def samples_name(target: ProfileTarget) -> str:
+    """The target's samples function as a user names it: ``'module:function'``."""
+    fn = target.samples
+    return f"'{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}'"
+
+
+def _why(exc: BaseException) -> str:
+    """An exception on one line: its type and message (a torch message spans lines)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def timed_cold(target: ProfileTarget, device: str, first: Any, inputs: str = "") -> tuple[Any, float, float, float]:
+    """Build the model and make the first call: ``(model, load ms, cold start ms, resident MiB the model added)``.
+
+    ``inputs`` names where ``first`` came from (``samples 'module:function'``): a first call that
+    fails then says so, as inputs of the wrong kind are the likely cause.
+
+    Raises:
+        ProfileError: naming the stage, when its model fails to build or its first call fails.
+    """
     from esg_prefect.profiler.machine import current_rss_mb
 
     gc.collect()
     rss0 = current_rss_mb()
     t0 = time.perf_counter()
-    model = target.load(device)
+    try:
+        model = target.load(device)
+    except Exception as exc:
+        raise ProfileError(f"stage {target.name!r} failed to build its model: {_why(exc)}") from exc
     t1 = time.perf_counter()
     rss1 = current_rss_mb()
-    target.run(model, [first])
+    try:
+        target.run(model, [first])
+    except Exception as exc:
+        where = f" from {inputs} (they may not fit the stage: check what it takes)" if inputs else ""
+        raise ProfileError(f"stage {target.name!r} failed on its first input{where}: {_why(exc)}") from exc
     _sync(device)
     t2 = time.perf_counter()
     mem = 0.0 if rss0 is None or rss1 is None else max(rss1 - rss0, 0.0)
@@ -246,6 +271,7 @@ def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: 
     Raises:
         InvalidInputError: on a ``pool`` below 1.
         UnknownStageError: on a spec that names no target.
+        ProfileError: naming the stage and its samples when they fail, or the stage fails on them.
     """
     if pool < 1:
         raise InvalidInputError(f"pool must be >= 1, got {pool}")
@@ -258,10 +284,14 @@ def prepare(specs: Sequence[str], *, device: str = "cpu", pool: int = 32, seed: 
                 out += provider.prepare(name, device, pool, seed)
             continue
         for target in resolve_targets(spec):
-            jobs = list(target.samples(random.Random(f"{seed}-{target.name}"), pool))
+            where = f"samples {samples_name(target)}"
+            try:
+                jobs = list(target.samples(random.Random(f"{seed}-{target.name}"), pool))
+            except Exception as exc:
+                raise ProfileError(f"{where} of stage {target.name!r} failed: {_why(exc)}") from exc
             if not jobs:
-                raise InvalidInputError(f"target {target.name!r}: samples returned no inputs")
-            model, load_ms, cold_ms, mem = timed_cold(target, device, jobs[0])
+                raise InvalidInputError(f"target {target.name!r}: {where} returned no inputs")
+            model, load_ms, cold_ms, mem = timed_cold(target, device, jobs[0], where)
             out.append(PreparedStage(target, model, jobs, load_ms, cold_ms, mem))
     names = [p.name for p in out]
     dup = sorted({n for n in names if names.count(n) > 1})

@@ -255,7 +255,8 @@ def _main(argv: Sequence[str]) -> int:
         result = run_job(job)
     except Exception as exc:
         traceback.print_exc(file=sys.stdout)
-        print(FAILED + " ".join(f"{type(exc).__name__}: {exc}".split()), flush=True)
+        why = str(exc) if isinstance(exc, ESGError) else f"{type(exc).__name__}: {exc}"  # ours name what failed
+        print(FAILED + " ".join(why.split()), flush=True)
         return 1
     tmp = out.with_suffix(".part")
     tmp.write_text(json.dumps(result), encoding="utf-8")
