@@ -25,6 +25,12 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 for _name, _value in CLIENT_SETTINGS.items():
     os.environ.setdefault(_name, _value)
 
+# Prefect sets up its logging once, on first import, and its console handler keeps the stderr of
+# that moment: imported first inside a capsys test (the profile CLI's), it would write to that
+# test's capture, closed afterwards, and fail a later test's flow run. Imported here, it keeps the
+# session's stderr.
+import prefect.main  # noqa: E402, F401
+
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
