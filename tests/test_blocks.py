@@ -76,8 +76,10 @@ def test_the_block_mirrors_every_knob() -> None:
         ({"gpu_shares": [0.5, 5.0]}, "gpu_share must be in [0, 1], got 5.0"),
         ({"vcpus": []}, "vcpus must not be empty"),
         ({"shed_after_slo": 0.5}, "shed_after_slo must be 0 (off) or a finite number >= 1"),
-        ({"corun_table": "/nope.csv"}, "corun_table '/nope.csv': co-run table '/nope.csv' not found"),
-        ({"corun_table": "/nope.csv", "hybrid_sharing": False}, "corun_table '/nope.csv'"),
+        (
+            {"corun_table": "/nope.csv", "hybrid_sharing": True},
+            "corun_table '/nope.csv': co-run table '/nope.csv' not found",
+        ),
     ],
 )
 def test_a_bad_knob_is_refused_when_the_settings_block_is_made(fields: dict[str, object], named: str) -> None:
@@ -113,6 +115,30 @@ def test_a_bad_value_set_on_a_made_block_is_refused_too() -> None:
         prices.gpu = {"T4": -1.0}
     with pytest.raises(ValidationError, match="shed_after_slo must be 0"):
         settings.shed_after_slo = 0.5
+
+
+def test_a_co_run_table_is_read_only_where_hybrid_sharing_would_read_it() -> None:
+    """A block is validated again wherever it is loaded: a path saved elsewhere stops only a pool that reads it."""
+    saved = ESGSchedulerSettings().model_dump(exclude={"block_type_slug"}) | {"corun_table": "profiles/corun.csv"}
+    assert ESGSchedulerSettings.model_validate(saved).corun_table == "profiles/corun.csv"  # hybrid sharing off
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_saved_block_not_valid_where_it_is_loaded_is_one_line(tmp_path: Path) -> None:
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.exceptions import InvalidInputError
+
+    table = tmp_path / "corun.csv"
+    table.write_text(DEFAULT_CORUN_TABLE.read_text())
+    ESGSchedulerSettings(hybrid_sharing=True, corun_table=str(table)).save("test-moved-table", overwrite=True)
+    table.unlink()  # saved on one machine, loaded on another that lacks the file
+    runner = ESGTaskRunner(settings="test-moved-table", backend="inline")
+    with pytest.raises(InvalidInputError) as exc:
+        runner.pool_client()
+    assert str(exc.value) == (
+        f"the ESG Scheduler Settings block 'test-moved-table' is not valid here: "
+        f"corun_table '{table}': co-run table '{table}' not found (give a CSV path or 'default')"
+    )
 
 
 def test_good_values_still_make_blocks() -> None:

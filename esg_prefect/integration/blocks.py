@@ -335,14 +335,17 @@ class ESGSchedulerSettings(Block):
     def _check_settings(self) -> ESGSchedulerSettings:
         """Refuse what :class:`ESGSettings` refuses (:meth:`to_settings`), and a co-run table that cannot be read.
 
-        The table is read as the pool reads it when hybrid sharing is on (``CoRunModel.load``),
-        whatever ``hybrid_sharing`` says now: a path that is not there is a bad value either way.
+        The table is read as the pool reads it (``CoRunModel.load``), and only when the pool
+        would: with hybrid sharing on. A block is validated again each time it is loaded, on
+        the machine that loads it, and a path saved elsewhere must not stop a pool that never
+        reads it.
         """
         _refused(self.to_settings)
-        try:
-            CoRunModel.load(self.corun_table)
-        except (ProfileError, OSError) as exc:
-            raise ValueError(f"corun_table {self.corun_table!r}: {exc}") from None
+        if self.hybrid_sharing:
+            try:
+                CoRunModel.load(self.corun_table)
+            except (ProfileError, OSError) as exc:
+                raise ValueError(f"corun_table {self.corun_table!r}: {exc}") from None
         return self
 
     def to_settings(self) -> ESGSettings:

@@ -63,9 +63,18 @@ def _resolve(value: Any, block_type: str) -> Any:
     from esg_prefect.integration import blocks
 
     if isinstance(value, str):
+        from pydantic import ValidationError
+
         kind = getattr(blocks, block_type)
         try:
             value = kind.load(value)
+        except RuntimeError as exc:  # Prefect's wrap of a ValidationError: saved, but not valid on this machine
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            why = "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in exc.__cause__.errors())
+            raise InvalidInputError(
+                f"the {kind.get_block_type_name()} block {value!r} is not valid here: {why}"
+            ) from None
         except ValueError as exc:  # Prefect's "Unable to find block document named ..."
             if "Unable to find block document" not in str(exc):
                 raise
