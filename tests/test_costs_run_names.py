@@ -71,3 +71,16 @@ def test_the_runner_side_remembers_the_name_in_the_runs_context_for_the_store(tm
         with store.engine.connect() as conn:
             names = conn.execute(select(RunRow.run_id, RunRow.run_name)).all()  # type: ignore[call-overload]
     assert [tuple(n) for n in names] == [(RUN_A, "crimson-fox")]
+
+
+def test_a_run_name_is_shown_as_written_never_read_as_markup(tmp_path: Path) -> None:
+    """Run names are a user's text (``flow_run_name=`` templates): ``[/]`` crashed the table, ``[prod]`` vanished."""
+    path = tmp_path / "markup.db"
+    with CostStore(str(path)) as store:
+        for rec in all_records():
+            name = {RUN_A: "etl [/] retry", RUN_B: "[prod] nightly"}.get(rec.run_id)
+            store.record(rec, name=name)
+    table = CliRunner().invoke(app, ["costs", "--url", str(path)])
+    assert table.exit_code == 0, table.output
+    first = [line.split("│")[1].strip() for line in table.output.splitlines() if line.startswith("│")]
+    assert first[:2] == [f"etl [/] retry ({RUN_A[-8:]})", f"[prod] nightly ({RUN_B[-8:]})"]

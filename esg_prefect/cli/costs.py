@@ -347,6 +347,7 @@ def _last(rows: list[Any], limit: int) -> list[Any]:
 
 def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing: Pricing, hidden: int = 0) -> None:
     from rich.console import Console
+    from rich.markup import escape  # keys are user text (flow run names, workflows): never markup
     from rich.table import Table
 
     from esg_prefect.model.money import ROUNDED_NOTE, money_text
@@ -362,7 +363,7 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
             table.add_row(r.key, "", "", "", "", *money, style="dim")
         else:
             label = run_label(r.key, r.name) if by == "run" else r.key
-            table.add_row(label, str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), *money)
+            table.add_row(escape(label), str(r.runs), str(r.stage_calls), str(r.slo_met), str(r.slo_missed), *money)
     table.add_section()
     if hidden:
         table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", "", "", style="dim")
