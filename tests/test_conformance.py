@@ -29,7 +29,7 @@ import pytest
 
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import StageRejectedError
-from esg_prefect.model import Workflow
+from esg_prefect.model import PriceSheet, Workflow
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.model.config import Config
 from esg_prefect.model.profile import LatencyProfile
@@ -38,7 +38,10 @@ from esg_prefect.runtime.pool import Pool, PoolClock
 from esg_prefect.runtime.workers import BatchOutcome, WorkerSpec
 from esg_prefect.scheduling.registry import scheduler_names
 from esg_prefect.simulator import Case, SimSpec, simulate
+from esg_prefect.simulator.case import ClusterSpec, NodeSpec
 from esg_prefect.simulator.standard import tiny_case
+from tests.test_control_core import CHAIN, SETTINGS
+from tests.test_keepalive import COLD_PROFILE
 
 
 class _Timer:
@@ -338,3 +341,33 @@ def test_shedding_is_the_same_in_pool_and_simulator() -> None:
     assert list(pool.core.fleet.batches) == list(sim.batches)
     assert errors and all(isinstance(e, StageRejectedError) for e in errors)
     assert all(str(e).startswith("shed: request ") and "shed_after_slo=2 x its" in str(e) for e in errors)
+
+
+def _cpu_case(scheduler: str, idle_vcpus: bool) -> Case:
+    """One 4-vCPU node, no GPU, a two-stage chain with 10 ms cold starts; idle vCPUs billed or not (``idle_vcpus``)."""
+    settings = replace(SETTINGS, keep_alive_s=10.0, idle_vcpus=idle_vcpus, correction_alpha=0.0)
+    base = conformance_case(scheduler)
+    cluster = ClusterSpec((NodeSpec("n0", 4, ()),))
+    base = replace(base, workflows=(CHAIN,), profile=COLD_PROFILE, prices=PriceSheet(1e-5, {}), cluster=cluster)
+    return replace(base, settings=settings, duration_s=8.0)
+
+
+@pytest.mark.parametrize("scheduler", ["esg", "triton", "infless"])
+def test_a_worker_whose_idle_time_is_free_keeps_its_window_in_pool_and_simulator(scheduler: str) -> None:
+    # Bursts of 12 calls every second. With idle vCPUs unbilled a CPU worker's idle time is free, so neither the
+    # gaps' histogram nor scale-down stops it early: fewer cold starts than when its idle time is billed, the
+    # same in both drivers.
+    arrivals = [(1000.0 * k + 0.5 * i, "wf") for k in range(8) for i in range(12)]
+    colds: dict[bool, int] = {}
+    for idle_vcpus in (True, False):
+        case = _cpu_case(scheduler, idle_vcpus)
+        sim = simulate(case, arrivals=arrivals)
+        pool, ends = run_pool(case, arrivals)
+        assert list(pool.core.fleet.batches) == list(sim.batches)
+        assert list(pool.core.fleet.idles) == list(sim.idles)
+        assert ends == {r.request_id: r.finish_ms for r in sim.requests}
+        assert pool.core.fleet.cold_starts == sim.cold_starts
+        colds[idle_vcpus] = sim.cold_starts
+    assert colds[False] <= colds[True]
+    if scheduler == "esg":
+        assert (colds[True], colds[False]) == (16, 5)

@@ -91,7 +91,9 @@ def test_bad_knobs_are_named() -> None:
 COLD_PROFILE = LatencyProfile(PROFILE.points, {("a", "cpu"): 10.0, ("b", "cpu"): 10.0})
 
 
-def _core(settings: ESGSettings) -> Core:
+def _core(settings: ESGSettings, idle_vcpus: bool = True) -> Core:
+    """One CPU node; its idle workers are billed (``idle_vcpus``) unless asked: free, they keep the window."""
+    settings = replace(settings, idle_vcpus=idle_vcpus)
     fleet = Fleet((Node("n0", 4, max_workers=8),), (), settings.keep_alive_s * 1000.0)
     tables = CandidateTables(COLD_PROFILE, PriceSheet(1e-5, {}), settings)
     return Core(Simple(), tables, fleet, settings.platform, {"wf": CHAIN})  # type: ignore[arg-type]
@@ -263,10 +265,13 @@ def test_a_stage_whose_load_needs_its_workers_keeps_them_and_off_keeps_every_win
     assert [w.worker_id for w in fleet.expire(60_119.0)] == [ws[0].worker_id, ws[1].worker_id]
 
 
-def _wave_fleet(waves: bool, prewarmed: bool = False, cold_ms: float = 100.0) -> tuple[Fleet, list[FleetWorker], float]:
+def _wave_fleet(
+    waves: bool, prewarmed: bool = False, cold_ms: float = 100.0, prices: PriceSheet | None = None, held: bool = False
+) -> tuple[Fleet, list[FleetWorker], float]:
     """Stage a with three workers, busy from 3,000 ms to 3,100 and going idle 10 ms apart (one pre-warmed instead, if
     asked); floor 2,000 ms (20 cold starts of 100 ms), window 60 s; ``scale_down_waves`` 0.5. With ``waves`` its calls
-    came at 0-1,000 ms and 2,500-3,000 ms (a 1.5 s lull in 3 s: in waves), else every 10 ms from 0 to 3,000."""
+    came at 0-1,000 ms and 2,500-3,000 ms (a 1.5 s lull in 3 s: in waves), else every 10 ms from 0 to 3,000. With
+    ``prices`` the fleet reads what their idle time costs, their idle vCPUs billed with ``held``."""
     policy = GapPolicy(min_samples=3, cap=100, floor_cold_starts=20.0, min_ms=0.0)
     adaptive = AdaptiveKeepAlive(policy, lambda s, h: cold_ms)
     times = [float(t) for t in range(0, 3001, 10) if not waves or t <= 1000 or t >= 2500]
@@ -275,6 +280,7 @@ def _wave_fleet(waves: bool, prewarmed: bool = False, cold_ms: float = 100.0) ->
     assert adaptive.waves.in_waves("a") == waves
     fleet = Fleet((Node("n0", 4, max_workers=8),), (), 60_000.0, adaptive=adaptive)
     fleet.scale_down_waves = 0.5
+    fleet.prices, fleet.idle_vcpus = prices, held
     cfg = Config(1, 1, 0.0)
     ws = [fleet.acquire(Placement("n0", None, None, 4), "a", cfg, "cpu", 3000.0) for _ in range(2)]
     if prewarmed:
@@ -322,6 +328,18 @@ def test_a_steady_stage_and_a_pre_warmed_worker_keep_the_usual_rule() -> None:
     assert fleet.expire(50_000.0) == [] and set(fleet.workers) == {spare.worker_id, w2.worker_id}
 
 
+def test_scale_down_passes_over_a_worker_whose_idle_time_is_free() -> None:
+    """With a price sheet and idle vCPUs unbilled the three CPU workers idle for free: none is cut after the lull,
+    each keeps the 60 s window. Billed idle (``idle_vcpus``), the two that idled longest go at 3,540 and 3,550."""
+    fleet, (w1, w2, w3), t = _wave_fleet(waves=True, prices=PriceSheet(1e-5, {}))
+    assert all(fleet.idle_free(w) for w in (w1, w2, w3))
+    assert fleet.next_expiry_ms() == 3100.0 + 60_000.0 and fleet.expire(t + 59_000.0) == []
+    fleet, (w1, w2, w3), t = _wave_fleet(waves=True, prices=PriceSheet(1e-5, {}), held=True)
+    assert not fleet.idle_free(w1)
+    assert [w.worker_id for w in fleet.expire(3550.0)] == [w1.worker_id, w2.worker_id]
+    assert fleet.next_expiry_ms() == t + 60_000.0
+
+
 def test_scale_down_waves_out_of_range_is_named_and_reaches_the_fleet() -> None:
     for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
         with pytest.raises(ConfigError, match="scale_down_waves"):
@@ -353,8 +371,14 @@ class _AtRisk(Simple):
         return replace(res, dispatches=tuple(replace(d, at_risk=self.at_risk) for d in res.dispatches))
 
 
-def _best_effort_keep(settings: ESGSettings, spare: bool = True, planned_reuse: bool = False) -> float:
-    """A worker started for a best-effort batch: how long it is kept after its last batch (cold start 10 ms)."""
+def _best_effort_keep(
+    settings: ESGSettings, spare: bool = True, planned_reuse: bool = False, idle_vcpus: bool = True
+) -> float:
+    """A worker started for a best-effort batch: how long it is kept after its last batch (cold start 10 ms).
+
+    Its idle vCPUs are billed (``idle_vcpus``) unless asked: a worker whose idle time is free keeps the fixed window.
+    """
+    settings = replace(settings, idle_vcpus=idle_vcpus)
     fleet = Fleet((Node("n0", 4, max_workers=8),), (), settings.keep_alive_s * 1000.0)
     sched = _AtRisk()
     core = Core(sched, CandidateTables(COLD_PROFILE, PriceSheet(1e-5, {}), settings), fleet, settings.platform,
@@ -391,6 +415,45 @@ def test_a_worker_started_best_effort_is_kept_two_cold_starts_unless_a_plan_uses
     assert _best_effort_keep(replace(SETTINGS, best_effort_keep_alive=5.0)) == 50.0
 
 
+def _cold_starts(core: Core, lull_ms: float, gap_ms: float = 50.0) -> int:
+    """Cold starts in all when :func:`_run`'s worker (a busy spare beside it) is reused 20 times after ``gap_ms`` idle,
+    then once more after ``lull_ms``: 2 when it stays warm throughout, the spare's included."""
+    core.arrive(CallArrived("hold", "rh", "rh", "wf", "a", 0.0))
+    core.settle(0.0)
+    t = 0.0
+    for i in range(22):
+        t += 0.0 if i == 0 else (lull_ms if i == 21 else gap_ms)
+        core.settle(t)  # the expiries due by now
+        core.arrive(CallArrived(f"j{i}", f"r{i}", f"r{i}", "wf", "a", t))
+        (start,) = [a for a in core.settle(t) if isinstance(a, StartBatch)]
+        t += 11.0
+        core.finished(BatchFinished(start.batch_id, t))
+        core.settle(t)
+    return core.fleet.cold_starts
+
+
+def test_a_worker_whose_idle_time_is_free_keeps_the_fixed_window_through_a_lull() -> None:
+    """Billed idle, 20 gaps of 50 ms put the worker's keep-alive at the 1 s least (no cold-start floor): a 30 s lull
+    ends it and the next call starts cold. With idle vCPUs unbilled (the default) a CPU worker's idle time costs
+    nothing, so stopping it early saves nothing: it keeps the 60 s window and the call after the lull finds it warm;
+    the window still ends it (it holds a worker slot)."""
+    bare = replace(
+        SETTINGS, keep_alive_s=60.0, keep_alive_cold_starts=0.0, scale_down_utilization=0.0, scale_down_waves=0.0
+    )
+    assert _run(_core(bare), 20) == pytest.approx(1000.0)
+    assert _cold_starts(_core(bare), 30_000.0) == 3
+    assert _run(_core(bare, idle_vcpus=False), 20) == 60_000.0
+    assert _cold_starts(_core(bare, idle_vcpus=False), 30_000.0) == 2
+    # Once the stage reads as in waves, scale-down stops a billed surplus worker after a 440 ms lull, so 500 ms gaps
+    # cost restarts. Free, it stays; so it does under scale-down by utilisation and the best-effort rule.
+    down = replace(bare, scale_down_utilization=0.5, scale_down_waves=0.5)
+    assert _cold_starts(_core(down), 500.0, gap_ms=500.0) > 2
+    assert _cold_starts(_core(down, idle_vcpus=False), 30_000.0, gap_ms=500.0) == 2
+    assert _run(_core(down, idle_vcpus=False), 20, gap_ms=500.0) == 60_000.0
+    assert _best_effort_keep(SETTINGS) == 20.0
+    assert _best_effort_keep(SETTINGS, idle_vcpus=False) == KEEP_MS
+
+
 def test_best_effort_keep_alive_out_of_range_is_named() -> None:
     for bad in (-1.0, float("inf"), float("nan"), True):
         with pytest.raises(ConfigError, match="best_effort_keep_alive"):
@@ -405,7 +468,8 @@ def test_keep_alive_by_price_scales_the_histograms_keep_alive_too() -> None:
     devices = (Device("n0/gpu0", "n0", "T4"), Device("n0/gpu1", "n0", "A100"))
     fleet = Fleet((Node("n0", 8, max_workers=8),), devices, 60_000.0)
     fleet.adaptive = AdaptiveKeepAlive(policy, lambda stage, hw: 100.0)  # floor: 200 ms on either type
-    fleet.set_keep_alive(60_000.0, PriceSheet(0.01, {"T4": 0.5, "A100": 5.0}).keep_alive_scales({"T4", "A100"}))
+    fleet.prices = PriceSheet(0.01, {"T4": 0.5, "A100": 5.0})  # GPU shares: their idle time is billed
+    fleet.set_keep_alive(60_000.0, fleet.prices.keep_alive_scales({"T4", "A100"}))
     cfg = Config(1, 1, 0.5)
     t4 = fleet.acquire(Placement("n0", "n0/gpu0", None, 4), "a", cfg, "T4", 0.0)
     a100 = fleet.acquire(Placement("n0", "n0/gpu1", None, 4), "a", cfg, "A100", 0.0)

@@ -44,7 +44,6 @@ from esg_prefect.control.events import (
     WorkerReady,
 )
 from esg_prefect.control.fleet import Fleet
-from esg_prefect.control.keepalive import adaptive_keep_alive
 from esg_prefect.control.state import Flight, Hops, Plan, Queue, Request, stages_after
 from esg_prefect.control.totals import Totals
 from esg_prefect.exceptions import InvalidInputError
@@ -107,13 +106,7 @@ class Core(DecisionApplier):
         self.scheduler = scheduler
         self.tables = tables
         self.fleet = fleet
-        if fleet.adaptive is None:  # the keep-alive policy is the platform's: one place for every driver
-            fleet.adaptive = adaptive_keep_alive(settings, tables.profile.cold_start_ms)
-        fleet.scale_down_utilization = settings.scale_down_utilization
-        fleet.scale_down_waves = settings.scale_down_waves
-        fleet.idle_vcpus = settings.idle_vcpus
-        fleet.best_effort_keep_alive = settings.best_effort_keep_alive
-        fleet.cold_start_ms = tables.profile.cold_start_ms
+        fleet.configure(settings, tables.profile.cold_start_ms, tables.prices)  # the keep-alive policy, idle prices
         self.totals = fleet.totals = totals  # the fleet adds its idle time, the core its batches and decisions
         self.settings = settings
         self.workflows = workflows

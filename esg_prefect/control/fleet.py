@@ -21,15 +21,17 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage
+from esg_prefect.control.keepalive import SCALE_DOWN_WINDOW_MS, AdaptiveKeepAlive, BusyAverage, adaptive_keep_alive
 from esg_prefect.control.ring import Ring
 from esg_prefect.control.totals import Totals
 from esg_prefect.control.worker import FleetWorker
-from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model.attribution import BatchRecord, IdleRecord
+from esg_prefect.exceptions import InvalidInputError, PriceError
+from esg_prefect.model.attribution import BatchRecord, IdleRecord, idle_rates
 from esg_prefect.model.cluster import ClusterSnapshot, Device, Node, Worker
 from esg_prefect.model.config import Config
+from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling.base import Placement
+from esg_prefect.scheduling.settings import PlatformSettings
 
 
 def _unchecked_snapshot(
@@ -90,6 +92,7 @@ class Fleet:
         self.scale_down_utilization = 0.0  # 0: off; set by the control core from the platform settings
         self.scale_down_waves = 0.0  # the same for a stage in waves, its surplus kept a lull; 0: off
         self.idle_vcpus = False  # idle workers hold their vCPUs (billed); set by the control core from the settings
+        self.prices: PriceSheet | None = None  # what idle time costs (set by the core); None: every worker priced
         self.workers: dict[str, FleetWorker] = {}
         self.batches: list[BatchRecord] | Ring[BatchRecord] = [] if record_memory is None else Ring(record_memory)
         self.idles: list[IdleRecord] | Ring[IdleRecord] = [] if record_memory is None else Ring(record_memory)
@@ -100,6 +103,19 @@ class Fleet:
         self._expiry_seq = 0
         self.nodes: tuple[Node, ...] = ()
         self.set_resources(nodes, devices)
+
+    def configure(
+        self, settings: PlatformSettings, cold_start_ms: Callable[[str, str], float], prices: PriceSheet
+    ) -> None:
+        """The platform's lifecycle knobs, its stages' cold starts and its prices: one place for every driver."""
+        if self.adaptive is None:
+            self.adaptive = adaptive_keep_alive(settings, cold_start_ms)
+        self.scale_down_utilization = settings.scale_down_utilization
+        self.scale_down_waves = settings.scale_down_waves
+        self.idle_vcpus = settings.idle_vcpus
+        self.best_effort_keep_alive = settings.best_effort_keep_alive
+        self.cold_start_ms = cold_start_ms
+        self.prices = prices
 
     def set_keep_alive(self, keep_alive_ms: float, scales: Mapping[str, float] | None = None) -> None:
         """Keep-alive from now on (workers already idle keep the expiry they were given)."""
@@ -142,8 +158,24 @@ class Fleet:
         """``"cpu"`` and every GPU type present."""
         return self._hardware
 
+    def idle_free(self, w: FleetWorker) -> bool:
+        """Whether ``w``'s idle time costs nothing (its idle rate on the price sheet, ``idle_vcpus`` counted).
+
+        The one place the keep-alive reads a price. Such a worker gains nothing by stopping early, so no rule
+        that cuts idle time short applies to it (:meth:`keep_alive_of`, scale-down); the fixed window still
+        ends it, as it holds node capacity. An unknown sheet or an unpriced type counts as priced.
+        """
+        if self.prices is None:
+            return False
+        try:
+            return idle_rates(self.prices, w.vcpus, w.share, w.hardware, self.idle_vcpus)[1] <= 0.0
+        except PriceError:
+            return False
+
     def keep_alive_of(self, w: FleetWorker) -> float:
-        """How long ``w`` is kept once idle, in ms."""
+        """How long ``w`` is kept once idle, in ms: the whole fixed window when its idle time is free."""
+        if self.idle_free(w):
+            return self.keep_alive_ms  # keep-alive by price reads a zero price as the whole window
         fixed = self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
         if w.worker_id in self.best_effort and self._per_stage.get(w.stage, 0) > 1 and self.cold_start_ms is not None:
             return min(fixed, self.best_effort_keep_alive * self.cold_start_ms(w.stage, w.hardware))
@@ -299,6 +331,7 @@ class Fleet:
         over ``utilization``, at least one. The surplus that idled longest (no load comes back to them: the placement
         reuses the most recently idle first) expire after the floor, not the gaps' percentile; with ``lull`` (a
         stage in waves) after a lull, floor or not, but a pre-warmed worker with no batch yet keeps the usual rule.
+        A worker whose idle time is free (:meth:`idle_free`) is never surplus to cut: stopping it saves nothing.
         """
         assert self.adaptive is not None
         live = self._of_stage.get(stage)
@@ -309,7 +342,7 @@ class Fleet:
         if surplus <= 0:
             return
         idle = sorted(
-            (w for w in live.values() if w.idle_since_ms is not None and w.starting is None),
+            (w for w in live.values() if w.idle_since_ms is not None and w.starting is None and not self.idle_free(w)),
             key=lambda w: (w.idle_since_ms, w.worker_id),
         )
         for w in idle[:surplus]:

@@ -82,7 +82,10 @@ class ESGSettings:
             past capacity such starts stop idle workers and feed a cold-start
             storm. At tight SLOs on a workload that never runs past capacity, 0
             is cheaper (docs/results.md, "Best effort").
-        keep_alive_s: how long an idle warm worker is kept.
+        keep_alive_s: how long an idle warm worker is kept. A worker whose idle
+            time costs nothing (a CPU worker while ``idle_vcpus`` is off) keeps
+            all of it: the keep-alive policy, price, best-effort and scale-down
+            rules that stop idle workers sooner save nothing on it.
         keep_alive_by_price: the platform's keep-alive depends on the GPU type: an
             idle worker on the cheapest type present keeps its keep-alive
             (``keep_alive_s``, or the histogram policy's value), one on a dearer
