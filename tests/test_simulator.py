@@ -12,9 +12,11 @@ from dataclasses import replace
 import pytest
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
+from esg_prefect.control.core import Core
 from esg_prefect.exceptions import ConfigError, InvalidInputError, WorkflowError
 from esg_prefect.model.attribution import attribute_costs
 from esg_prefect.model.config import ConfigSpace
+from esg_prefect.model.jobs import Job
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile, ProfilePoint
 from esg_prefect.model.workflow import Workflow
@@ -130,6 +132,26 @@ def test_an_orchestrators_overheads_delay_the_calls_not_the_slo_clock() -> None:
     assert Case.from_dict(written).sim == case.sim
     with pytest.raises(ConfigError, match="call_overhead_ms"):
         SimSpec(call_overhead_ms=-1.0)
+
+
+def test_a_run_overhead_counts_against_the_first_calls_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # r1 arrives at 0; Prefect's run overhead brings its first call (a) to the core at 30 ms. Live, the pool gets
+    # the flow run's creation as the arrival, so the 50 ms SLO ends at 50, not 80: 20 ms are left for a (5 + 10
+    # cold) and b (5 + 20 cold), no plan fits and ESG runs it at risk. Without the overhead the same request is
+    # planned within its SLO.
+    jobs: list[Job] = []
+    arrive = Core.arrive
+    monkeypatch.setattr(Core, "arrive", lambda self, ev: jobs.append(arrive(self, ev)) or jobs[-1])
+    case = cpu_case("esg")
+    run = simulate(case.with_(sim=replace(case.sim, run_overhead_ms=30.0)), arrivals=[(0.0, "w")])
+    a = jobs[0]
+    assert (a.job_id, a.arrival_ms, a.ready_ms, a.e2e_deadline_ms) == ("r1:a", 0.0, 30.0, 50.0)
+    assert a.deadline_ms < 50.0
+    assert [(r.arrival_ms, r.at_risk) for r in run.requests] == [(0.0, True)]
+    jobs.clear()
+    run = simulate(case, arrivals=[(0.0, "w")])
+    assert (jobs[0].ready_ms, jobs[0].e2e_deadline_ms) == (0.0, 50.0)
+    assert [(r.at_risk, r.slo_met) for r in run.requests] == [(False, True)]
 
 
 def test_inputs_on_another_node_pay_a_transfer() -> None:

@@ -5,7 +5,8 @@ its last upstream call finished (on the node its inputs mostly are); the
 request ends when its last exit stage finished, or fails with the first call
 the core fails. An orchestrator's overheads delay the calls (``run_ms``
 before the entry calls, ``call_ms`` before every call), never the arrival
-the SLO counts from. These are the simulator's stand-in for the Prefect flows that
+the SLO counts from: every call carries it, so the core plans with the slack
+the overheads left, as the live pool does. These are the simulator's stand-in for the Prefect flows that
 call the runtime pool.
 """
 
@@ -104,7 +105,10 @@ class Callers:
         nodes = req.pred_nodes.get(stage)
         rid, wf, size = req.request_id, req.shape.wf.name, req.size * self._typical[stage]
         home = home_node(nodes) if nodes else None
-        self._submit(_arrived(f"{rid}:{stage}", rid, rid, wf, stage, now, size, home, None, None, ()))
+        # The request's arrival, as a live flow run's creation reaches the pool: the core plans the first calls
+        # with the slack left after the orchestrator's overheads, not with the whole SLO from when they reach it.
+        arrived = _arrived(f"{rid}:{stage}", rid, rid, wf, stage, now, size, home, req.arrival_ms, None, ())
+        self._submit(arrived)
 
     def finished(self, request_id: str, stage: str, node: str, now: float) -> None:
         """A call of the request finished on ``node``: the request ends, or calls the stages now ready."""
