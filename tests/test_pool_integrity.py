@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -271,6 +272,17 @@ def test_log_lines_count_items_and_runs_in_plain_english() -> None:
     one = StageResult("c", 1, "b1", 1, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 1)
     many = StageResult("c", 1, "b2", 4, "w1", "cpu", 1, 0.0, 0.0, 1.0, 1.0, False, False, "", 3)
     assert "(1 item from 1 run)" in one.describe() and "(4 items from 3 runs)" in many.describe()
+
+
+def test_a_log_line_says_why_on_one_short_line() -> None:
+    why = "no plan meets the slack: fastest option, best effort (cold start, best fit)"
+    risky = StageResult("c", 1, "b14", 6, "w3", "cpu", 1, 0.0, 2.0, 16.3, 73.2, False, True, why, 6)
+    assert risky.describe().endswith(f"predicted 16.3 ms, actual 73.2 ms; AT RISK of missing the SLO: {why}")
+    planned = replace(risky, at_risk=False, reason="cheapest plan within the slack over 2 stage(s) (warm worker)")
+    assert planned.describe().endswith("actual 73.2 ms; cheapest plan within the slack over 2 stage(s) (warm worker)")
+    assert replace(risky, reason="").describe().endswith("actual 73.2 ms; AT RISK of missing the SLO")
+    long = replace(risky, reason="line one\n  line two " * 40).describe()
+    assert "\n" not in long and long.endswith("...") and len(long.split("SLO: ", 1)[1]) <= 120
 
 
 def test_finished_outputs_kept_for_retries_are_bounded_in_bytes() -> None:

@@ -161,15 +161,32 @@ class StageResult:
     """What the batch printed or logged: (level, logger or "" for a print, text) (``runtime.batch_output``)."""
 
     def describe(self) -> str:
-        """One log line: which batch, its size, the worker and share, waits and latencies."""
+        """One log line: which batch, its size, the worker and share, waits and latencies, and the scheduler's reason.
+
+        The reason says why a batch was at risk (no plan met the slack) or how it was planned; it is
+        shortened and kept on the line.
+        """
         where = f"{self.hardware} share {self.gpu_share:.2f}" if self.hardware != "cpu" else "cpu"
+        tail = "; AT RISK of missing the SLO" if self.at_risk else ""
+        why = _short(self.reason)
+        if why:
+            tail += (": " if self.at_risk else "; ") + why
         return (
             f"batch {self.batch_id} ({_count(self.batch_size, 'item')} from {_count(self.co_batched_runs, 'run')}) "
             f"on worker "
             f"{self.worker_id} [{where}, {self.vcpus} vCPU]{' cold start' if self.cold_start else ''}; "
             f"queue wait {self.queue_wait_ms:.1f} ms; predicted {self.predicted_ms:.1f} ms, "
-            f"actual {self.actual_ms:.1f} ms{'; AT RISK of missing the SLO' if self.at_risk else ''}"
+            f"actual {self.actual_ms:.1f} ms{tail}"
         )
+
+
+_REASON_CHARS = 120
+
+
+def _short(text: str) -> str:
+    """``text`` on one line (runs of whitespace, newlines included, as one space), cut to :data:`_REASON_CHARS`."""
+    one = " ".join(text.split())
+    return one if len(one) <= _REASON_CHARS else one[: _REASON_CHARS - 3].rstrip() + "..."
 
 
 def _count(n: int, noun: str) -> str:
