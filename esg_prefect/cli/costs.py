@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
+from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS
 
 if TYPE_CHECKING:
     from esg_prefect.store.billing import Billing
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 FORMATS = ("table", "csv", "json")
-SPLITS = ("equal", "input_size")
-IDLE_BILLINGS = ("attribute", "separate")
 IDLE_LINES = {
     "attribute": "the idle line holds the idle time of workers that never ran a batch",
     "separate": "the idle line holds all warm idle time (idle billing separate)",
@@ -145,7 +144,7 @@ def register(app: typer.Typer) -> None:
         for value, hint, accepted in (
             (by, "--by", GROUP_BYS),
             (fmt, "--format", FORMATS),
-            (split, "--split", SPLITS),
+            (split, "--split", COST_SPLITS),
             (idle_billing, "--idle-billing", IDLE_BILLINGS),
         ):
             if value is not None and value not in accepted:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from esg_prefect.model.attribution import CostSplit, RunCost, cost_unit, idle_cost, idle_owners, split_weights
 from esg_prefect.model.config import CPU
-from esg_prefect.model.money import money_str, money_text
+from esg_prefect.model.money import money_round, money_str, money_text
 from esg_prefect.store.rows import slo_met
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ def table_columns(unit: str) -> tuple[str, ...]:
 
 def sig3(value: float) -> float:
     """``value`` to three significant digits: short in a table cell, and still a number (latencies)."""
-    return float(f"{value:.3g}")
+    return money_round(value)
 
 
 money = money_text

@@ -40,7 +40,7 @@ import math
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.cluster import Worker
@@ -49,6 +49,16 @@ from esg_prefect.model.pricing import PriceSheet
 
 CostSplit = Literal["equal", "input_size"]
 IdleBilling = Literal["attribute", "separate"]
+COST_SPLITS: tuple[CostSplit, ...] = get_args(CostSplit)
+"""The cost splits, in order: the one list that settings, the store and the CLI check against."""
+IDLE_BILLINGS: tuple[IdleBilling, ...] = get_args(IdleBilling)
+"""The idle billings, in order: the one list that settings, the store and the CLI check against."""
+
+
+def one_of(choices: Sequence[str]) -> str:
+    """The choices quoted and joined for a message: ``'equal' or 'input_size'``."""
+    return " or ".join(repr(c) for c in choices)
+
 
 COST_UNIT = "$"
 """The unit of costs: the price sheet's prices are dollars per second (``PriceSheet.from_hourly``: per hour)."""
@@ -263,10 +273,10 @@ def attribute_costs(
     Returns:
         The per-request and per-run costs (with each run's busy/idle split) and the totals.
     """
-    if split not in ("equal", "input_size"):
-        raise InvalidInputError(f"cost split must be 'equal' or 'input_size', got {split!r}")
-    if idle_billing not in ("attribute", "separate"):
-        raise InvalidInputError(f"idle_billing must be 'attribute' or 'separate', got {idle_billing!r}")
+    if split not in COST_SPLITS:
+        raise InvalidInputError(f"cost split must be {one_of(COST_SPLITS)}, got {split!r}")
+    if idle_billing not in IDLE_BILLINGS:
+        raise InvalidInputError(f"idle_billing must be {one_of(IDLE_BILLINGS)}, got {idle_billing!r}")
     batch_list = list(batches)
     per_request: dict[str, float] = defaultdict(float)
     run_busy: dict[str, float] = defaultdict(float)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from esg_prefect.exceptions import ConfigError
+from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS
 from esg_prefect.model.config import ConfigSpace
 
 Heuristic = Literal["frontier", "min_cost"]
@@ -25,8 +26,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "search_horizon": ("segment", "workflow"),
     "infeasible_policy": ("best_effort", "reject"),
     "percentile": ("p95", "mean"),
-    "cost_split": ("equal", "input_size"),
-    "idle_billing": ("attribute", "separate"),
+    "cost_split": COST_SPLITS,
+    "idle_billing": IDLE_BILLINGS,
     "keep_alive_policy": ("histogram", "fixed"),
 }
 

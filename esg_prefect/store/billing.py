@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from esg_prefect.exceptions import ConfigError
-from esg_prefect.model.attribution import CostSplit, IdleBilling
-
-SPLITS: tuple[str, ...] = ("equal", "input_size")
-IDLE_BILLINGS: tuple[str, ...] = ("attribute", "separate")
+from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS, CostSplit, IdleBilling, one_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +34,10 @@ class Billing:
     idle_billing: IdleBilling = "attribute"
 
     def __post_init__(self) -> None:
-        if self.cost_split not in SPLITS:
-            raise ConfigError(f"cost_split must be 'equal' or 'input_size', got {self.cost_split!r}")
+        if self.cost_split not in COST_SPLITS:
+            raise ConfigError(f"cost_split must be {one_of(COST_SPLITS)}, got {self.cost_split!r}")
         if self.idle_billing not in IDLE_BILLINGS:
-            raise ConfigError(f"idle_billing must be 'attribute' or 'separate', got {self.idle_billing!r}")
+            raise ConfigError(f"idle_billing must be {one_of(IDLE_BILLINGS)}, got {self.idle_billing!r}")
 
     def describe(self) -> str:
         """The options in a few words, for the CLI's notes."""
