@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
@@ -50,7 +53,17 @@ def test_the_table_shows_the_name_and_the_end_of_the_id_and_csv_the_whole_id(tmp
     assert by_workflow.exit_code == 0 and "flow run name" not in by_workflow.output
 
 
-def test_the_runner_side_remembers_the_name_in_the_runs_context_for_the_store(tmp_path: Path) -> None:
+@pytest.fixture
+def own_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's stores and remembered names, empty for this test and closed after it."""
+    monkeypatch.setattr(recording, "_stores", {})
+    monkeypatch.setattr(recording, "_run_names", OrderedDict())
+    yield
+    recording.close_stores()
+
+
+def test_the_runner_side_remembers_the_name_in_the_runs_context_for_the_store(tmp_path: Path, own_stores: None) -> None:
+    recording.store_for(f"sqlite:///{tmp_path / 'local.db'}")  # a runner's local store: names are for it
     run_id = RUN_A
     flow_run = SimpleNamespace(id=run_id, deployment_id=None, name="crimson-fox")
     assert recording.remember_run(flow_run) == run_id
@@ -84,3 +97,9 @@ def test_a_run_name_is_shown_as_written_never_read_as_markup(tmp_path: Path) -> 
     assert table.exit_code == 0, table.output
     first = [line.split("│")[1].strip() for line in table.output.splitlines() if line.startswith("│")]
     assert first[:2] == [f"etl [/] retry ({RUN_A[-8:]})", f"[prod] nightly ({RUN_B[-8:]})"]
+
+
+def test_without_a_local_store_no_name_is_kept(own_stores: None) -> None:
+    recording.store_for(False)  # store=False: no store opened
+    recording.remember_run(SimpleNamespace(id=RUN_A, deployment_id=None, name="crimson-fox"))
+    assert recording._run_names == {}  # store=False, or the pool service: nothing would read it

@@ -84,7 +84,14 @@ def store_for(store: str | bool | None) -> CostStore | None:
 
 
 def remember_run(flow_run: Any) -> str:
-    """Note a flow run's deployment and name (seen in its context, at no API cost); returns the run's id."""
+    """Note a flow run's deployment and name (seen in its context, at no API cost); returns the run's id.
+
+    Only a local cost store reads the name (and forgets it then): while this
+    process has no store open (``store=False``, or stage calls sent to the pool
+    service), the name is not kept, so a long-lived process does not fill up
+    with names nothing reads. (A process that also runs a pool with a store keeps
+    them all, up to ``_RUN_MEMORY``: this function is not told the run's pool.)
+    """
     run_id = str(flow_run.id)
     deployment_id = getattr(flow_run, "deployment_id", None)
     name = getattr(flow_run, "name", None)
@@ -93,7 +100,7 @@ def remember_run(flow_run: Any) -> str:
             _run_deployments[run_id] = deployment_id
             if len(_run_deployments) > _RUN_MEMORY:
                 _run_deployments.popitem(last=False)
-        if isinstance(name, str) and name:
+        if isinstance(name, str) and name and _stores:
             _run_names[run_id] = name
             if len(_run_names) > _RUN_MEMORY:
                 _run_names.popitem(last=False)
