@@ -23,7 +23,6 @@ from esg_prefect.integration.run_views import (
     CALL_COLUMNS,
     artifact_key,
     call_costs,
-    cost_notice,
     is_run_tag,
     merged_tags,
     money,
@@ -196,22 +195,6 @@ def test_artifact_keys() -> None:
     # Prefect's run ids are time-ordered: runs of one minute share their first characters, not their key.
     same_minute = ("01a21f3b-5c2e-7d10-8a3b-0c1d2e3f4a5b", "01a21f3b-9f00-7e22-b1c4-5d6e7f8a9b0c")
     assert len({artifact_key("esg-cost", r) for r in same_minute}) == 2
-
-
-def test_the_cost_notice_says_where_and_when_never_a_figure() -> None:
-    """A run's log had no word of its cost; the figure is not known when it ends, so the line says when it comes."""
-    line = cost_notice("R1", keep_alive_s=12.5)
-    assert "artifact 'esg-cost-r1' (with the run's summary" in line and "keep-alive of up to 12.5 s" in line
-    assert "pool's close" in line and "$" not in line and "\n" not in line
-    assert "now (idle time is billed apart)" in cost_notice("R1", keep_alive_s=12.5, settled=True)
-    remote = ESGTaskRunner(address="http://127.0.0.1:4270")._cost_notice("R1")
-    assert remote is not None and "by the pool service at http://127.0.0.1:4270" in remote
-    assert "the keep-alive," in remote and "service's close" in remote
-    pool = Pool(toy_profile(), backend=InlineBackend())
-    try:  # no recorders attached (they are, at its first stage call, with artifacts=False): nothing is published
-        assert ESGTaskRunner(pool=pool, artifacts=False)._cost_notice("R1") is None
-    finally:
-        pool.close()
 
 
 # ---- runs-list tags ----------------------------------------------------------------------------
