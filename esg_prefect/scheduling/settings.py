@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from esg_prefect.exceptions import ConfigError
-from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS
+from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS, CostSplit, IdleBilling
 from esg_prefect.model.config import ConfigSpace
 
 Heuristic = Literal["frontier", "min_cost"]
@@ -228,8 +228,8 @@ class ESGSettings:
     scale_down_waves: float = 0.5
     shed_after_slo: float = 0.0
     redistribute_slack: bool = True
-    cost_split: Literal["equal", "input_size"] = "equal"
-    idle_billing: Literal["attribute", "separate"] = "attribute"
+    cost_split: CostSplit = "equal"
+    idle_billing: IdleBilling = "attribute"
     idle_vcpus: bool = False
     allow_eviction: bool = True
     reserve_overhead: bool = True
@@ -415,8 +415,8 @@ class PlatformSettings:
     shed_after_slo: float
     allow_eviction: bool
     correction_alpha: float
-    cost_split: Literal["equal", "input_size"]
-    idle_billing: Literal["attribute", "separate"]
+    cost_split: CostSplit
+    idle_billing: IdleBilling
     idle_vcpus: bool
 
 
