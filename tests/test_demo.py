@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -55,8 +56,10 @@ def restore_prefect_quiet() -> Iterator[None]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_harness", "restore_prefect_quiet")
-def test_demo_command_runs_both_runners_and_prints_costs() -> None:
+def test_demo_command_runs_both_runners_and_prints_costs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from esg_prefect.cli import app
+
+    monkeypatch.setattr(demo, "demo_store_path", lambda: tmp_path / "demo-costs.db")  # not the user's PREFECT_HOME
 
     result = CliRunner().invoke(app, ["demo", "--requests", "6", "--rate", "3", "--backend", "inline"])
     assert result.exit_code == 0, result.output
