@@ -15,21 +15,14 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.watch import PollWatch
 from esg_prefect.service.wire import call_body
+from tests.test_service_waits import LOCAL, call
 from tests.toy_stages import toy_profile
-
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-LOCAL = "http://127.0.0.1:4270"
-
-
-def call(i: int) -> StageCall:
-    return StageCall(f"c{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i)
 
 
 @pytest.fixture
