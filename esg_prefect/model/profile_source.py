@@ -49,9 +49,14 @@ project's CPU), from which every shipped table's size model (Cypress) is fitted.
 _NOT_PROFILES = ("_sources", "_samples", "_stalls", "_corun", "_validation")  # the profiler's other outputs
 
 
-def shipped_profiles() -> list[str]:
-    """Names of the latency profiles shipped with the package (not the profiler's other tables), sorted."""
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.csv") if not p.stem.endswith(_NOT_PROFILES))
+@lru_cache(maxsize=1)
+def shipped_profiles() -> tuple[str, ...]:
+    """Names of the latency profiles shipped with the package (not the profiler's other tables), sorted.
+
+    Listed once per process: the package's files do not change while it runs, and every profile
+    given by name asks (:func:`is_shipped_name`).
+    """
+    return tuple(sorted(p.stem for p in PROFILE_DIR.glob("*.csv") if not p.stem.endswith(_NOT_PROFILES)))
 
 
 def is_shipped_name(value: str) -> bool:
