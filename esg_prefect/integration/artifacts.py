@@ -229,18 +229,13 @@ class RunPublisher:
 
     # ---- what the pool hands over ----------------------------------------------------------
 
-    def _billing(self) -> str:
-        settings = getattr(self.pool, "settings", None)
-        return str(getattr(settings, "idle_billing", "attribute"))
-
     def __call__(self, records: RunRecords) -> None:
         """A flow run ended (on the pool's listener thread): publish it once its cost is final."""
         if not records.calls:  # the run ended again (its calls were handed over the first time): nothing new
             return
-        billing = self._billing()
-        with self._lock:
-            if billing == "separate" or self._ledger.closed:
-                self._queue.append(dataclasses.replace(records, settled=True, idle_billing=billing))
+        with self._lock:  # the records carry the pool's own idle billing (runtime.pool_records)
+            if records.idle_billing == "separate" or self._ledger.closed:
+                self._queue.append(dataclasses.replace(records, settled=True))
             else:
                 self._ended[records.run_id] = records
                 self._ledger.watch(records.run_id, [b.batch_id for b in records.batches])
@@ -312,11 +307,10 @@ class RunPublisher:
 
     def _take_ready(self) -> None:
         """Queue the runs the ledger says are settled (holding the lock)."""
-        billing = self._billing()
         for run_id, idles in self._ledger.ready():
             records = self._ended.pop(run_id, None)
             if records is not None:
-                self._queue.append(dataclasses.replace(records, caused_idles=idles, settled=True, idle_billing=billing))
+                self._queue.append(dataclasses.replace(records, caused_idles=idles, settled=True))
 
     # ---- the publisher's thread ---------------------------------------------------------------
 
