@@ -45,6 +45,7 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.store import CostStore, attach_store
+from esg_prefect.store.attach import StoreAttachment
 from tests.test_pool import _PrewarmFirst
 from tests.toy_stages import toy_profile
 
@@ -231,6 +232,30 @@ def _whole_bill(pool: Pool) -> tuple[float, float]:
     return bill, never
 
 
+def wired_t4_pool(
+    clock: ManualClock, store: CostStore, settings: ESGSettings
+) -> tuple[Pool, FakeClient, list[RunRecords], StoreAttachment]:
+    """A pool of fake half-T4 workers on ``clock``, its runs' costs stored in ``store`` and published to a fake API.
+
+    Half-T4 workers: their warm idle time costs (the share's price), so the runs' idle parts are not
+    zero. Returns the pool, the fake API, the runs as published, and the store's attachment.
+    """
+    pool = Pool(_t4_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=settings,
+                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    client = FakeClient()
+    published: list[RunRecords] = []
+
+    def publish(records: RunRecords) -> None:
+        published.append(records)
+        publish_run(records, client)  # type: ignore[arg-type]
+
+    attachment = attach_store(pool, store)
+    publisher = RunPublisher(pool, publish=publish, on_idles=attachment.store_idles, poll=False)
+    pool.add_run_listener(publisher)
+    pool.add_batch_listener(publisher.on_batches)
+    return pool, client, published, attachment
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[CostStore]:
     s = CostStore(f"sqlite:///{tmp_path / 'costs.db'}")
@@ -240,20 +265,7 @@ def store(tmp_path: Path) -> Iterator[CostStore]:
 
 def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_says(store: CostStore) -> None:
     clock = ManualClock()
-    # Half-T4 workers: their warm idle time costs (the share's price), so the runs' idle parts are not zero.
-    pool = Pool(_t4_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=ESGSettings(wait_for_batch=False),
-                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
-    client = FakeClient()
-    settled: list[RunRecords] = []
-
-    def publish(records: RunRecords) -> None:
-        settled.append(records)
-        publish_run(records, client)  # type: ignore[arg-type]
-
-    attachment = attach_store(pool, store)
-    publisher = RunPublisher(pool, publish=publish, on_idles=attachment.store_idles, poll=False)
-    pool.add_run_listener(publisher)
-    pool.add_batch_listener(publisher.on_batches)
+    pool, client, settled, _ = wired_t4_pool(clock, store, ESGSettings(wait_for_batch=False))
     waves = [[str(uuid.uuid4()) for _ in range(5)] for _ in range(3)]
     try:
         for wave in waves:

@@ -20,15 +20,24 @@ from typer.testing import CliRunner
 from esg_prefect.cli import app
 from esg_prefect.control.calls import StageCall
 from esg_prefect.control.records import RunRecords
-from esg_prefect.integration.artifacts import RunPublisher, _money, publish_run
+from esg_prefect.integration.artifacts import _money
 from esg_prefect.integration.run_views import money_text
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.scheduling import ESGSettings
-from esg_prefect.store import IDLE_KEY, CostStore, attach_store
+from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store.billing import Billing
-from tests.test_one_cost import TOY, FakeBackend, FakeClient, ManualClock, _results, _t4_profile, _wait_for, _whole_bill
+from tests.test_one_cost import (
+    TOY,
+    FakeBackend,
+    ManualClock,
+    _results,
+    _t4_profile,
+    _wait_for,
+    _whole_bill,
+    wired_t4_pool,
+)
 
 USER_SETTINGS = ESGSettings(
     idle_vcpus=True,
@@ -58,19 +67,7 @@ def test_a_pool_billing_idle_separately_by_input_size_shows_one_figure_everywher
     url = f"sqlite:///{tmp_path / 'costs.db'}"
     store = CostStore(url)  # the store's own defaults (equal, attribute), as the task runner opens it
     clock = ManualClock()
-    pool = Pool(_t4_profile(), PriceSheet(1e-5, {"T4": 1e-4}), settings=USER_SETTINGS,
-                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
-    client = FakeClient()
-    published: list[RunRecords] = []
-
-    def publish(records: RunRecords) -> None:
-        published.append(records)
-        publish_run(records, client)  # type: ignore[arg-type]
-
-    attachment = attach_store(pool, store)
-    publisher = RunPublisher(pool, publish=publish, on_idles=attachment.store_idles, poll=False)
-    pool.add_run_listener(publisher)
-    pool.add_batch_listener(publisher.on_batches)
+    pool, client, published, attachment = wired_t4_pool(clock, store, USER_SETTINGS)
     waves = [[str(uuid.uuid4())], [str(uuid.uuid4()) for _ in range(4)], [str(uuid.uuid4())]]  # as the user ran
     runs = [r for wave in waves for r in wave]
     try:
