@@ -100,7 +100,7 @@ def serve(
     ),
 ) -> None:
     """Serve one pool over HTTP until interrupted; stage modules are imported from the working directory too."""
-    from esg_prefect.cli.profile import import_from_cwd
+    from esg_prefect.cli.workdir import import_from_cwd
 
     import_from_cwd()  # before the workers' fork server starts: they import the stages, and inherit the path
     import uvicorn

@@ -3,30 +3,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import typer
 
+from esg_prefect.cli.workdir import import_from_cwd
+
 DEFAULT_BATCHES = "1,2,4,8,16,32"
-
-
-def import_from_cwd() -> str | None:
-    """Let this process and its children import modules from the working directory, as ``uvicorn module:app`` does.
-
-    Why: ``python -m`` puts the working directory on ``sys.path``, a console script does not, so
-    ``esg-prefect profile -t mypipe:embed@mypipe:images`` run beside ``mypipe.py`` would not find it.
-    The directory goes first on ``sys.path`` (what multiprocessing hands to spawned and fork-server
-    children) and on ``PYTHONPATH`` (what any other child interpreter reads). Returns the directory
-    added, or None when ``sys.path`` had it already (then nothing changes).
-    """
-    cwd = os.getcwd()
-    if any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
-        return None
-    sys.path.insert(0, cwd)
-    rest = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = cwd + (os.pathsep + rest if rest else "")
-    return cwd
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
