@@ -332,12 +332,34 @@ def test_scale_down_passes_over_a_worker_whose_idle_time_is_free() -> None:
     """With a price sheet and idle vCPUs unbilled the three CPU workers idle for free: none is cut after the lull,
     each keeps the 60 s window. Billed idle (``idle_vcpus``), the two that idled longest go at 3,540 and 3,550."""
     fleet, (w1, w2, w3), t = _wave_fleet(waves=True, prices=PriceSheet(1e-5, {}))
-    assert all(fleet.idle_free(w) for w in (w1, w2, w3))
+    assert all(w.idle_free for w in (w1, w2, w3))
     assert fleet.next_expiry_ms() == 3100.0 + 60_000.0 and fleet.expire(t + 59_000.0) == []
     fleet, (w1, w2, w3), t = _wave_fleet(waves=True, prices=PriceSheet(1e-5, {}), held=True)
-    assert not fleet.idle_free(w1)
+    assert not w1.idle_free
     assert [w.worker_id for w in fleet.expire(3550.0)] == [w1.worker_id, w2.worker_id]
     assert fleet.next_expiry_ms() == t + 60_000.0
+
+
+def test_a_worker_s_idle_price_is_read_once_as_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether idle time is free is decided when a worker starts and kept on it: its many idle events (a batch's
+    end, scale-down, expiry) read no price. One read per worker started, the pre-warmed one included."""
+    import esg_prefect.control.fleet as fleet_module
+
+    reads: list[str] = []
+    real = fleet_module.idle_rates
+
+    def counted(*args: object, **kw: object) -> tuple[float, float]:
+        reads.append(str(args[3]))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fleet_module, "idle_rates", counted)
+    fleet, ws, t = _wave_fleet(waves=True, prewarmed=True, prices=PriceSheet(1e-5, {}), held=True)
+    assert reads == ["cpu"] * 3  # two acquired, one pre-warmed
+    fleet.expire(3550.0)
+    fleet.expire(t + 59_000.0)
+    for w in fleet.workers.values():
+        fleet.keep_alive_of(w)
+    assert len(reads) == 3 and not any(w.idle_free for w in ws)
 
 
 def test_scale_down_waves_out_of_range_is_named_and_reaches_the_fleet() -> None:

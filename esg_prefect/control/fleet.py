@@ -158,23 +158,25 @@ class Fleet:
         """``"cpu"`` and every GPU type present."""
         return self._hardware
 
-    def idle_free(self, w: FleetWorker) -> bool:
-        """Whether ``w``'s idle time costs nothing (its idle rate on the price sheet, ``idle_vcpus`` counted).
+    def idle_is_free(self, hardware: str, vcpus: int, share: float) -> bool:
+        """Whether a worker's idle time costs nothing (its idle rate on the price sheet, ``idle_vcpus`` counted).
 
-        The one place the keep-alive reads a price. Such a worker gains nothing by stopping early, so no rule
-        that cuts idle time short applies to it (:meth:`keep_alive_of`, scale-down); the fixed window still
-        ends it, as it holds node capacity. An unknown sheet or an unpriced type counts as priced.
+        The one place the keep-alive reads a price, once per worker as it starts (its price and shape do not
+        change while it lives; the answer is kept as :attr:`FleetWorker.idle_free`). Such a worker gains nothing
+        by stopping early, so no rule that cuts idle time short applies to it (:meth:`keep_alive_of`,
+        scale-down); the fixed window still ends it, as it holds node capacity. An unknown sheet or an unpriced
+        type counts as priced.
         """
         if self.prices is None:
             return False
         try:
-            return idle_rates(self.prices, w.vcpus, w.share, w.hardware, self.idle_vcpus)[1] <= 0.0
+            return idle_rates(self.prices, vcpus, share, hardware, self.idle_vcpus)[1] <= 0.0
         except PriceError:
             return False
 
     def keep_alive_of(self, w: FleetWorker) -> float:
         """How long ``w`` is kept once idle, in ms: the whole fixed window when its idle time is free."""
-        if self.idle_free(w):
+        if w.idle_free:
             return self.keep_alive_ms  # keep-alive by price reads a zero price as the whole window
         fixed = self.keep_alive_ms * self._keep_alive_scales.get(w.hardware, 1.0)
         if w.worker_id in self.best_effort and self._per_stage.get(w.stage, 0) > 1 and self.cold_start_ms is not None:
@@ -331,7 +333,8 @@ class Fleet:
         over ``utilization``, at least one. The surplus that idled longest (no load comes back to them: the placement
         reuses the most recently idle first) expire after the floor, not the gaps' percentile; with ``lull`` (a
         stage in waves) after a lull, floor or not, but a pre-warmed worker with no batch yet keeps the usual rule.
-        A worker whose idle time is free (:meth:`idle_free`) is never surplus to cut: stopping it saves nothing.
+        A worker whose idle time is free (:attr:`FleetWorker.idle_free`) is never surplus to cut: stopping it
+        saves nothing.
         """
         assert self.adaptive is not None
         live = self._of_stage.get(stage)
@@ -342,7 +345,7 @@ class Fleet:
         if surplus <= 0:
             return
         idle = sorted(
-            (w for w in live.values() if w.idle_since_ms is not None and w.starting is None and not self.idle_free(w)),
+            (w for w in live.values() if w.idle_since_ms is not None and w.starting is None and not w.idle_free),
             key=lambda w: (w.idle_since_ms, w.worker_id),
         )
         for w in idle[:surplus]:
@@ -385,7 +388,8 @@ class Fleet:
         self._free_vcpus[node] -= config.vcpus
         self._workers_on[node] += 1
         self._next_worker += 1
-        w = FleetWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage)
+        free = self.idle_is_free(hardware, config.vcpus, config.gpu_share)
+        w = FleetWorker(f"w{self._next_worker}", node, dev, hardware, config.vcpus, config.gpu_share, stage, free)
         self.workers[w.worker_id] = w
         self._per_stage[stage] = self._per_stage.get(stage, 0) + 1
         self._of_stage.setdefault(stage, {})[w.worker_id] = w

@@ -25,6 +25,7 @@ class FleetWorker:
         "free_at_ms",
         "fresh",
         "hardware",
+        "idle_free",
         "idle_since_ms",
         "loaded_ms",
         "node",
@@ -37,7 +38,15 @@ class FleetWorker:
     )
 
     def __init__(
-        self, worker_id: str, node: str, device_id: str | None, hardware: str, vcpus: int, share: float, stage: str
+        self,
+        worker_id: str,
+        node: str,
+        device_id: str | None,
+        hardware: str,
+        vcpus: int,
+        share: float,
+        stage: str,
+        idle_free: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.node = node
@@ -53,6 +62,7 @@ class FleetWorker:
         self.view: Worker | None = None  # the immutable view, until the state changes
         self.fresh = False  # warm from a pre-warm start, no batch run yet
         self.loaded_ms: float | None = None  # when its pre-warm load ended, until that idle interval closes
+        self.idle_free = idle_free  # its idle time costs nothing (Fleet.idle_is_free, decided as it starts)
 
     @property
     def busy(self) -> bool:
