@@ -203,6 +203,24 @@ def test_keep_alive_scales_follow_the_cheapest_gpu_type_present() -> None:
     }
 
 
+def test_keep_alive_scales_leave_a_free_gpu_type_out_of_the_cheapest() -> None:
+    """A type priced 0 keeps the whole keep-alive (its idle costs nothing) and is not the cheapest: taken as such,
+    every dearer type's scale was 0 / its price = 0, each idle worker on it stopped at once."""
+    sheet = PriceSheet(0.01, {"free": 0.0, "T4": 0.5, "A100": 5.0})
+    assert sheet.keep_alive_scales(["cpu", "free", "T4", "A100"]) == {
+        "cpu": 1.0,
+        "free": 1.0,
+        "T4": 1.0,
+        "A100": pytest.approx(0.1),
+    }
+    # Every type free: all keep the whole time.
+    assert PriceSheet(0.01, {"T4": 0.0, "V100": 0.0}).keep_alive_scales(["T4", "V100"]) == {
+        "cpu": 1.0,
+        "T4": 1.0,
+        "V100": 1.0,
+    }
+
+
 # ---- prices against a profile's hardware ---------------------------------------------------
 
 

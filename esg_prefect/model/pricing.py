@@ -127,23 +127,26 @@ class PriceSheet:
     def keep_alive_scales(self, hardware: Iterable[str]) -> dict[str, float]:
         """Per type in ``hardware``, the fraction of the keep-alive time its idle workers get when it is priced.
 
-        The cheapest GPU type present (and the CPU) keeps the whole keep-alive
-        time; a dearer type keeps it for the cheapest type's price over its own,
-        so an idle worker of any type may cost about what one of the cheapest
-        type would before it is stopped (``ESGSettings.keep_alive_by_price``).
-        A GPU type the sheet does not price keeps the whole time and is left out
-        of the comparison: the knob is on by default, and a machine may hold a
-        GPU that no profile covers (no worker is ever placed there) and so no
-        price either; one that is profiled fails where a batch is priced.
+        The cheapest GPU type present with a price above zero (and the CPU)
+        keeps the whole keep-alive time; a dearer type keeps it for that type's
+        price over its own, so an idle worker of any type may cost about what
+        one of the cheapest priced type would before it is stopped
+        (``ESGSettings.keep_alive_by_price``). A type priced 0 keeps the whole
+        time too, as its idle time costs nothing, and is left out of the
+        comparison: taken as the cheapest, it would give every other type a
+        scale of 0, stopping their idle workers at once. A GPU type the sheet
+        does not price keeps the whole time and is left out likewise: the knob
+        is on by default, and a machine may hold a GPU that no profile covers
+        (no worker is ever placed there) and so no price either; one that is
+        profiled fails where a batch is priced.
         """
         gpus = sorted({hw for hw in hardware if hw != CPU})
         out = dict.fromkeys([CPU, *gpus], 1.0)
-        priced = [hw for hw in gpus if hw in self.price_per_gpu_s]
+        priced = [hw for hw in gpus if self.price_per_gpu_s.get(hw, 0.0) > 0]
         if priced:
             cheapest = min(self.price_per_gpu_s[hw] for hw in priced)
             for hw in priced:
-                price = self.price_per_gpu_s[hw]
-                out[hw] = cheapest / price if price > 0 else 1.0
+                out[hw] = cheapest / self.price_per_gpu_s[hw]
         return out
 
     def rate_per_s(self, vcpus: int, gpu_share: float, hardware: str) -> float:

@@ -81,7 +81,9 @@ class ESGSettings:
         keep_alive_by_price: the platform's keep-alive depends on the GPU type: an idle worker on the cheapest
             type present keeps its keep-alive (``keep_alive_s``, or the histogram policy's value), one on a
             dearer type that times the cheapest type's price over its own
-            (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`). Applied by the simulator and
+            (:meth:`~esg_prefect.model.pricing.PriceSheet.keep_alive_scales`). A type priced 0 keeps the whole
+            keep-alive and is not the cheapest: the scale is to the cheapest type with a price above 0, so a
+            free type does not stop every other type's idle workers at once. Applied by the simulator and
             the runtime pool to every scheduler (not in the paper, which bills no idle time; docs/results.md,
             "Idle cost"); a cluster of one GPU type is unaffected. Off keeps every idle worker
             ``keep_alive_s`` whatever it costs.
