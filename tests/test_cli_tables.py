@@ -69,20 +69,50 @@ def test_tables_write_costs_as_every_other_surface_does() -> None:
     assert "\n| all | 1.52e-7 | 0.00000280 | 0 | 1.52e-07 |\n" in markdown_table(rows, columns)
 
 
+def test_a_money_column_keeps_one_notation_across_1e_6() -> None:
+    """A column with a value below 1e-6 is written with exponents all the way down (was ``0.00000107`` above
+    ``5.86e-7``); a column with none stays positional; each keeps three significant digits. The Markdown too."""
+    from esg_prefect.cli.tables import markdown_table
+    from esg_prefect.model.money import money_column
+
+    assert money_column([1.0712e-06, 5.861e-07, 0.0, 0.00123]) == ["1.07e-6", "5.86e-7", "0", "1.23e-3"]
+    assert money_column([1.0712e-06, 0.00015, 2.15], "$") == ["$0.00000107", "$0.000150", "$2.15"]
+    assert money_column([]) == []
+    columns = ("workflow", "cost_per_request", "batch_cost_per_request")
+    rows = [
+        {"workflow": "a", "cost_per_request": 1.0712e-06, "batch_cost_per_request": 2.5e-06},
+        {"workflow": "b", "cost_per_request": 5.861e-07, "batch_cost_per_request": None},
+        {"workflow": "all", "cost_per_request": 8.2e-07, "batch_cost_per_request": 1.5e-06},
+    ]
+    out = io.StringIO()
+    print_table(Console(file=out, width=200), "t", rows, columns)
+    assert _body_cells(out.getvalue()) == [
+        ["a", "1.07e-6", "0.00000250"],
+        ["b", "5.86e-7", "-"],
+        ["all", "8.20e-7", "0.00000150"],
+    ]
+    assert "| a | 1.07e-6 | 0.00000250 |\n| b | 5.86e-7 | - |\n| all | 8.20e-7 | 0.00000150 |" in markdown_table(
+        rows, columns
+    )
+
+
 def test_simulate_and_its_summary_write_money_in_the_one_format(tmp_path: Path) -> None:
     import json
 
-    from esg_prefect.model.money import money_str, money_text
+    from esg_prefect.model.money import money_column, money_exponent, money_text
 
     args = ["simulate", "-s", "fast-gshare", "--rate", "40", "--duration", "2", "--warmup", "1", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "250"})  # one table, not split
     assert result.exit_code == 0, result.output
-    overall = json.loads((tmp_path / "report.json").read_text())["overall"]  # the file: full precision
+    report = json.loads((tmp_path / "report.json").read_text())  # the file: full precision
+    overall = report["overall"]
     first = result.output.split("where the time goes")[0]
     row = next(r for r in _body_cells(first) if r[0] == "all")
-    assert row[REPORT_COLUMNS.index("cost_per_request")] == money_text(overall["cost_per_request"])
-    assert row[REPORT_COLUMNS.index("batch_cost_per_request")] == money_text(overall["batch_cost_per_request"])
-    assert f"Cost after the warm-up: {money_str(overall['cost_total'])}, " in " ".join(result.output.split())
+    for column in ("cost_per_request", "batch_cost_per_request"):  # in the notation of the column's values
+        column_values = [w[column] for w in report["workflows"].values()] + [overall[column]]
+        assert row[REPORT_COLUMNS.index(column)] == money_text(overall[column], money_exponent(column_values))
+    whole = money_column([overall["cost_total"]], "$")[0]
+    assert f"Cost after the warm-up: {whole}, " in " ".join(result.output.split())
 
 
 def test_cost_headers_say_whether_busy_includes_cold_starts_and_a_line_says_what_each_holds() -> None:

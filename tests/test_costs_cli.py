@@ -138,7 +138,8 @@ def billed_store(tmp_path: Path) -> str:
 
 
 def test_the_table_writes_money_as_the_artifacts_do_and_says_it_is_rounded(tmp_path: Path) -> None:
-    """One money format (tags, summary, table artifact, here): 3 significant digits, positional from 1e-6."""
+    """One money format (tags, summary, table artifact, here): 3 significant digits, positional from 1e-6; a
+    column of the table in one notation, with exponents when any of its values needs one."""
     from esg_prefect.model.money import money_str, money_text
 
     assert [money_text(v) for v in (1.4712e-05, 1.3188e-05, 1.7583e-05, 4.55805e-05)] == [
@@ -157,9 +158,11 @@ def test_the_table_writes_money_as_the_artifacts_do_and_says_it_is_rounded(tmp_p
     cells = {
         c[0]: c[5:] for c in ([x.strip() for x in line.split("│")[1:-1]] for line in out.splitlines() if "│" in line)
     }
-    assert cells["img"] == ["0.00000140", "0.00000270", "0.00000410"]  # a millionth of busy 1.4, idle 2.7
-    assert cells["txt"] == ["5.00e-8", "0", "5.00e-8"]  # below 1e-6: with an exponent, as a browser writes it
-    assert cells["total"] == ["0.00000145", "0.00000380", "0.00000525"]
+    # A millionth of busy 1.4, idle 2.7; txt's 5.00e-8 is below 1e-6, so its columns (busy, cost) are written
+    # with exponents all the way down, the total too; the idle column has nothing below 1e-6: positional.
+    assert cells["img"] == ["1.40e-6", "0.00000270", "4.10e-6"]  # was 0.00000140 above 5.00e-8
+    assert cells["txt"] == ["5.00e-8", "0", "5.00e-8"]
+    assert cells["total"] == ["1.45e-6", "0.00000380", "5.25e-6"]
     assert "Costs in $, rounded to 3 significant digits: rows may not add up to the total exactly" in out
     assert "(--format csv or json: full precision)" in out
     code, out = invoke("--url", str(path), "--by", "workflow", "--format", "json")

@@ -190,6 +190,33 @@ def test_the_result_tables_read_whole_at_80_columns() -> None:
     assert "0.00000123 │ 0.0000346 │ 0.0000358" in flat  # a run's busy, idle and cost, as its artifacts write them
 
 
+def test_the_demo_s_money_columns_keep_one_notation_across_1e_6() -> None:
+    """A run's busy share of 5.86e-7 under another's of 1.07e-6: that column is written with exponents throughout
+    (it read 0.00000107 above 5.86e-7); the idle and cost columns, all from 1e-6 up, stay positional. The $/run
+    column of the pipeline table decides on its own values: video's 6.47e-7 puts image's 3.56e-5 in exponents."""
+    from rich.console import Console
+
+    from esg_prefect.cli.demo import _print_results
+    from esg_prefect.examples.driver import RequestOutcome
+    from esg_prefect.model.attribution import RunCost
+
+    outs = tuple(RequestOutcome(i, wf, 0.0, 1234.5, True) for i, wf in enumerate(("image", *["video"] * 4)))
+    per_run = (
+        ("0f000000-aaaa-bbbb-cccc-dddddddddddd", "image", RunCost(1.0712e-06, 3.4567e-05, "$")),
+        ("0f000001-aaaa-bbbb-cccc-dddddddddddd", "video", RunCost(5.861e-07, 2.0e-06, "$")),
+    )
+    esg = DemoRun("esg", outs, 10.0, 3.2e-4, None, per_run, 1.1e-5, "$", 40, 7)
+    console = Console(width=200, record=True, force_terminal=False)
+    _print_results(console, [esg], runs_shown=2)
+    text = console.export_text()
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    assert [c[-1] for c in cells if c[1] == "esg"] == ["3.56e-5", "6.47e-7"]  # $/run, per pipeline
+    assert [c[2:] for c in cells if c[0].startswith("0f")] == [
+        ["1.07e-6", "0.0000346", "0.0000356"],
+        ["5.86e-7", "0.00000200", "0.00000259"],
+    ]
+
+
 def test_the_temporary_apis_logging_config_is_prefects_with_sqlalchemy_quiet() -> None:
     """The file the demo points the temporary API at: Prefect's own config, read by Prefect, SQLAlchemy at CRITICAL."""
     from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH, load_logging_config

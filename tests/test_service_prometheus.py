@@ -352,3 +352,8 @@ def test_pool_status_splits_the_bill_as_the_artifacts_and_costs_do() -> None:
         "$0.0000687 per call"
     )
     assert bill_text({}) == "bill $0 (busy $0 + idle $0; cold starts $0 of the busy part)"
+    # An idle part below 1e-6: every figure of the line with an exponent (was $0.00000150 beside $5.00e-7).
+    tiny = {"bill_dollars": {"busy": 1.0e-06, "cold_start": 0.5e-06, "idle": 0.5e-06}, "calls": {"a": 2}}
+    assert bill_text(tiny) == (
+        "bill $2.00e-6 (busy $1.50e-6 + idle $5.00e-7; cold starts $5.00e-7 of the busy part), $1.00e-6 per call"
+    )

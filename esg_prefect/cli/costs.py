@@ -349,15 +349,19 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
     from rich.markup import escape  # keys are user text (flow run names, workflows): never markup
     from rich.table import Table
 
-    from esg_prefect.model.money import ROUNDED_NOTE, money_text
+    from esg_prefect.model.money import ROUNDED_NOTE, money_exponent, money_text
 
     unit = every[-1].unit if every else "$"
     table = Table(title=f"ESG costs by {by}")
     table.add_column(by, no_wrap=True)
     for name in ("runs", "stage calls", "SLO met", "SLO missed", *(f"{k} {unit}" for k in COST_HEADERS)):
         table.add_column(name, justify="right")
+    kinds = ("busy_cost", "idle_cost", "cost")
+    totals = [sum(getattr(r, k) for r in every) for k in kinds]
+    # One notation per column, from the rows shown and the total under them.
+    exponent = [money_exponent([*(getattr(r, k) for r in rows), t]) for k, t in zip(kinds, totals, strict=True)]
     for r in rows:
-        money = (money_text(r.busy_cost), money_text(r.idle_cost), money_text(r.cost))
+        money = tuple(money_text(getattr(r, k), e) for k, e in zip(kinds, exponent, strict=True))
         if r.idle:
             table.add_row(r.key, "", "", "", "", *money, style="dim")
         else:
@@ -366,8 +370,8 @@ def _print_table(by: str, rows: list[Any], every: list[Any], where: str, pricing
     table.add_section()
     if hidden:
         table.add_row(f"({hidden} earlier groups not shown)", "", "", "", "", "", "", "", style="dim")
-    busy, idle, total = (sum(getattr(r, k) for r in every) for k in ("busy_cost", "idle_cost", "cost"))
-    table.add_row("total", "", "", "", "", money_text(busy), money_text(idle), money_text(total), style="bold")
+    total = (money_text(t, e) for t, e in zip(totals, exponent, strict=True))
+    table.add_row("total", "", "", "", "", *total, style="bold")
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze run ids into 80 columns
         console = Console(width=160)

@@ -136,13 +136,15 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
     from esg_prefect.examples.catalog import PIPELINES
     from esg_prefect.examples.driver import percentile
     from esg_prefect.examples.pipelines import SLO_MS
-    from esg_prefect.model.money import money_str, money_text
+    from esg_prefect.model.money import money_column, money_str
 
     unit = runs[0].cost_unit
     table = Table(title="Per pipeline: SLO met, latency from arrival to the flow's return, cost per run")
     # Short headers: the table reads whole at 80 columns.
     for col in ("flow", "runner", "runs", "SLO s", "met", "p50 s", "p95 s", "batch", f"{unit}/run"):
         table.add_column(col, justify="left" if col in ("flow", "runner") else "right", no_wrap=True)
+    rows: list[tuple[str, ...]] = []
+    costs: list[float] = []  # the cost column, written in one notation once all its values are known
     for wf in PIPELINES:
         for run in runs:
             outs = [o for o in run.outcomes if o.workflow == wf]
@@ -154,10 +156,11 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
             if run.report is not None and wf in {g.name for g in run.report.workflows}:
                 mean_batch = f"{run.report.workflow(wf).mean_batch_size:.1f}"
             wf_cost = sum(c.total for _, w, c in run.per_run_cost if w == wf) if run.per_run_cost else None
-            cost = wf_cost / len(outs) if wf_cost is not None else run.cost_per_request
+            costs.append(wf_cost / len(outs) if wf_cost is not None else run.cost_per_request)
             cells = (str(len(outs)), f"{SLO_MS[wf] / 1000:g}", f"{hit:.0%}")
-            table.add_row(wf, run.runner, *cells, _sec(percentile(lat, 50)), _sec(percentile(lat, 95)),
-                          mean_batch, money_text(cost))  # fmt: skip
+            rows.append((wf, run.runner, *cells, _sec(percentile(lat, 50)), _sec(percentile(lat, 95)), mean_batch))
+    for row, cost in zip(rows, money_column(costs), strict=True):
+        table.add_row(*row, cost)
     console.print(table)
     esg = runs[0]
     if esg.report is not None:
@@ -177,8 +180,10 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
         runs_table.add_column("pipeline")
         for name in (f"busy {unit}", f"idle {unit}", f"cost {unit}"):
             runs_table.add_column(name, justify="right")
-        for rid, wf, run_cost in esg.per_run_cost[:runs_shown]:
-            runs_table.add_row(rid[:8], wf, *(money_text(m) for m in (run_cost.busy, run_cost.idle, run_cost.total)))
+        shown = esg.per_run_cost[:runs_shown]
+        columns = [money_column([getattr(c, k) for _, _, c in shown]) for k in ("busy", "idle", "total")]
+        for (rid, wf, _), *money in zip(shown, *columns, strict=True):
+            runs_table.add_row(rid[:8], wf, *money)
         console.print(runs_table)
     for run in runs:
         ok = sum(o.ok for o in run.outcomes)

@@ -340,7 +340,8 @@ def bill_text(totals: dict[str, Any]) -> str:
         >>> bill_text({"bill_dollars": {"busy": 1.5, "cold_start": 0.5, "idle": 0.75}, "calls": {"s": 4}})
         'bill $2.75 (busy $2.00 + idle $0.750; cold starts $0.500 of the busy part), $0.688 per call'
     """
-    from esg_prefect.model.money import money_str
+    from esg_prefect.model.attribution import COST_UNIT
+    from esg_prefect.model.money import money_column
 
     bill = totals.get("bill_dollars", {})
     cold = bill.get("cold_start", 0.0)
@@ -348,8 +349,10 @@ def bill_text(totals: dict[str, Any]) -> str:
     idle = bill.get("idle", 0.0) + totals.get("open_idle_dollars", 0.0)
     calls = sum(totals.get("calls", {}).values())
     whole = busy + idle
-    text = f"bill {money_str(whole)} (busy {money_str(busy)} + idle {money_str(idle)}; cold starts {money_str(cold)} "
-    return text + "of the busy part)" + (f", {money_str(whole / calls)} per call" if calls else "")
+    # The line's figures in one notation, as a table's column: never 0.00000107 beside 5.86e-7.
+    w, b, i, c, per_call = money_column([whole, busy, idle, cold, whole / calls if calls else 0.0], COST_UNIT)
+    text = f"bill {w} (busy {b} + idle {i}; cold starts {c} of the busy part)"
+    return text + (f", {per_call} per call" if calls else "")
 
 
 def _get_metrics(url: str, token_env: str) -> dict[str, Any]:

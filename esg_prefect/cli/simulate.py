@@ -264,14 +264,16 @@ def bill_note(run: Any, case: Any) -> str:
     workflow); cold starts are split out for the whole run only, here.
     """
     from esg_prefect.cli.compare import bill_split
-    from esg_prefect.model.money import money_str
+    from esg_prefect.model.attribution import COST_UNIT
+    from esg_prefect.model.money import money_column
 
     n = run.report.overall.count or 1
     part = {k: v * n for k, v in bill_split(run, case).items()}
+    keys = ("busy_per_request", "idle_per_request", "cold_per_request")
+    whole, busy, idle, cold = money_column([run.report.overall.cost_total, *(part[k] for k in keys)], COST_UNIT)
     return (
-        f"Cost after the warm-up: {money_str(run.report.overall.cost_total)}, the whole bill: busy excl. cold "
-        f"{money_str(part['busy_per_request'])} + idle {money_str(part['idle_per_request'])} + cold starts "
-        f"{money_str(part['cold_per_request'])} (the table's busy incl. cold = busy excl. cold + cold starts). "
+        f"Cost after the warm-up: {whole}, the whole bill: busy excl. cold {busy} + idle {idle} + cold starts "
+        f"{cold} (the table's busy incl. cold = busy excl. cold + cold starts). "
     )
 
 

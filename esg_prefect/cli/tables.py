@@ -2,8 +2,9 @@
 
 On a console too narrow for a table it is split into several, each led by the
 row's name, so that no header or value is cut short. Costs are written as
-every other surface writes them (:func:`~esg_prefect.model.money.money_text`);
-other figures to about three significant digits. "Busy" means the batches with
+every other surface writes them (:func:`~esg_prefect.model.money.money_text`),
+each column in one notation decided from its values; other figures to about
+three significant digits. "Busy" means the batches with
 their workers' cold starts in ``simulate``'s rows and without them in
 ``compare``'s: so the cost columns' headers say which, and a line under each
 table says what every cost column holds and its key in the JSON files.
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from esg_prefect.cli.bill_plot import BILL
-from esg_prefect.model.money import money_text
+from esg_prefect.model.money import money_exponent, money_text
 
 if TYPE_CHECKING:
     from rich.console import JustifyMethod
@@ -64,12 +65,24 @@ def cost_legend(columns: Sequence[str]) -> str | None:
     return "Costs (3 significant digits): " + "; ".join(f"{header(c)} = {_MEANS[c]} ({c})" for c in shown) + "."
 
 
-def cell(column: str, v: Any) -> str:
-    """A value as a table shows it: money in the package's one format, other numbers short, None as ``-``."""
+def _is_money(column: str, v: Any) -> bool:
+    return column in MONEY_COLUMNS and isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def money_notations(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dict[str, bool]:
+    """Per money column of ``rows``: whether it is written with exponents (one notation for the column)."""
+    return {
+        c: money_exponent(float(r[c]) for r in rows if _is_money(c, r.get(c))) for c in columns if c in MONEY_COLUMNS
+    }
+
+
+def cell(column: str, v: Any, exponent: bool | None = None) -> str:
+    """A value as a table shows it: money in the package's one format (in the column's notation, ``exponent``,
+    from :func:`money_notations`), other numbers short, None as ``-``."""
     if v is None:
         return "-"
-    if column in MONEY_COLUMNS and isinstance(v, int | float) and not isinstance(v, bool):
-        return money_text(float(v))
+    if _is_money(column, v):
+        return money_text(float(v), exponent)
     if isinstance(v, float):
         if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
             return f"{v:.3g}"
@@ -104,7 +117,8 @@ def print_table(
     columns, each led by the first ``keys`` columns, so that no header or value is cut short. Cost columns
     get their :data:`HEADERS`, and the table its :func:`cost_legend` line."""
     names = [header(c) for c in columns]
-    cells = [[cell(c, r.get(c)) for c in columns] for r in rows]
+    notation = money_notations(rows, columns)
+    cells = [[cell(c, r.get(c), notation.get(c)) for c in columns] for r in rows]
     widths = [max([len(n), *(len(row[i]) for row in cells)]) for i, n in enumerate(names)]
     groups = column_groups(widths, console.width, keys)
     for n, group in enumerate(groups):
@@ -123,7 +137,8 @@ def print_table(
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """The same table in Markdown, its legend line under it."""
     lines = ["| " + " | ".join(header(c) for c in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    notation = money_notations(rows, columns)
     for r in rows:
-        lines.append("| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(cell(c, r.get(c), notation.get(c)) for c in columns) + " |")
     legend = cost_legend(columns)
     return "\n".join(lines) + (f"\n\n{legend}" if legend is not None else "")
