@@ -342,6 +342,60 @@ def test_compare_reruns_a_case_of_the_same_name_with_another_rate_and_says_what_
     assert again.exit_code == 0 and "reusing" not in again.output and "done case standard: triton" in again.output
 
 
+def test_compare_runs_again_rows_computed_by_other_code_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """A kept row of the same run (same key, whole-bill fields and all) but another code stamp, as after an upgrade,
+    is not reused: it runs again, one line says why, and the file keeps only rows this code may reuse."""
+    from esg_prefect.cli.compare import spec_key
+    from esg_prefect.cli.rows_file import code_stamp
+    from esg_prefect.simulator import experiments as ex
+    from esg_prefect.simulator import standard_case
+
+    case = standard_case(rate_per_s=60.0, duration_s=3.0, warmup_s=1.0)
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(case.to_dict()))
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = ex.RunSpec("case", case.with_(scheduler="triton"), 0, (("case", case.name),))
+    bill = dict.fromkeys(("busy_per_request", "idle_per_request", "cold_per_request"), 1.0)
+    old = {"key": spec_key(spec), "scheduler": "triton", "seed": 0, "p99_ms": -1.0, **bill, "code": "0.0.1+0123456789"}
+    other = {**old, "key": "another run", "code": "0.0.1+0123456789"}  # not asked for now: dropped, not named
+    (out / "rows.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(other) + "\n")
+    args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert (
+        f"not reusing 1 run(s) in {out / 'rows.jsonl'}: computed by 0.0.1+0123456789, not by this code "
+        f"(esg-prefect {code_stamp()}); running them again"
+    ) in flat
+    assert "reusing 1 of 1" not in flat and "done case standard: triton, seed 0" in flat
+    assert json.loads((out / "results.json").read_text())["rows"][0]["p99_ms"] > 0  # run again
+    kept = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["code"]) for r in kept] == [(spec_key(spec), code_stamp())]
+    again = CliRunner().invoke(app, args)  # the same code: reused, nothing to say about old rows
+    assert again.exit_code == 0 and "reusing 1 of 1 runs" in again.output and "not reusing" not in again.output
+
+
+def test_the_code_stamp_follows_the_package_s_code_and_data_not_its_caches(tmp_path: Path) -> None:
+    import esg_prefect
+    from esg_prefect.cli.rows_file import code_stamp, package_digest
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "__pycache__").mkdir()
+    files = {"core.py": "X = 1\n", "data/profile.csv": "a,b\n1,2\n", "README.md": "doc", "__pycache__/core.pyc": "c"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    first = package_digest(tmp_path)
+    (tmp_path / "README.md").write_text("other doc")
+    (tmp_path / "__pycache__" / "core.pyc").write_text("other cache")
+    assert package_digest(tmp_path) == first  # neither computes a row
+    (tmp_path / "core.py").write_text("X = 2\n")
+    second = package_digest(tmp_path)
+    (tmp_path / "data" / "profile.csv").write_text("a,b\n1,3\n")
+    assert len({first, second, package_digest(tmp_path)}) == 3
+    assert code_stamp().startswith(f"{esg_prefect.__version__}+") and code_stamp() == code_stamp()
+
+
 def test_a_case_gpu_type_no_stage_is_profiled_on_is_named(tmp_path: Path) -> None:
     from esg_prefect.simulator import standard_case
 

@@ -7,7 +7,7 @@ bill per request split three ways, busy + idle + cold start (:func:`bill_split`)
 and the bar plots stack those three per scheduler, so a scheduler that saves
 on batches but pays for idle workers shows it. Every option is checked before
 anything runs; finished runs are kept in ``rows.jsonl`` so an interrupted
-comparison resumes.
+comparison resumes, by the same code only (:mod:`esg_prefect.cli.rows_file`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from rich.progress import Progress
 
 from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_columns, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
+from esg_prefect.cli.rows_file import CODE_FIELD, code_stamp, reusable_rows
 from esg_prefect.cli.simulate import WallClock, check_scheduler, make_out_dir, progress_bar, with_settings
 from esg_prefect.cli.tables import markdown_table, print_table
 from esg_prefect.cli.verdict import verdict
@@ -121,20 +122,20 @@ def run_parallel(
     """Run experiment specs in ``processes`` worker processes; rows in the order of ``specs``.
 
     With ``sink``, each row is appended to that JSON-lines file as soon as it is
-    done, and rows already in it (same :func:`spec_key`, with the whole-bill
-    fields) are reused instead of run again: an interrupted comparison resumes
-    where it stopped. ``reuse=False`` (``--fresh``) empties the file first.
+    done, and rows already in it are reused instead of run again: an interrupted
+    comparison resumes where it stopped. A row is reused only when it is the same
+    run (:func:`spec_key`) computed by the same code (its
+    :func:`~esg_prefect.cli.rows_file.code_stamp`: the version and a digest of the
+    package); others are run again, and one line says so. ``reuse=False``
+    (``--fresh``) empties the file first.
     """
+    keys = [spec_key(s) for s in specs]
+    stamp = code_stamp()
     done: dict[str, dict[str, Any]] = {}
     if sink is not None and not reuse:
         sink.unlink(missing_ok=True)
-    if sink is not None and sink.exists():
-        for line in sink.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                row = json.loads(line)
-                if all(k in row for k in BILL):  # rows written before the bill was split are run again
-                    done[row["key"]] = row
-    keys = [spec_key(s) for s in specs]
+    if sink is not None:
+        done = reusable_rows(sink, stamp, set(keys), BILL, lambda text: _say(progress, text))
     rows: list[dict[str, Any] | None] = [done.get(k) for k in keys]
     todo = [(i, s) for i, s in enumerate(specs) if rows[i] is None]
     task = progress.add_task("simulating", total=len(specs), completed=len(specs) - len(todo)) if progress else None
@@ -145,7 +146,7 @@ def run_parallel(
         )
 
     def record(i: int, row: dict[str, Any]) -> None:
-        row["key"] = keys[i]
+        row["key"], row[CODE_FIELD] = keys[i], stamp
         rows[i] = row
         if sink is not None:
             with open(sink, "a", encoding="utf-8") as fh:
@@ -162,6 +163,14 @@ def run_parallel(
             for i, row in pool.imap_unordered(_indexed, todo):
                 record(i, row)
     return [r for r in rows if r is not None]
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    """A line above the progress bar, or on stderr without one."""
+    if progress is not None:
+        progress.console.print(text, highlight=False)
+    else:
+        typer.echo(text, err=True)
 
 
 def _indexed(item: tuple[int, Any]) -> tuple[int, dict[str, Any]]:
@@ -299,7 +308,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run experiments E1-E7 (or the schedulers on --case) and write results.json, tables.md and plots.
 
-        Each finished simulation is appended to rows.jsonl in --out; the same command again reuses them (--fresh).
+        Each finished simulation is appended to rows.jsonl in --out; the same command run by the same code reuses them.
         """
         from esg_prefect.simulator import experiments as ex
         from esg_prefect.simulator import plots
