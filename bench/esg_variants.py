@@ -45,7 +45,7 @@ from typing import Any
 
 import typer
 
-from esg_prefect.cli.simulate import parse_settings, setting_pairs
+from esg_prefect.cli.args import parse_settings, setting_pairs
 from esg_prefect.scheduling import ESGSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

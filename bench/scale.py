@@ -64,7 +64,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
-from esg_prefect.cli.simulate import WallClock
+from esg_prefect.cli.progress import WallClock
 from esg_prefect.simulator.experiments import PRIOR_WORK, headline
 from esg_prefect.simulator.partitioned import simulate_partitioned
 from esg_prefect.simulator.scale import (

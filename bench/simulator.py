@@ -61,7 +61,7 @@ from multiprocessing import get_context
 from typing import Any
 
 import esg_prefect.scheduling  # noqa: F401 - registers the baselines
-from esg_prefect.cli.simulate import WallClock
+from esg_prefect.cli.progress import WallClock
 from esg_prefect.simulator import simulate, standard_case
 from esg_prefect.simulator.experiments import PRIOR_WORK, batching_headroom, headline, workflow_headroom
 from esg_prefect.simulator.standard import STANDARD_DURATION_S, STANDARD_RATE_PER_S, standard_workflows

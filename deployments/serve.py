@@ -244,7 +244,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.sets:  # refused here in one line, not by the service once it has started
         import typer
 
-        from esg_prefect.cli.simulate import parse_settings
+        from esg_prefect.cli.args import parse_settings
         from esg_prefect.scheduling import ESGSettings
 
         try:

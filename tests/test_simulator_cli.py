@@ -108,7 +108,7 @@ def test_simulate_set_overrides_settings_and_names_bad_ones(tmp_path: Path) -> N
 def test_set_reads_python_literals_as_the_schedulers_table_prints_defaults() -> None:
     """`esg-prefect schedulers` and docs/settings.md print True, 'frontier', {'batches': [...]}: copied into
     --set, they are read as what they say (was: "idle_vcpus must be a bool, got 'True'")."""
-    from esg_prefect.cli.simulate import parse_settings
+    from esg_prefect.cli.args import parse_settings
     from esg_prefect.scheduling import ESGSettings
 
     pairs = ["idle_vcpus=True", "wait_for_batch=False", "heuristic='min_cost'", "percentile=mean"]

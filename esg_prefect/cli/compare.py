@@ -26,10 +26,11 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
+from esg_prefect.cli.args import check_scheduler, make_out_dir, with_settings
 from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_columns, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
+from esg_prefect.cli.progress import WallClock, progress_bar
 from esg_prefect.cli.rows_file import CODE_FIELD, code_stamp, reusable_rows
-from esg_prefect.cli.simulate import WallClock, check_scheduler, make_out_dir, progress_bar, with_settings
 from esg_prefect.cli.tables import markdown_table, print_table
 from esg_prefect.cli.verdict import verdict
 

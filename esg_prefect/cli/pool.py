@@ -106,7 +106,7 @@ def serve(
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
-    from esg_prefect.cli.simulate import check_number, check_scheduler, parse_settings
+    from esg_prefect.cli.args import check_number, check_scheduler, parse_settings
     from esg_prefect.exceptions import ConfigError, ESGError, InvalidInputError
     from esg_prefect.runtime.pool import Pool
     from esg_prefect.runtime.workers import InlineBackend, LocalProcessBackend, WorkerBackend

@@ -55,7 +55,7 @@ def _check_run(
     breakdown_batch: int, co_runners: int, trace: str, utilisation: float, wait_quiet_s: float, max_attempts: int
 ) -> None:
     """Refuse the numbers and the trace of a run before it starts, each naming its option and range."""
-    from esg_prefect.cli.simulate import check_number, check_trace
+    from esg_prefect.cli.args import check_number, check_trace
 
     for hint, value in (("--breakdown-batch", breakdown_batch), ("--co-runners", co_runners)):
         if value < 1:

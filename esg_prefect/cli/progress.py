@@ -1,0 +1,36 @@
+"""How a command shows and times its runs: the shared progress bar and wall clock.
+
+``simulate`` and ``compare`` run under :func:`progress_bar` and time runs with
+:class:`WallClock`; the benches time theirs with it too. The simulator they
+drive reads no clock: it is handed this one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["WallClock", "progress_bar"]
+
+
+class WallClock:
+    """Monotonic wall clock in ms (a class, so it pickles into worker processes)."""
+
+    def __call__(self) -> float:
+        return time.perf_counter() * 1000.0
+
+
+def progress_bar(console: Console) -> Progress:
+    """The commands' progress bar; transient, so that an error raised under it is printed alone, and off
+    where the output is not a terminal (a pipe or a log gets no bar, nor the blank line it leaves)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
