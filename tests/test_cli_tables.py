@@ -144,7 +144,7 @@ def test_cost_headers_say_whether_busy_includes_cold_starts_and_a_line_says_what
 
 
 def test_simulate_splits_the_whole_bill_as_compare_does() -> None:
-    from esg_prefect.cli.compare import bill_split
+    from esg_prefect.cli.bill_plot import bill_split
     from esg_prefect.cli.simulate import summary_line
     from esg_prefect.model.money import money_str
     from esg_prefect.simulator import simulate, standard_case

@@ -201,3 +201,42 @@ def test_the_known_upward_imports_still_exist() -> None:
     # Once one is removed, take it off KNOWN_UPWARD so that it cannot come back.
     seen = {(src, dst) for src, dst, _ in package_imports()}
     assert set(KNOWN_UPWARD) <= seen
+
+
+# ---- the commands ------------------------------------------------------------------
+
+CLI = ROOT / "esg_prefect" / "cli"
+
+
+def command_modules() -> set[str]:
+    """The ``esg_prefect.cli`` modules that add a command (they define ``register(app)``)."""
+    found = set()
+    for path in CLI.glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "register" for n in tree.body):
+            found.add(path.stem)
+    return found
+
+
+def test_no_command_imports_another_command() -> None:
+    # What two commands share lives in a shared module of the package (args, progress, case_file,
+    # tables, bill_plot, ...), so that a command can change without reaching into the others.
+    commands = command_modules()
+    assert {"simulate", "compare", "pool", "profile"} <= commands
+    crossing = []
+    for name in sorted(commands):
+        path = CLI / f"{name}.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # ``from esg_prefect.cli import simulate`` names the command in the imported names
+                pkg = node.module == "esg_prefect.cli"
+                targets = [f"{node.module}.{a.name}" for a in node.names] if pkg else [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for target in targets:
+                bits = target.split(".")
+                if bits[:2] == ["esg_prefect", "cli"] and len(bits) > 2 and bits[2] in commands - {name}:
+                    crossing.append(f"esg_prefect/cli/{name}.py:{node.lineno}: {target}")
+    assert crossing == [], "a command imports another command's module:\n" + "\n".join(crossing)

@@ -1,6 +1,8 @@
-"""The whole bill as a figure: per scheduler, SLO hit rate on top and the bill stacked busy/idle/cold below.
+"""The whole bill of a run: split busy/idle/cold (:func:`bill_split`), and drawn per scheduler.
 
-``esg-prefect compare`` draws one per experiment or case; ``bench/whole_bill.py``
+The figure puts the SLO hit rate on top and the bill stacked busy/idle/cold
+below. ``esg-prefect compare`` draws one per experiment or case and
+``simulate`` prints the same split under its tables; ``bench/whole_bill.py``
 and docs/results.md use the same parts, so a bar reads the same everywhere.
 """
 
@@ -12,7 +14,7 @@ from typing import Any
 
 from esg_prefect.control.totals import BILL_PARTS
 
-__all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "label_of"]
+__all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "bill_split", "label_of"]
 
 _PARTS = {  # part (BILL_PARTS) -> (row key, legend label, colour), stacked from the bottom in this order
     "busy": ("busy_per_request", "busy excl. cold starts (batches)", "#4c72b0"),
@@ -36,6 +38,34 @@ def bill_columns(per_request: Mapping[str, float]) -> dict[str, float]:
     if set(per_request) != set(BILL_PARTS):
         raise ValueError(f"the bill's parts are {', '.join(BILL_PARTS)}; got {', '.join(sorted(per_request))}")
     return {key: per_request[part] for part, (key, _, _) in _PARTS.items()}
+
+
+def bill_split(run: Any, case: Any) -> dict[str, float]:
+    """The whole bill of ``run`` per request, in its report's window: the row's columns :data:`BILL`.
+
+    The three parts (:data:`~esg_prefect.control.totals.BILL_PARTS`, as the pool's
+    totals name them) add up to the report's ``cost_per_request`` (its busy plus idle
+    cost): ``cold_start`` is the part of the batches spent starting their worker,
+    ``busy`` the rest of the batches, ``idle`` the warm idle time (a pre-warmed
+    worker's load included, as the report bills it: the worker holds its share
+    with no job).
+    """
+    from esg_prefect.model.window import after_warmup
+
+    report = run.report
+    window = after_warmup(run.requests, run.stages, run.batches, run.idles, case.warmup_s * 1000.0)
+    cold_ms: dict[str, float] = {}
+    for s in run.stages:
+        if s.cold_start_ms > 0:
+            cold_ms[s.batch_id] = max(cold_ms.get(s.batch_id, 0.0), s.cold_start_ms)
+    cold = sum(
+        case.prices.batch_cost(b.config, b.hardware, min(cold_ms.get(b.batch_id, 0.0), b.duration_ms))
+        for b in window.batches
+    )
+    n = report.overall.count or 1
+    return bill_columns(
+        {"busy": max(0.0, report.busy_cost - cold) / n, "idle": report.idle_cost / n, "cold_start": cold / n}
+    )
 
 
 _LABELS = {

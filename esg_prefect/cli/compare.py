@@ -3,9 +3,10 @@
 It runs the experiments E1-E7 of ESG-SPEC section 8 (or every scheduler on
 the user's ``--case``) in parallel processes, and writes ``results.json``,
 ``tables.md`` and PNG plots into ``--out``. Each run's row carries its whole
-bill per request split three ways, busy + idle + cold start (:func:`bill_split`),
-and the bar plots stack those three per scheduler, so a scheduler that saves
-on batches but pays for idle workers shows it. Every option is checked before
+bill per request split three ways, busy + idle + cold start
+(:func:`~esg_prefect.cli.bill_plot.bill_split`), and the bar plots stack
+those three per scheduler, so a scheduler that saves on batches but pays for
+idle workers shows it. Every option is checked before
 anything runs; finished runs are kept in ``rows.jsonl`` so an interrupted
 comparison resumes, by the same code only (:mod:`esg_prefect.cli.rows_file`).
 """
@@ -27,7 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from esg_prefect.cli.args import check_scheduler, make_out_dir, with_settings
-from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_columns, label_of
+from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_split, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
 from esg_prefect.cli.progress import WallClock, progress_bar
 from esg_prefect.cli.rows_file import CODE_FIELD, code_stamp, reusable_rows
@@ -52,36 +53,8 @@ RUN_COLUMNS = (
 STALL_COLUMNS = ("queue_ms", "cold_start_ms", "transfer_ms", "exec_ms", "mean_batch_size")
 
 
-def bill_split(run: Any, case: Any) -> dict[str, float]:
-    """The whole bill of ``run`` per request, in its report's window: the row's columns :data:`BILL`.
-
-    The three parts (:data:`~esg_prefect.control.totals.BILL_PARTS`, as the pool's
-    totals name them) add up to the report's ``cost_per_request`` (its busy plus idle
-    cost): ``cold_start`` is the part of the batches spent starting their worker,
-    ``busy`` the rest of the batches, ``idle`` the warm idle time (a pre-warmed
-    worker's load included, as the report bills it: the worker holds its share
-    with no job).
-    """
-    from esg_prefect.model.window import after_warmup
-
-    report = run.report
-    window = after_warmup(run.requests, run.stages, run.batches, run.idles, case.warmup_s * 1000.0)
-    cold_ms: dict[str, float] = {}
-    for s in run.stages:
-        if s.cold_start_ms > 0:
-            cold_ms[s.batch_id] = max(cold_ms.get(s.batch_id, 0.0), s.cold_start_ms)
-    cold = sum(
-        case.prices.batch_cost(b.config, b.hardware, min(cold_ms.get(b.batch_id, 0.0), b.duration_ms))
-        for b in window.batches
-    )
-    n = report.overall.count or 1
-    return bill_columns(
-        {"busy": max(0.0, report.busy_cost - cold) / n, "idle": report.idle_cost / n, "cold_start": cold / n}
-    )
-
-
 def run_row(spec: Any, clock: Any = None) -> dict[str, Any]:
-    """Simulate ``spec``: the row of :func:`~esg_prefect.simulator.experiments.run_spec` plus :func:`bill_split`."""
+    """Simulate ``spec``: the row of :func:`~esg_prefect.simulator.experiments.run_spec` plus its whole bill."""
     from esg_prefect.simulator import simulate
     from esg_prefect.simulator.experiments import spec_row
 

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 
 from esg_prefect.cli.args import check_number, check_profile, check_scheduler, check_trace, make_out_dir, with_settings
+from esg_prefect.cli.bill_plot import bill_split
 from esg_prefect.cli.case_file import (
     CASE_KEYS,
     case_dict_in,
@@ -84,7 +85,6 @@ def bill_note(run: Any, case: Any) -> str:
     The table's rows carry busy with cold starts included (the report's, per
     workflow); cold starts are split out for the whole run only, here.
     """
-    from esg_prefect.cli.compare import bill_split
     from esg_prefect.model.attribution import COST_UNIT
     from esg_prefect.model.money import money_column
 

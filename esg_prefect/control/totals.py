@@ -26,7 +26,7 @@ DECISION_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 2
 """Upper bounds of the decision-time histogram's buckets, in ms (one more bucket above the last)."""
 
 BILL_PARTS = ("busy", "cold_start", "idle")
-"""The parts of the whole bill, as ``esg-prefect compare`` splits it (``cli.compare.bill_split``)."""
+"""The parts of the whole bill, as ``esg-prefect compare`` splits it (``cli.bill_plot.bill_split``)."""
 
 _Shape = tuple[str, int, float]  # hardware, vCPUs, GPU share
 
