@@ -342,6 +342,50 @@ def test_compare_reruns_a_case_of_the_same_name_with_another_rate_and_says_what_
     assert again.exit_code == 0 and "reusing" not in again.output and "done case standard: triton" in again.output
 
 
+def test_a_run_s_key_follows_the_contents_of_its_trace_and_profile_files(tmp_path: Path) -> None:
+    from esg_prefect.cli.compare import spec_key
+    from esg_prefect.cli.rows_file import file_digests
+    from esg_prefect.model.profile_source import profile_path
+    from esg_prefect.simulator import experiments as ex
+    from esg_prefect.simulator import standard_case
+
+    trace, profile = tmp_path / "arrivals.csv", tmp_path / "mine.csv"
+    trace.write_text("arrival_s\n" + "\n".join(f"{i * 0.05:.2f}" for i in range(40)) + "\n")
+    profile.write_bytes(profile_path("nvidia_gpu").read_bytes())
+    case = standard_case("triton", trace=f"csv:{trace}", profile=str(profile), rate_per_s=20.0, duration_s=2.0)
+    spec = ex.RunSpec("case", case, 0, (("case", case.name),))
+    first = spec_key(spec)
+    assert spec_key(spec) == first  # the same files: the same run
+    assert spec_key(spec, file_digests([str(trace), str(profile)])) == first  # digests read once, by the caller
+    trace.write_text("arrival_s\n" + "\n".join(f"{i * 0.10:.2f}" for i in range(40)) + "\n")  # same path
+    second = spec_key(spec)
+    assert second != first
+    profile.write_text(profile.read_text() + "\n")
+    assert len({first, second, spec_key(spec)}) == 3
+    assert file_digests([str(tmp_path / "gone.csv")]) == {str(tmp_path / "gone.csv"): "unreadable"}
+
+
+def test_compare_runs_a_case_again_after_its_trace_file_is_edited_in_place(tmp_path: Path) -> None:
+    from esg_prefect.simulator import standard_case
+
+    trace = tmp_path / "arrivals.csv"
+    trace.write_text("arrival_s\n" + "\n".join(f"{i * 0.05:.2f}" for i in range(40)) + "\n")
+    case = standard_case(trace="csv:arrivals.csv", rate_per_s=20.0, duration_s=2.0, warmup_s=0.5).to_dict()
+    case["workload"]["start_s"] = 0  # the file's own times, from its first row
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(case))
+    out = tmp_path / "out"
+    args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0 and "reusing" not in first.output, first.output
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "reusing 1 of 1 runs" in again.output, again.output
+    trace.write_text("arrival_s\n" + "\n".join(f"{i * 0.025:.3f}" for i in range(80)) + "\n")  # in place
+    edited = CliRunner().invoke(app, args)  # not answered from the old file's row
+    assert edited.exit_code == 0, edited.output
+    assert "reusing" not in edited.output and "(80 rows" in edited.output and "done case" in edited.output
+
+
 def test_compare_runs_again_rows_computed_by_other_code_and_says_so_in_one_line(tmp_path: Path) -> None:
     """A kept row of the same run (same key, whole-bill fields and all) but another code stamp, as after an upgrade,
     is not reused: it runs again, one line says why, and the file keeps only rows this code may reuse."""

@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -31,7 +31,7 @@ from esg_prefect.cli.args import check_scheduler, make_out_dir, with_settings
 from esg_prefect.cli.bill_plot import BILL, bill_bars, bill_split, label_of
 from esg_prefect.cli.case_file import given_options, load_case, note_case
 from esg_prefect.cli.progress import WallClock, progress_bar
-from esg_prefect.cli.rows_file import CODE_FIELD, code_stamp, reusable_rows
+from esg_prefect.cli.rows_file import CODE_FIELD, case_files, code_stamp, file_digests, reusable_rows
 from esg_prefect.cli.tables import markdown_table, print_table
 from esg_prefect.cli.verdict import verdict
 
@@ -68,15 +68,23 @@ def _work(spec: Any) -> dict[str, Any]:
     return run_row(spec, WallClock())
 
 
-def spec_key(spec: Any) -> str:
+def spec_key(spec: Any, digests: Mapping[str, str] | None = None) -> str:
     """A stable name of an experiment run, to resume an interrupted comparison (kept in rows.jsonl, not shown).
 
     It ends with a digest of the whole case (rate, trace, cluster, prices,
-    workflows, settings), so that a comparison run again on another case with
-    the same name, or with other settings (``--set``, a changed default), is not
-    answered from rows of the old one.
+    workflows, settings) and of the contents of the user's files it reads (a
+    CSV trace, a profile CSV: :func:`~esg_prefect.cli.rows_file.case_files`), so
+    that a comparison run again on another case with the same name, with other
+    settings (``--set``, a changed default), or with a file edited in place, is
+    not answered from rows of the old one. ``digests``: the files' digests by
+    path (:func:`~esg_prefect.cli.rows_file.file_digests`), read here when not given.
     """
-    digest = hashlib.sha1(json.dumps(spec.case.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+    case = spec.case.to_dict()
+    files = case_files(spec.case)
+    if files:
+        known = digests if digests is not None else file_digests(files)
+        case["file_digests"] = {path: known[path] for path in files}
+    digest = hashlib.sha1(json.dumps(case, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{spec.experiment}|{spec.case.scheduler}|{spec.seed}|{spec.case.name}|{dict(spec.labels)}|{digest}"
 
 
@@ -103,7 +111,8 @@ def run_parallel(
     package); others are run again, and one line says so. ``reuse=False``
     (``--fresh``) empties the file first.
     """
-    keys = [spec_key(s) for s in specs]
+    digests = file_digests(path for s in specs for path in case_files(s.case))  # each file read once
+    keys = [spec_key(s, digests) for s in specs]
     stamp = code_stamp()
     done: dict[str, dict[str, Any]] = {}
     if sink is not None and not reuse:

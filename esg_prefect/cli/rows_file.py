@@ -2,7 +2,9 @@
 
 A row is reused when both its key and its code stamp match. The key
 (``compare.spec_key``) names the run: experiment, scheduler, seed, labels
-and a digest of the whole case, its settings included. The stamp
+and a digest of the whole case, its settings included, and of the contents
+of the user's files it reads (:func:`case_files`, :func:`file_digests`): a
+trace or profile CSV edited in place is a new run, not its old rows. The stamp
 (:func:`code_stamp`) names the code that computed it: the package version
 plus a digest of the package's Python sources and data files (profiles,
 traces), as a checkout changes schedulers and the simulator without a new
@@ -21,7 +23,7 @@ from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CODE_FIELD", "code_stamp", "package_digest", "reusable_rows"]
+__all__ = ["CODE_FIELD", "case_files", "code_stamp", "file_digests", "package_digest", "reusable_rows"]
 
 CODE_FIELD = "code"
 """The field of a kept row that holds the :func:`code_stamp` of the code that computed it."""
@@ -46,6 +48,37 @@ def code_stamp() -> str:
     import esg_prefect
 
     return f"{esg_prefect.__version__}+{package_digest(Path(esg_prefect.__file__).parent)}"
+
+
+def case_files(case: Any) -> list[str]:
+    """The user's files ``case`` reads, as it names them: a ``csv:`` trace's, and its profile unless a shipped one.
+
+    A shipped profile is data of the package, which :func:`code_stamp` covers.
+    """
+    from esg_prefect.model.profile_source import is_shipped_name
+
+    files = []
+    if case.workload.trace.startswith("csv:"):
+        files.append(case.workload.trace[4:])
+    if isinstance(case.profile, str) and not is_shipped_name(case.profile):
+        files.append(case.profile)
+    return files
+
+
+def file_digests(paths: Iterable[str]) -> dict[str, str]:
+    """A digest of each file's bytes, by path, each file read once.
+
+    A file that cannot be read gets ``"unreadable"``: its run fails, and says
+    why, as it would have without the digest.
+    """
+    out: dict[str, str] = {}
+    for path in paths:
+        if path not in out:
+            try:
+                out[path] = hashlib.sha1(Path(path).read_bytes()).hexdigest()
+            except OSError:
+                out[path] = "unreadable"
+    return out
 
 
 def reusable_rows(
