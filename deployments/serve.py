@@ -22,9 +22,10 @@ pauses the schedules and cancels the flow runs still in progress (they end
 Cancelled, "Runner is shutting down."). Then it stops the pool service (SIGINT,
 killed if it has not exited within 30 s, or at a second Ctrl-C), each step
 printed as it ends. A Ctrl-C before serving starts (the wait for the pool
-service, the flows loading) ends the script in one line, exit code 130; a pool
-service it started that has not answered yet is ended with SIGTERM, silently (a
-SIGINT made it print the traceback of the import it interrupted). Started in
+service, the flows loading) ends the script in one line, exit code 130, and a
+``kill`` then does the same with exit code 143: a pool service it started is
+stopped either way, and one that has not answered yet is ended with SIGTERM,
+silently (a SIGINT made it print the traceback of the import it interrupted). Started in
 the background of a shell script (``python deployments/serve.py &``), the
 script ignores SIGINT, as the shell has every background command of a script
 do: stop it with ``kill``. ``kill -USR1 <pid>`` prints the stacks of every thread of the
@@ -44,6 +45,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -272,10 +274,26 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 INTERRUPTED = 130
 """The exit code of a Ctrl-C that reaches the script itself (128 + SIGINT), as a shell reports one."""
 
+TERMINATED = 143
+"""The exit code of a ``kill`` (SIGTERM) that reaches the script itself (128 + SIGTERM)."""
+
 
 def interrupted(serving: bool) -> str:
     """The one line a Ctrl-C that Prefect's serving did not handle ends the script with."""
     return "interrupted before serving started" if not serving else "interrupted"
+
+
+class Terminated(BaseException):
+    """A SIGTERM before Prefect's serving took the signal over: unwinds as a Ctrl-C does.
+
+    SIGTERM's default ends the process where it stands, leaving the pool service it
+    started (a session of its own) running; raised instead, it passes through
+    :func:`pool_service`, which stops the service, and :func:`main` ends in one line.
+    """
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
@@ -284,11 +302,16 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
     Bad options are refused in one line before any flow is loaded or service started;
     ``wait_s`` bounds the wait for the pool service to answer (a parameter for tests).
     A Ctrl-C before serving starts (imports, the wait for the pool service, the flows
-    loading) ends it in one line, exit code 130: once serving, Prefect's ``serve`` handles it.
+    loading) ends it in one line, exit code 130, a SIGTERM likewise with 143, the pool
+    service stopped: once serving, Prefect's ``serve`` handles both. The SIGTERM handler
+    is set here, and the one before it restored on the way out.
     """
     parser = make_parser()
     args = parser.parse_args(argv)
     serving = False
+    # Until Prefect's serve installs its own SIGTERM handler (it stops serving, then the stack below unwinds).
+    main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
+    before = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         specs = check_options(parser, args)
         from prefect import serve
@@ -316,6 +339,13 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
     except KeyboardInterrupt:  # the pool service it started, if any, is stopped by now
         parser.exit(INTERRUPTED, f"{parser.prog}: {interrupted(serving)}\n")
+    except Terminated:  # likewise
+        parser.exit(
+            TERMINATED, f"{parser.prog}: {'terminated before serving started' if not serving else 'terminated'}\n"
+        )
+    finally:
+        if before is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

@@ -154,3 +154,60 @@ def test_a_pool_service_interrupted_while_it_starts_is_ended_without_a_word(
         pass
     assert started[0].returncode == -signal.SIGTERM
     assert capsys.readouterr().out == ""
+
+
+# ---- kill (SIGTERM) before serving starts --------------------------------------------------------
+
+_TERM_DRIVER = """
+import sys
+from tests.scripts import load_script
+serve = load_script("esg_deployments_serve_term", "deployments/serve.py")
+serve.build_deployments = lambda *a: []  # the flows' seconds of imports are not what is tested
+real_wait = serve.wait_healthy
+def wait(url, proc=None, timeout_s=serve.WAIT_S):
+    if proc is not None:
+        print("service pid", proc.pid, flush=True)
+    real_wait(url, proc, timeout_s)
+serve.wait_healthy = wait
+sys.argv[0] = "deployments/serve.py"  # the name its one line says
+serve.main(sys.argv[1:])
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_kill_while_waiting_for_the_pool_service_stops_it_and_ends_in_one_line(tmp_path: Path) -> None:
+    """A SIGTERM ended the script where it stood and left the pool service it started running (a session
+    of its own). SIGTERM is sent once the script says it waits for the service it started, so the wait is
+    where it lands; the script's own ``main`` runs in a driver that skips loading the flows."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    env.pop("ESG_PREFECT_POOL_URL", None)
+    cmd = [sys.executable, "-c", _TERM_DRIVER, "--port", str(free_port()), "--backend", "inline"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    service = 0
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # blocks until the script has printed it (or exited: then "")
+        assert first.startswith("service pid "), first + proc.communicate(timeout=60)[1]
+        service = int(first.split()[-1])
+        waits = proc.stdout.readline()
+        assert waits.startswith("waiting up to "), waits + proc.communicate(timeout=60)[1]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        # Stopped, and waited for, before the script exited (it shares the script's pipes: read them after).
+        assert not _alive(service), f"the pool service (pid {service}) outlived the script (exit {proc.returncode})"
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert err == "serve.py: terminated before serving started\n" and out == "", (out, err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if service and _alive(service):  # the old script's orphan: end its whole group
+            os.killpg(service, signal.SIGKILL)
