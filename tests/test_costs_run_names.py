@@ -103,3 +103,43 @@ def test_without_a_local_store_no_name_is_kept(own_stores: None) -> None:
     recording.store_for(False)  # store=False: no store opened
     recording.remember_run(SimpleNamespace(id=RUN_A, deployment_id=None, name="crimson-fox"))
     assert recording._run_names == {}  # store=False, or the pool service: nothing would read it
+
+
+def test_a_run_through_the_pool_service_is_stored_with_its_name(tmp_path: Path, own_stores: None) -> None:
+    """Its calls carried no name over the wire: the service's store listed it by id alone. An older
+    client's calls (no ``run_name``) are still served, their run stored without a name."""
+    from starlette.testclient import TestClient
+
+    from esg_prefect.control.calls import StageCall, WorkflowDecl
+    from esg_prefect.model import PriceSheet
+    from esg_prefect.runtime.pool import Pool
+    from esg_prefect.runtime.workers import InlineBackend
+    from esg_prefect.service.app import PoolService
+    from esg_prefect.service.wire import call_body
+    from tests.toy_stages import toy_profile
+
+    url = f"sqlite:///{tmp_path / 'service.db'}"
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    try:
+        recording.attach_recorders(pool, artifacts=False, store=url)  # as `esg-prefect pool serve` does
+        toy = WorkflowDecl("toy", 800)
+        named = {
+            **call_body(StageCall("c1", "inc", "tests.toy_stages:inc", toy, RUN_A, RUN_A, 1)),
+            "run_name": "crimson-fox",
+        }
+        older = call_body(StageCall("c2", "inc", "tests.toy_stages:inc", toy, RUN_B, RUN_B, 2))
+        older.pop("run_name", None)
+        token = "a-token-of-24-characters"
+        service = PoolService(pool, ["tests"], token)
+        with TestClient(
+            service.app(), headers={"Authorization": f"Bearer {token}"}
+        ) as http:  # entered: lifespan and background tasks run
+            for body in (named, older):
+                answer = http.post("/v1/calls", json=body)
+                assert answer.status_code == 200, answer.text
+            for run in (RUN_A, RUN_B):
+                assert http.post(f"/v1/runs/{run}/end").is_success
+    finally:
+        pool.close()  # hands the ended runs to the store's listener and waits for it
+    with CostStore(url) as store:
+        assert {r.key: r.name for r in store.costs("run") if not r.idle} == {RUN_A: "crimson-fox", RUN_B: None}

@@ -248,6 +248,21 @@ def test_the_profile_stage_travels_with_the_call_and_is_checked() -> None:
         parse_call({**call_body(call), "profile_stage": 3}, ["tests"])
 
 
+def test_the_flow_runs_name_travels_with_the_call_and_is_checked() -> None:
+    from esg_prefect.service.app import BadRequest, parse_call
+    from esg_prefect.service.wire import MAX_RUN_NAME
+
+    call = StageCall("c1", "inc", "tests.toy_stages:inc", WorkflowDecl("w", 800), "r", "r", 1, run_name="crimson-fox")
+    assert call_body(call)["run_name"] == "crimson-fox"
+    assert parse_call(call_body(call), ["tests"]).run_name == "crimson-fox"
+    body = call_body(call)
+    del body["run_name"]  # a client of an older version: no name
+    assert parse_call(body, ["tests"]).run_name == ""
+    with pytest.raises(BadRequest, match=r"'run_name' has the wrong type int"):
+        parse_call({**call_body(call), "run_name": 3}, ["tests"])
+    assert len(parse_call({**call_body(call), "run_name": "x" * 10_000}, ["tests"]).run_name) == MAX_RUN_NAME
+
+
 def test_the_service_notes_each_calls_deployment_for_the_cost_store() -> None:
     import uuid
 

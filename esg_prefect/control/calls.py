@@ -94,6 +94,8 @@ class StageCall:
             pool service learns it only this way (costs per deployment).
         profile_stage: the stage's name in the latency profile, where it differs
             from ``stage`` (``profile_name`` of the decorator); empty: ``stage``.
+        run_name: the flow run's name in Prefect, if any: the pool's run records
+            carry it to the cost store (``esg-prefect costs --by run``).
     """
 
     call_id: str
@@ -109,6 +111,7 @@ class StageCall:
     task_run_id: str = ""
     deployment_id: str = ""
     profile_stage: str = ""
+    run_name: str = ""
 
     def __post_init__(self) -> None:
         for name in ("call_id", "stage", "stage_path", "request_id", "run_id"):
@@ -117,8 +120,9 @@ class StageCall:
                 raise InvalidInputError(f"call field {name!r} must be a non-empty string, got {value!r}")
         if ":" not in self.stage_path:
             raise InvalidInputError(f"stage_path must look like 'module:attribute', got {self.stage_path!r}")
-        if not isinstance(self.profile_stage, str):
-            raise InvalidInputError(f"call field 'profile_stage' must be a string, got {self.profile_stage!r}")
+        for name in ("profile_stage", "run_name"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidInputError(f"call field {name!r} must be a string, got {getattr(self, name)!r}")
         if not isinstance(self.workflow, WorkflowDecl):
             raise InvalidInputError(f"call workflow must be a WorkflowDecl, got {type(self.workflow).__name__}")
         if not all(isinstance(u, str) for u in self.upstream):

@@ -137,6 +137,7 @@ class RunRecords:
         settled: whether ``caused_idles`` is complete, so that :meth:`cost` is final
             (every idle interval after the run's batches has closed).
         idle_billing: the pool's idle billing (``separate``: no idle time is the run's).
+        run_name: the flow run's name in Prefect, from its calls (None: none said it).
     """
 
     run_id: str
@@ -152,6 +153,7 @@ class RunRecords:
     caused_idles: tuple[IdleRecord, ...] = ()
     settled: bool = False
     idle_billing: str = "attribute"
+    run_name: str | None = None
 
     def cost(self) -> RunCost:
         """The run's cost: its shares of its batches' busy time and of the idle time they caused.

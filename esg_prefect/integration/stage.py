@@ -427,8 +427,15 @@ def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> StageCall:
         task_run_id=task_run_id,
         deployment_id=str(getattr(flow_ctx.flow_run, "deployment_id", None) or "") if flow_ctx else "",
         profile_stage=spec.profile_name if spec.profile_name != spec.name else "",
+        run_name=_run_name(flow_ctx),
     )
     return call
+
+
+def _run_name(flow_ctx: Any) -> str:
+    """The flow run's name in its context ("" outside a flow run, or where it has none)."""
+    name = getattr(flow_ctx.flow_run, "name", None) if flow_ctx is not None and flow_ctx.flow_run else None
+    return name if isinstance(name, str) else ""
 
 
 def replay_lines(result: StageResult, logger: Any) -> None:

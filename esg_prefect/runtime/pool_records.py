@@ -52,6 +52,7 @@ class CallBook:
         self.calls: list[CallRecord] | Ring[CallRecord] = [] if memory is None else Ring(memory)
         self._calls_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in calls
         self._batches_of_run: defaultdict[str, list[int]] = defaultdict(list)  # run -> indices in the batches
+        self._name_of_run: dict[str, str] = {}  # run -> its flow run's name, from its calls
         self._idle_cursor = 0  # idle records already handed to run listeners
         self._batch_idle_cursor = 0  # ... and to batch listeners
 
@@ -66,6 +67,8 @@ class CallBook:
     ) -> None:
         """Record an answered call (records keep no outputs)."""
         self._calls_of_run[c.run_id].append(len(self.calls))  # a Ring counts every call recorded
+        if c.run_name:
+            self._name_of_run.setdefault(c.run_id, c.run_name)
         result = None if res is None else dataclasses.replace(res, output=None)
         error = "" if err is None else str(err)
         self.calls.append(
@@ -88,6 +91,7 @@ class CallBook:
         """A run ended with no listener to hand its records to: drop its indexes."""
         self._calls_of_run.pop(run_id, None)
         self._batches_of_run.pop(run_id, None)
+        self._name_of_run.pop(run_id, None)
 
     def batch(self, index: int, runs: set[str]) -> None:
         """The core's batch record ``index`` served these runs."""
@@ -122,6 +126,7 @@ class CallBook:
             split,  # type: ignore[arg-type]
             tuple(fleet.idles[self._idle_cursor :]),  # a Ring slices by absolute position too
             idle_billing=idle_billing,
+            run_name=self._name_of_run.pop(run_id, None),
         )
         self._idle_cursor = len(fleet.idles)
         return records

@@ -32,6 +32,9 @@ from esg_prefect.service.codec import decode, encode
 MAX_WAIT_S = 3600.0
 """The longest the service holds a request before it answers a pending call ``202`` (``wait_s``)."""
 
+MAX_RUN_NAME = 200
+"""Characters of a call's ``run_name`` kept (a name for a table; Prefect's own are short)."""
+
 _ERRORS: dict[str, type[StageCallError]] = {
     "StageFailedError": StageFailedError,
     "StageRejectedError": StageRejectedError,
@@ -72,6 +75,7 @@ def call_body(call: StageCall) -> dict[str, Any]:
         "task_run_id": call.task_run_id,
         "deployment_id": call.deployment_id,
         "profile_stage": call.profile_stage,
+        "run_name": call.run_name,
     }
 
 
@@ -169,7 +173,8 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
     size = _number(body, "input_size", None, positive=True)
     task_run_id = body.get("task_run_id", "")
     profile_stage = body.get("profile_stage", "")
-    for name, value in (("task_run_id", task_run_id), ("profile_stage", profile_stage)):
+    run_name = body.get("run_name", "")  # optional: clients before it send none
+    for name, value in (("task_run_id", task_run_id), ("profile_stage", profile_stage), ("run_name", run_name)):
         if not isinstance(value, str):
             raise BadRequest(400, f"field {name!r} has the wrong type {type(value).__name__}")
     try:
@@ -191,6 +196,7 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
             task_run_id,
             _deployment_id(body.get("deployment_id", "")),
             profile_stage,
+            run_name[:MAX_RUN_NAME],
         )
     except BadRequest:
         raise

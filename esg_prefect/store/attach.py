@@ -59,7 +59,8 @@ class StoreAttachment:
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
         deployment = _looked_up(self.deployment_of, records.run_id, "deployment name")
-        name = _looked_up(self.name_of, records.run_id, "flow run name")
+        # The name its calls carried (in-process or over the pool service's wire); else a lookup's.
+        name = records.run_name or _looked_up(self.name_of, records.run_id, "flow run name")
         # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
         self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
 
@@ -119,8 +120,8 @@ def attach_store(
         store: the store.
         deployment_of: ``run_id -> deployment name or None``, called on the listener
             thread (the Prefect integration passes an API lookup).
-        name_of: ``run_id -> flow run name or None``, likewise (the integration passes the
-            name seen in the run's context).
+        name_of: ``run_id -> flow run name or None``, likewise, for runs whose records carry
+            no name (their calls said none).
 
     Returns:
         The listener, whose :meth:`StoreAttachment.flush` stores trailing idle time.
