@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +19,7 @@ from esg_prefect.integration import recording
 from esg_prefect.store import CostStore
 from esg_prefect.store.attach import StoreAttachment
 from esg_prefect.store.tables import RunRow
-from tests.cost_records import RUN_A, RUN_B, RUN_C, all_records, records_a
+from tests.cost_records import RUN_A, RUN_B, RUN_C, all_records, records_a, records_b, records_c
 
 
 def _store(tmp_path: Path) -> str:
@@ -55,35 +55,50 @@ def test_the_table_shows_the_name_and_the_end_of_the_id_and_csv_the_whole_id(tmp
 
 @pytest.fixture
 def own_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The process's stores and remembered names, empty for this test and closed after it."""
+    """The process's stores, none for this test and closed after it."""
     monkeypatch.setattr(recording, "_stores", {})
-    monkeypatch.setattr(recording, "_run_names", OrderedDict())
     yield
     recording.close_stores()
 
 
-def test_the_runner_side_remembers_the_name_in_the_runs_context_for_the_store(tmp_path: Path, own_stores: None) -> None:
-    recording.store_for(f"sqlite:///{tmp_path / 'local.db'}")  # a runner's local store: names are for it
-    run_id = RUN_A
-    flow_run = SimpleNamespace(id=run_id, deployment_id=None, name="crimson-fox")
-    assert recording.remember_run(flow_run) == run_id
-    assert recording.run_name(run_id) == "crimson-fox"
-    assert recording.run_name(run_id) is None  # forgotten once asked: the store has it
-    recording.remember_run(SimpleNamespace(id=RUN_B, deployment_id=None))  # a context without a name
-    assert recording.run_name(RUN_B) is None
-    recording.remember_run(flow_run)
+def test_the_store_takes_the_name_the_runs_calls_carried(tmp_path: Path) -> None:
+    """From the run's records; a lookup only for a run whose calls said none, and one that fails keeps the run."""
+
+    def failing(run: str) -> str | None:
+        raise RuntimeError("no API")
+
     with CostStore(str(tmp_path / "attach.db")) as store:
         pool = SimpleNamespace(prices=records_a().prices)
-        attachment = StoreAttachment(pool, store, name_of=recording.run_name)  # type: ignore[arg-type]
-        attachment(records_a())
-
-        def failing(run: str) -> str | None:
-            raise RuntimeError("no API")
-
-        StoreAttachment(pool, store, name_of=failing)(records_a())  # type: ignore[arg-type]  # the run is kept
+        StoreAttachment(pool, store, name_of=failing)(dataclasses.replace(records_a(), run_name="crimson-fox"))  # type: ignore[arg-type]
+        StoreAttachment(pool, store, name_of=lambda run: "from-lookup")(records_b())  # type: ignore[arg-type]
+        StoreAttachment(pool, store, name_of=failing)(records_c())  # type: ignore[arg-type]
         with store.engine.connect() as conn:
             names = conn.execute(select(RunRow.run_id, RunRow.run_name)).all()  # type: ignore[call-overload]
-    assert [tuple(n) for n in names] == [(RUN_A, "crimson-fox")]
+    assert sorted(tuple(n) for n in names) == sorted([(RUN_A, "crimson-fox"), (RUN_B, "from-lookup"), (RUN_C, None)])
+
+
+def test_a_pool_hands_each_run_the_name_its_calls_carried_and_keeps_none_after(own_stores: None) -> None:
+    """The in-process path: the name goes with the calls to the run's own pool, nowhere process-wide."""
+    from esg_prefect.control.calls import StageCall, WorkflowDecl
+    from esg_prefect.control.records import RunRecords
+    from esg_prefect.model import PriceSheet
+    from esg_prefect.runtime.pool import Pool
+    from esg_prefect.runtime.workers import InlineBackend
+    from tests.toy_stages import toy_profile
+
+    got: list[RunRecords] = []
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    pool.add_run_listener(got.append)
+    toy = WorkflowDecl("toy", 800)
+    try:
+        for i, (run, name) in enumerate(((RUN_A, "crimson-fox"), (RUN_B, ""))):
+            call = StageCall(f"c{i}", "inc", "tests.toy_stages:inc", toy, run, run, i, run_name=name)
+            assert pool.submit(call).result(60).output == i + 1
+            pool.end_run(run)
+    finally:
+        pool.close()  # hands the ended runs to the listener and waits for it
+    assert {r.run_id: r.run_name for r in got} == {RUN_A: "crimson-fox", RUN_B: None}
+    assert pool._book._name_of_run == {}  # forgotten with the runs' other records
 
 
 def test_a_run_name_is_shown_as_written_never_read_as_markup(tmp_path: Path) -> None:
@@ -97,12 +112,6 @@ def test_a_run_name_is_shown_as_written_never_read_as_markup(tmp_path: Path) -> 
     assert table.exit_code == 0, table.output
     first = [line.split("│")[1].strip() for line in table.output.splitlines() if line.startswith("│")]
     assert first[:2] == [f"etl [/] retry ({RUN_A[-8:]})", f"[prod] nightly ({RUN_B[-8:]})"]
-
-
-def test_without_a_local_store_no_name_is_kept(own_stores: None) -> None:
-    recording.store_for(False)  # store=False: no store opened
-    recording.remember_run(SimpleNamespace(id=RUN_A, deployment_id=None, name="crimson-fox"))
-    assert recording._run_names == {}  # store=False, or the pool service: nothing would read it
 
 
 def test_a_run_through_the_pool_service_is_stored_with_its_name(tmp_path: Path, own_stores: None) -> None:

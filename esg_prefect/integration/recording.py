@@ -37,13 +37,12 @@ from esg_prefect.store import CostStore, attach_store
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()  # guards the five below: flow runs of many threads call in
+_lock = threading.Lock()  # guards the four below: flow runs of many threads call in
 _attached: weakref.WeakSet[Pool] = weakref.WeakSet()
 _publishing: weakref.WeakSet[Pool] = weakref.WeakSet()  # the attached pools that publish artifacts
 _stores: dict[str | None, CostStore] = {}
 _deployments: dict[uuid.UUID, str] = {}  # deployment id -> name
 _run_deployments: OrderedDict[str, uuid.UUID] = OrderedDict()  # flow run id -> deployment id, until recorded
-_run_names: OrderedDict[str, str] = OrderedDict()  # flow run id -> its name, until recorded
 _RUN_MEMORY = 100_000  # runs whose deployment is remembered before the oldest are forgotten
 
 
@@ -84,33 +83,19 @@ def store_for(store: str | bool | None) -> CostStore | None:
 
 
 def remember_run(flow_run: Any) -> str:
-    """Note a flow run's deployment and name (seen in its context, at no API cost); returns the run's id.
+    """Note a flow run's deployment (seen in its context, at no API cost); returns the run's id.
 
-    Only a local cost store reads the name (and forgets it then): while this
-    process has no store open (``store=False``, or stage calls sent to the pool
-    service), the name is not kept, so a long-lived process does not fill up
-    with names nothing reads. (A process that also runs a pool with a store keeps
-    them all, up to ``_RUN_MEMORY``: this function is not told the run's pool.)
+    Its name needs no note here: each stage call carries it to the pool that runs
+    it (``StageCall.run_name``), whose run records hand it to the cost store.
     """
     run_id = str(flow_run.id)
     deployment_id = getattr(flow_run, "deployment_id", None)
-    name = getattr(flow_run, "name", None)
     with _lock:
         if deployment_id is not None:
             _run_deployments[run_id] = deployment_id
             if len(_run_deployments) > _RUN_MEMORY:
                 _run_deployments.popitem(last=False)
-        if isinstance(name, str) and name and _stores:
-            _run_names[run_id] = name
-            if len(_run_names) > _RUN_MEMORY:
-                _run_names.popitem(last=False)
     return run_id
-
-
-def run_name(run_id: str) -> str | None:
-    """The name of a remembered flow run, for the cost store (forgotten once asked), else None."""
-    with _lock:
-        return _run_names.pop(run_id, None)
 
 
 def remember_deployment(call: Any) -> None:
@@ -157,11 +142,7 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
     # The store first: listeners run in order on one thread, and costs matter more than artifacts.
     # The publisher hands the store the idle time it learns of when it checks for expired keep-alives,
     # so that a run's artifacts and `esg-prefect costs` show the same figure from the moment it is final.
-    attachment = (
-        attach_store(pool, cost_store, deployment_of=deployment_name, name_of=run_name)
-        if cost_store is not None
-        else None
-    )
+    attachment = attach_store(pool, cost_store, deployment_of=deployment_name) if cost_store is not None else None
     if artifacts:
         attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
     if cost_store is not None or artifacts:
