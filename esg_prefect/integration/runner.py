@@ -10,7 +10,9 @@ processes) with the ESG scheduler.
 Construction modes (checked in ``__init__``):
 
 * ``ESGTaskRunner()``: the process-wide embedded pool for the given settings,
-  created on the first stage call and shared by all flow runs with equal settings;
+  made and started in the background when the first flow run starts (its workers
+  start while the run gets to its first stage call), shared by all flow runs with
+  equal settings;
 * ``ESGTaskRunner(pool=my_pool)``: a pool object you manage;
 * ``ESGTaskRunner(address="http://127.0.0.1:4270")``: the pool service
   (``esg-prefect pool serve``), shared by the flow runs of many processes
@@ -29,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from pathlib import Path
@@ -51,11 +54,15 @@ if TYPE_CHECKING:
     from esg_prefect.integration.blocks import ESGPool
     from esg_prefect.service.client import PoolClient
 
+logger = logging.getLogger(__name__)
+
 BackendName = Literal["process", "inline"]
 SloFrom = Literal["arrival", "start"]
 
 _shared: dict[tuple[Any, ...], Pool] = {}
 _shared_lock = threading.Lock()  # guards _shared: flow runs in many threads ask for the pool at once
+_warming: set[threading.Thread] = set()  # threads making and starting a shared pool ahead of its first call
+_warming_lock = threading.Lock()  # guards _warming (not _shared_lock: a pool is made under that one)
 
 
 def _resolve(value: Any, block_type: str) -> Any:
@@ -162,8 +169,30 @@ def shared_client(address: str, token: str | None) -> PoolClient:
         return client
 
 
+def _warm_up(config: dict[str, Any]) -> None:
+    """Make the shared pool for ``config`` and start it: its loop, and its backend's spare workers.
+
+    Run on a thread of its own when a runner starts, so that the first stage call
+    finds the pool made and the process backend's workers starting (the fork
+    server's imports take seconds). A failure is logged at debug level and left to
+    the first stage call, which makes the pool again and raises it where it is
+    seen; a runner that never calls a stage never fails on it.
+    """
+    try:
+        shared_pool(**config).start()
+    except Exception as exc:  # a block not saved, a closed pool: the first stage call reports it
+        logger.debug("esg-prefect: the shared pool was not started ahead of the first stage call: %r", exc)
+    finally:
+        with _warming_lock:
+            _warming.discard(threading.current_thread())
+
+
 def close_shared_pools() -> None:
-    """Close every shared pool (at interpreter exit, and in tests)."""
+    """Close every shared pool (at interpreter exit, and in tests), after the warm-ups under way."""
+    with _warming_lock:
+        warming = list(_warming)
+    for t in warming:  # a pool made after the close would be left running
+        t.join(30.0)
     with _shared_lock:
         pools = list(_shared.values())
         _shared.clear()
@@ -305,6 +334,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
             check_address(address)
         settings = _check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
+        self._warm = [False]  # shared with the duplicates: the first to start warms the shared pool up
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
         self._run_logger: Any = None  # that flow run's logger, for the line its cost notice is (__exit__)
         self._address = address
@@ -345,7 +375,25 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
     def duplicate(self) -> Self:
         dup = type(self)(max_workers=self._max_workers, slo_from=self.slo_from, **self._config)
         dup._pool, dup._address, dup._token = self._pool, self._address, self._token
+        dup._warm = self._warm
         return dup
+
+    def __enter__(self) -> Self:
+        """Start as Prefect's runner does; an embedded shared pool is made and started in the background.
+
+        Prefect enters a duplicate of the flow's runner for each flow run: the
+        first one starts the warm-up (:func:`_warm_up`), on a thread, as this may
+        load blocks from the API and runs on the async engine's event loop. Runners
+        with ``pool=`` or ``address=`` start nothing here.
+        """
+        super().__enter__()
+        if self._pool is None and self._address is None and not self._warm[0]:
+            self._warm[0] = True
+            with _warming_lock:
+                t = threading.Thread(target=_warm_up, args=(dict(self._config),), name="esg-pool-warm-up", daemon=True)
+                _warming.add(t)
+            t.start()
+        return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         from prefect.context import FlowRunContext
@@ -389,4 +437,5 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         state = super().__getstate__()
         state["_pool"] = None
         state["_run_logger"] = None
+        state["_warm"] = [False]  # the copy's process has pools of its own to warm up
         return state

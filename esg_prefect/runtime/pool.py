@@ -184,10 +184,13 @@ class Pool(PoolViews, PoolActions, PoolResources):
     def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
         """Queue a stage call; the future resolves to its :class:`StageResult` or raises a StageCallError."""
         fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
-        if self._closed:
-            fut.set_exception(PoolClosedError("the pool is closed"))
+        try:
+            if self._closed:
+                raise PoolClosedError("the pool is closed")
+            loop = self._ensure_started()
+        except PoolClosedError as exc:
+            fut.set_exception(exc)
             return fut
-        loop = self._ensure_started()
         loop.call_soon_threadsafe(self._on_submit, call, fut, context=_bare())
         return fut
 
@@ -223,6 +226,14 @@ class Pool(PoolViews, PoolActions, PoolResources):
         """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
         if self._loop is not None and not self._closed:
             self._loop.call_soon_threadsafe(self._on_end_run, run_id, context=_bare())
+
+    def start(self) -> None:
+        """Start the controller loop and warm the backend (its spare workers) now, not at the first call.
+
+        The first call otherwise waits for both; ``ESGTaskRunner`` starts its shared pool so when a flow
+        run starts. Thread-safe and idempotent; a closed pool raises :class:`PoolClosedError`.
+        """
+        self._ensure_started()
 
     def pause(self) -> None:
         """Hold dispatching: calls keep queueing (none is lost or failed), no batch starts until :meth:`resume`.
@@ -269,6 +280,8 @@ class Pool(PoolViews, PoolActions, PoolResources):
     def _ensure_started(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
             if self._loop is None:
+                if self._closed:  # closed before it ever started: never start a loop nothing would stop
+                    raise PoolClosedError("the pool is closed")
                 loop = asyncio.new_event_loop()
                 # Every batch in flight holds a thread of the loop's executor for its whole run (a pipe
                 # round trip), and so does every worker start: asyncio's default of cores + 4 threads
