@@ -278,17 +278,25 @@ def test_live_runs_cost_the_whole_bill_and_their_artifacts_say_what_the_store_sa
         _wait_for(lambda: len(settled) > 0)
         early = {r.run_id for r in settled}
         assert all(r.settled for r in settled)
+        live = final_records(pool)
+        assert live is not None
+        closed_before = list(live[1])  # the idle intervals closed while the pool ran
     finally:
         pool.close()  # the idle time closes: the store and the publisher write what was pending
-    # A run published before the close had every batch of its followed by a later one on the same
-    # worker (most are the earlier waves'; a wave whose calls came apart on a loaded machine can hold
-    # such runs too); the last batch of a worker kept its runs until the close.
+    # A run published before the close had the idle time after each batch of its closed before it:
+    # a later batch on the same worker (most are the earlier waves'; a wave whose calls came apart on
+    # a loaded machine can hold such runs too), or the worker stopped (a surplus worker such a wave
+    # started goes once the load no longer needs it); the last batch of a live worker kept its runs
+    # until the close.
     done = final_records(pool)
     assert done is not None
+    batches = done[0]
     for run_id in early:
-        mine = [b for b in done[0] if any(i.run_id == run_id for i in b.items)]
+        mine = [b for b in batches if any(i.run_id == run_id for i in b.items)]
         assert mine and all(
-            any(o.worker_id == b.worker_id and o.start_ms >= b.end_ms and o is not b for o in done[0]) for b in mine
+            any(o.worker_id == b.worker_id and o.start_ms >= b.end_ms and o is not b for o in batches)
+            or any(i.worker_id == b.worker_id and i.start_ms >= b.end_ms for i in closed_before)
+            for b in mine
         ), run_id
     runs = [r for wave in waves for r in wave]
     assert sorted(r.run_id for r in settled) == sorted(runs)  # each run published once
