@@ -2,7 +2,7 @@
 
 The domain model (:mod:`esg_prefect.model`) and the scheduler core
 (:mod:`esg_prefect.scheduling`) import neither Prefect nor torch; the names
-below that need Prefect (``ESGTaskRunner``, ``Pipeline``, ``esg_options``) are
+below that need Prefect (``ESGTaskRunner``, ``Pipeline``, ``esg_options``, ``shared_prefect_clients``) are
 imported on first use.
 """
 
@@ -35,6 +35,7 @@ _LAZY = {
     "esg_options": "esg_prefect.integration.stage",
     "Pool": "esg_prefect.runtime.pool",
     "ESGSettings": "esg_prefect.scheduling.settings",
+    "shared_prefect_clients": "esg_prefect.integration.async_runs",
 }
 
 
@@ -68,4 +69,5 @@ __all__ = [
     "WorkflowError",
     "__version__",
     "esg_options",
+    "shared_prefect_clients",
 ]
