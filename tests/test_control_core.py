@@ -44,6 +44,7 @@ class Simple:
         self.prewarm: set[str] = set()  # stages that get a pre-warm start instead of a dispatch
         self.bogus = False  # dispatch a job that is not waiting
         self.hold: set[str] = set()  # stages whose jobs are left waiting
+        self.retire: tuple[str, ...] = ()  # workers to stop at the next round (then forgotten)
 
     def decide(self, snapshot: Snapshot, now_ms: float) -> SchedulingResult:
         dispatches, rejects, starts = [], [], []
@@ -64,7 +65,8 @@ class Simple:
             wid = idle[0].worker_id if idle else None
             cfg = Config(len(ids), 1, 0.0)
             dispatches.append(Dispatch(q.key, ids, cfg, "cpu", Placement("n0", None, wid, 1), 10.0 + len(ids)))
-        return SchedulingResult(tuple(dispatches), (), tuple(rejects), (), tuple(starts))
+        retire, self.retire = self.retire, ()
+        return SchedulingResult(tuple(dispatches), (), tuple(rejects), (), tuple(starts), retire)
 
 
 def make_core(**kw: object) -> tuple[Core, Simple]:
@@ -76,6 +78,10 @@ def make_core(**kw: object) -> tuple[Core, Simple]:
 
 def call(job: str, t: float, stage: str = "a", req: str = "r1", **kw: object) -> CallArrived:
     return CallArrived(job, req, req, "wf", stage, t, **kw)  # type: ignore[arg-type]
+
+
+def stops(actions: list[object]) -> list[object]:
+    return [a for a in actions if isinstance(a, StopWorker)]
 
 
 def kinds(actions: list[object]) -> list[str]:
@@ -210,6 +216,39 @@ def test_a_prewarm_start_bills_its_load_as_idle_time() -> None:
     (batch,) = [a for a in core.settle(40.0) if isinstance(a, StartBatch)]
     assert not batch.cold and batch.worker is start.worker and not start.worker.fresh
     assert [(i.start_ms, i.end_ms) for i in core.fleet.idles] == [(0.0, 40.0)]
+
+
+def test_a_retired_worker_stops_at_the_round_and_its_keep_alive_no_longer_holds() -> None:
+    """Two workers of the last stage (the second call comes while the first runs); w2 is retired at 100 ms."""
+    core, sched = make_core()
+    core.arrive(call("j1", 0.0, stage="b"))
+    (b1,) = core.settle(0.0)
+    core.arrive(call("j2", 5.0, stage="b", req="r2"))
+    (b2,) = core.settle(5.0)  # w1 is busy: a second worker
+    assert isinstance(b1, StartBatch) and isinstance(b2, StartBatch)
+    assert (b1.worker.worker_id, b2.worker.worker_id) == ("w1", "w2")
+    core.finished(BatchFinished(b1.batch_id, 12.0))
+    core.finished(BatchFinished(b2.batch_id, 17.0))
+    core.settle(17.0)  # both idle: w1 expires at 1012, w2 at 1017
+    sched.retire, sched.hold = ("w2",), {"a"}  # a round runs while a call waits (held, so no worker takes it)
+    core.arrive(call("j3", 100.0, req="r3"))
+    assert stops(core.settle(100.0)) == [StopWorker("w2", 100.0)]
+    assert sorted(core.fleet.workers) == ["w1"]
+    assert [(i.worker_id, i.start_ms, i.end_ms) for i in core.fleet.idles] == [("w2", 17.0, 100.0)]  # billed to 100
+    assert stops(core.settle(1012.0)) == [StopWorker("w1", 1012.0)]
+    assert stops(core.settle(1017.0)) == []  # w2's expiry went with it
+
+
+def test_a_scheduler_that_retires_a_busy_or_unknown_worker_is_refused() -> None:
+    core, sched = make_core()
+    core.arrive(call("j1", 0.0))
+    core.settle(0.0)  # w1 runs j1 until 11 ms
+    sched.hold.add("a")
+    for wid, what in (("w1", "busy"), ("w9", "unknown")):
+        sched.retire = (wid,)
+        core.arrive(call(f"j-{wid}", 5.0, req=f"r-{wid}"))  # a round runs while a call waits
+        with pytest.raises(InvalidInputError, match=f"retires worker '{wid}', which is {what}"):
+            core.settle(5.0)
 
 
 def test_a_scheduler_that_dispatches_a_job_not_waiting_is_refused() -> None:

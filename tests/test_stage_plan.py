@@ -164,9 +164,76 @@ def test_with_the_drain_a_stage_at_a_count_of_two_or_more_serves_only_on_the_pla
         assert planner(**knobs).restrict("s", offered, _Kinds(s2=3)) == (warm_small, warm_big)  # type: ignore[arg-type]
 
 
+class _Fleet:
+    """A cluster view of stage s's workers: ``(id, share, idle since or None when busy)``, fresh ones named."""
+
+    def __init__(self, *workers: tuple[str, float, float | None], fresh: tuple[str, ...] = ()) -> None:
+        ws = [
+            NS(
+                worker_id=wid,
+                hardware="T4",
+                vcpus=1,
+                gpu_share=share,
+                idle_since_ms=since,
+                starting=False,
+                fresh=wid in fresh,
+            )
+            for wid, share, since in workers
+        ]
+        self.busy_by_stage = {"s": [w for w in ws if w.idle_since_ms is None]}
+        self._idle = [w for w in ws if w.idle_since_ms is not None]
+
+    def idle_of_stage(self, stage: str) -> list[NS]:
+        return self._idle if stage == "s" else []
+
+    def taken(self, stage: str) -> list[NS]:
+        return []
+
+
+def test_the_retirement_stops_a_held_stages_surplus_once_its_plans_count_is_warm_and_one_of_it_idle() -> None:
+    """100/s evenly for 15 s: planned at one T4 0.4 worker for batches of 2 in 7 ms; at the peak (100/s, a
+    steady stream's 1 s count is its mean) that worker is 100 x 0.007 / 2 = 0.35 busy."""
+
+    def planner(retire: float) -> StagePlanner:
+        p = StagePlanner(_tables(stage_plan_retire=retire))
+        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        st = p.stage("s")
+        assert st is not None and st.plan is not None and (st.plan.gpu_share, st.plan.batch, st.count) == (0.4, 2, 1)
+        return p
+
+    now = 15_000.0
+    # p1, of the plan's kind, idle 10 ms: the count's worker. x2 (share 0.2) has idled 60 ms and goes; x3 only 30
+    # ms (under 50); p4, a second of the plan's kind idle 80 ms, is past the count and goes too; f5 is fresh (a
+    # pre-warm start's, no batch yet): kept.
+    fleet = _Fleet(
+        ("p1", 0.4, now - 10.0),
+        ("x2", 0.2, now - 60.0),
+        ("x3", 0.2, now - 30.0),
+        ("p4", 0.4, now - 80.0),
+        ("f5", 0.2, now - 200.0),
+        fresh=("f5",),
+    )
+    assert planner(0.7).surplus(fleet, now) == ("x2", "p4")  # type: ignore[arg-type]
+    # make before break: with the plan's only worker busy, nothing goes (none of the count idle to take a batch)
+    busy_plan = _Fleet(("p1", 0.4, None), ("x2", 0.2, now - 60.0))
+    assert planner(0.7).surplus(busy_plan, now) == ()  # type: ignore[arg-type]
+    # two of the plan's kind, one busy: the count (1) is the busy one, so none of the count is idle and nothing
+    # goes, the idle p4 included (busy workers make the count first)
+    one_busy = _Fleet(("p1", 0.4, None), ("p4", 0.4, now - 80.0), ("x2", 0.2, now - 60.0))
+    assert planner(0.7).surplus(one_busy, now) == ()  # type: ignore[arg-type]
+    # the count carries the peak at 0.35 busy: at 0.3 it does not, and nothing goes; 0 (the default) is off
+    assert planner(0.3).surplus(fleet, now) == ()  # type: ignore[arg-type]
+    assert planner(0.0).surplus(fleet, now) == ()  # type: ignore[arg-type]
+    assert planner(0.7).surplus(_Fleet(("x2", 0.2, now - 60.0)), now) == ()  # type: ignore[arg-type]  # no plan worker
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
+        ("stage_plan_retire", -0.1),
+        ("stage_plan_retire", 1.5),
+        ("stage_plan_retire", float("nan")),
+        ("stage_plan_retire", True),
         ("stage_plan_drain", -1),
         ("stage_plan_drain", 1.5),
         ("stage_plan_drain", True),

@@ -1,4 +1,5 @@
-"""Applying a round's decisions: rejects fail requests, dispatches start batches, starts pre-warm workers.
+"""Applying a round's decisions: rejects fail requests, dispatches start batches, starts pre-warm workers,
+retirements stop idle workers.
 
 Half of the control core (:class:`~esg_prefect.control.core.Core`), apart
 because it is the one place where a scheduler's answer changes the queues and
@@ -51,7 +52,7 @@ class DecisionApplier:
         def _expiring(self, at: float) -> None: ...
 
     def _apply_decisions(self, result: SchedulingResult, now: float, actions: list[Action]) -> None:
-        """Rejects, then dispatches, then pre-warm starts, in the scheduler's order; their actions go to ``actions``."""
+        """Rejects, dispatches, pre-warm starts, then retirements, in the scheduler's order, into ``actions``."""
         gone: set[str] = set()  # jobs failed this round with their request (a reject may name several)
         for r in result.rejects:
             for job_id in r.job_ids:
@@ -77,6 +78,13 @@ class DecisionApplier:
             w.free_at_ms = now + self.tables.profile.cold_start_ms(st.queue.stage, st.hardware)
             self.prewarms += 1
             actions.append(StartWorker(w, st.queue, now, st.reason))
+        for wid in result.retire:  # after the round's dispatches: a worker the round gave a batch is busy
+            victim = self.fleet.workers.get(wid)
+            if victim is None or victim.busy:
+                what = "busy" if victim else "unknown"
+                raise InvalidInputError(f"scheduler {self.scheduler.name!r} retires worker {wid!r}, which is {what}")
+            self.fleet.retire(victim, now)
+            actions.append(StopWorker(wid, now))
 
     def _evictions(self, placement: Placement, now: float, actions: list[Action]) -> Placement:
         """Stop the idle workers a placement makes room by stopping; the placement left to apply."""

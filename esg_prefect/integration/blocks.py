@@ -303,6 +303,12 @@ class ESGSchedulerSettings(Block):
         ge=0,
         description="A held stage at a count of at least this many workers serves only on its plan's kind (0: off).",
     )
+    stage_plan_retire: float = Field(
+        default=_knob("stage_plan_retire"),
+        ge=0,
+        le=1,
+        description="A held stage stops its surplus idle workers while its plan's carry its peak rate at this load.",
+    )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),
         description="Start a next stage's worker as a batch goes out, where its calls come in waves and none is idle.",

@@ -234,13 +234,18 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingResult:
-    """Decisions of one round and the statistics of each queue decision."""
+    """Decisions of one round and the statistics of each queue decision.
+
+    ``retire``: idle workers to stop now, after the round's dispatches and starts (a scheduler that sizes a
+    stage's fleet itself, e.g. ESG's ``stage_plan_retire``); the core refuses a busy or unknown one.
+    """
 
     dispatches: tuple[Dispatch, ...] = ()
     holds: tuple[Hold, ...] = ()
     rejects: tuple[Reject, ...] = ()
     stats: tuple[DecisionStats, ...] = field(default=())
     starts: tuple[Start, ...] = ()
+    retire: tuple[str, ...] = ()
 
 
 @runtime_checkable

@@ -258,6 +258,11 @@ class ClusterView(ColdRoom):
                 return True
         return False
 
+    def idle_of_stage(self, stage: str) -> list[Worker]:
+        """Idle workers warm for ``stage`` (not taken by this round's commits), any resources."""
+        idle = self.idle
+        return [w for w in self._idle_by_stage.get(stage, ()) if w.worker_id in idle]
+
     def taken(self, stage: str) -> list[Worker]:
         """Workers warm for ``stage`` that this round's commits gave a batch, busy until its predicted end.
 

@@ -311,7 +311,8 @@ class ESGScheduler(ESG1Q):
             start = self._prewarm.start(key, c, left, view, self.placeable_resources(key.stage, view, now_ms), starts)
             if start is not None:
                 starts.append(start)
-        return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts))
+        retire = self._planner.surplus(view, now_ms) if self._planner is not None else ()
+        return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts), retire)
 
     @staticmethod
     def _bounded_wait(q: QueueState, jobs: list[Job], cap_ms: float, now_ms: float) -> QueueState:

@@ -182,6 +182,12 @@ class ESGSettings:
             workers idle out; 0 (the default): never. Off because a drained stage whose queue backs up runs
             ever smaller batches and cannot catch up (docs/decisions/whole-bill.md, section 10); 2 is the
             setting measured.
+        stage_plan_retire: a held stage whose plan's kind holds its count, one of them idle, stops its other
+            idle workers (of other kinds, or of the plan's kind past the count) once they have idled 50 ms,
+            while the count's workers carry the stage's highest 1 s rate of the last 30 s at this utilisation
+            or less (make before break: the plan's workers are warm before the others go); 0 (the default):
+            never. In [0, 1]; docs/decisions/whole-bill.md, "Probed 2026-11-28: retiring a held stage's
+            surplus".
         lookahead_starts: after a round's dispatches of a stage, start a worker for each next stage of the
             workflow whose calls come in waves (:mod:`esg_prefect.scheduling.waves`) and that has no idle warm
             worker and none starting: the cheapest kind that runs the batch within the next stage's part of
@@ -247,6 +253,7 @@ class ESGSettings:
     stage_plan_utilization: float = 0.6
     stage_plan_gate: float = 1.5
     stage_plan_drain: int = 0
+    stage_plan_retire: float = 0.0
     lookahead_starts: bool = True
     size_aware: bool = True
     hardware_selection: bool = False
@@ -301,6 +308,7 @@ class ESGSettings:
             or self.stage_plan_drain < 0
         ):
             raise ConfigError(f"stage_plan_drain must be an int >= 0 (0: off), got {self.stage_plan_drain!r}")
+        _number("stage_plan_retire", self.stage_plan_retire, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,

@@ -21,6 +21,12 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   taking a part of its load, each partly idle. Off because once such a stage's queue backs up, ESG
   runs it in ever smaller batches, below the throughput its count was sized for, and it does not
   catch up (measured in docs/decisions/whole-bill.md, section 10);
+* **the retirement** (``stage_plan_retire``, off by default): a held stage whose plan's kind holds its
+  count, one of those workers idle, stops its other idle workers once they have idled ``RETIRE_IDLE_MS``,
+  while the count's workers carry the stage's highest 1 s rate of the last 30 s at that utilisation or
+  less. Make before break: only a stage whose plan's workers are warm, with one idle to take the next
+  batch, loses the warm-up's workers of other kinds and those past its count, which otherwise keep
+  taking a part of its load and never idle long enough to expire;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
@@ -50,6 +56,8 @@ SETTLE_MS = 10_000.0
 """History a stage needs before its plan may hold."""
 REPLAN = 0.25
 """Relative change of the 30 s rate that makes the kind be chosen again."""
+RETIRE_IDLE_MS = 50.0
+"""How long a held stage's surplus worker idles before ``stage_plan_retire`` stops it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +171,7 @@ class StagePlanner:
         self.rho = tables.settings.stage_plan_utilization
         self.gate = tables.settings.stage_plan_gate
         self.drain = tables.settings.stage_plan_drain
+        self.retire = tables.settings.stage_plan_retire
         self._stages: dict[str, _Stage] = {}
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
         self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
@@ -242,3 +251,44 @@ class StagePlanner:
                 got = resources  # the plan's kind has no room: any kind, as ESG chooses
             self._held[key] = got
         return got
+
+    def surplus(self, view: ClusterView, now_ms: float) -> tuple[str, ...]:
+        """The idle workers ``stage_plan_retire`` stops this round (module docstring); () when it is off.
+
+        Per held stage: its workers of the plan's kind, busy ones first and then idle ones most recently idle
+        first (the placement reuses those), make its count; when they number the count and one of them is
+        idle, and the count carries the stage's peak 1 s rate at the setting's utilisation, the stage's other
+        idle workers that have idled ``RETIRE_IDLE_MS`` or more go. ``view``: after the round's commits.
+        """
+        if self.retire <= 0:
+            return ()
+        out: list[str] = []
+        for name, st in self._stages.items():
+            p = st.plan
+            if not st.steady or p is None or not st.peaks:
+                continue
+            peak = st.peaks[0][1] / PEAK_WINDOW_MS * 1000.0
+            if peak * p.latency_ms / 1000.0 / p.batch > self.retire * st.count:
+                continue
+            kind = (p.hardware, p.vcpus, p.gpu_share)
+            busy = sum(
+                1
+                for w in view.busy_by_stage.get(name, ())
+                if not w.starting and (w.hardware, w.vcpus, w.gpu_share) == kind
+            )
+            busy += sum(1 for w in view.taken(name) if (w.hardware, w.vcpus, w.gpu_share) == kind)
+            idle = view.idle_of_stage(name)
+            mine = sorted(
+                (w for w in idle if (w.hardware, w.vcpus, w.gpu_share) == kind and not w.starting),
+                key=lambda w: (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id),
+            )
+            keep = st.count - busy
+            if keep < 1 or len(mine) < keep:
+                continue  # the count is not warm, or none of it is idle: nothing goes
+            kept = {w.worker_id for w in mine[:keep]}
+            for w in idle:
+                since = w.idle_since_ms
+                if w.worker_id in kept or w.starting or w.fresh or since is None or now_ms - since < RETIRE_IDLE_MS:
+                    continue
+                out.append(w.worker_id)
+        return tuple(out)
