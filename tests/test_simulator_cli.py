@@ -296,8 +296,8 @@ def test_the_bill_plot_stacks_three_parts_with_its_legend_outside_the_bars() -> 
         plt.close(fig)
 
 
-def test_compare_prints_runs_by_name_and_reruns_rows_without_the_bill(tmp_path: Path) -> None:
-    from esg_prefect.cli.compare import spec_key, spec_label
+def _triton_run_of_a_saved_case(tmp_path: Path) -> tuple[Path, Path, Any]:
+    """A small standard case saved as ``mine.json``, an empty ``out`` folder, and the triton run's spec."""
     from esg_prefect.simulator import experiments as ex
     from esg_prefect.simulator import standard_case
 
@@ -306,7 +306,14 @@ def test_compare_prints_runs_by_name_and_reruns_rows_without_the_bill(tmp_path: 
     path.write_text(json.dumps(case.to_dict()))
     out = tmp_path / "out"
     out.mkdir()
-    spec = ex.RunSpec("case", case.with_(scheduler="triton"), 0, (("case", case.name),))
+    return path, out, ex.RunSpec("case", case.with_(scheduler="triton"), 0, (("case", case.name),))
+
+
+def test_compare_prints_runs_by_name_and_reruns_rows_without_the_bill(tmp_path: Path) -> None:
+    from esg_prefect.cli.compare import spec_key, spec_label
+    from esg_prefect.simulator import experiments as ex
+
+    path, out, spec = _triton_run_of_a_saved_case(tmp_path)
     stale = {"key": spec_key(spec), "scheduler": "triton", "seed": 0, "p99_ms": -1.0}  # a row of an older version
     (out / "rows.jsonl").write_text(json.dumps(stale) + "\n")
     args = ["compare", "--case", str(path), "--schedulers", "triton", "--processes", "1", "--out", str(out)]
@@ -391,15 +398,8 @@ def test_compare_runs_again_rows_computed_by_other_code_and_says_so_in_one_line(
     is not reused: it runs again, one line says why, and the file keeps only rows this code may reuse."""
     from esg_prefect.cli.compare import spec_key
     from esg_prefect.cli.rows_file import code_stamp
-    from esg_prefect.simulator import experiments as ex
-    from esg_prefect.simulator import standard_case
 
-    case = standard_case(rate_per_s=60.0, duration_s=3.0, warmup_s=1.0)
-    path = tmp_path / "mine.json"
-    path.write_text(json.dumps(case.to_dict()))
-    out = tmp_path / "out"
-    out.mkdir()
-    spec = ex.RunSpec("case", case.with_(scheduler="triton"), 0, (("case", case.name),))
+    path, out, spec = _triton_run_of_a_saved_case(tmp_path)
     bill = dict.fromkeys(("busy_per_request", "idle_per_request", "cold_per_request"), 1.0)
     old = {"key": spec_key(spec), "scheduler": "triton", "seed": 0, "p99_ms": -1.0, **bill, "code": "0.0.1+0123456789"}
     other = {**old, "key": "another run", "code": "0.0.1+0123456789"}  # not asked for now: dropped, not named
