@@ -11,13 +11,17 @@ Both write a flow run's cost when it is final, which for the last runs is
 when the pool closes (the idle time after their batches closes then): the
 runner closes its shared pools at interpreter exit, and the pool's listeners
 write what was still pending then (``runtime/listeners.py``). A pool given
-recorders is also closed at exit by a hook registered here, at its first
-stage call, with threading's exit hooks: those run before non-daemon threads
-are joined and before ``atexit`` callbacks, in reverse order of registration,
-so this one runs while Prefect's event worker (registered at the run's first
-task event, earlier) still sends, the listeners' thread still takes work and
-an ephemeral API still answers. Run later, Prefect's client cannot start a
-new event worker and logs a traceback per artifact.
+recorders is also closed at exit by a hook registered with threading's exit
+hooks: those run before non-daemon threads are joined and before ``atexit``
+callbacks, in reverse order of registration. The hook is registered when the
+recorders are attached and again at the pool's first stage call from a flow run
+(:func:`close_before_prefect_stops`): a shared pool is made by the runner's
+warm-up as the flow run starts, before Prefect's event worker is registered at
+the run's first task event, and a hook registered then would run after that
+worker has stopped. Registered at the first stage call, it runs while the event
+worker still sends, the listeners' thread still takes work and an ephemeral API
+still answers. Run later, Prefect's client cannot start a new event worker and
+logs a traceback per artifact.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()  # guards the four below: flow runs of many threads call in
 _attached: weakref.WeakSet[Pool] = weakref.WeakSet()
+_closes_at_exit: weakref.WeakSet[Pool] = weakref.WeakSet()  # attached pools that record: closed at exit
+_closed_before_prefect: weakref.WeakSet[Pool] = weakref.WeakSet()  # those whose late exit hook is registered
 _publishing: weakref.WeakSet[Pool] = weakref.WeakSet()  # the attached pools that publish artifacts
 _stores: dict[str | None, CostStore] = {}
 _deployments: dict[uuid.UUID, str] = {}  # deployment id -> name
@@ -146,6 +152,7 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
     if artifacts:
         attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
     if cost_store is not None or artifacts:
+        _closes_at_exit.add(pool)
         at_exit_before_threads_stop(_close_at_exit, weakref.ref(pool))
 
 
@@ -168,6 +175,22 @@ def at_exit_before_threads_stop(fn: Any, *args: Any) -> None:
         except RuntimeError:  # the interpreter is already shutting down
             pass
     atexit.register(fn, *args)
+
+
+def close_before_prefect_stops(pool: Pool) -> None:
+    """Close ``pool`` at exit before Prefect's event worker stops; called at each stage call, registers once.
+
+    The hook :func:`attach_recorders` registered may predate Prefect's event worker
+    (a shared pool is made as the flow run starts): registered again here, after the
+    run's first task event started that worker, it runs first. Closing twice is a no-op.
+    """
+    if pool in _closed_before_prefect or pool not in _closes_at_exit:  # the common case, on every stage call: no lock
+        return
+    with _lock:
+        if pool in _closed_before_prefect:
+            return
+        _closed_before_prefect.add(pool)
+    at_exit_before_threads_stop(_close_at_exit, weakref.ref(pool))
 
 
 def _close_at_exit(ref: weakref.ref[Pool]) -> None:

@@ -41,7 +41,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from esg_prefect.control.calls import StagePool
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.integration.recording import attach_recorders, check_store_option, publishes, remember_run
+from esg_prefect.integration.recording import (
+    attach_recorders,
+    check_store_option,
+    close_before_prefect_stops,
+    publishes,
+    remember_run,
+)
 from esg_prefect.integration.run_views import cost_notice
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -361,6 +367,8 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                 self._pool = shared_pool(**self._config)
         elif isinstance(self._pool, Pool):  # a given pool: recorders attached once per pool object
             attach_recorders(self._pool, artifacts=self._config["artifacts"], store=self._config["store"])
+        if isinstance(self._pool, Pool):  # its exit hook again, now after Prefect's event worker's
+            close_before_prefect_stops(self._pool)
         if self._run_id is None:
             from prefect.context import FlowRunContext
 
