@@ -9,17 +9,32 @@ Then, in a flow:  ESGTaskRunner(settings="default", prices="default").
 from __future__ import annotations
 
 import argparse
+import re
 
-from prefect.blocks.core import Block
+from esg_prefect.integration.api_check import require_prefect_api
 
-from esg_prefect.integration.blocks import ESGPool, ESGPriceSheet, ESGSchedulerSettings
+
+def block_name(text: str) -> str:
+    """A ``--name`` Prefect accepts for a block document: lowercase letters, digits and dashes."""
+    if not re.fullmatch(r"[a-z0-9-]+", text):
+        raise argparse.ArgumentTypeError(
+            f"a block document's name holds lowercase letters, digits and dashes only, got {text!r}"
+        )
+    return text
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    parser.add_argument("--name", default="default", help="name of the saved documents")
+    # --help, a bad --name, an API that is not up: one answer each, before Prefect is imported.
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--name", type=block_name, default="default", help="name of the saved documents")
     parser.add_argument("--overwrite", action="store_true", help="replace documents of that name")
     args = parser.parse_args()
+    require_prefect_api()
+
+    from prefect.blocks.core import Block
+
+    from esg_prefect.integration.blocks import ESGPool, ESGPriceSheet, ESGSchedulerSettings
+
     documents: list[Block] = [ESGPool(), ESGPriceSheet(), ESGSchedulerSettings()]
     for doc in documents:
         try:

@@ -206,3 +206,31 @@ def test_create_defaults_saves_once_and_keeps_what_is_saved_when_run_again(
     out = capsys.readouterr().out.splitlines()
     assert out[:3] == [f"saved {k} {name!r}" for k in ("ESGPool", "ESGPriceSheet", "ESGSchedulerSettings")]
     assert all(line.startswith("kept ") and "--overwrite" in line for line in out[3:]) and len(out) == 6
+
+
+def test_create_defaults_answers_help_a_bad_name_and_an_api_that_is_down_in_one_line(tmp_path: Path) -> None:
+    """--help had no description, a name Prefect refuses and an API that is down each ended in a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    script = str(Path(__file__).resolve().parents[1] / "blocks" / "create_defaults.py")
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, script, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "PREFECT_HOME": str(tmp_path), **env},
+        )
+
+    helped = run("--help")
+    assert helped.returncode == 0 and "Save the default esg-prefect block documents" in helped.stdout
+    bad = run("--name", "My Default")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "lowercase letters, digits and dashes only, got 'My Default'" in bad.stderr
+    down = run(PREFECT_API_URL="http://127.0.0.1:9/api")
+    assert down.returncode == 2 and "Traceback" not in down.stderr
+    assert "PREFECT_API_URL=http://127.0.0.1:9/api does not answer" in down.stderr
