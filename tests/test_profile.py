@@ -221,12 +221,15 @@ def test_csv_from_stream_with_extra_columns_and_empty_p95() -> None:
 @pytest.mark.parametrize(
     ("row3", "match"),
     [
-        ("enc,cpu,x,1,0,10,,", r"<stream> line 3: .*'x'"),
+        ("enc,cpu,x,1,0,10,,", r"<stream> line 3: batch must be an integer, got 'x'"),
+        ("enc,cpu,2.5,1,0,10,,", r"<stream> line 3: batch must be an integer, got '2.5'"),
+        ("enc,cpu,2,1,0,ten,,", r"<stream> line 3: mean_ms must be a number, got 'ten'"),
         ("enc,cpu,2,1,0,-4,,", r"<stream> line 3: mean_ms must be a finite number > 0, got -4.0"),
         ("enc,T4,2,1,0,4,,", r"<stream> line 3: hardware 'T4' does not fit gpu_share 0.0"),
         ("enc,cpu,2,1,0,4,,-5", r"<stream> line 3: cold_start_ms must be a finite number >= 0, got -5.0"),
         ("enc,cpu,2,1,0,4,,nan", r"<stream> line 3: cold_start_ms must be a finite number >= 0, got nan"),
-        ("enc,cpu", r"<stream> line 3: .*None"),
+        ("enc,cpu", r"<stream> line 3: 2 values, but the header has 8 columns"),
+        ("enc,cpu,2,1,0,4,,,", r"<stream> line 3: 9 values, but the header has 8 columns"),
     ],
 )
 def test_csv_errors_name_the_line(row3: str, match: str) -> None:
@@ -245,6 +248,25 @@ def test_csv_error_names_the_file(tmp_path: Path) -> None:
 def test_csv_missing_columns_are_named() -> None:
     with pytest.raises(ProfileError, match=re.escape("missing columns ['mean_ms', 'vcpus']")):
         LatencyProfile.from_csv(io.StringIO("stage,hardware,batch,gpu_share\nenc,cpu,1,0\n"))
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("p95", "p95_ms"), ("p95ms", "p95_ms"), ("cold_start", "cold_start_ms")])
+def test_csv_a_misspelt_column_is_refused_not_skipped(typo: str, meant: str) -> None:
+    """A misspelt p95_ms was skipped: the profile planned with the means, and nothing said so.
+
+    (A misspelt required column is a missing one, named as such.)
+    """
+    header = HEADER.replace(meant, typo, 1)
+    with pytest.raises(
+        ProfileError, match=re.escape(f"column {typo!r} is not one this table reads: did you mean {meant!r}?")
+    ):
+        LatencyProfile.from_csv(io.StringIO(header + "enc,cpu,1,1,0,10,11,5\n"))
+
+
+def test_csv_the_profilers_own_columns_are_no_typos() -> None:
+    """p50_ms resembles p95_ms; a profiler CSV without p95 values still reads (its columns are known)."""
+    text = "stage,hardware,batch,vcpus,gpu_share,mean_ms,p50_ms,peak_mem_mb\nenc,cpu,1,1,0,10,9,3\n"
+    assert LatencyProfile.from_csv(io.StringIO(text)).points == (pt(1, 1, 0, 10.0),)
 
 
 def test_csv_duplicate_rows_are_rejected() -> None:

@@ -8,13 +8,14 @@ and line in the message, whichever table it is; this module is that loop, once.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable
+import difflib
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from esg_prefect.exceptions import ProfileError
 
-__all__ = ["config_columns", "read_rows"]
+__all__ = ["check_row_width", "config_columns", "decimal", "integer", "misnamed_columns", "read_rows"]
 
 T = TypeVar("T")
 
@@ -72,3 +73,56 @@ def config_columns(row: dict[str, str]) -> tuple[str, str, int, int, float]:
         KeyError, ValueError: on a missing column or a bad number (:func:`read_rows` names the line).
     """
     return row["stage"], row["hardware"], int(row["batch"]), int(row["vcpus"]), float(row["gpu_share"])
+
+
+def misnamed_columns(header: Iterable[str], read: Iterable[str], known: Collection[str] = ()) -> list[str]:
+    """Messages for the header's columns that look like misspelt names of columns it lacks.
+
+    A CSV may carry columns its reader skips, so an unknown column is no error in
+    itself; but one that resembles a column the reader would read and does not find
+    (``p95`` for ``p95_ms``) is almost always a typo, and reading on would silently
+    drop what it holds. ``known`` lists the skipped columns that are expected
+    (another writer's extras), which are never taken for typos.
+    """
+    columns = list(header)
+    absent = [c for c in read if c not in columns]
+    out = []
+    for col in columns:
+        if col in known or col in read:
+            continue
+        guess = difflib.get_close_matches(col, absent, n=1, cutoff=0.6)
+        if guess:
+            out.append(f"column {col!r} is not one this table reads: did you mean {guess[0]!r}?")
+    return out
+
+
+def check_row_width(row: Mapping[str | None, object], width: int) -> None:
+    """Refuse a row of ``csv.DictReader`` with more or fewer values than the header has columns.
+
+    Raises:
+        ValueError: saying how many values the row has (:func:`read_rows` names the line).
+    """
+    extra = row.get(None)
+    if isinstance(extra, list) and extra:
+        raise ValueError(f"{width + len(extra)} values, but the header has {width} columns")
+    missing = sum(1 for k, v in row.items() if k is not None and v is None)
+    if missing:
+        raise ValueError(f"{width - missing} values, but the header has {width} columns")
+
+
+def integer(row: Mapping[str, str], column: str) -> int:
+    """``row[column]`` as an int; a bad value names the column (``batch must be an integer, got '2.5'``)."""
+    text = row[column]
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{column} must be an integer, got {text!r}") from None
+
+
+def decimal(row: Mapping[str, str], column: str) -> float:
+    """``row[column]`` as a float; a bad value names the column (``mean_ms must be a number, got 'abc'``)."""
+    text = row[column]
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{column} must be a number, got {text!r}") from None

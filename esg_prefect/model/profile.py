@@ -13,7 +13,8 @@ extrapolates: a query outside the measured range raises
 measured. Which statistic the scheduler plans with is a knob (``p95`` where
 measured, else the mean).
 
-CSV format (header required, extra columns ignored)::
+CSV format (header required; extra columns are skipped, but one that looks like a
+misspelt name of a column the table lacks, ``p95`` for ``p95_ms``, is refused)::
 
     stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms
     resnet,cpu,1,1,0,41.5,44.0,820
@@ -33,9 +34,27 @@ from typing import Literal
 
 from esg_prefect.exceptions import MissingProfileError, ProfileError
 from esg_prefect.model.config import CPU, Config, normalize_share
+from esg_prefect.model.csv_rows import check_row_width, decimal, integer, misnamed_columns
 from esg_prefect.model.size_model import SizeModel
 
 Percentile = Literal["p95", "mean"]
+PROFILE_COLUMNS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms")
+"""The columns a profile CSV is read from, in the order :meth:`LatencyProfile.to_csv` writes them."""
+PROFILER_COLUMNS = (
+    "p50_ms",
+    "peak_mem_mb",
+    "model_mem_mb",
+    "gpu_peak_mem_mb",
+    "load_ms",
+    "worker_start_ms",
+    "reps",
+    "attempts",
+    "other_cpu",
+    "quiet",
+    "mean_input_size",
+    "pipeline",
+)
+"""The columns ``esg-prefect profile`` writes after those: skipped, never taken for misspelt names."""
 _PERCENTILES = ("p95", "mean")
 
 
@@ -393,27 +412,31 @@ class LatencyProfile:
 
     @classmethod
     def _parse(cls, reader: csv.DictReader[str], origin: str) -> LatencyProfile:
-        needed = {"stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms"}
-        missing = needed - set(reader.fieldnames or ())
-        if missing:
+        header = list(reader.fieldnames or ())
+        missing = set(PROFILE_COLUMNS[:6]) - set(header)
+        if missing:  # most often another table (validation, stalls) given as the profile
             raise ProfileError(f"{origin}: missing columns {sorted(missing)}")
+        misnamed = misnamed_columns(header, PROFILE_COLUMNS[6:], PROFILER_COLUMNS)  # the optional columns
+        if misnamed:
+            raise ProfileError(f"{origin}: {'; '.join(misnamed)}")
         points: list[ProfilePoint] = []
         cold: dict[tuple[str, str], float] = {}
         for lineno, row in enumerate(reader, start=2):
             try:
+                check_row_width(row, len(header))
                 p95 = row.get("p95_ms") or ""
                 point = ProfilePoint(
                     stage=row["stage"],
                     hardware=row["hardware"],
-                    batch=int(row["batch"]),
-                    vcpus=int(row["vcpus"]),
-                    gpu_share=float(row["gpu_share"]),
-                    mean_ms=float(row["mean_ms"]),
-                    p95_ms=float(p95) if p95.strip() else None,
+                    batch=integer(row, "batch"),
+                    vcpus=integer(row, "vcpus"),
+                    gpu_share=decimal(row, "gpu_share"),
+                    mean_ms=decimal(row, "mean_ms"),
+                    p95_ms=decimal(row, "p95_ms") if p95.strip() else None,
                 )
                 cs = (row.get("cold_start_ms") or "").strip()
                 if cs:
-                    ms = float(cs)
+                    ms = decimal(row, "cold_start_ms")
                     # Check here, not in __init__: max() below would turn a negative or NaN
                     # value into 0 silently, and here the error can name the line.
                     if not (math.isfinite(ms) and ms >= 0):
@@ -431,9 +454,8 @@ class LatencyProfile:
         A correction's per-batch overheads belong to the pool that learned
         them, not to the measured table.
         """
-        fields = ["stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms"]
         with open(target, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=fields)
+            writer = csv.DictWriter(fh, fieldnames=PROFILE_COLUMNS)
             writer.writeheader()
             for p in self._points:
                 writer.writerow(

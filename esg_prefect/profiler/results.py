@@ -2,7 +2,7 @@
 
 The profile CSV is a superset of the latency-profile format
 (:meth:`esg_prefect.model.LatencyProfile.from_csv` reads its first eight
-columns and ignores the rest), so the scheduler plans with it directly
+columns and skips the rest), so the scheduler plans with it directly
 (``Pool(profile=LatencyProfile.from_csv(path))``). The extra columns keep what
 the profiler knows beyond the planning numbers: the median, peak memory, the
 model load time, the repetitions and how quiet the machine was.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from esg_prefect.model.csv_rows import read_rows
+from esg_prefect.model.profile import PROFILE_COLUMNS, PROFILER_COLUMNS
 from esg_prefect.model.size_model import SAMPLE_COLUMNS
 from esg_prefect.model.size_model import SizeSample as Sample
 from esg_prefect.model.size_model import read_samples_csv as read_samples_csv  # re-exported: the samples' reader
@@ -35,21 +36,8 @@ __all__ = [
     "write_samples_csv",
 ]
 
-PROFILE_FIELDS = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms", "p95_ms", "cold_start_ms")
-EXTRA_FIELDS = (
-    "p50_ms",
-    "peak_mem_mb",
-    "model_mem_mb",
-    "gpu_peak_mem_mb",
-    "load_ms",
-    "worker_start_ms",
-    "reps",
-    "attempts",
-    "other_cpu",
-    "quiet",
-    "mean_input_size",
-    "pipeline",
-)
+PROFILE_FIELDS = PROFILE_COLUMNS  # what the latency profile reads (model/profile.py)
+EXTRA_FIELDS = PROFILER_COLUMNS  # what it skips: the profiler's own columns, written after those
 SAMPLE_FIELDS = SAMPLE_COLUMNS  # the reader's columns (model/size_model.py), written in this order
 
 
