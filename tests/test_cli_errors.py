@@ -114,6 +114,8 @@ def _one_line(err: str) -> str:
         (["pool", "serve", "--allow", "x", "--hung-batch-s", "-1"], ("--hung-batch-s", "-1", "0: no limit")),
         (["pool", "serve", "--allow", "x", "--set", "keep_alive_s=-3"], ("--set", "keep_alive_s", "-3")),
         (["pool", "serve", "--allow", "x", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
+        # a shipped profile of other stages for the standard case: was "no profile covers stage 'resnet50' on 'T4'"
+        (["simulate", "--profile", "examples_cpu"], ("'examples_cpu'", "no T4 timings", "resnet50", "--case")),
         # schedulers
         (["schedulers", "--json", "--markdown"], ("--json", "--markdown", "one of them")),
     ],

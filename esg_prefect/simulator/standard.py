@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from esg_prefect.exceptions import ConfigError
 from esg_prefect.model.config import Config, ConfigSpace
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -72,8 +73,22 @@ def reference_path_ms(profile: LatencyProfile, workflow: Workflow, hardware: str
 
 
 def standard_workflows(tightness: float = STANDARD_TIGHTNESS, profile: str = STANDARD_PROFILE) -> tuple[Workflow, ...]:
-    """The three workflows with SLO = ``tightness`` x their T4 batch-1 critical path, rounded up to 10 ms."""
+    """The three workflows with SLO = ``tightness`` x their T4 batch-1 critical path, rounded up to 10 ms.
+
+    Raises:
+        ConfigError: when ``profile`` has no T4 timings for the workflows' stages (a profile of
+            other stages, ``examples_cpu``), naming them and what to give instead.
+    """
     prof = resolve_profile(profile)
+    used = sorted({s for _, names, _ in WORKFLOW_SHAPES for s in names})
+    missing = [s for s in used if "T4" not in prof.hardware_types(s)]
+    if missing:
+        raise ConfigError(
+            f"profile {str(profile)!r} has no T4 timings for the standard case's stages {', '.join(missing)} "
+            "(its workflows' SLOs are set from them): the standard case takes a profile of its models "
+            "(nvidia_gpu, nvidia_gpu_container); for other stages write a case file with your own workflows "
+            "(--case, docs/simulator.md)"
+        )
     out = []
     for name, stages, edges in WORKFLOW_SHAPES:
         shape = Workflow(name, stages, edges, slo_ms=1.0)
