@@ -282,3 +282,18 @@ def test_a_cancelled_call_is_withdrawn_through_the_service(pool: Pool) -> None:
     assert answer and answer[0].json()["ok"] is False and "cancelled" in answer[0].json()["error"]["message"]
     assert not any(pool.snapshot().queue_depths.values())
     pool.resume()
+
+
+def test_a_stage_of_the_script_being_run_is_refused_saying_how_to_serve_it() -> None:
+    """It reached the service, which answered 403 "stage path '__main__:encode' is outside the allowed
+    modules ['mypipe']", though --allow named the script's own module: nothing said why."""
+    toy = WorkflowDecl("toy", 800, (("encode", "head"),))
+    client = PoolClient("http://127.0.0.1:9")  # never asked
+    try:
+        fut = client.submit(StageCall("c1", "encode", "__main__:encode", toy, "r1", "r1", 3))
+        with pytest.raises(StageRejectedError, match="stage 'encode' is defined in the script being run") as info:
+            fut.result(5)
+        assert "define the stages in a module of their own" in str(info.value)
+        assert "--allow stages" in str(info.value)
+    finally:
+        client.close()

@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import logging
 import random
+import sys
 import threading
 import time
 import urllib.parse
@@ -59,6 +60,17 @@ logger = logging.getLogger(__name__)
 
 MAX_PATH_ID = 200
 """Longest call id joined by ``GET /v1/calls/{id}``; a longer one is posted again with its body each poll."""
+
+
+def script_stage_message(stage_path: str) -> str:
+    """Why a stage of the running script cannot go to the pool service, and what to do instead."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script"
+    name = stage_path.partition(":")[2]
+    return (
+        f"stage {name!r} is defined in the script being run ({script}), which the pool service cannot import "
+        "(it imports stage code by module name, from its --allow'ed modules): define the stages in a module "
+        f"of their own (stages.py), import them from the script, and serve with --allow stages"
+    )
 
 
 def _call_path(call_id: str) -> str | None:
@@ -130,10 +142,17 @@ class PoolClient:
         self._closed = False
 
     def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
-        """Send a call; the future resolves when the service answers (after retries)."""
+        """Send a call; the future resolves when the service answers (after retries).
+
+        A stage defined in the script being run (``__main__:...``) fails here: the service
+        imports stage code by module name, and a script run as ``python x.py`` has none.
+        """
+        fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
+        if call.stage_path.startswith("__main__:"):
+            fut.set_exception(StageRejectedError(script_stage_message(call.stage_path)))
+            return fut
         with self._lock:
             if self._closed:
-                fut: concurrent.futures.Future[StageResult] = concurrent.futures.Future()
                 fut.set_exception(PoolClosedError("the pool client is closed"))
                 return fut
             return self._executor.submit(self._wait_for, call_body(call))
