@@ -365,3 +365,18 @@ def test_flow_scripts_refuse_a_bad_request_count_in_one_line(script: str) -> Non
     assert done.returncode == 2
     line = _one_line(done.stderr)
     assert "--requests must be at least 1, got 0" in line
+
+
+@pytest.mark.parametrize("target", ["refuses_on_import:stage@refuses_on_import:samples", "refuses_on_import:targets"])
+def test_profile_says_a_targets_module_refused_something_as_it_was_imported(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said only "no profile file 'profile'": the module had built ESGTaskRunner(profile=sys.argv[1])."""
+    (tmp_path / "refuses_on_import.py").write_text(
+        "from esg_prefect.exceptions import InvalidInputError\nraise InvalidInputError(\"no profile file 'profile'\")\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["profile", "-t", target, "--quick", "--no-store", "--out-dir", str(tmp_path)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith("esg-prefect: error: importing module 'refuses_on_import' of "), line
+    assert line.endswith("failed: no profile file 'profile'"), line

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from esg_prefect.exceptions import InvalidInputError, ProfileError, UnknownStageError
+from esg_prefect.exceptions import ESGError, InvalidInputError, ProfileError, UnknownStageError
 from esg_prefect.runtime.stages import SizeFn, StageSpec
 from esg_prefect.runtime.stages import input_size as input_size  # re-exported: the profiler's size unit
 
@@ -215,6 +215,8 @@ def _import(path: str) -> Any:
         raise UnknownStageError(
             f"cannot import module {module_name!r} of target {path!r}: {exc}{where_hint(module_name, exc)}"
         ) from exc
+    except ESGError as exc:  # the module's own code refused something as it was imported: say where
+        raise UnknownStageError(f"importing module {module_name!r} of target {path!r} failed: {exc}") from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

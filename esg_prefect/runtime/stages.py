@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from esg_prefect.exceptions import InvalidInputError, UnknownStageError
+from esg_prefect.exceptions import ESGError, InvalidInputError, UnknownStageError
 
 LoadFn = Callable[[str], Any]
 BatchFn = Callable[[Any, list[Any]], Sequence[Any]]
@@ -136,6 +136,8 @@ def resolve_stage(import_path: str) -> StageSpec:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise UnknownStageError(f"cannot import module {module_name!r} of stage {import_path!r}: {exc}") from exc
+    except ESGError as exc:  # the module's own code refused something as it was imported: say where
+        raise UnknownStageError(f"importing module {module_name!r} of stage {import_path!r} failed: {exc}") from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
