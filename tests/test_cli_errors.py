@@ -116,6 +116,8 @@ def _one_line(err: str) -> str:
         (["pool", "serve", "--allow", "x", "--set", "no_such_knob=1"], ("--set", "no_such_knob", "known")),
         # a shipped profile of other stages for the standard case: was "no profile covers stage 'resnet50' on 'T4'"
         (["simulate", "--profile", "examples_cpu"], ("'examples_cpu'", "no T4 timings", "resnet50", "--case")),
+        # was "gpu_shares must be in (0, 1], got [2.0]", naming no option
+        (["profile", "--gpu-shares", "0.5,2", "--quick"], ("--gpu-shares", "(0, 1]", "got '0.5,2'")),
         # schedulers
         (["schedulers", "--json", "--markdown"], ("--json", "--markdown", "one of them")),
     ],

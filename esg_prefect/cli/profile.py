@@ -29,6 +29,14 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
         raise typer.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
 
 
+def _shares(text: str) -> tuple[float, ...]:
+    """``--gpu-shares``: comma-separated fractions of a GPU, each in (0, 1]."""
+    shares = _floats(text, "--gpu-shares")
+    if not all(0.0 < v <= 1.0 for v in shares):
+        raise typer.BadParameter(f"must be GPU fractions in (0, 1], got {text!r}", param_hint="--gpu-shares")
+    return shares
+
+
 def _check_files(*files: tuple[str, Path | None, str]) -> None:
     """Refuse an input file that is not there, naming its option and what it takes."""
     for hint, path, what in files:
@@ -152,6 +160,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(size_report(samples))
             return
         vcpu_counts = _ints(vcpus, "--vcpus")
+        _shares(gpu_shares)  # refused before any run, on a machine without a GPU too
         measuring = profile_csv is None and stalls is None  # a new profile, at these counts
         if as_flow:
             from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
@@ -165,7 +174,7 @@ def register(app: typer.Typer) -> None:
                 targets=list(target),
                 vcpus=list(vcpu_counts),
                 batches=list(_ints(batches, "--batches")) if not quick else None,
-                gpu_shares=list(_floats(gpu_shares, "--gpu-shares")),
+                gpu_shares=list(_shares(gpu_shares)),
                 quick=quick,
                 breakdown=breakdown,
                 validate=validate,
@@ -182,7 +191,7 @@ def register(app: typer.Typer) -> None:
             target=tuple(target),
             vcpus=vcpu_counts,
             batches=None if quick else _ints(batches, "--batches"),
-            gpu_shares=_floats(gpu_shares, "--gpu-shares"),
+            gpu_shares=_shares(gpu_shares),
             quick=quick,
             out_dir=out_dir,
             name=name,
