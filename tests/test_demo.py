@@ -190,6 +190,25 @@ def test_the_result_tables_read_whole_at_80_columns() -> None:
     assert "0.00000123 │ 0.0000346 │ 0.0000358" in flat  # a run's busy, idle and cost, as its artifacts write them
 
 
+def test_a_cost_per_run_of_a_few_millionths_reads_whole_at_80_columns() -> None:
+    """The demo's usual ESG cost per run (a few 1e-6, ten characters positional) is not cut to ``0.000003…``."""
+    from rich.console import Console
+
+    from esg_prefect.cli.demo import _print_results
+    from esg_prefect.examples.driver import RequestOutcome
+    from esg_prefect.model.attribution import RunCost
+
+    outs = tuple(RequestOutcome(i, wf, 0.0, 1234.5, True) for i, wf in enumerate(("image", "text", "video") * 3))
+    per_run = tuple((f"0f{i:06d}-aaaa", o.workflow, RunCost(1.2345e-06, 2.1e-06, "$")) for i, o in enumerate(outs))
+    esg = DemoRun("esg", outs, 10.0, 3.0e-5, None, per_run, 1.1e-5, "$", 40, 7)
+    threads = DemoRun("threadpool", outs, 10.0, 1.9e-4, cost_busy=1.9e-4)
+    console = Console(width=80, record=True, force_terminal=False)
+    _print_results(console, [esg, threads], runs_shown=3)
+    text = console.export_text()
+    assert "…" not in text
+    assert "0.00000333" in text and "0.0000211" in text  # ESG's and the thread pool's $/run, whole
+
+
 def test_the_demo_s_money_columns_keep_one_notation_across_1e_6() -> None:
     """A run's busy share of 5.86e-7 under another's of 1.07e-6: that column is written with exponents throughout
     (it read 0.00000107 above 5.86e-7); the idle and cost columns, all from 1e-6 up, stay positional. The $/run
