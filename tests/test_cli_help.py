@@ -45,3 +45,15 @@ def test_a_flag_that_is_off_by_default_has_no_negative_form() -> None:
                 assert param.default is True, (path, param.opts, param.secondary_opts)
     out = CliRunner().invoke(app, ["compare", "--help"], env={"COLUMNS": "200"}).output
     assert "--no-quick" not in out and "--quick" in out
+
+
+def test_an_option_states_its_default_once() -> None:
+    """An option whose help already says "(default: ...)" hides Typer's "[default: ...]": compare's --out
+    read "(default: ./esg-compare in the working folder). [default: esg-compare]"."""
+    for path, _cmd in _commands(typer.main.get_command(app)):
+        out = CliRunner().invoke(app, [*path, "--help"], terminal_width=400, env={"COLUMNS": "400"}).output
+        for line in out.splitlines():
+            assert not ("(default:" in line and "[default:" in line), (path, line)
+    out = CliRunner().invoke(app, ["compare", "--help"], terminal_width=400, env={"COLUMNS": "400"}).output
+    out_line = next(line for line in out.splitlines() if "--out " in line)
+    assert "./esg-compare in the working folder" in out_line and "[default:" not in out_line

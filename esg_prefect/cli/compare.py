@@ -274,7 +274,10 @@ def register(app: typer.Typer) -> None:
         processes: int = typer.Option(0, help="Worker processes (0: one per CPU)."),
         out: Annotated[
             Path,
-            typer.Option(help="Output directory, created if missing (default: ./esg-compare in the working folder)."),
+            typer.Option(
+                help="Output directory, created if missing (default: ./esg-compare in the working folder).",
+                show_default=False,
+            ),
         ] = DEFAULT_OUT,
         case_file: Annotated[
             Path | None,
