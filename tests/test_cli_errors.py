@@ -24,7 +24,7 @@ UNSET_TOKEN = "ESG_PREFECT_TEST_TOKEN_NEVER_SET"
 
 
 def _one_line(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = err.splitlines()
     assert len(lines) == 1, err
     assert "Traceback" not in err
     return lines[0]
@@ -239,6 +239,18 @@ def test_profile_of_a_stage_without_its_samples_is_one_line(tmp_path: Path, caps
         "esg-prefect: error: 'tests.toy_stages:inc' is a stage; give its samples: 'module:stage@module:samples' "
         "('tests.toy_stages:inc@<module>:<samples>', samples(rng, n) returning n inputs)"
     )
+
+
+def test_profile_of_a_target_that_does_not_import_is_one_line_with_no_blank_above(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Raised under the progress bar, the error came after an empty line: rich's bar, stopped on a console
+    that is not a terminal, prints one."""
+    argv = ["profile", "-t", "no_module_xyz:x", "--quick", "--no-store", "--out-dir", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("esg-prefect: error: cannot import module 'no_module_xyz' of target"), repr(err)
+    assert err.count("\n") == 1, repr(err)
 
 
 def test_fit_sizes_on_a_profile_csv_names_the_missing_columns_and_the_file_it_wants(

@@ -294,6 +294,7 @@ def _run_cli(
         TextColumn("{task.fields[label]}"),
         console=console,
         transient=True,  # an error raised under the bar is printed alone
+        disable=not console.is_terminal,  # a pipe or a log gets no bar, nor the blank line rich leaves there
     ) as bar:
         task_id = bar.add_task("profiling", total=None, label="")
 
