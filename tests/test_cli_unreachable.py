@@ -192,3 +192,8 @@ def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
     assert len(ran) == 1
     err = capsys.readouterr().err
     assert ("warning: no Prefect API is set (PREFECT_API_URL)" in err) is warned, err
+    if warned:  # in one line, which says what to run to see them in the UI
+        (line,) = [ln for ln in err.splitlines() if "PREFECT_API_URL" in ln]
+        assert "temporary Prefect API that this service starts and that ends with it" in line, line
+        assert "run `prefect server start` and set PREFECT_API_URL to it for this service and your flows" in line
+        assert "--no-artifacts" in line, line

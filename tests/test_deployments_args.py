@@ -211,3 +211,21 @@ def test_kill_while_waiting_for_the_pool_service_stops_it_and_ends_in_one_line(t
             proc.wait()
         if service and _alive(service):  # the old script's orphan: end its whole group
             os.killpg(service, signal.SIGKILL)
+
+
+def test_without_a_prefect_api_it_refuses_before_starting_the_pool_service(
+    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service it starts posts the runs' artifacts to PREFECT_API_URL: without one they would go to a
+    temporary API of the service's own, apart from the one the served runs report to."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    started: list[object] = []
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(serve, "pool_service", lambda *args: started.append(args))
+    monkeypatch.setattr(serve, "build_deployments", lambda *args: started.append(args) or [])
+    with temporary_settings(restore_defaults={PREFECT_API_URL}), pytest.raises(SystemExit) as exc:
+        serve.main([], wait_s=0.5)
+    assert exc.value.code == 2 and not started
+    line = refusal(capsys)
+    assert "PREFECT_API_URL is not set: start `prefect server start`" in line, line

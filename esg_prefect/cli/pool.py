@@ -225,9 +225,10 @@ def serve(
         )
     if artifacts and not prefect_api_url():
         typer.echo(
-            "warning: no Prefect API is set (PREFECT_API_URL): each run's cost artifacts and tags would go to a "
-            "temporary API of this process, not the one your flows report to; set PREFECT_API_URL to that API, "
-            "or pass --no-artifacts",
+            "warning: no Prefect API is set (PREFECT_API_URL): each run's cost artifacts and tags go to a temporary "
+            "Prefect API that this service starts and that ends with it, not to the API your flows report to; to "
+            "see them in the UI, run `prefect server start` and set PREFECT_API_URL to it for this service and your "
+            "flows, or pass --no-artifacts (the cost store records the runs either way)",
             err=True,
         )
     logging.getLogger("esg_prefect").setLevel(log_level.upper())
