@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -234,6 +235,37 @@ def test_the_demo_s_money_columns_keep_one_notation_across_1e_6() -> None:
         ["1.07e-6", "0.0000346", "0.0000356"],
         ["5.86e-7", "0.00000200", "0.00000259"],
     ]
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_demo_s_bars_are_off_where_the_output_is_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool
+) -> None:
+    """A pipe or a log gets no bar (it got each pass's finished bar, bar characters and all); a terminal keeps
+    each pass's finished bar, as before. The runners are faked: each warms up, then finishes its three requests."""
+    import io
+
+    from rich.console import Console
+
+    from esg_prefect.cli.demo import _run
+
+    def fake_runner(arrivals: list[tuple[float, str]], on_done: Any, *_: object, on_warm: Any, **__: object) -> str:
+        on_warm()
+        for arrival in arrivals:
+            on_done(arrival)
+        return "ran"
+
+    monkeypatch.setattr(demo, "run_esg", fake_runner)
+    monkeypatch.setattr(demo, "run_threadpool", fake_runner)
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=terminal)
+    arrivals = [(0.0, "image"), (10.0, "text"), (20.0, "video")]
+    assert [_run(console, label, arrivals, "inline") for label in ("esg", "threadpool")] == ["ran", "ran"]
+    if terminal:
+        finished = [line for line in out.getvalue().splitlines() if "3/3" in line]
+        assert any("esg" in line for line in finished) and any("threadpool" in line for line in finished)
+    else:
+        assert out.getvalue() == ""
 
 
 def test_the_temporary_apis_logging_config_is_prefects_with_sqlalchemy_quiet() -> None:

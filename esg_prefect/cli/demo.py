@@ -99,21 +99,19 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(console: Any, label: str, arrivals: list[tuple[float, str]], backend: str) -> Any:
-    """One runner's pass, with a progress bar that says when the unmeasured warm-up ends."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """One runner's pass, with a progress bar that says when the unmeasured warm-up ends (none where the
+    output is not a terminal, as for the other commands' bars)."""
+    from esg_prefect.cli.progress import progress_bar
     from esg_prefect.examples import demo as d
 
     warm = "warm-up, not measured: one request per pipeline loads the models" + (
         " and starts workers" if label == "esg" else ""
     )
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as progress:
-        bar = progress.add_task(f"{label}: {warm}", total=len(arrivals))
+    with progress_bar(console, transient=False) as progress:
+        bar = progress.add_task(f"[bold]{label}: {warm}", total=len(arrivals))
 
         def measured() -> None:
-            progress.update(bar, description=f"{label:>10}")
+            progress.update(bar, description=f"[bold]{label:>10}")
             progress.reset(bar)
 
         def done(_: object) -> None:

@@ -1,6 +1,6 @@
 """How a command shows and times its runs: the shared progress bar and wall clock.
 
-``simulate`` and ``compare`` run under :func:`progress_bar` and time runs with
+``simulate``, ``compare`` and ``demo`` run under :func:`progress_bar`; the first two time runs with
 :class:`WallClock`; the benches time theirs with it too. The simulator they
 drive reads no clock: it is handed this one.
 """
@@ -22,15 +22,16 @@ class WallClock:
         return time.perf_counter() * 1000.0
 
 
-def progress_bar(console: Console) -> Progress:
-    """The commands' progress bar; transient, so that an error raised under it is printed alone, and off
-    where the output is not a terminal (a pipe or a log gets no bar, nor the blank line it leaves)."""
+def progress_bar(console: Console, *, transient: bool = True) -> Progress:
+    """The commands' progress bar; transient by default, so that an error raised under it is printed alone,
+    and off where the output is not a terminal (a pipe or a log gets no bar, nor the blank line or the
+    finished bar it leaves). ``demo`` keeps its finished bars (``transient=False``): they show each pass's time."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-        transient=True,
+        transient=transient,
         disable=not console.is_terminal,
     )
