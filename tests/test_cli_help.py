@@ -57,3 +57,12 @@ def test_an_option_states_its_default_once() -> None:
     out = CliRunner().invoke(app, ["compare", "--help"], terminal_width=400, env={"COLUMNS": "400"}).output
     out_line = next(line for line in out.splitlines() if "--out " in line)
     assert "./esg-compare in the working folder" in out_line and "[default:" not in out_line
+
+
+def test_pool_serve_help_says_which_prefect_api_gets_the_artifacts() -> None:
+    """--artifacts read "to the Prefect API" with no word of which: it is PREFECT_API_URL's, and without one a
+    temporary API of the service's own, as the warning at start-up says."""
+    out = CliRunner().invoke(app, ["pool", "serve", "--help"], terminal_width=400, env={"COLUMNS": "400"}).output
+    artifacts = " ".join(next(line for line in out.splitlines() if "--artifacts" in line).split())
+    assert "to the Prefect API at PREFECT_API_URL" in artifacts
+    assert "(unset: a temporary Prefect API that this service starts and that ends with it)" in artifacts

@@ -89,7 +89,11 @@ def serve(
     ssl_certfile: str = typer.Option("", "--ssl-certfile", help="TLS certificate (PEM): serve HTTPS."),
     ssl_keyfile: str = typer.Option("", "--ssl-keyfile", help="TLS private key (PEM) of --ssl-certfile."),
     store: str = typer.Option("", help="Cost store URL (default: SQLite under PREFECT_HOME); off to disable."),
-    artifacts: bool = typer.Option(True, help="Publish each flow run's cost artifacts to the Prefect API."),
+    artifacts: bool = typer.Option(
+        True,
+        help="Publish each flow run's cost artifacts and tags to the Prefect API at PREFECT_API_URL (unset: a "
+        "temporary Prefect API that this service starts and that ends with it).",
+    ),
     sets: list[str] = typer.Option(
         [], "--set", help="Override an ESG setting, KEY=VALUE (repeat), e.g. --set keep_alive_s=10."
     ),
