@@ -227,9 +227,40 @@ def test_the_retirement_stops_a_held_stages_surplus_once_its_plans_count_is_warm
     assert planner(0.7).surplus(_Fleet(("x2", 0.2, now - 60.0)), now) == ()  # type: ignore[arg-type]  # no plan worker
 
 
+def test_the_retirement_keeps_the_cheapest_surplus_workers_as_spares() -> None:
+    """Same stream and plan as above (one T4 0.4 worker, p1, idle). Outside the count: x2 and y6 (T4 0.2) and p4
+    (T4 0.4, past the count), all idle 50 ms or more, and f5, a fresh T4 0.2 (never stopped, never a spare)."""
+    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_spares=1))
+    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    now = 15_000.0
+    fleet = _Fleet(
+        ("p1", 0.4, now - 10.0),
+        ("x2", 0.2, now - 60.0),
+        ("p4", 0.4, now - 55.0),
+        ("y6", 0.2, now - 90.0),
+        ("f5", 0.2, now - 200.0),
+        fresh=("f5",),
+    )
+    # one spare: of the least price idle (share 0.2: x2, y6), the most recently idle, x2; p4 (the dearer) and y6 go
+    assert p.surplus(fleet, now) == ("p4", "y6")  # type: ignore[arg-type]
+    # two spares: x2 and y6, the two cheap ones; the plan's own kind past the count is dearer and goes
+    p.spares = 2
+    assert p.surplus(fleet, now) == ("p4",)  # type: ignore[arg-type]
+    # a spare still to reach 50 ms idle is kept all the same, and so another worker goes: y6 idled 30 ms only
+    p.spares = 1
+    young = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, now - 60.0), ("y6", 0.2, now - 30.0))
+    assert p.surplus(young, now) == ("x2",)  # type: ignore[arg-type]
+    # none (the default): every surplus worker that has idled 50 ms goes
+    p.spares = 0
+    assert p.surplus(fleet, now) == ("x2", "p4", "y6")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
+        ("stage_plan_retire_spares", -1),
+        ("stage_plan_retire_spares", 1.5),
+        ("stage_plan_retire_spares", True),
         ("stage_plan_retire", -0.1),
         ("stage_plan_retire", 1.5),
         ("stage_plan_retire", float("nan")),

@@ -309,6 +309,11 @@ class ESGSchedulerSettings(Block):
         le=1,
         description="A held stage stops its surplus idle workers while its plan's carry its peak rate at this load.",
     )
+    stage_plan_retire_spares: int = Field(
+        default=_knob("stage_plan_retire_spares"),
+        ge=0,
+        description="Of the workers stage_plan_retire would stop, keep this many of the cheapest as spares.",
+    )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),
         description="Start a next stage's worker as a batch goes out, where its calls come in waves and none is idle.",

@@ -188,6 +188,10 @@ class ESGSettings:
             or less (make before break: the plan's workers are warm before the others go); 0 (the default):
             never. In [0, 1]; docs/decisions/whole-bill.md, "Probed 2026-11-28: retiring a held stage's
             surplus".
+        stage_plan_retire_spares: of a held stage's workers that ``stage_plan_retire`` would stop, keep this many
+            as spares, the cheapest idle ones (least price per second idle), to absorb a clump of calls that the
+            count alone would queue; 0 (the default): keep none. An int >= 0; docs/decisions/whole-bill.md,
+            "Probed 2026-11-28: retiring a held stage's surplus".
         lookahead_starts: after a round's dispatches of a stage, start a worker for each next stage of the
             workflow whose calls come in waves (:mod:`esg_prefect.scheduling.waves`) and that has no idle warm
             worker and none starting: the cheapest kind that runs the batch within the next stage's part of
@@ -254,6 +258,7 @@ class ESGSettings:
     stage_plan_gate: float = 1.5
     stage_plan_drain: int = 0
     stage_plan_retire: float = 0.0
+    stage_plan_retire_spares: int = 0
     lookahead_starts: bool = True
     size_aware: bool = True
     hardware_selection: bool = False
@@ -309,6 +314,9 @@ class ESGSettings:
         ):
             raise ConfigError(f"stage_plan_drain must be an int >= 0 (0: off), got {self.stage_plan_drain!r}")
         _number("stage_plan_retire", self.stage_plan_retire, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
+        spares = self.stage_plan_retire_spares
+        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+            raise ConfigError(f"stage_plan_retire_spares must be an int >= 0 (0: none), got {spares!r}")
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,

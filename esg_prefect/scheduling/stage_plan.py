@@ -26,7 +26,8 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   while the count's workers carry the stage's highest 1 s rate of the last 30 s at that utilisation or
   less. Make before break: only a stage whose plan's workers are warm, with one idle to take the next
   batch, loses the warm-up's workers of other kinds and those past its count, which otherwise keep
-  taking a part of its load and never idle long enough to expire;
+  taking a part of its load and never idle long enough to expire. ``stage_plan_retire_spares`` keeps that many
+  of those workers, the cheapest idle ones, as spares for a clump of calls the count alone would queue;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
@@ -40,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.cluster import Worker
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import Snapshot
 from esg_prefect.scheduling.dispatch import ClusterView
@@ -172,6 +174,7 @@ class StagePlanner:
         self.gate = tables.settings.stage_plan_gate
         self.drain = tables.settings.stage_plan_drain
         self.retire = tables.settings.stage_plan_retire
+        self.spares = tables.settings.stage_plan_retire_spares
         self._stages: dict[str, _Stage] = {}
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
         self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
@@ -286,9 +289,27 @@ class StagePlanner:
             if keep < 1 or len(mine) < keep:
                 continue  # the count is not warm, or none of it is idle: nothing goes
             kept = {w.worker_id for w in mine[:keep]}
+            if self.spares:
+                kept.update(w.worker_id for w in self.spare_workers(idle, kept))
             for w in idle:
                 since = w.idle_since_ms
                 if w.worker_id in kept or w.starting or w.fresh or since is None or now_ms - since < RETIRE_IDLE_MS:
                     continue
                 out.append(w.worker_id)
         return tuple(out)
+
+    def spare_workers(self, idle: Sequence[Worker], kept: set[str]) -> list[Worker]:
+        """Of a stage's ``idle`` workers outside its count (``kept``), the ``stage_plan_retire_spares`` the
+        retirement keeps: least price per second idle first, then the most recently idle (the warmer, which the
+        placement reuses first), then by id. Workers still starting or fresh are not among them (never stopped)."""
+        prices = self.tables.prices
+        others = [w for w in idle if w.worker_id not in kept and not w.starting and not w.fresh]
+        others.sort(
+            key=lambda w: (
+                prices.idle_rate_per_s(w.gpu_share, w.hardware),
+                prices.rate_per_s(w.vcpus, w.gpu_share, w.hardware),
+                -(w.idle_since_ms or 0.0),
+                w.worker_id,
+            )
+        )
+        return others[: self.spares]
