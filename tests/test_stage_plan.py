@@ -255,9 +255,27 @@ def test_the_retirement_keeps_the_cheapest_surplus_workers_as_spares() -> None:
     assert p.surplus(fleet, now) == ("x2", "p4", "y6")  # type: ignore[arg-type]
 
 
+def test_the_clump_test_retires_only_while_the_count_and_its_spares_serve_the_largest_100_ms_clump() -> None:
+    """100/s evenly: 11 calls in a 100 ms window (both ends in). Within the 30 ms budget the plan's T4 0.4 serves 8
+    (batches of 2 in 7 ms, four of them back to back) and a T4 0.2 spare 4 (two batches of 2 in 14 ms)."""
+
+    def planner(spares: int) -> StagePlanner:
+        p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_spares=spares, stage_plan_retire_clump=True))
+        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        st = p.stage("s")
+        assert st is not None and st.clumps[0][1] == 11 and st.budget == 30.0
+        return p
+
+    now = 15_000.0
+    fleet = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, now - 60.0), ("p4", 0.4, now - 80.0))
+    assert planner(1).surplus(fleet, now) == ("p4",)  # type: ignore[arg-type]  # 8 + 4 >= 11: x2 stays, p4 goes
+    assert planner(0).surplus(fleet, now) == ()  # type: ignore[arg-type]  # 8 < 11: the count alone would not
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
+        ("stage_plan_retire_clump", 1),
         ("stage_plan_retire_spares", -1),
         ("stage_plan_retire_spares", 1.5),
         ("stage_plan_retire_spares", True),

@@ -314,6 +314,10 @@ class ESGSchedulerSettings(Block):
         ge=0,
         description="Of the workers stage_plan_retire would stop, keep this many of the cheapest as spares.",
     )
+    stage_plan_retire_clump: bool = Field(
+        default=_knob("stage_plan_retire_clump"),
+        description="Retire a held stage's surplus only while its count and spares serve its 100 ms clump in time.",
+    )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),
         description="Start a next stage's worker as a batch goes out, where its calls come in waves and none is idle.",

@@ -60,6 +60,8 @@ REPLAN = 0.25
 """Relative change of the 30 s rate that makes the kind be chosen again."""
 RETIRE_IDLE_MS = 50.0
 """How long a held stage's surplus worker idles before ``stage_plan_retire`` stops it."""
+CLUMP_WINDOW_MS = 100.0
+"""The window of the counts whose highest value ``stage_plan_retire_clump`` calls the stage's clump."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +156,7 @@ def plan_stage(
 class _Stage:
     """What the planner keeps per stage: recent calls, its plan, its count."""
 
-    __slots__ = ("calls", "count", "peaks", "plan", "recent", "steady")
+    __slots__ = ("budget", "burst", "calls", "clumps", "count", "peaks", "plan", "recent", "steady")
 
     def __init__(self) -> None:
         self.calls: deque[float] = deque()  # ready times over the last HISTORY_MS
@@ -163,6 +165,9 @@ class _Stage:
         self.plan: StagePlan | None = None
         self.count = 1
         self.steady = False
+        self.budget = math.inf  # the stage's part of its workflows' SLOs
+        self.burst: deque[float] = deque()  # ready times over the last CLUMP_WINDOW_MS (stage_plan_retire_clump)
+        self.clumps: deque[tuple[float, int]] = deque()  # (when, 100 ms count), decreasing, as peaks
 
 
 class StagePlanner:
@@ -175,6 +180,7 @@ class StagePlanner:
         self.drain = tables.settings.stage_plan_drain
         self.retire = tables.settings.stage_plan_retire
         self.spares = tables.settings.stage_plan_retire_spares
+        self.clump = tables.settings.stage_plan_retire_clump
         self._stages: dict[str, _Stage] = {}
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
         self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
@@ -194,6 +200,8 @@ class StagePlanner:
                 st = self._stages[name] = _Stage()
             st.calls.extend(times)
             st.recent.extend(times)
+            if self.clump:
+                st.burst.extend(times)
         workflows = tuple(snapshot.workflows.values())  # the core's dict: the same order every round
         budgets = self._budgets.get((workflows, hardware))
         if budgets is None:
@@ -215,12 +223,15 @@ class StagePlanner:
         peaks.append((now_ms, len(recent)))
         while peaks[0][0] < now_ms - HISTORY_MS:
             peaks.popleft()
+        if self.clump:
+            _window_max(st.burst, st.clumps, now_ms, CLUMP_WINDOW_MS)
         span_ms = now_ms - calls[0] if calls else 0.0
         mean = len(calls) / span_ms * 1000.0 if span_ms > 0 else 0.0
         peak = peaks[0][1] / PEAK_WINDOW_MS * 1000.0
         st.steady = span_ms >= SETTLE_MS and peak <= self.gate * mean
         if not st.steady or name not in budgets:
             return
+        st.budget = budgets[name]
         if st.plan is None or abs(mean - st.plan.rate_per_s) > REPLAN * st.plan.rate_per_s:
             st.plan = plan_stage(self.tables, name, mean, budgets[name], hardware, self.rho) or st.plan
         if st.plan is not None:
@@ -289,8 +300,10 @@ class StagePlanner:
             if keep < 1 or len(mine) < keep:
                 continue  # the count is not warm, or none of it is idle: nothing goes
             kept = {w.worker_id for w in mine[:keep]}
-            if self.spares:
-                kept.update(w.worker_id for w in self.spare_workers(idle, kept))
+            spares = self.spare_workers(idle, kept) if self.spares else []
+            if self.clump and not self._absorbs(name, st, [*[kind] * st.count, *(_kind(w) for w in spares)]):
+                continue  # the count and the spares would not serve the stage's clump within its budget
+            kept.update(w.worker_id for w in spares)
             for w in idle:
                 since = w.idle_since_ms
                 if w.worker_id in kept or w.starting or w.fresh or since is None or now_ms - since < RETIRE_IDLE_MS:
@@ -313,3 +326,34 @@ class StagePlanner:
             )
         )
         return others[: self.spares]
+
+    def _absorbs(self, stage: str, st: _Stage, kinds: Sequence[tuple[str, int, float]]) -> bool:
+        """Whether workers of ``kinds`` serve the stage's largest 100 ms clump of the last 30 s within its budget,
+        each running back-to-back batches of one size (the size that serves the most calls in the budget)."""
+        if not st.clumps:
+            return True
+        room = 0
+        for hw, vcpus, share in kinds:
+            best = 0
+            for b in self.tables.settings.config_space.batches:
+                lat = self.tables.latency_ms(stage, b, vcpus, share, hw)
+                if lat is not None and 0 < lat <= st.budget:
+                    best = max(best, int(st.budget // lat) * b)
+            room += best
+        return room >= st.clumps[0][1]
+
+
+def _kind(w: Worker) -> tuple[str, int, float]:
+    return (w.hardware, w.vcpus, w.gpu_share)
+
+
+def _window_max(times: deque[float], maxima: deque[tuple[float, int]], now_ms: float, window_ms: float) -> None:
+    """Drop ``times`` older than ``window_ms`` and record their count in ``maxima``, a decreasing deque of the
+    counts of the last HISTORY_MS whose first entry is their highest."""
+    while times and times[0] < now_ms - window_ms:
+        times.popleft()
+    while maxima and maxima[-1][1] <= len(times):
+        maxima.pop()
+    maxima.append((now_ms, len(times)))
+    while maxima[0][0] < now_ms - HISTORY_MS:
+        maxima.popleft()
