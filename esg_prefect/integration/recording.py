@@ -41,7 +41,7 @@ from esg_prefect.store import CostStore, attach_store
 
 logger = logging.getLogger(__name__)
 
-_lock = threading.Lock()  # guards the four below: flow runs of many threads call in
+_lock = threading.Lock()  # guards the registries below: flow runs of many threads call in
 _attached: weakref.WeakSet[Pool] = weakref.WeakSet()
 _closes_at_exit: weakref.WeakSet[Pool] = weakref.WeakSet()  # attached pools that record: closed at exit
 _closed_before_prefect: weakref.WeakSet[Pool] = weakref.WeakSet()  # those whose late exit hook is registered
@@ -96,8 +96,8 @@ def remember_run(flow_run: Any) -> str:
     """
     run_id = str(flow_run.id)
     deployment_id = getattr(flow_run, "deployment_id", None)
-    with _lock:
-        if deployment_id is not None:
+    if deployment_id is not None:
+        with _lock:
             _run_deployments[run_id] = deployment_id
             if len(_run_deployments) > _RUN_MEMORY:
                 _run_deployments.popitem(last=False)

@@ -367,9 +367,9 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                 self._pool = shared_pool(**self._config)
         elif isinstance(self._pool, Pool):  # a given pool: recorders attached once per pool object
             attach_recorders(self._pool, artifacts=self._config["artifacts"], store=self._config["store"])
-        if isinstance(self._pool, Pool):  # its exit hook again, now after Prefect's event worker's
-            close_before_prefect_stops(self._pool)
-        if self._run_id is None:
+        if self._run_id is None:  # this flow run's first stage call
+            if isinstance(self._pool, Pool):  # the pool's exit hook again, now after Prefect's event worker's
+                close_before_prefect_stops(self._pool)
             from prefect.context import FlowRunContext
 
             ctx = FlowRunContext.get()
@@ -423,7 +423,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
         pool = self._pool
         if not isinstance(pool, Pool) or not publishes(pool):
             return None
-        keep_alive_s = max(pool.keep_alive_ms().values(), default=pool.settings.keep_alive_s * 1000.0) / 1000.0
+        keep_alive_s = max(pool.keep_alive_ms().values()) / 1000.0  # CPU always among them
         return cost_notice(run_id, keep_alive_s=keep_alive_s, settled=pool.settings.idle_billing == "separate")
 
     def __eq__(self, other: object) -> bool:
