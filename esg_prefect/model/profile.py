@@ -217,11 +217,6 @@ class LatencyProfile:
         """Every measured point, in the order given (without the per-batch overheads: :meth:`overhead_ms`)."""
         return self._points
 
-    @property
-    def overheads(self) -> dict[tuple[str, str], float]:
-        """The non-zero per-batch overheads in ms, by (stage, hardware)."""
-        return dict(self._overheads)
-
     def overhead_ms(self, stage: str, hardware: str) -> float:
         """The per-batch time added to every batch of ``stage`` on ``hardware``, whatever its items' size."""
         return self._overheads.get((stage, hardware), 0.0)
@@ -278,7 +273,7 @@ class LatencyProfile:
         value = self._table_ms(stage, config, hardware, percentile)
         if value is None:
             return None
-        return value * size_factor + self._overheads.get((stage, hardware), 0.0)
+        return value * size_factor + self.overhead_ms(stage, hardware)
 
     def _table_ms(self, stage: str, config: Config, hardware: str, percentile: Percentile) -> float | None:
         """The measured table's latency, interpolated (None where it has no cover)."""

@@ -124,11 +124,11 @@ class CandidateTables:
         The factor scales the table's time only: a corrected profile's per-batch
         overhead is paid once whatever the items' size (:meth:`LatencyProfile.latency_ms`).
         """
-        if size_factor == 1.0:
-            return self.latency_ms(stage, batch, vcpus, share, hardware)
-        return self.profile.try_latency_ms(
-            stage, self._config(batch, vcpus, share), hardware, self.settings.percentile, size_factor
-        )
+        base = self.latency_ms(stage, batch, vcpus, share, hardware)  # cached: packing asks per batch size
+        if base is None or size_factor == 1.0:
+            return base
+        overhead = self.profile.overhead_ms(stage, hardware)
+        return (base - overhead) * size_factor + overhead
 
     def _config(self, batch: int, vcpus: int, share: float) -> Config:
         """``Config(batch, vcpus, share)``, one object per value (checked once; stages share them)."""
