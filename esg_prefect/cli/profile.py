@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(size_report(samples))
             return
         vcpu_counts = _ints(vcpus, "--vcpus")
-        _shares(gpu_shares)  # refused before any run, on a machine without a GPU too
+        shares = _shares(gpu_shares)  # refused before any run, on a machine without a GPU too
         measuring = profile_csv is None and stalls is None  # a new profile, at these counts
         if as_flow:
             from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
                 targets=list(target),
                 vcpus=list(vcpu_counts),
                 batches=list(_ints(batches, "--batches")) if not quick else None,
-                gpu_shares=list(_shares(gpu_shares)),
+                gpu_shares=list(shares),
                 quick=quick,
                 breakdown=breakdown,
                 validate=validate,
@@ -191,7 +191,7 @@ def register(app: typer.Typer) -> None:
             target=tuple(target),
             vcpus=vcpu_counts,
             batches=None if quick else _ints(batches, "--batches"),
-            gpu_shares=_shares(gpu_shares),
+            gpu_shares=shares,
             quick=quick,
             out_dir=out_dir,
             name=name,

@@ -75,7 +75,7 @@ def config_columns(row: dict[str, str]) -> tuple[str, str, int, int, float]:
     return row["stage"], row["hardware"], int(row["batch"]), int(row["vcpus"]), float(row["gpu_share"])
 
 
-def misnamed_columns(header: Iterable[str], read: Iterable[str], known: Collection[str] = ()) -> list[str]:
+def misnamed_columns(header: Iterable[str], read: Collection[str], known: Collection[str] = ()) -> list[str]:
     """Messages for the header's columns that look like misspelt names of columns it lacks.
 
     A CSV may carry columns its reader skips, so an unknown column is no error in

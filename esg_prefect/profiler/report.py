@@ -104,7 +104,7 @@ def noise_warnings(points: Sequence[ProfiledPoint]) -> list[str]:
     for stage in dict.fromkeys(p.stage for p in points):
         mine = [p for p in points if p.stage == stage]
         parts = []
-        noisy = {label: [p for p in ps if not p.quiet] for (st, label), ps in _configs(mine).items() if st == stage}
+        noisy = {label: [p for p in ps if not p.quiet] for (_, label), ps in _configs(mine).items()}  # one stage
         if any(noisy.values()):
             where = "; ".join(f"{k} {', '.join(f'b{p.batch}' for p in v)}" for k, v in noisy.items() if v)
             parts.append(f"{sum(map(len, noisy.values()))} of {len(mine)} points not quiet ({where})")

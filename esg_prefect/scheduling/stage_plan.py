@@ -212,17 +212,10 @@ class StagePlanner:
     def _update(
         self, name: str, st: _Stage, now_ms: float, budgets: dict[str, float], hardware: frozenset[str]
     ) -> None:
-        calls, recent = st.calls, st.recent
+        calls, peaks = st.calls, st.peaks
         while calls and calls[0] < now_ms - HISTORY_MS:
             calls.popleft()
-        while recent and recent[0] < now_ms - PEAK_WINDOW_MS:
-            recent.popleft()
-        peaks = st.peaks
-        while peaks and peaks[-1][1] <= len(recent):
-            peaks.pop()
-        peaks.append((now_ms, len(recent)))
-        while peaks[0][0] < now_ms - HISTORY_MS:
-            peaks.popleft()
+        _window_max(st.recent, peaks, now_ms, PEAK_WINDOW_MS)
         if self.clump:
             _window_max(st.burst, st.clumps, now_ms, CLUMP_WINDOW_MS)
         span_ms = now_ms - calls[0] if calls else 0.0

@@ -121,8 +121,6 @@ class CostStore:
     ) -> None:
         self.default_billing = Billing(cost_split, idle_billing)
         self.url = resolve_url(url)
-        self.cost_split: CostSplit = cost_split
-        self.idle_billing: IdleBilling = idle_billing
         self.engine: Engine = create_engine(self.url, create=create)
         self._write_lock = threading.Lock()  # guards writes: pools of one process share a store
         try:
@@ -209,13 +207,13 @@ class CostStore:
         calls: list[dict[str, Any]] = []
         idles: list[dict[str, Any]] = []
         stubs: dict[str, dict[str, Any]] = {}
+        split = (billing or self.default_billing).cost_split
         for d in done:
             b, i = R.batch_rows([d.batch], d.calls, d.prices, scope, (d.workflow, d.stage))
             batches += b
             items += i
             calls += R.call_rows(d.calls, scope)
             idles += R.idle_rows(d.new_idles, d.prices, scope)
-            split = (billing or self.default_billing).cost_split
             stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
         sheets = {R.sheet_row(d.prices)["sheet_id"]: R.sheet_row(d.prices) for d in done}
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
