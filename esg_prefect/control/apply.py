@@ -11,7 +11,7 @@ it turns into actions, and a placement's evictions are carried out first.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from typing import TYPE_CHECKING
 
 from esg_prefect.control.events import Action, FailJobs, StartBatch, StartWorker, StopWorker
@@ -78,25 +78,24 @@ class DecisionApplier:
             w.free_at_ms = now + self.tables.profile.cold_start_ms(st.queue.stage, st.hardware)
             self.prewarms += 1
             actions.append(StartWorker(w, st.queue, now, st.reason))
-        for wid in result.retire:  # after the round's dispatches: a worker the round gave a batch is busy
-            victim = self.fleet.workers.get(wid)
-            if victim is None or victim.busy:
-                what = "busy" if victim else "unknown"
-                raise InvalidInputError(f"scheduler {self.scheduler.name!r} retires worker {wid!r}, which is {what}")
-            self.fleet.retire(victim, now)
-            actions.append(StopWorker(wid, now))
+        # After the round's dispatches: a worker the round gave a batch is busy.
+        self._stop_idle(result.retire, now, actions, f"scheduler {self.scheduler.name!r} retires worker")
 
     def _evictions(self, placement: Placement, now: float, actions: list[Action]) -> Placement:
         """Stop the idle workers a placement makes room by stopping; the placement left to apply."""
         if not placement.evict:
             return placement
-        for wid in placement.evict:
+        self._stop_idle(placement.evict, now, actions, "placement evicts")
+        return dataclasses.replace(placement, evict=())
+
+    def _stop_idle(self, worker_ids: Iterable[str], now: float, actions: list[Action], who: str) -> None:
+        """Stop these idle workers; one that is busy or unknown is refused as ``<who> '<id>', which is busy``."""
+        for wid in worker_ids:
             victim = self.fleet.workers.get(wid)
             if victim is None or victim.busy:
-                raise InvalidInputError(f"placement evicts {wid!r}, which is {'busy' if victim else 'unknown'}")
+                raise InvalidInputError(f"{who} {wid!r}, which is {'busy' if victim else 'unknown'}")
             self.fleet.retire(victim, now)
             actions.append(StopWorker(wid, now))
-        return dataclasses.replace(placement, evict=())
 
     def _fail_request(self, req: Request, reason: str, actions: list[Action]) -> list[str]:
         """Fail a request: its queued jobs leave their queues and are answered with ``reason``; their ids."""
