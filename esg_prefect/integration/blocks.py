@@ -15,10 +15,10 @@ from typing import Any, ClassVar, Literal
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from esg_prefect.exceptions import InvalidInputError, ProfileError
+from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.config import ConfigSpace
-from esg_prefect.model.interference import CoRunModel
 from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.scheduling.paldia import corun_model
 from esg_prefect.scheduling.settings import ESGSettings
 
 # The same image ships in the package as esg_prefect/data/logo.png.
@@ -350,17 +350,14 @@ class ESGSchedulerSettings(Block):
     def _check_settings(self) -> ESGSchedulerSettings:
         """Refuse what :class:`ESGSettings` refuses (:meth:`to_settings`), and a co-run table that cannot be read.
 
-        The table is read as the pool reads it (``CoRunModel.load``), and only when the pool
+        The table is read as the pool reads it (``corun_model``), and only when the pool
         would: with hybrid sharing on. A block is validated again each time it is loaded, on
         the machine that loads it, and a path saved elsewhere must not stop a pool that never
         reads it.
         """
         _refused(self.to_settings)
         if self.hybrid_sharing:
-            try:
-                CoRunModel.load(self.corun_table)
-            except (ProfileError, OSError) as exc:
-                raise ValueError(f"corun_table {self.corun_table!r}: {exc}") from None
+            _refused(lambda: corun_model(self.corun_table))
         return self
 
     def to_settings(self) -> ESGSettings:

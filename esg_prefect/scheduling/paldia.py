@@ -13,7 +13,7 @@ from esg_prefect.scheduling.hardware import HardwareSelector
 from esg_prefect.scheduling.hybrid import HybridSharing
 from esg_prefect.scheduling.tables import CandidateTables
 
-__all__ = ["paldia_features"]
+__all__ = ["corun_model", "paldia_features"]
 
 
 def paldia_features(tables: CandidateTables) -> tuple[HardwareSelector | None, HybridSharing | None]:
@@ -26,9 +26,17 @@ def paldia_features(tables: CandidateTables) -> tuple[HardwareSelector | None, H
     hardware = HardwareSelector(tables, s.hardware_utilization) if s.hardware_selection else None
     hybrid = None
     if s.hybrid_sharing:
-        try:
-            model = CoRunModel.load(s.corun_table)
-        except (ProfileError, OSError) as exc:
-            raise ConfigError(f"corun_table {s.corun_table!r}: {exc}") from exc
-        hybrid = HybridSharing(tables, model)
+        hybrid = HybridSharing(tables, corun_model(s.corun_table))
     return hardware, hybrid
+
+
+def corun_model(table: str) -> CoRunModel:
+    """The co-run table ``table`` (a shipped name or a path) as hybrid sharing reads it.
+
+    Raises:
+        ConfigError: when it names no readable co-run table, naming it.
+    """
+    try:
+        return CoRunModel.load(table)
+    except (ProfileError, OSError) as exc:
+        raise ConfigError(f"corun_table {table!r}: {exc}") from exc
