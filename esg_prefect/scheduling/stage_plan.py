@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.attribution import idle_rates
 from esg_prefect.model.cluster import Worker
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import Snapshot
@@ -278,15 +279,11 @@ class StagePlanner:
             if peak * p.latency_ms / 1000.0 / p.batch > self.retire * st.count:
                 continue
             kind = (p.hardware, p.vcpus, p.gpu_share)
-            busy = sum(
-                1
-                for w in view.busy_by_stage.get(name, ())
-                if not w.starting and (w.hardware, w.vcpus, w.gpu_share) == kind
-            )
-            busy += sum(1 for w in view.taken(name) if (w.hardware, w.vcpus, w.gpu_share) == kind)
+            busy = sum(1 for w in view.busy_by_stage.get(name, ()) if not w.starting and _kind(w) == kind)
+            busy += sum(1 for w in view.taken(name) if _kind(w) == kind)
             idle = view.idle_of_stage(name)
             mine = sorted(
-                (w for w in idle if (w.hardware, w.vcpus, w.gpu_share) == kind and not w.starting),
+                (w for w in idle if _kind(w) == kind and not w.starting),
                 key=lambda w: (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id),
             )
             keep = st.count - busy
@@ -306,13 +303,14 @@ class StagePlanner:
 
     def spare_workers(self, idle: Sequence[Worker], kept: set[str]) -> list[Worker]:
         """Of a stage's ``idle`` workers outside its count (``kept``), the ``stage_plan_retire_spares`` the
-        retirement keeps: least price per second idle first, then the most recently idle (the warmer, which the
-        placement reuses first), then by id. Workers still starting or fresh are not among them (never stopped)."""
-        prices = self.tables.prices
+        retirement keeps: least price per second idle first (``idle_rates``, the one rule of idle prices), then the
+        most recently idle (the warmer, which the placement reuses first), then by id. Workers still starting or
+        fresh are not among them (never stopped)."""
+        prices, held = self.tables.prices, self.tables.settings.idle_vcpus
         others = [w for w in idle if w.worker_id not in kept and not w.starting and not w.fresh]
         others.sort(
             key=lambda w: (
-                prices.idle_rate_per_s(w.gpu_share, w.hardware),
+                idle_rates(prices, w.vcpus, w.gpu_share, w.hardware, held)[1],
                 prices.rate_per_s(w.vcpus, w.gpu_share, w.hardware),
                 -(w.idle_since_ms or 0.0),
                 w.worker_id,
