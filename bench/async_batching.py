@@ -14,6 +14,7 @@ Ends with ``RESULT mode=<m> calls=<n> batches=<b> alone=<a> sizes=<size:count,..
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -71,10 +72,7 @@ def run(mode: str, n: int, runner: Any) -> float:
     async def runs() -> float:
         await aflow(request_seed=0)
         t0 = time.perf_counter()
-        if mode == "async-shared":
-            async with shared_prefect_clients():
-                await asyncio.gather(*(aflow(request_seed=s) for s in range(n)))
-        else:
+        async with shared_prefect_clients() if mode == "async-shared" else contextlib.nullcontext():
             await asyncio.gather(*(aflow(request_seed=s) for s in range(n)))
         return time.perf_counter() - t0
 
