@@ -24,15 +24,14 @@ start (build plus the first call on one real input), as a worker pays it.
 from __future__ import annotations
 
 import gc
-import importlib
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from esg_prefect.exceptions import ESGError, InvalidInputError, ProfileError, UnknownStageError
-from esg_prefect.runtime.stages import SizeFn, StageSpec
+from esg_prefect.exceptions import InvalidInputError, ProfileError, UnknownStageError
+from esg_prefect.runtime.stages import SizeFn, StageSpec, import_object, resolve_stage
 from esg_prefect.runtime.stages import input_size as input_size  # re-exported: the profiler's size unit
 
 LoadFn = Callable[[str], Any]
@@ -206,23 +205,8 @@ def where_hint(module_name: str, exc: BaseException | None) -> str:
 
 
 def _import(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise UnknownStageError(f"a target must look like 'module:attribute', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownStageError(
-            f"cannot import module {module_name!r} of target {path!r}: {exc}{where_hint(module_name, exc)}"
-        ) from exc
-    except ESGError as exc:  # the module's own code refused something as it was imported: say where
-        raise UnknownStageError(f"importing module {module_name!r} of target {path!r} failed: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UnknownStageError(f"module {module_name!r} has no attribute {attr!r} (target {path!r})") from None
-    return obj
+    """The object a target's ``module:attribute`` names, with where to run from when its module is not found."""
+    return import_object(path, "target", hint=where_hint)
 
 
 def resolve_targets(spec: str) -> list[ProfileTarget]:
@@ -234,8 +218,6 @@ def resolve_targets(spec: str) -> list[ProfileTarget]:
     """
     if "@" in spec:
         stage_path, samples_path = spec.split("@", 1)
-        from esg_prefect.runtime.stages import resolve_stage
-
         try:
             stage = resolve_stage(stage_path)
         except UnknownStageError as exc:  # its module not found: say where to run from

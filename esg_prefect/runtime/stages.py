@@ -121,30 +121,47 @@ class StageSpec:
         return max(float(value), _MIN_SIZE)
 
 
+def import_object(
+    path: str, what: str, *, called: str = "", hint: Callable[[str, BaseException], str] | None = None
+) -> Any:
+    """Import ``"module:attribute"`` (the attribute may be dotted) and return the object it names.
+
+    One import for the stages the workers load and the targets the profiler is given, so both
+    say the same things: ``what`` (``stage``, ``target``) names the path in every message,
+    ``called`` how a malformed path is referred to (``a <what>`` by default), and ``hint(module,
+    exc)`` is appended when the module cannot be imported (where to run from, say).
+
+    Raises:
+        UnknownStageError: naming the path and what went wrong: a malformed path, a module that
+            cannot be imported or whose own code refused something as it was imported, a missing attribute.
+    """
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise UnknownStageError(f"{called or 'a ' + what} must look like 'module:attribute', got {path!r}")
+    if module_name == "__main__" and "__mp_main__" in sys.modules:
+        module_name = "__mp_main__"  # a spawned worker sees the parent's script under this name
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        more = hint(module_name, exc) if hint else ""
+        raise UnknownStageError(f"cannot import module {module_name!r} of {what} {path!r}: {exc}{more}") from exc
+    except ESGError as exc:  # the module's own code refused something as it was imported: say where
+        raise UnknownStageError(f"importing module {module_name!r} of {what} {path!r} failed: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UnknownStageError(f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})") from None
+    return obj
+
+
 def resolve_stage(import_path: str) -> StageSpec:
     """Import ``"module:attribute"`` and return the stage spec it names.
 
     Raises:
         UnknownStageError: naming the path and what went wrong.
     """
-    module_name, _, attr = import_path.partition(":")
-    if not module_name or not attr:
-        raise UnknownStageError(f"stage import path must look like 'module:attribute', got {import_path!r}")
-    if module_name == "__main__" and "__mp_main__" in sys.modules:
-        module_name = "__mp_main__"  # a spawned worker sees the parent's script under this name
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UnknownStageError(f"cannot import module {module_name!r} of stage {import_path!r}: {exc}") from exc
-    except ESGError as exc:  # the module's own code refused something as it was imported: say where
-        raise UnknownStageError(f"importing module {module_name!r} of stage {import_path!r} failed: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UnknownStageError(
-                f"module {module_name!r} has no attribute {attr!r} (stage {import_path!r})"
-            ) from None
+    obj = import_object(import_path, "stage", called="stage import path")
     spec = obj if isinstance(obj, StageSpec) else getattr(obj, "esg_stage", None)
     if not isinstance(spec, StageSpec):
         raise UnknownStageError(f"{import_path!r} is neither a StageSpec nor has an 'esg_stage' attribute")
