@@ -70,9 +70,10 @@ def config_columns(row: dict[str, str]) -> tuple[str, str, int, int, float]:
     """``(stage, hardware, batch, vcpus, gpu_share)`` of a row: the columns every profiler table starts with.
 
     Raises:
-        KeyError, ValueError: on a missing column or a bad number (:func:`read_rows` names the line).
+        KeyError, ValueError: on a missing column, or a bad number naming its column and value
+            (``batch must be an integer, got '2.5'``; :func:`read_rows` adds the file and line).
     """
-    return row["stage"], row["hardware"], int(row["batch"]), int(row["vcpus"]), float(row["gpu_share"])
+    return row["stage"], row["hardware"], integer(row, "batch"), integer(row, "vcpus"), decimal(row, "gpu_share")
 
 
 def misnamed_columns(header: Iterable[str], read: Collection[str], known: Collection[str] = ()) -> list[str]:
