@@ -278,11 +278,6 @@ TERMINATED = 143
 """The exit code of a ``kill`` (SIGTERM) that reaches the script itself (128 + SIGTERM)."""
 
 
-def interrupted(serving: bool) -> str:
-    """The one line a Ctrl-C that Prefect's serving did not handle ends the script with."""
-    return "interrupted before serving started" if not serving else "interrupted"
-
-
 class Terminated(BaseException):
     """A SIGTERM before Prefect's serving took the signal over: unwinds as a Ctrl-C does.
 
@@ -294,6 +289,12 @@ class Terminated(BaseException):
 
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated
+
+
+def ending(exc: KeyboardInterrupt | Terminated, serving: bool) -> tuple[int, str]:
+    """The exit code and one line for a Ctrl-C or a SIGTERM that Prefect's serving did not handle."""
+    code, word = (TERMINATED, "terminated") if isinstance(exc, Terminated) else (INTERRUPTED, "interrupted")
+    return code, word if serving else f"{word} before serving started"
 
 
 def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
@@ -337,12 +338,9 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
             print("serving stopped", flush=True)
     except ServiceDown as exc:  # the service it started exited (its own output says why) or never answered
         parser.exit(1, f"{parser.prog}: error: {exc}\n")
-    except KeyboardInterrupt:  # the pool service it started, if any, is stopped by now
-        parser.exit(INTERRUPTED, f"{parser.prog}: {interrupted(serving)}\n")
-    except Terminated:  # likewise
-        parser.exit(
-            TERMINATED, f"{parser.prog}: {'terminated before serving started' if not serving else 'terminated'}\n"
-        )
+    except (KeyboardInterrupt, Terminated) as exc:  # the pool service it started, if any, is stopped by now
+        code, line = ending(exc, serving)
+        parser.exit(code, f"{parser.prog}: {line}\n")
     finally:
         if before is not None:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, before)

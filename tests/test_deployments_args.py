@@ -138,6 +138,38 @@ def test_ctrl_c_while_the_flows_load_ends_in_one_line(
     assert out.out == ""
 
 
+@pytest.mark.parametrize(
+    ("signal_as", "code", "line"),
+    [("KeyboardInterrupt", 130, "interrupted"), ("Terminated", 143, "terminated")],
+)
+@pytest.mark.parametrize("when", ["loading", "serving"])
+def test_ctrl_c_or_kill_ends_in_one_line_that_says_when(
+    signal_as: str,
+    code: int,
+    line: str,
+    when: str,
+    serve: ModuleType,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C and SIGTERM end alike: their own exit code, and "before serving started" until it has."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    def stop(*args: object, **kwargs: object) -> list[object]:
+        raise KeyboardInterrupt if signal_as == "KeyboardInterrupt" else serve.Terminated
+
+    monkeypatch.setattr(serve, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "build_deployments", stop if when == "loading" else lambda *a: [])
+    monkeypatch.setattr(prefect, "serve", stop)  # what serving raises when it has not handled the signal
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), pytest.raises(SystemExit) as exc:
+        serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
+    assert exc.value.code == code
+    said = line if when == "serving" else f"{line} before serving started"
+    assert capsys.readouterr().err == f"{serve.make_parser().prog}: {said}\n"
+
+
 def test_a_pool_service_interrupted_while_it_starts_is_ended_without_a_word(
     serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
