@@ -152,3 +152,39 @@ def test_a_run_through_the_pool_service_is_stored_with_its_name(tmp_path: Path, 
         pool.close()  # hands the ended runs to the store's listener and waits for it
     with CostStore(url) as store:
         assert {r.key: r.name for r in store.costs("run") if not r.idle} == {RUN_A: "crimson-fox", RUN_B: None}
+
+
+def test_a_long_run_name_is_cut_where_the_call_is_made_and_the_cut_shows(tmp_path: Path, own_stores: None) -> None:
+    """A name over 200 characters was cut silently by the pool service (and not at all in process): the
+    costs table showed a part as if it were the whole name. The client now keeps 199 and ends it in "…"."""
+    from esg_prefect.control.calls import StageCall, WorkflowDecl
+    from esg_prefect.integration.stage import _run_name
+    from esg_prefect.model import PriceSheet
+    from esg_prefect.runtime.pool import Pool
+    from esg_prefect.runtime.workers import InlineBackend
+    from esg_prefect.service.app import parse_call
+    from esg_prefect.service.wire import MAX_RUN_NAME, call_body
+    from tests.toy_stages import toy_profile
+
+    def named(name: str) -> str:
+        return _run_name(SimpleNamespace(flow_run=SimpleNamespace(name=name)))
+
+    long = "nightly-" + "x" * 300
+    assert named(long) == long[: MAX_RUN_NAME - 1] + "…" and len(named(long)) == MAX_RUN_NAME
+    assert named("y" * MAX_RUN_NAME) == "y" * MAX_RUN_NAME  # one that fits is kept whole
+    assert named("crimson-fox") == "crimson-fox" and _run_name(None) == ""
+    toy = WorkflowDecl("toy", 800)
+    call = StageCall("c1", "inc", "tests.toy_stages:inc", toy, RUN_A, RUN_A, 1, run_name=named(long))
+    assert parse_call(call_body(call), ["tests"]).run_name == named(long)  # the service keeps it as cut
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+    pool = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
+    try:
+        recording.attach_recorders(pool, artifacts=False, store=url)
+        assert pool.submit(call).result(60).output == 2
+        pool.end_run(RUN_A)
+    finally:
+        pool.close()  # hands the ended run to the store's listener and waits for it
+    as_csv = CliRunner().invoke(app, ["costs", "--url", url, "--by", "run", "--format", "csv"])
+    assert as_csv.exit_code == 0, as_csv.output
+    names = {r["key"]: r["name"] for r in csv.DictReader(io.StringIO(as_csv.output))}
+    assert names[RUN_A] == "nightly-" + "x" * (MAX_RUN_NAME - 9) + "…"

@@ -17,6 +17,22 @@ import networkx as nx
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.workflow import MAX_SLO_MS
 
+MAX_RUN_NAME = 200
+"""Characters of a call's ``run_name`` kept (a name for a table; Prefect's own are short)."""
+
+
+def shortened_run_name(name: str) -> str:
+    """``name`` as a call carries it: at most :data:`MAX_RUN_NAME` characters, a cut one ending in ``…``.
+
+    A ``flow_run_name`` template can make long names; cut silently, ``esg-prefect costs --by run``
+    would show a truncated name as if it were the whole one.
+
+    Example:
+        >>> shortened_run_name("crimson-fox"), len(shortened_run_name("x" * 500)), shortened_run_name("x" * 500)[-2:]
+        ('crimson-fox', 200, 'x…')
+    """
+    return name if len(name) <= MAX_RUN_NAME else name[: MAX_RUN_NAME - 1] + "…"
+
 
 @dataclass(frozen=True, slots=True)
 class WorkflowDecl:

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from esg_prefect.control.calls import StageCall, StagePool, StageResult, WorkflowDecl
+from esg_prefect.control.calls import StageCall, StagePool, StageResult, WorkflowDecl, shortened_run_name
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
 from esg_prefect.runtime.batch_output import STDERR_LEVEL
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
@@ -433,9 +433,10 @@ def _stage_call(spec: StageSpec, decl: WorkflowDecl, item: Any) -> StageCall:
 
 
 def _run_name(flow_ctx: Any) -> str:
-    """The flow run's name in its context ("" outside a flow run, or where it has none)."""
+    """The flow run's name in its context ("" outside a flow run, or where it has none), a long one cut to
+    :data:`~esg_prefect.control.calls.MAX_RUN_NAME` characters ending in ``…``, so the cut shows."""
     name = getattr(flow_ctx.flow_run, "name", None) if flow_ctx is not None and flow_ctx.flow_run else None
-    return name if isinstance(name, str) else ""
+    return shortened_run_name(name) if isinstance(name, str) else ""
 
 
 def replay_lines(result: StageResult, logger: Any) -> None:

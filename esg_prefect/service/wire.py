@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
+from esg_prefect.control.calls import MAX_RUN_NAME, StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import (
     CallConflictError,
     InvalidInputError,
@@ -32,8 +32,6 @@ from esg_prefect.service.codec import decode, encode
 MAX_WAIT_S = 3600.0
 """The longest the service holds a request before it answers a pending call ``202`` (``wait_s``)."""
 
-MAX_RUN_NAME = 200
-"""Characters of a call's ``run_name`` kept (a name for a table; Prefect's own are short)."""
 
 _ERRORS: dict[str, type[StageCallError]] = {
     "StageFailedError": StageFailedError,
@@ -196,7 +194,7 @@ def parse_call(body: Any, allow: Sequence[str]) -> StageCall:
             task_run_id,
             _deployment_id(body.get("deployment_id", "")),
             profile_stage,
-            run_name[:MAX_RUN_NAME],
+            run_name[:MAX_RUN_NAME],  # this client's are cut visibly already; an older one's are clipped here
         )
     except BadRequest:
         raise
