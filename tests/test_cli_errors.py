@@ -267,16 +267,23 @@ def test_fit_sizes_on_a_profile_csv_names_the_missing_columns_and_the_file_it_wa
 
 @pytest.mark.parametrize(
     ("column", "value", "says"),
-    [("batch", "2.5", "an integer"), ("vcpus", "two", "an integer"), ("gpu_share", "half", "a number")],
+    [
+        ("batch", "2.5", "an integer"),
+        ("vcpus", "two", "an integer"),
+        ("gpu_share", "half", "a number"),
+        ("total_size", "big", "a number"),
+        ("latency_ms", "5ms", "a number"),
+    ],
 )
 def test_fit_sizes_names_the_column_of_a_bad_config_value(
     column: str, value: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It said only "invalid literal for int() with base 10: '2.5'", naming neither the column nor the table."""
     row = {"stage": "x", "hardware": "cpu", "batch": "1", "vcpus": "1", "gpu_share": "0", "total_size": "3"}
+    row["latency_ms"] = "5"
     row[column] = value
     path = tmp_path / "mine_samples.csv"
-    path.write_text(",".join([*row, "latency_ms"]) + "\n" + ",".join([*row.values(), "5"]) + "\n")
+    path.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
     assert main(["profile", "--fit-sizes", str(path)]) == 2
     assert _one_line(capsys.readouterr().err) == (
         f"esg-prefect: error: Invalid value for --fit-sizes: {path} line 2: {column} must be {says}, got {value!r}"

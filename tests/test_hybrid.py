@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -191,3 +192,16 @@ def test_bad_hybrid_knobs_name_the_value(tmp_path: Path) -> None:
 def test_settings_round_trip_with_the_new_knobs() -> None:
     s = ESGSettings(hardware_selection=True, hardware_utilization=0.5, hybrid_sharing=True)
     assert ESGSettings.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"), [("co_runners", "two", "an integer"), ("corun_ms", "?", "a number")]
+)
+def test_a_bad_number_in_a_corun_table_names_its_column(column: str, value: str, says: str, tmp_path: Path) -> None:
+    """It said only Python's "invalid literal for int() with base 10", naming no column."""
+    row = dict.fromkeys(["stage", "hardware"], "a") | {"batch": "4", "vcpus": "1", "gpu_share": "0"}
+    row |= {"co_runners": "1", "alone_ms": "10", "corun_ms": "14", "slowdown": "1.4", column: value}
+    path = tmp_path / "corun.csv"
+    path.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    with pytest.raises(ProfileError, match=rf"line 2: {column} must be {says}, got '{re.escape(value)}'"):
+        InterferenceTable.from_csv(path)

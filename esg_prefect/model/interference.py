@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esg_prefect.exceptions import ProfileError
-from esg_prefect.model.csv_rows import config_columns, read_rows
+from esg_prefect.model.csv_rows import config_columns, decimal, integer, read_rows
 from esg_prefect.model.profile_source import PROFILE_DIR
 
 __all__ = [
@@ -191,9 +191,9 @@ class InterferenceTable:
         def row(r: dict[str, str]) -> CoRunRow:
             return CoRunRow(
                 *config_columns(r),
-                int(r["co_runners"]),
-                float(r["alone_ms"]),
-                float(r["corun_ms"]),
+                integer(r, "co_runners"),
+                decimal(r, "alone_ms"),
+                decimal(r, "corun_ms"),
             )
 
         return cls(read_rows(path, row, required=FIELDS[:-1]))

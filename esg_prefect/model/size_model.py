@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from esg_prefect.exceptions import MissingProfileError, ProfileError
-from esg_prefect.model.csv_rows import config_columns, read_rows
+from esg_prefect.model.csv_rows import config_columns, decimal, read_rows
 
 MIN_LATENCY_MS = 0.01
 FACTOR_BOUNDS = (0.25, 8.0)
@@ -228,8 +228,8 @@ def read_samples_csv(path: str | Path) -> list[SizeSample]:
     def sample(r: dict[str, str]) -> SizeSample:
         return SizeSample(
             *config_columns(r),
-            float(r["total_size"]),
-            float(r["latency_ms"]),
+            decimal(r, "total_size"),
+            decimal(r, "latency_ms"),
         )
 
     return read_rows(path, sample, required=SAMPLE_COLUMNS, kind=SAMPLES_KIND)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model import Config, LatencyProfile
-from esg_prefect.model.csv_rows import config_columns, read_rows
+from esg_prefect.model.csv_rows import config_columns, decimal, read_rows
 from esg_prefect.profiler.machine import CpuWatch
 from esg_prefect.profiler.measure import MeasureSettings
 from esg_prefect.profiler.results import ProfiledPoint
@@ -125,8 +125,8 @@ def read_validation_csv(path: Path) -> ValidationReport:
         return ValidationRow(
             *config_columns(r),
             r["interpolated"] in ("True", "1", "true"),
-            float(r["predicted_ms"]),
-            float(r["measured_ms"]),
+            decimal(r, "predicted_ms"),
+            decimal(r, "measured_ms"),
             r["quiet"] in ("True", "1", "true"),
         )
 
