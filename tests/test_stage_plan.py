@@ -299,6 +299,23 @@ def test_bad_stage_plan_knobs_are_named(knob: str, value: object) -> None:
         ESGSettings(**{knob: value})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("knob", "value", "text"),
+    [
+        ("stage_plan_drain", -1, "stage_plan_drain must be an int >= 0 (0: off), got -1"),
+        ("stage_plan_drain", True, "stage_plan_drain must be an int >= 0 (0: off), got True"),
+        ("stage_plan_retire_spares", 1.5, "stage_plan_retire_spares must be an int >= 0 (0: none), got 1.5"),
+        ("stage_plan_retire_spares", "2", "stage_plan_retire_spares must be an int >= 0 (0: none), got '2'"),
+        ("max_expansions", 0, "max_expansions must be an int >= 1, got 0"),
+    ],
+)
+def test_bad_counts_read_as_one_line_naming_the_value(knob: str, value: object, text: str) -> None:
+    """The count knobs share one check (settings._count); each keeps its own wording."""
+    with pytest.raises(ConfigError) as got:
+        ESGSettings(**{knob: value})  # type: ignore[arg-type]
+    assert str(got.value) == text
+
+
 def test_on_a_steady_case_the_plan_starts_fewer_workers_for_a_smaller_bill_at_the_same_slo() -> None:
     """The standard case at its rate for 25 s (the gate opens after 10 s): the plan's fleet is the cheaper."""
     from dataclasses import replace

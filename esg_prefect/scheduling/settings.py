@@ -38,6 +38,12 @@ def _number(name: str, value: object, ok: Callable[[float], bool], rule: str) ->
         raise ConfigError(f"{name} must be {rule}, got {value!r}")
 
 
+def _count(name: str, value: object, least: int, rule: str) -> None:
+    """Refuse ``value`` for setting ``name`` unless it is an int (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be {rule}, got {value!r}")
+
+
 CONFIG_SPACE_JSON = 'an object of lists such as {"batches": [1, 2, 4], "vcpus": [1, 2], "gpu_shares": [0.5, 1]}'
 
 
@@ -277,8 +283,7 @@ class ESGSettings:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"{name} must be a finite number > 0, got {v!r}")
-        if isinstance(self.max_expansions, bool) or not isinstance(self.max_expansions, int) or self.max_expansions < 1:
-            raise ConfigError(f"max_expansions must be an int >= 1, got {self.max_expansions!r}")
+        _count("max_expansions", self.max_expansions, 1, "an int >= 1")
         if not (0.0 < self.rate_ewma_alpha <= 1.0):
             raise ConfigError(f"rate_ewma_alpha must be in (0, 1], got {self.rate_ewma_alpha!r}")
         _number("correction_alpha", self.correction_alpha, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
@@ -312,16 +317,9 @@ class ESGSettings:
         _number("prewarm_saving", self.prewarm_saving, lambda v: 0.0 < v < 1.0, "in (0, 1)")
         _number("stage_plan_utilization", self.stage_plan_utilization, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         _number("stage_plan_gate", self.stage_plan_gate, lambda v: 1.0 < v < math.inf, "a finite number > 1")
-        if (
-            isinstance(self.stage_plan_drain, bool)
-            or not isinstance(self.stage_plan_drain, int)
-            or self.stage_plan_drain < 0
-        ):
-            raise ConfigError(f"stage_plan_drain must be an int >= 0 (0: off), got {self.stage_plan_drain!r}")
+        _count("stage_plan_drain", self.stage_plan_drain, 0, "an int >= 0 (0: off)")
         _number("stage_plan_retire", self.stage_plan_retire, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
-        spares = self.stage_plan_retire_spares
-        if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
-            raise ConfigError(f"stage_plan_retire_spares must be an int >= 0 (0: none), got {spares!r}")
+        _count("stage_plan_retire_spares", self.stage_plan_retire_spares, 0, "an int >= 0 (0: none)")
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,
