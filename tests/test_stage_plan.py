@@ -272,6 +272,54 @@ def test_the_clump_test_retires_only_while_the_count_and_its_spares_serve_the_la
     assert planner(0).surplus(fleet, now) == ()  # type: ignore[arg-type]  # 8 < 11: the count alone would not
 
 
+def _absorbs_before(p: StagePlanner, stage: str, st: Any, kinds: list[tuple[str, int, float]]) -> bool:
+    """The clump test as it was: one worker at a time, each kind's best batch found again for every worker."""
+    if not st.clumps:
+        return True
+    room = 0
+    for hw, vcpus, share in kinds:
+        best = 0
+        for b in p.tables.settings.config_space.batches:
+            lat = p.tables.latency_ms(stage, b, vcpus, share, hw)
+            if lat is not None and 0 < lat <= st.budget:
+                best = max(best, int(st.budget // lat) * b)
+        room += best
+    return room >= st.clumps[0][1]
+
+
+def test_the_clump_test_finds_each_kinds_best_batch_once_and_decides_as_before() -> None:
+    """Counts of the plan's kind (T4 0.4: 8 calls in the 30 ms budget) with spares of a cheaper kind (T4 0.2: 4)
+    and of one the profile does not cover (2 vCPUs: none), against clumps of 0 to 60 calls and budgets that fit
+    no batch, some, or all: the same answer as the former per-worker sum. The latency table is asked once per
+    kind and batch size, not once per worker."""
+    from collections import Counter, deque
+
+    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_clump=True))
+    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    st = p.stage("s")
+    assert st is not None
+    plan, cheap, bare = ("T4", 1, 0.4), ("T4", 1, 0.2), ("T4", 2, 0.4)
+    answers = set()
+    for budget in (4.0, 12.0, 30.0, 95.0):
+        st.budget = budget
+        for count in (1, 2, 5):
+            for spares in ([], [cheap], [cheap, cheap, bare], [bare, plan]):
+                kinds = [plan] * count + spares
+                for clump in range(0, 61, 3):
+                    st.clumps = deque([(15_000.0, clump)])
+                    got = p._absorbs("s", st, Counter(kinds))
+                    assert got == _absorbs_before(p, "s", st, kinds), (budget, count, spares, clump)
+                    answers.add(got)
+    assert answers == {True, False}
+
+    asked: list[tuple[object, ...]] = []
+    latency_ms = p.tables.latency_ms
+    p.tables.latency_ms = lambda *a: asked.append(a) or latency_ms(*a)  # type: ignore[method-assign]
+    st.budget = 30.0
+    p._absorbs("s", st, Counter([plan] * 5 + [cheap, cheap]))
+    assert len(asked) == 2 * 3  # two kinds, three batch sizes (the former sum asked 7 * 3 times)
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [

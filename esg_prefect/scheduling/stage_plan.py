@@ -36,7 +36,7 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -291,8 +291,11 @@ class StagePlanner:
                 continue  # the count is not warm, or none of it is idle: nothing goes
             kept = {w.worker_id for w in mine[:keep]}
             spares = self.spare_workers(idle, kept) if self.spares else []
-            if self.clump and not self._absorbs(name, st, [*[kind] * st.count, *(_kind(w) for w in spares)]):
-                continue  # the count and the spares would not serve the stage's clump within its budget
+            if self.clump:
+                kinds = Counter(_kind(w) for w in spares)
+                kinds[kind] += st.count
+                if not self._absorbs(name, st, kinds):
+                    continue  # the count and the spares would not serve the stage's clump within its budget
             kept.update(w.worker_id for w in spares)
             for w in idle:
                 since = w.idle_since_ms
@@ -318,19 +321,20 @@ class StagePlanner:
         )
         return others[: self.spares]
 
-    def _absorbs(self, stage: str, st: _Stage, kinds: Sequence[tuple[str, int, float]]) -> bool:
-        """Whether workers of ``kinds`` serve the stage's largest 100 ms clump of the last 30 s within its budget,
-        each running back-to-back batches of one size (the size that serves the most calls in the budget)."""
+    def _absorbs(self, stage: str, st: _Stage, kinds: Mapping[tuple[str, int, float], int]) -> bool:
+        """Whether workers of ``kinds`` (kind -> how many) serve the stage's largest 100 ms clump of the last 30 s
+        within its budget, each running back-to-back batches of one size (the size that serves the most calls in
+        the budget). Each distinct kind's best size is found once, however many workers share it."""
         if not st.clumps:
             return True
         room = 0
-        for hw, vcpus, share in kinds:
+        for (hw, vcpus, share), n in kinds.items():
             best = 0
             for b in self.tables.settings.config_space.batches:
                 lat = self.tables.latency_ms(stage, b, vcpus, share, hw)
                 if lat is not None and 0 < lat <= st.budget:
                     best = max(best, int(st.budget // lat) * b)
-            room += best
+            room += n * best
         return room >= st.clumps[0][1]
 
 
