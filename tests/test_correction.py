@@ -18,6 +18,7 @@ from esg_prefect.exceptions import ConfigError, ProfileError
 from esg_prefect.model import Config, LatencyProfile, PriceSheet, ProfilePoint
 from esg_prefect.model.correction import MAX_FACTOR, MAX_OVERHEAD_MS, LatencyCorrection
 from esg_prefect.model.jobs import Job, QueueKey
+from esg_prefect.model.size_model import SizeModel, SizeSample
 from esg_prefect.runtime.execution import Pending, execute
 from esg_prefect.runtime.planner import Planner
 from esg_prefect.runtime.pool import Pool
@@ -304,6 +305,33 @@ def test_the_planner_plans_with_the_learned_overhead_and_shows_it() -> None:
     planned = planner.profile.latency_ms("tiny", Config(1, 1, 0.0), "cpu")
     assert planned == pytest.approx(0.5 + applied) and planned == pytest.approx(5.5, rel=0.1)
     assert planner.profile.cold_start_ms("tiny", "cpu") == 5.0
+
+
+def test_a_batch_of_large_items_run_as_profiled_corrects_nothing_when_the_profile_has_an_overhead() -> None:
+    """A profile of 12 ms per typical (100-word) item plus 6 ms a batch; truth 2 ms per item + 0.1 ms per word.
+
+    One 300-word item runs 32/12 as long as a typical one: 12 x 32/12 + 6 = 38 ms, as the planner plans it
+    (``LatencyProfile.latency_ms``: only the table scales). The former prediction scaled the overhead too,
+    (12 + 6) x 32/12 = 48 ms, so batches that ran exactly as planned read as a 0.79x speed-up and re-planned.
+    """
+    samples = [
+        SizeSample("enc", "cpu", b, 1, 0.0, b * z, 2.0 * b + 0.1 * b * z) for b in (1, 2, 4) for z in (50, 100, 150)
+    ]
+    prof = LatencyProfile(
+        [ProfilePoint("enc", "cpu", b, 1, 0.0, 12.0 * b) for b in (1, 2, 4)],
+        sizes=SizeModel.fit(samples),
+        overheads={("enc", "cpu"): 6.0},
+    )
+    cfg = Config(1, 1, 0.0)
+    size = prof.size_factor("enc", cfg, "cpu", [300.0])
+    assert size == pytest.approx(32.0 / 12.0)
+    planned = prof.latency_ms("enc", cfg, "cpu", "mean", size)
+    assert planned == pytest.approx(38.0)
+    planner = Planner(prof, PriceSheet(1e-5, {}), ESGSettings(correction_alpha=0.25), "esg", None)
+    planner.replan_every_ms = 0.0
+    replans = [planner.correct("enc", "cpu", 1, 0.0, [300.0], planned, float(t)) for t in range(10)]
+    assert not any(replans) and planner.applied == {}
+    assert planner.correction is not None and planner.correction.factor("enc", "cpu") == pytest.approx(1.0)
 
 
 def test_an_in_process_pool_learns_no_overhead() -> None:

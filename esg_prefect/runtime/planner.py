@@ -100,10 +100,11 @@ class Planner:
         if self.correction is None:
             return False
         cfg = Config(len(sizes), vcpus, share)
-        predicted = self.base_profile.try_latency_ms(stage, cfg, hardware, "mean")
+        # The items' size scales the table's time only, not the profile's per-batch overhead (as planned).
+        factor = self.base_profile.size_factor(stage, cfg, hardware, sizes)
+        predicted = self.base_profile.try_latency_ms(stage, cfg, hardware, "mean", factor)
         if predicted is None:
             return False
-        predicted *= self.base_profile.size_factor(stage, cfg, hardware, sizes)
         corr = self.correction
         corr.observe(stage, hardware, predicted, actual_ms, own_ms)
         if now_ms - self._replanned_ms < self.replan_every_ms or not corr.drifted(
