@@ -11,15 +11,17 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import event, inspect, select, text
+from sqlalchemy.engine import Engine
 
+from esg_prefect.control.records import BatchDone, RunStub
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store.billing import Billing, billing_of, scope_of
 from esg_prefect.store.migrations import MIGRATIONS
 from esg_prefect.store.tables import PoolRow
-from tests.cost_records import EXPECTED_PER_RUN, RUN_A, RUN_B, RUN_C, all_records
+from tests.cost_records import B1, EXPECTED_PER_RUN, PRICES, RUN_A, RUN_B, RUN_C, T0, all_records, records_a
 from tests.test_store import costs_by_key
 
 DEFAULT = {**EXPECTED_PER_RUN, IDLE_KEY: 1.1}
@@ -84,6 +86,58 @@ def test_a_store_from_before_the_options_reads_as_the_defaults(store_url: str) -
         record(s, "new", Billing("input_size", "separate"))
         assert s.billings() == {"new": Billing("input_size", "separate"), "old": None}
         assert costs_by_key(s) == pytest.approx({k: DEFAULT[k] + BY_SIZE_SEPARATE[k] for k in DEFAULT}, rel=1e-12)
+
+
+def statements(engine: Engine, prefix: str) -> list[str]:
+    """The statements starting with ``prefix`` that ``engine`` runs from now on (a list that grows)."""
+    seen: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().upper().startswith(prefix):
+            seen.append(statement)
+
+    return seen
+
+
+def flush() -> list[BatchDone]:
+    """What a pool's batch listener hands over: one batch of run A, which has not ended yet."""
+    return [BatchDone(B1, records_a().calls[:1], "img", "detect", PRICES, (RunStub(RUN_A, "img", T0, 1000.0),))]
+
+
+def test_a_pool_s_options_are_written_once_per_store_not_per_flush(store_url: str) -> None:
+    with CostStore(store_url) as s:
+        inserts = statements(s.engine, "INSERT INTO POOLS")
+        for _ in range(5):
+            s.record_batches(flush(), scope="p1", billing=Billing("input_size", "separate"))
+        s.record(records_a(), scope="p1", billing=Billing("input_size", "separate"))
+        assert len(inserts) == 1
+        s.record_batches(flush(), scope="p2", billing=Billing())  # another pool: its own, once
+        s.record_batches(flush(), scope="p2", billing=Billing())
+        assert len(inserts) == 2
+        assert s.billings() == {"p1": Billing("input_size", "separate"), "p2": Billing()}
+
+
+def test_a_write_rolled_back_does_not_lose_the_pool_s_options(store_url: str) -> None:
+    class Boom(Exception):
+        pass
+
+    with CostStore(store_url) as s:
+
+        @event.listens_for(s.engine, "before_cursor_execute")
+        def fail_once(conn: object, cursor: object, statement: str, *args: object) -> None:
+            if statement.lstrip().upper().startswith("INSERT INTO BATCHES"):  # after the pool's row, same transaction
+                event.remove(s.engine, "before_cursor_execute", fail_once)
+                raise Boom
+
+        with pytest.raises(Boom):
+            s.record_batches(flush(), scope="p1", billing=Billing("input_size", "separate"))
+        with s.engine.connect() as conn:
+            assert conn.execute(select(PoolRow.scope)).all() == []  # rolled back with the batch
+        s.record_batches(flush(), scope="p1", billing=Billing("input_size", "separate"))
+        with s.engine.connect() as conn:
+            assert conn.execute(select(PoolRow.scope)).scalars().all() == ["p1"]
+        assert s.billings() == {"p1": Billing("input_size", "separate")}
 
 
 def test_a_bad_stored_option_is_one_error_naming_the_pool(store_url: str) -> None:

@@ -31,7 +31,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,7 @@ class CostStore:
         self.url = resolve_url(url)
         self.engine: Engine = create_engine(self.url, create=create)
         self._write_lock = threading.Lock()  # guards writes: pools of one process share a store
+        self._pools_kept: set[str] = set()  # scopes whose options a committed write of this store stored
         try:
             migrate(self.engine, migrations)
         except Exception:
@@ -162,8 +164,7 @@ class CostStore:
             name: the flow run's name, if known (as ``deployment``, never erased by None).
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
-        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            _record_pool(conn, scope, billing)
+        with self._writing(scope, billing) as conn:
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
             _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, BatchRow, batches, ("batch_id",))
@@ -186,8 +187,7 @@ class CostStore:
         the run's batches and calls as they completed (see ``attach_store``).
         ``billing`` and ``name`` as for :meth:`record`.
         """
-        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            _record_pool(conn, scope, billing)
+        with self._writing(scope, billing) as conn:
             _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
             _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
@@ -216,8 +216,7 @@ class CostStore:
             idles += R.idle_rows(d.new_idles, d.prices, scope)
             stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
         sheets = {R.sheet_row(d.prices)["sheet_id"]: R.sheet_row(d.prices) for d in done}
-        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            _record_pool(conn, scope, billing)
+        with self._writing(scope, billing) as conn:
             _upsert(conn, PriceSheetRow, list(sheets.values()), ("sheet_id",), update=False)
             _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
             _upsert(conn, BatchRow, batches, ("batch_id",))
@@ -232,10 +231,27 @@ class CostStore:
         rows = R.idle_rows(idles, prices, scope)
         if not rows:
             return
-        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn, conn.begin():
-            _record_pool(conn, scope, billing)
+        with self._writing(scope, billing) as conn:
             _upsert(conn, PriceSheetRow, [R.sheet_row(prices)], ("sheet_id",), update=False)
             _upsert(conn, IdleRow, rows, ("idle_id",))
+
+    @contextmanager
+    def _writing(self, scope: str, billing: Billing | None) -> Iterator[Connection]:
+        """One write transaction under the write lock, storing the pool's options first if not done yet.
+
+        A pool's first options stay (``ON CONFLICT DO NOTHING``): once a write that
+        stored them committed, writing them again would change nothing, so each
+        scope's are written once per store, not in every flush. The scope is marked
+        only after the commit, so that a write rolled back does not lose them.
+        """
+        with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn:
+            new = billing if billing is not None and scope not in self._pools_kept else None
+            with conn.begin():
+                if new is not None:
+                    _record_pool(conn, scope, new)
+                yield conn
+            if new is not None:
+                self._pools_kept.add(scope)
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -393,11 +409,10 @@ class CostStore:
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def _record_pool(conn: Connection, scope: str, billing: Billing | None) -> None:
+def _record_pool(conn: Connection, scope: str, billing: Billing) -> None:
     """Keep a pool's options for its scope, once (a pool's settings do not change while it runs)."""
-    if billing is not None:
-        row = R.pool_row(scope, billing, time.time() * 1000.0)
-        _upsert(conn, PoolRow, [row], ("scope",), update=False)
+    row = R.pool_row(scope, billing, time.time() * 1000.0)
+    _upsert(conn, PoolRow, [row], ("scope",), update=False)
 
 
 def _upsert(
