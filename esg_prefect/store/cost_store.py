@@ -44,6 +44,7 @@ from sqlmodel import Session, col
 from esg_prefect.exceptions import ConfigError, InvalidInputError
 from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, attribute_costs, merge_reports
 from esg_prefect.model.pricing import PriceSheet
+from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import DEFAULT_BILLING, Billing, scope_of
 from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
@@ -292,8 +293,8 @@ class CostStore:
                 iq = iq.where(col(IdleRow.start_ms) >= start)
             batch_rows: list[BatchRow] = list(s.execute(bq).scalars())
             idle_rows: list[IdleRow] = list(s.execute(iq).scalars())
-            items = _items_of(s, [b.batch_id for b in batch_rows])
-            prior = _busy_before(s, sorted({i.worker_id for i in idle_rows}), start) if start is not None else set()
+            items = Q.items_of(s, [b.batch_id for b in batch_rows])
+            prior = Q.busy_before(s, sorted({i.worker_id for i in idle_rows}), start) if start is not None else set()
         # Per pool and sheet: a worker belongs to one pool, which has one sheet and one set of options.
         parts: defaultdict[tuple[str, str], tuple[list[Any], list[Any]]] = defaultdict(lambda: ([], []))
         for b in batch_rows:
@@ -375,13 +376,13 @@ class CostStore:
                 cq = cq.where(col(StageCallRow.start_ms) >= start)
             found: dict[str, RunRow] = {r.run_id: r for r in s.execute(rq).scalars()}
             missing = sorted(set(report.per_run) - set(found))
-            for chunk in _chunks(missing):
+            for chunk in Q.chunks(missing):
                 found.update(
                     {r.run_id: r for r in s.execute(select(RunRow).where(col(RunRow.run_id).in_(chunk))).scalars()}
                 )
             calls: dict[str, int] = {rid: n for rid, n in s.execute(cq).all()}
             pending = sorted(set(report.per_run) - set(found))
-            batch_of_pending = _first_batches(s, pending)
+            batch_of_pending = Q.first_batches(s, pending)
         runs = {
             rid: RunInfo(
                 r.run_id, r.workflow, r.deployment, r.day, r.arrival_ms, r.slo_met, calls.get(rid, 0), r.run_name
@@ -442,49 +443,3 @@ def _upsert(
     else:
         stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
     conn.execute(stmt, list(rows))
-
-
-def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
-    for i in range(0, len(ids), _CHUNK):
-        yield ids[i : i + _CHUNK]
-
-
-def _items_of(s: Session, batch_ids: Sequence[str]) -> dict[str, list[BatchItemRow]]:
-    out: defaultdict[str, list[BatchItemRow]] = defaultdict(list)
-    for chunk in _chunks(batch_ids):
-        q = (
-            select(BatchItemRow)
-            .where(col(BatchItemRow.batch_id).in_(chunk))
-            .order_by(col(BatchItemRow.batch_id), col(BatchItemRow.position))
-        )
-        for item in s.execute(q).scalars():
-            out[item.batch_id].append(item)
-    return out
-
-
-def _first_batches(s: Session, run_ids: Sequence[str]) -> dict[str, tuple[str | None, float]]:
-    """Workflow and start of the first stored batch of each run: all we know of runs not stored yet."""
-    out: dict[str, tuple[str | None, float]] = {}
-    for chunk in _chunks(run_ids):
-        q = (
-            select(col(BatchItemRow.run_id), col(BatchRow.workflow), col(BatchRow.start_ms))
-            .join(BatchRow, col(BatchRow.batch_id) == col(BatchItemRow.batch_id))
-            .where(col(BatchItemRow.run_id).in_(chunk))
-            .order_by(col(BatchRow.start_ms))
-        )
-        for rid, workflow, start in s.execute(q).all():
-            out.setdefault(rid, (workflow, start))
-    return out
-
-
-def _busy_before(s: Session, worker_ids: Sequence[str], start: float) -> set[str]:
-    """Which of these workers ran a batch that started before ``start`` (a window's cut)."""
-    out: set[str] = set()
-    for chunk in _chunks(worker_ids):
-        q = (
-            select(col(BatchRow.worker_id))
-            .where(col(BatchRow.worker_id).in_(chunk), col(BatchRow.start_ms) < start)
-            .distinct()
-        )
-        out.update(s.execute(q).scalars())
-    return out
