@@ -6,9 +6,12 @@ import csv
 import dataclasses
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
@@ -206,6 +209,25 @@ def test_an_override_that_differs_from_the_pool_says_so_in_one_line(billed_store
     assert code == 0, out
     assert out.startswith("note: --split equal overrides the pool's own input_size split: these figures differ")
     assert "Priced with the options given: equal split, idle time on the idle line." in out
+
+
+def test_the_rows_and_each_pool_s_options_come_from_one_read_of_the_store(billed_store: str) -> None:
+    """No second scan of the batches and idle intervals, nor of the pools, for the pricing lines."""
+    seen: list[str] = []
+
+    def read(conn: object, cursor: object, statement: str, *args: object) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(Engine, "before_cursor_execute", read)
+    try:
+        code, out = invoke("--url", billed_store)
+    finally:
+        event.remove(Engine, "before_cursor_execute", read)
+    assert code == 0, out
+    assert "Priced as each pool priced its runs (its artifacts show the same): input_size split" in out
+    reads = [s for s in seen if s.upper().startswith("SELECT")]
+    scans = {t: sum(bool(re.search(rf"\bFROM {t}\b", s)) for s in reads) for t in ("pools", "batches", "worker_idle")}
+    assert scans == {"pools": 1, "batches": 1, "worker_idle": 1}, reads
 
 
 def test_a_store_whose_pools_stored_no_options_says_what_it_read_them_as(store_path: str) -> None:

@@ -26,7 +26,7 @@ from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS
 
 if TYPE_CHECKING:
-    from esg_prefect.store.billing import Billing
+    from esg_prefect.store.billing import Billing, PoolPricing
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([mhdw])$")
 _UNIT_S = {"m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -221,8 +221,8 @@ def _read(
     try:
         store = CostStore(url, create=False)
         try:
-            rows = store.costs(by, since_ms, split=split, idle_billing=idle_billing)  # type: ignore[arg-type]
-            stored, default = list(store.billings(since_ms).values()), store.default_billing
+            # the rows and each pool's options from one read of the store
+            rows, pools = store._priced_costs(by, since_ms, split, idle_billing)  # type: ignore[arg-type]
         finally:
             store.close()
     except ESGError as exc:
@@ -232,7 +232,7 @@ def _read(
     except SQLAlchemyError as exc:
         why = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
         raise typer.BadParameter(f"cannot read the cost store at {where}: {why}", param_hint="--url") from None
-    return rows, Pricing.of(stored, default, split, idle_billing)
+    return rows, Pricing.of(list(pools.values()), store.default_billing, split is not None or idle_billing is not None)
 
 
 @dataclass(frozen=True)
@@ -253,10 +253,9 @@ class Pricing:
     overridden: bool
 
     @classmethod
-    def of(cls, stored: list[Billing | None], default: Billing, split: str | None, idle: str | None) -> Pricing:
-        """From the options each pool stored (None: none) and the overrides (None: not given)."""
-        used = [(b or default).overridden(split, idle) for b in stored]
-        return cls(stored, default, used, split is not None or idle is not None)
+    def of(cls, pools: list[PoolPricing], default: Billing, overridden: bool) -> Pricing:
+        """From how the store priced each pool, its defaults, and whether an override was given."""
+        return cls([p.stored for p in pools], default, [p.used for p in pools], overridden)
 
     @classmethod
     def none(cls) -> Pricing:

@@ -49,6 +49,18 @@ class Billing:
         return Billing(cast(CostSplit, split or self.cost_split), cast(IdleBilling, idle_billing or self.idle_billing))
 
 
+@dataclass(frozen=True, slots=True)
+class PoolPricing:
+    """How one pool's records were priced: the options it stored, and those used (overrides applied).
+
+    ``stored`` is None for a pool that stored none (an older esg-prefect's): ``used`` is then
+    the store's defaults, overridden.
+    """
+
+    stored: Billing | None
+    used: Billing
+
+
 DEFAULT_BILLING = Billing()
 """The defaults of ``ESGSettings``: what a pool that recorded no options (an older esg-prefect's) is read with."""
 

@@ -46,7 +46,7 @@ from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, at
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
-from esg_prefect.store.billing import DEFAULT_BILLING, Billing, scope_of
+from esg_prefect.store.billing import DEFAULT_BILLING, Billing, PoolPricing, scope_of
 from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
 from esg_prefect.store.migrations import Migration, current_version, migrate
 from esg_prefect.store.report import CostRow, RunInfo, check_group_by, group_costs
@@ -277,6 +277,12 @@ class CostStore:
         Raises:
             ConfigError: a bad override, or a stored option that is neither choice.
         """
+        return self._priced_report(since, split, idle_billing)[0]
+
+    def _priced_report(
+        self, since: datetime | float | None, split: CostSplit | None, idle_billing: IdleBilling | None
+    ) -> tuple[CostReport, dict[str, PoolPricing]]:
+        """:meth:`cost_report`, and how each pool in it was priced, by scope (sorted), from one read."""
         DEFAULT_BILLING.overridden(split, idle_billing)  # a bad override is refused even on an empty store
         start = since_ms(since)
         with Session(self.engine) as s:
@@ -301,13 +307,14 @@ class CostStore:
             parts[scope_of(b.worker_id), b.sheet_id][0].append(R.batch_record(b, items.get(b.batch_id, [])))
         for i in idle_rows:
             parts[scope_of(i.worker_id), i.sheet_id][1].append(R.idle_record(i))
+        priced = {sc: self._pricing(pools.get(sc), split, idle_billing) for sc in sorted({sc for sc, _ in parts})}
         reports = []
         for (scope, sid), (bs, ids) in sorted(parts.items()):
-            opts = self._billing(pools.get(scope)).overridden(split, idle_billing)
+            opts = priced[scope].used
             reports.append(
                 attribute_costs(bs, ids, sheets[sid], opts.cost_split, opts.idle_billing, prior_workers=prior)
             )
-        return merge_reports(reports)
+        return merge_reports(reports), priced
 
     def billings(self, since: datetime | float | None = None) -> dict[str, Billing | None]:
         """The options each pool with batches or idle time from ``since`` on stored, by scope; None: none stored.
@@ -330,8 +337,9 @@ class CostStore:
         scopes = sorted({scope_of(w) for w in workers})
         return {sc: self._stored_billing(pools[sc]) if sc in pools else None for sc in scopes}
 
-    def _billing(self, row: PoolRow | None) -> Billing:
-        return self.default_billing if row is None else self._stored_billing(row)
+    def _pricing(self, row: PoolRow | None, split: CostSplit | None, idle_billing: IdleBilling | None) -> PoolPricing:
+        stored = None if row is None else self._stored_billing(row)
+        return PoolPricing(stored, (stored or self.default_billing).overridden(split, idle_billing))
 
     @staticmethod
     def _stored_billing(row: PoolRow) -> Billing:
@@ -365,8 +373,22 @@ class CostStore:
             InvalidInputError: a bad ``group_by`` or ``since``.
             ConfigError: a bad split or idle billing.
         """
+        return self._priced_costs(group_by, since, split, idle_billing)[0]
+
+    def _priced_costs(
+        self,
+        group_by: str,
+        since: datetime | float | None,
+        split: CostSplit | None,
+        idle_billing: IdleBilling | None,
+    ) -> tuple[list[CostRow], dict[str, PoolPricing]]:
+        """:meth:`costs`, and how each pool in them was priced, by scope (sorted): what ``esg-prefect costs`` shows.
+
+        One read of the store for both (``billings`` would scan the batches and
+        idle intervals again), each pool's options derived once.
+        """
         check_group_by(group_by)
-        report = self.cost_report(since, split=split, idle_billing=idle_billing)
+        report, priced = self._priced_report(since, split, idle_billing)
         start = since_ms(since)
         with Session(self.engine) as s:
             rq = select(RunRow)
@@ -394,7 +416,7 @@ class CostStore:
             runs[rid] = RunInfo(
                 rid, workflow or "(unknown)", None, R.utc_day(first_ms), first_ms, None, calls.get(rid, 0)
             )
-        return group_costs(report, runs, group_by)
+        return group_costs(report, runs, group_by), priced
 
     def close(self) -> None:
         """Release the database connections."""
