@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -160,6 +161,32 @@ def test_simulate_splits_the_whole_bill_as_compare_does() -> None:
         f"{money_str(part['busy_per_request'] * n)} + idle {money_str(part['idle_per_request'] * n)} + cold starts "
         f"{money_str(part['cold_per_request'] * n)} (the table's busy incl. cold = busy excl. cold + cold starts)."
     ) in line
+
+
+def test_simulate_prints_the_bill_s_totals_and_compare_s_rows_are_them_per_request() -> None:
+    from esg_prefect.cli.bill_plot import bill_split, bill_totals
+    from esg_prefect.cli.simulate import bill_note
+    from esg_prefect.model.money import money_column
+    from esg_prefect.simulator import simulate, standard_case
+
+    case = standard_case("triton", rate_per_s=60.0, duration_s=3.0, warmup_s=1.0)  # triton: cold starts on the path
+    run = simulate(case)
+    total = bill_totals(run, case)
+    assert total["cold_start"] > 0 and total["busy"] > 0 and total["idle"] > 0
+    report = run.report
+    assert sum(total.values()) == pytest.approx(report.busy_cost + report.idle_cost, rel=1e-12)
+    n = report.overall.count
+    assert bill_split(run, case) == {  # exactly: one derivation of the parts
+        "busy_per_request": total["busy"] / n,
+        "idle_per_request": total["idle"] / n,
+        "cold_per_request": total["cold_start"] / n,
+    }
+    whole, busy, idle, cold = money_column(
+        [report.overall.cost_total, total["busy"], total["idle"], total["cold_start"]], "$"
+    )
+    assert f"{whole}, the whole bill: busy excl. cold {busy} + idle {idle} + cold starts {cold} " in bill_note(
+        run, case
+    )
 
 
 def test_compare_prints_and_writes_the_cost_headers_and_their_legend(tmp_path: Path) -> None:

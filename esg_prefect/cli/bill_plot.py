@@ -1,4 +1,4 @@
-"""The whole bill of a run: split busy/idle/cold (:func:`bill_split`), and drawn per scheduler.
+"""The whole bill of a run: split busy/idle/cold (:func:`bill_totals`, :func:`bill_split`), and drawn per scheduler.
 
 The figure puts the SLO hit rate on top and the bill stacked busy/idle/cold
 below. ``esg-prefect compare`` draws one per experiment or case and
@@ -14,7 +14,7 @@ from typing import Any
 
 from esg_prefect.control.totals import BILL_PARTS
 
-__all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "bill_split", "label_of"]
+__all__ = ["BILL", "bill_bars", "bill_columns", "bill_figure", "bill_means", "bill_split", "bill_totals", "label_of"]
 
 _PARTS = {  # part (BILL_PARTS) -> (row key, legend label, colour), stacked from the bottom in this order
     "busy": ("busy_per_request", "busy excl. cold starts (batches)", "#4c72b0"),
@@ -40,15 +40,14 @@ def bill_columns(per_request: Mapping[str, float]) -> dict[str, float]:
     return {key: per_request[part] for part, (key, _, _) in _PARTS.items()}
 
 
-def bill_split(run: Any, case: Any) -> dict[str, float]:
-    """The whole bill of ``run`` per request, in its report's window: the row's columns :data:`BILL`.
+def bill_totals(run: Any, case: Any) -> dict[str, float]:
+    """The whole bill of ``run`` in its report's window, by part (:data:`~esg_prefect.control.totals.BILL_PARTS`).
 
-    The three parts (:data:`~esg_prefect.control.totals.BILL_PARTS`, as the pool's
-    totals name them) add up to the report's ``cost_per_request`` (its busy plus idle
-    cost): ``cold_start`` is the part of the batches spent starting their worker,
-    ``busy`` the rest of the batches, ``idle`` the warm idle time (a pre-warmed
-    worker's load included, as the report bills it: the worker holds its share
-    with no job).
+    The three parts, as the pool's totals name them, add up to the report's busy
+    plus idle cost: ``cold_start`` is the part of the batches spent starting their
+    worker, ``busy`` the rest of the batches, ``idle`` the warm idle time (a
+    pre-warmed worker's load included, as the report bills it: the worker holds
+    its share with no job). ``simulate`` prints them; :func:`bill_split` is them per request.
     """
     from esg_prefect.model.window import after_warmup
 
@@ -62,10 +61,17 @@ def bill_split(run: Any, case: Any) -> dict[str, float]:
         case.prices.batch_cost(b.config, b.hardware, min(cold_ms.get(b.batch_id, 0.0), b.duration_ms))
         for b in window.batches
     )
-    n = report.overall.count or 1
-    return bill_columns(
-        {"busy": max(0.0, report.busy_cost - cold) / n, "idle": report.idle_cost / n, "cold_start": cold / n}
-    )
+    return {"busy": max(0.0, report.busy_cost - cold), "idle": report.idle_cost, "cold_start": cold}
+
+
+def bill_split(run: Any, case: Any) -> dict[str, float]:
+    """The whole bill of ``run`` per request, in its report's window: the row's columns :data:`BILL`.
+
+    :func:`bill_totals` over the window's requests; the parts add up to the
+    report's ``cost_per_request`` (its busy plus idle cost).
+    """
+    n = run.report.overall.count or 1
+    return bill_columns({part: total / n for part, total in bill_totals(run, case).items()})
 
 
 _LABELS = {

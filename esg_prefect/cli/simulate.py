@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 
 from esg_prefect.cli.args import check_number, check_profile, check_scheduler, check_trace, make_out_dir, with_settings
-from esg_prefect.cli.bill_plot import bill_split
+from esg_prefect.cli.bill_plot import bill_totals
 from esg_prefect.cli.case_file import (
     CASE_KEYS,
     case_dict_in,
@@ -88,10 +88,10 @@ def bill_note(run: Any, case: Any) -> str:
     from esg_prefect.model.attribution import COST_UNIT
     from esg_prefect.model.money import money_column
 
-    n = run.report.overall.count or 1
-    part = {k: v * n for k, v in bill_split(run, case).items()}
-    keys = ("busy_per_request", "idle_per_request", "cold_per_request")
-    whole, busy, idle, cold = money_column([run.report.overall.cost_total, *(part[k] for k in keys)], COST_UNIT)
+    part = bill_totals(run, case)
+    whole, busy, idle, cold = money_column(
+        [run.report.overall.cost_total, part["busy"], part["idle"], part["cold_start"]], COST_UNIT
+    )
     return (
         f"Cost after the warm-up: {whole}, the whole bill: busy excl. cold {busy} + idle {idle} + cold starts "
         f"{cold} (the table's busy incl. cold = busy excl. cold + cold starts). "
