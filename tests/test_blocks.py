@@ -115,6 +115,15 @@ def test_a_bad_value_set_on_a_made_block_is_refused_too() -> None:
         prices.gpu = {"T4": -1.0}
     with pytest.raises(ValidationError, match="shed_after_slo must be 0"):
         settings.shed_after_slo = 0.5
+    # the refused values are not left on the blocks (pydantic keeps a value its model validator refuses)
+    assert prices.gpu == ESGPriceSheet().gpu
+    assert settings.shed_after_slo == ESGSchedulerSettings().shed_after_slo
+    settings.corun_table = "/nope.csv"  # read only with hybrid sharing on
+    with pytest.raises(ValidationError, match=r"co-run table '/nope\.csv' not found"):
+        settings.hybrid_sharing = True
+    assert settings.hybrid_sharing is False
+    settings.tick_ms = 7.0  # a good value after a refused one is taken
+    assert settings.tick_ms == 7.0
 
 
 def test_a_co_run_table_is_read_only_where_hybrid_sharing_would_read_it() -> None:

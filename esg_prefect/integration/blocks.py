@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.config import ConfigSpace
@@ -39,6 +39,23 @@ def _refused(convert: Callable[[], object]) -> None:
         convert()
     except InvalidInputError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _assign_or_keep(block: Block, name: str, value: Any) -> None:
+    """Set a field of a checked block; a value the block's checks refuse leaves the old one in place.
+
+    pydantic takes back a value its field constraints refuse, but not one refused by a model
+    validator (a setting :class:`ESGSettings` refuses, a co-run table that cannot be read): the
+    bad value stayed on the block, and a ``save()`` after the error stored it.
+    """
+    had = name in block.__dict__
+    old = block.__dict__.get(name)
+    try:
+        Block.__setattr__(block, name, value)
+    except ValidationError:
+        if had:
+            block.__dict__[name] = old
+        raise
 
 
 class ESGPool(Block):
@@ -97,6 +114,7 @@ class ESGPriceSheet(Block):
     )
 
     model_config = _VALIDATED
+    __setattr__ = _assign_or_keep
 
     @model_validator(mode="after")
     def _check_prices(self) -> ESGPriceSheet:
@@ -345,6 +363,7 @@ class ESGSchedulerSettings(Block):
     )
 
     model_config = _VALIDATED
+    __setattr__ = _assign_or_keep
 
     @model_validator(mode="after")
     def _check_settings(self) -> ESGSchedulerSettings:
