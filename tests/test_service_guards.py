@@ -297,3 +297,24 @@ def test_a_stage_of_the_script_being_run_is_refused_saying_how_to_serve_it() -> 
         assert "--allow stages" in str(info.value)
     finally:
         client.close()
+
+
+def test_retry_jitter_leaves_the_global_random_state_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jitter drew from the global ``random``: a pool thread moved the state of a user's seeded ``random``."""
+    import random
+
+    from esg_prefect.service.app import _retry_after
+
+    monkeypatch.setattr("esg_prefect.service.client.time.sleep", lambda s: None)
+    state = random.getstate()
+    assert 1 <= int(_retry_after()["Retry-After"]) <= 3
+    client = _client_answering(
+        [
+            httpx.Response(429, headers={"Retry-After": "0"}, json={"error": "full"}),
+            httpx.Response(200, json={"ok": True}),
+        ]
+    )
+    with pytest.raises(StageRejectedError):
+        client.submit(StageCall("c10", "inc", "tests.toy_stages:inc", TOY, "r10", "r10", 10)).result(10)
+    client.close()
+    assert random.getstate() == state

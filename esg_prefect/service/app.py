@@ -75,6 +75,9 @@ from esg_prefect.service.results import ResultCache
 from esg_prefect.service.watch import PollWatch
 from esg_prefect.service.wire import MAX_WAIT_S, BadRequest, call_digest, error_body, parse_call, result_body
 
+_JITTER = random.Random()
+"""Retry jitter from its own generator: a service thread never draws from (or moves) the global one a user may seed."""
+
 __all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call"]
 
 logger = logging.getLogger(__name__)
@@ -86,7 +89,7 @@ METRICS_WINDOW = 1000  # /metrics reads the newest this many batches and decisio
 
 def _retry_after() -> dict[str, str]:
     """A jittered Retry-After, so that rejected callers do not all come back in the same second."""
-    return {"Retry-After": str(random.randint(1, 3))}
+    return {"Retry-After": str(_JITTER.randint(1, 3))}
 
 
 class PoolService:

@@ -53,6 +53,9 @@ from esg_prefect.service.address import check_address
 from esg_prefect.service.guards import is_loopback
 from esg_prefect.service.wire import MAX_WAIT_S, call_body, parse_result
 
+_JITTER = random.Random()
+"""Retry jitter from its own generator: a service thread never draws from (or moves) the global one a user may seed."""
+
 __all__ = ["PoolClient", "call_body", "parse_result"]
 
 logger = logging.getLogger(__name__)
@@ -206,7 +209,7 @@ class PoolClient:
                 raise PoolClosedError(
                     f"pool service at {self.address} gave the call no answer for {self._deadline_s:g} s ({last})"
                 )
-            time.sleep(wait * random.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
+            time.sleep(wait * _JITTER.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
             wait = min(wait * 2, 5.0)
 
     def _never_answered(self, why: str, start: float) -> None:
