@@ -416,3 +416,16 @@ def test_example_targets_come_from_their_entry_point_with_real_upstream_inputs()
     assert [p.name for p in stages] == ["tokenize", "encode", "classify_text", "summarize"]
     assert all(len(p.jobs) == 2 and p.cold_start_ms > 0 for p in stages)
     assert isinstance(stages[1].jobs[0], type(stages[0].target.run(stages[0].model, [stages[0].jobs[0]])[0]))
+
+
+def test_the_profile_flow_s_parameters_validate_without_a_warning() -> None:
+    """Its ``validate`` parameter shadowed pydantic's model attribute: a UserWarning at each run of
+    ``esg-prefect profile --flow``, and an error where warnings are errors."""
+    import warnings
+
+    from esg_prefect.profiler.flow import profile_flow
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        params = profile_flow.validate_parameters({"quick": True, "validation": True})
+    assert params["validation"] is True and params["quick"] is True

@@ -177,7 +177,7 @@ def register(app: typer.Typer) -> None:
                 gpu_shares=list(shares),
                 quick=quick,
                 breakdown=breakdown,
-                validate=validate,
+                validation=validate,
                 out_dir=str(out_dir),
                 name=name,
                 store_url=store,

@@ -64,7 +64,7 @@ def profile_flow(
     gpu_shares: list[float] | None = None,
     quick: bool = False,
     breakdown: bool = False,
-    validate: bool = False,
+    validation: bool = False,
     out_dir: str = "profiles",
     name: str = "profile",
     store_url: str | None = None,
@@ -79,7 +79,7 @@ def profile_flow(
         gpu_shares: GPU shares where a GPU is present.
         quick: one repetition per point (smoke test).
         breakdown: also run the Stash stall breakdown.
-        validate: also validate the profile against fresh measurements.
+        validation: also validate the profile against fresh measurements.
         out_dir, name: where the files go (see :mod:`esg_prefect.profiler.session`).
         store_url: profile store URL (default store when None).
         wait_quiet_s: wait this long at most for the machine to quiet down per configuration.
@@ -100,7 +100,7 @@ def profile_flow(
         out_dir=Path(out_dir),
         name=name,
         breakdown=BreakdownOptions(slot_s=0.3 if quick else 2.0, requests=8 if quick else 48) if breakdown else None,
-        validate=validate,
+        validate=validation,
         validation_batches=(1, 3) if quick else VALIDATION_BATCHES,
         store_url=store_url,
     )
