@@ -417,3 +417,48 @@ def _counting_client(http: TestClient, monkeypatch: pytest.MonkeyPatch, threads:
 
     monkeypatch.setattr(http, "get", counted)
     return client, gets
+
+
+def test_a_call_held_when_the_server_stops_is_answered_503_so_its_caller_posts_it_again(pool: Pool) -> None:
+    """uvicorn cancels the requests still waiting when its shutdown grace runs out (Ctrl-C on a paused
+    pool, a long queue): the held call gets a 503 with Retry-After, which the client retries against the
+    restarted service, not a 500 that fails the flow run."""
+    import asyncio
+    import json
+
+    pool.pause()
+    body = json.dumps(call_body(call(7))).encode()
+    sent: list[dict[str, Any]] = []
+
+    async def serve_then_stop() -> None:
+        service = PoolService(pool, ["tests"])
+        app = service.app()
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/calls", "raw_path": b"/v1/calls", "query_string": b"wait_s=30",
+            "root_path": "", "headers": [(b"host", b"127.0.0.1:4270"), (b"content-type", b"application/json")],
+            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 4270),
+        }  # fmt: skip
+        chunks = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if chunks:
+                return chunks.pop()
+            await asyncio.Event().wait()  # the client stays connected
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        task = asyncio.create_task(app(scope, receive, send))
+        while "c7" not in service._inflight:  # accepted, held by the paused pool
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the handler is waiting on the call
+        task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")  # as uvicorn does
+        await task
+
+    asyncio.run(serve_then_stop())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = dict(start["headers"])
+    assert start["status"] == 503 and b"retry-after" in headers
+    assert b"shutting down" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")

@@ -383,6 +383,14 @@ class PoolService:
             except TimeoutError:  # still queued or running: the caller asks again (the same call joins)
                 pending = {"ok": None, "pending": True, "paused": self.pool.paused, "digest": held[1]}
                 return JSONResponse(pending, status_code=202)
+            except asyncio.CancelledError:
+                # The server stops (uvicorn cancels what still waits when its shutdown grace runs out: Ctrl-C
+                # on a paused pool or a long queue). A 503 tells the caller to post the call again, to the
+                # restarted service; uncaught, this is a 500 that the client takes for the call's failure.
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
         if body.get("conflict"):
             return JSONResponse({"error": body["error"]["message"]}, status_code=409)
         return Response(await asyncio.to_thread(_render, body), media_type="application/json")
