@@ -462,3 +462,26 @@ def test_a_call_held_when_the_server_stops_is_answered_503_so_its_caller_posts_i
     headers = dict(start["headers"])
     assert start["status"] == 503 and b"retry-after" in headers
     assert b"shutting down" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered() -> None:
+    """A service killed (SIGKILL) while it held a client's first calls never answered that client, but
+    it took them: the client waits for its restart to the deadline, not only the grace for a wrong
+    address, and its calls are not failed as if no service had ever been started."""
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if len(seen) == 1:  # accepted and held, then the service died
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        if len(seen) < 4:  # down until it restarts
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json={"ok": True, "result": _result("c13", 14)})
+
+    client = _client(handler, deadline_s=30.0)
+    client._connect_grace_s = 0.0  # a refusal from a service never reached gives up at once
+    try:
+        assert client.submit(call(13)).result(60).output == 14
+    finally:
+        client.close()
+    assert len(seen) == 4

@@ -21,8 +21,9 @@ Requests to a loopback address ignore proxy settings (``HTTP_PROXY``): the
 token and inputs stay on the machine; a token sent over plain HTTP beyond it
 is warned about.
 
-A service that has never answered this client is most likely not started, or
-the address is wrong: a refused connection is then retried for
+A service that has never answered this client (nor taken a connection of it: one
+killed while it held the client's first calls was there) is most likely not
+started, or the address is wrong: a refused connection is then retried for
 ``connect_grace_s`` only (a service started at the same time gets there), with
 a warning at the first refusal naming the address.
 """
@@ -122,7 +123,7 @@ class PoolClient:
         if isinstance(poll_s, bool) or not (isinstance(poll_s, (int, float)) and 0 < poll_s <= MAX_POLL_S):
             raise InvalidInputError(f"poll_s must be a number of seconds in (0, {MAX_POLL_S:g}], got {poll_s!r}")
         self._connect_grace_s = connect_grace_s
-        self._answered = False  # has the service answered this client at all?
+        self._answered = False  # has the service answered this client, or taken its connection, at all?
         self._warned = False
         self._outage_warned = False  # warned of the current outage of a service that answered before
         self.address = address.rstrip("/")
@@ -175,6 +176,8 @@ class PoolClient:
                     resp = self._http.post("/v1/calls", json=body, params=self._poll)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
                 last = f"{type(exc).__name__}: {exc}"
+                if not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # connected: a service is there
+                    self._answered = True  # (killed mid-request, say): wait for its restart as for one that answered
                 if isinstance(exc, httpx.ConnectError) and not self._answered:
                     self._never_answered(last, start)
                 elif not self._outage_warned:  # once per outage: the flow's log says why it waits
