@@ -30,7 +30,7 @@ from esg_prefect.service.client import call_body, parse_result
 from esg_prefect.service.codec import CodecError, decode, encode
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import error_body
-from tests.toy_stages import POISON, toy_profile
+from tests.toy_stages import POISON, UNPICKLABLE, toy_profile
 
 TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 TOKEN = "s3cret-token-of-24-chars"
@@ -141,6 +141,19 @@ def test_call_round_trip_and_stage_error(pool: Pool) -> None:
     with pytest.raises(StageFailedError, match="poison input 26") as info:
         parse_result(bad.json())
     assert info.value.error_type == "ValueError"
+
+
+def test_an_output_without_a_wire_form_names_its_stage_and_the_way_back(pool: Pool) -> None:
+    """A stage whose output JSON cannot carry (a lock here; a class of one's own) works in process but
+    not through the service: the error says the stage returned it, not that an input could not go."""
+    http = client(PoolService(pool, ["tests"], TOKEN))
+    resp = http.post("/v1/calls", json=body(UNPICKLABLE * 2))
+    assert resp.status_code == 200
+    with pytest.raises(StageCallError) as info:
+        parse_result(resp.json())
+    msg = str(info.value)
+    assert msg.startswith("stage 'inc' returned what cannot travel back from the pool service: values of type ")
+    assert "_thread.lock" in msg and "to the pool service" not in msg
 
 
 def test_auth(pool: Pool) -> None:

@@ -69,6 +69,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import resolve_stage
+from esg_prefect.service.codec import CodecError
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
 from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
@@ -433,7 +434,13 @@ class PoolService:
                 # shielded: this task cancelled at shutdown must not cancel the pool's future of the call
                 res = await asyncio.shield(asyncio.wrap_future(self.pool.submit(call)))
                 await self._recorded(res.batch_id)
-                body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
+                try:
+                    body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
+                except CodecError as exc:  # the stage ran (in process such an output works): say which way it failed
+                    why = str(exc).replace(" cannot travel to the pool service", " cannot travel")
+                    raise CodecError(
+                        f"stage {call.stage!r} returned what cannot travel back from the pool service: {why}"
+                    ) from None
             except CallConflictError as exc:
                 body, store = {**error_body(exc), "conflict": True}, False
             except PoolClosedError as exc:
