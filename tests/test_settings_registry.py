@@ -105,3 +105,15 @@ def test_scheduler_clock_measures_decision_time() -> None:
     # A second round with the same inputs reuses the kept answer and is timed anew: reads 2 and 3.
     res = sched.decide(Snapshot((QueueState(q, (job,)),), cpu_cluster(1, 1), {"w": wf}), 0.0)
     assert res.stats[0].decision_ms == 1.0 and next(ticks) == 4
+
+
+def test_a_misspelt_setting_gets_the_likely_one_not_the_whole_list() -> None:
+    """A near miss (``keep_alive`` for ``keep_alive_s``) is answered with the setting meant, in a line
+    short enough to read; a name like none of them still lists every setting."""
+    with pytest.raises(ConfigError) as near:
+        ESGSettings.from_dict({"keep_alive": 10})
+    msg = str(near.value)
+    assert "unknown ESG settings ['keep_alive']" in msg and "did you mean 'keep_alive_s'?" in msg
+    assert len(msg) < 200 and "esg-prefect schedulers" in msg
+    with pytest.raises(ConfigError, match=r"unknown ESG settings \['zzz'\]; known: \[.*'keep_alive_s'"):
+        ESGSettings.from_dict({"zzz": 3})

@@ -8,6 +8,7 @@ defaults from here.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
@@ -394,6 +395,13 @@ class ESGSettings:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
+            guesses = {k: difflib.get_close_matches(k, known, n=1, cutoff=0.6) for k in sorted(unknown)}
+            hints = [f"{k!r}: did you mean {g[0]!r}?" for k, g in guesses.items() if g]
+            if len(hints) == len(unknown):  # near misses: the settings meant, not all ~60 names
+                raise ConfigError(
+                    f"unknown ESG settings {sorted(unknown)} ({'; '.join(hints)}); "
+                    "`esg-prefect schedulers` lists every setting"
+                )
             raise ConfigError(f"unknown ESG settings {sorted(unknown)}; known: {sorted(known)}")
         kw = dict(data)
         if isinstance(kw.get("config_space"), dict):
