@@ -94,3 +94,20 @@ def test_a_saved_pool_blocks_name_stands_for_the_block() -> None:
     assert ESGTaskRunner(pool="test-runner-pool") == ESGTaskRunner(backend="inline", scheduler="fast-gshare")
     with pytest.raises(InvalidInputError, match="no ESG Pool block named 'no-such-pool'"):
         ESGTaskRunner(pool="no-such-pool")
+
+
+@pytest.mark.parametrize("slo", [0.5, 2])
+def test_an_slo_under_10_ms_is_warned_of_as_likely_seconds(slo: float) -> None:
+    """``slo_ms=0.5`` meant as half a second: Prefect's own time per run uses it up, so every call would
+    be served best effort with no other hint; one warning names the value and the likely intent."""
+    from esg_prefect import Pipeline
+
+    with pytest.warns(UserWarning, match=rf"pipeline 'quick': slo_ms={slo:g} is {slo:g} ms.*slo_ms={slo * 1000:g}"):
+        Pipeline("quick", slo_ms=slo)
+
+
+def test_an_slo_of_10_ms_or_more_is_not_warned_of(recwarn: pytest.WarningsRecorder) -> None:
+    from esg_prefect import Pipeline
+
+    Pipeline("fine", slo_ms=10)
+    assert not [w for w in recwarn if "slo_ms" in str(w.message)]

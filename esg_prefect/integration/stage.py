@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,9 @@ def esg_options(*, request_id: str | None = None, input_size: float | None = Non
         _options.reset(token)
 
 
+MIN_LIKELY_SLO_MS = 10.0  # below it an SLO is most likely written in seconds: Pipeline warns
+
+
 class Pipeline:
     """A workflow of DNN stages with an end-to-end latency SLO.
 
@@ -104,6 +108,14 @@ class Pipeline:
 
     def __init__(self, name: str, slo_ms: float, edges: Sequence[tuple[str, str]] | None = None) -> None:
         self.decl = WorkflowDecl(name, slo_ms, tuple(edges) if edges is not None else None)
+        if slo_ms < MIN_LIKELY_SLO_MS:  # most likely seconds: Prefect's own time per run uses it up, silently
+            warnings.warn(
+                f"pipeline {name!r}: slo_ms={slo_ms:g} is {slo_ms:g} ms, which Prefect's own time per flow run "
+                f"already uses up (every call is served best effort); slo_ms is in milliseconds: "
+                f"for {slo_ms:g} s write slo_ms={slo_ms * 1000:g}",
+                UserWarning,
+                stacklevel=2,
+            )
         self.stages: dict[str, StageSpec] = {}
         self._edges_checked = False
 
