@@ -186,7 +186,12 @@ def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
     from esg_prefect.integration import api_check
 
     ran: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.append(app))
+
+    def fake_run(server: uvicorn.Server, sockets: object = None) -> None:  # nothing binds
+        server.started = True
+        ran.append(server.config.app)
+
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
     monkeypatch.setattr(api_check, "prefect_api_url", lambda: api_url or None)
     assert main(["pool", "serve", "--allow", "tests", "--port", str(free_port()), "--store", "off", *artifacts]) == 0
     assert len(ran) == 1

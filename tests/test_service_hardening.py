@@ -455,8 +455,9 @@ def test_pool_serve_applies_its_set_overrides_to_the_pool(monkeypatch: pytest.Mo
 
     served: list[Any] = []
 
-    def fake_run(app: Any, **kwargs: Any) -> None:  # the service's app, not a server: nothing binds
-        served.append(kwargs)
+    def fake_run(server: Any, sockets: Any = None) -> None:  # the service's server, not run: nothing binds
+        server.started = True
+        served.append(server.config)
 
     made: list[Any] = []
     import esg_prefect.runtime.pool as pool_module
@@ -467,7 +468,7 @@ def test_pool_serve_applies_its_set_overrides_to_the_pool(monkeypatch: pytest.Mo
         real_init(self, *args, **kwargs)
         made.append(self)
 
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
     monkeypatch.setattr(pool_module.Pool, "__init__", spy_init)
     argv = ["pool", "serve", "--allow", "x", "--backend", "inline", "--store", "off", "--no-artifacts"]
     assert main([*argv, "--set", "keep_alive_s=7", "--set", "max_batch_wait_ms=20"]) in (0, None)

@@ -485,3 +485,25 @@ def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered()
     finally:
         client.close()
     assert len(seen) == 4
+
+
+def test_the_first_ctrl_c_says_what_becomes_of_the_calls_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C on `pool serve` was silent for the shutdown grace, then logged only uvicorn's 'Cancel N
+    running task(s)': the first one now says how many calls are in flight and what their callers do."""
+    import signal
+
+    import uvicorn
+
+    from esg_prefect.cli.pool import SHUTDOWN_GRACE_S, announcing_server
+
+    in_flight = [3]
+    server = announcing_server(uvicorn.Config(lambda *a: None), lambda: in_flight[0])
+    server.handle_exit(signal.SIGINT, None)
+    err = capsys.readouterr().err
+    assert f"stopping: 3 calls in flight get their answer within {SHUTDOWN_GRACE_S} s, or a 503" in err
+    assert "Ctrl-C again to stop at once" in err and server.should_exit
+    server.handle_exit(signal.SIGINT, None)  # the second: uvicorn stops at once, nothing more is said
+    assert capsys.readouterr().err == "" and server.force_exit
+    in_flight[0] = 0
+    announcing_server(uvicorn.Config(lambda *a: None), lambda: in_flight[0]).handle_exit(signal.SIGTERM, None)
+    assert capsys.readouterr().err.strip() == "stopping: no calls in flight"

@@ -7,12 +7,13 @@ decision, or to keep the queues while a device is serviced.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import socket
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,8 @@ pool_app = typer.Typer(help="The pool service: one ESG pool for the flow runs of
 
 
 SHUTDOWN_GRACE_S = 10
-"""How long Ctrl-C waits for open requests: a long poll holds one for up to ``wait_s`` (50 s), and its client
-reads a cut one as a restart (it asks again, by id, once the service is back)."""
+"""How long Ctrl-C waits for open requests: a long poll holds one for up to ``wait_s`` (50 s); one still
+waiting after it is answered 503, and its client posts the call again once a service is back."""
 
 
 def unimportable(allow: Sequence[str]) -> list[str]:
@@ -52,6 +53,31 @@ def bind_error(host: str, port: int) -> str:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def stop_message(in_flight: int) -> str:
+    """What the first Ctrl-C says: what becomes of the calls in flight, and how to stop at once."""
+    if not in_flight:
+        return "stopping: no calls in flight"
+    return (
+        f"stopping: {in_flight} call{'s' * (in_flight != 1)} in flight get their answer within {SHUTDOWN_GRACE_S} s, "
+        "or a 503 on which their callers post them again once a service is back at this address; "
+        "Ctrl-C again to stop at once"
+    )
+
+
+def announcing_server(config: Any, in_flight: Callable[[], int]) -> Any:
+    """A uvicorn server whose first Ctrl-C (or SIGTERM) says what becomes of the calls in flight: without
+    it the service is silent for the grace, then logs only uvicorn's 'Cancel N running task(s)'."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                typer.echo(stop_message(in_flight()), err=True)
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def register(app: typer.Typer) -> None:
@@ -238,20 +264,26 @@ def serve(
     logging.getLogger("esg_prefect").setLevel(log_level.upper())
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
+    config = uvicorn.Config(
+        service.app(),
+        host=host,
+        port=port,
+        log_level=log_level,
+        ssl_certfile=ssl_certfile or None,
+        ssl_keyfile=ssl_keyfile or None,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
+    server = announcing_server(config, lambda: service.calls_in_flight)
     try:
-        uvicorn.run(
-            service.app(),
-            host=host,
-            port=port,
-            log_level=log_level,
-            ssl_certfile=ssl_certfile or None,
-            ssl_keyfile=ssl_keyfile or None,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        )
+        with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
+            server.run()
     finally:
         service.closing = True
         pool.close()
         cache.close()
+    if not server.started:  # it could not listen: uvicorn logged why
+        raise typer.Exit(3)
+    typer.echo("esg-prefect pool service stopped", err=True)
 
 
 def _admin(url: str, token_env: str, action: str) -> None:

@@ -139,6 +139,11 @@ class PoolService:
         self.closing = False
         self.registry = pool_registry(pool, lambda: len(self._inflight), self.results.stored_bytes)
 
+    @property
+    def calls_in_flight(self) -> int:
+        """Calls accepted and not yet answered (queued or running)."""
+        return len(self._inflight)
+
     def app(self) -> ASGIApp:
         """The ASGI application."""
         app = Starlette(
