@@ -703,7 +703,7 @@ def test_a_users_stage_planned_with_a_shipped_example_profile_is_warned_about(ca
     assert warned == [
         "stage 'classify' (tests.toy_stages:classify_vision) is planned with the latency profile shipped for "
         "esg-prefect's example stage 'classify', not one of its own: profile it (`esg-prefect profile`) and pass "
-        "ESGTaskRunner(profile=...)"
+        "the CSV (ESGTaskRunner(profile=...), pool serve --profile)"  # a service's operator gives --profile
     ]
 
 

@@ -51,7 +51,8 @@ def warn_if_shipped(stage: str, stage_path: str, profiled: str, profile: Latency
         return False
     logger.warning(
         "stage %r (%s) is planned with the latency profile shipped for esg-prefect's example stage %r, "
-        "not one of its own: profile it (`esg-prefect profile`) and pass ESGTaskRunner(profile=...)",
+        "not one of its own: profile it (`esg-prefect profile`) and pass the CSV "
+        "(ESGTaskRunner(profile=...), pool serve --profile)",
         stage,
         stage_path,
         profiled,
