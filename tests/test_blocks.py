@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +125,29 @@ def test_a_bad_value_set_on_a_made_block_is_refused_too() -> None:
     assert settings.hybrid_sharing is False
     settings.tick_ms = 7.0  # a good value after a refused one is taken
     assert settings.tick_ms == 7.0
+
+
+@pytest.mark.parametrize(
+    ("block", "name", "says"),
+    [
+        (ESGSchedulerSettings, "keep_alive", "did you mean 'keep_alive_s'?"),
+        (ESGPriceSheet, "gpus", "did you mean 'gpu'?"),
+        (ESGPool, "adress", "did you mean 'address'?"),
+        (ESGPool, "zzz", "its fields: address, backend, profile_path, scheduler, token"),
+    ],
+)
+def test_a_name_that_is_no_field_is_refused_with_the_one_meant(block: type[Block], name: str, says: str) -> None:
+    """Prefect's blocks keep unknown keywords: ``ESGSchedulerSettings(keep_alive=10)`` made a block still at 60 s."""
+    from pydantic import ValidationError
+
+    line = f"{block.__name__} has no field {name!r}{':' if 'did' in says else ';'} {says}"
+    with pytest.raises(ValidationError, match=re.escape(line)):
+        block(**{name: 10})
+    made = block()
+    with pytest.raises(ValueError, match=re.escape(line)):
+        setattr(made, name, 10)
+    assert name not in made.model_dump()
+    type(made).model_validate(made.model_dump())  # a saved block's own keys still load
 
 
 def test_a_co_run_table_is_read_only_where_hybrid_sharing_would_read_it() -> None:

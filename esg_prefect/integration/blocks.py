@@ -9,6 +9,7 @@ objects. ``blocks/create_defaults.py`` saves the default documents.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -41,13 +42,40 @@ def _refused(convert: Callable[[], object]) -> None:
         raise ValueError(str(exc)) from None
 
 
+def _no_field(cls: type[Block], name: str) -> str:
+    """The line for a name that is none of a block's fields, with the field most likely meant."""
+    guess = difflib.get_close_matches(name, cls.model_fields, n=1, cutoff=0.6)
+    hint = f": did you mean {guess[0]!r}?" if guess else f"; its fields: {', '.join(sorted(cls.model_fields))}"
+    return f"{cls.__name__} has no field {name!r}{hint}"
+
+
+def _prefects(key: str) -> bool:
+    """Whether a key is Prefect's own in a block's data (its type's slug, private and reference keys)."""
+    return key == "block_type_slug" or key.startswith(("_", "$"))
+
+
+def _fields_only(cls: type[Block], data: Any) -> Any:
+    """Refuse a name that is none of the block's fields (Prefect's own keys pass).
+
+    Prefect's blocks keep unknown keywords (``extra="allow"``): ``ESGSchedulerSettings(keep_alive=10)``
+    made a block with ``keep_alive_s`` still 60 s, and saved the misspelling beside it.
+    """
+    if isinstance(data, dict):
+        for key in data:
+            if isinstance(key, str) and key not in cls.model_fields and not _prefects(key):
+                raise ValueError(_no_field(cls, key))
+    return data
+
+
 def _assign_or_keep(block: Block, name: str, value: Any) -> None:
-    """Set a field of a checked block; a value the block's checks refuse leaves the old one in place.
+    """Set a field of a block; a misspelt name, or a value the block's checks refuse, leaves it as it was.
 
     pydantic takes back a value its field constraints refuse, but not one refused by a model
     validator (a setting :class:`ESGSettings` refuses, a co-run table that cannot be read): the
     bad value stayed on the block, and a ``save()`` after the error stored it.
     """
+    if name not in type(block).model_fields and not _prefects(name):
+        raise ValueError(_no_field(type(block), name))
     had = name in block.__dict__
     old = block.__dict__.get(name)
     try:
@@ -90,6 +118,14 @@ class ESGPool(Block):
         default=None, description="Latency profile CSV; empty for the profiles shipped with esg-prefect."
     )
 
+    __setattr__ = _assign_or_keep
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """Refuse a misspelt field name (:func:`_fields_only`)."""
+        return _fields_only(cls, data)
+
 
 class ESGPriceSheet(Block):
     """Prices of a vCPU and of each GPU type, per hour or per second, for cost planning and records.
@@ -115,6 +151,12 @@ class ESGPriceSheet(Block):
 
     model_config = _VALIDATED
     __setattr__ = _assign_or_keep
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """Refuse a misspelt field name (:func:`_fields_only`)."""
+        return _fields_only(cls, data)
 
     @model_validator(mode="after")
     def _check_prices(self) -> ESGPriceSheet:
@@ -364,6 +406,12 @@ class ESGSchedulerSettings(Block):
 
     model_config = _VALIDATED
     __setattr__ = _assign_or_keep
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_names(cls, data: Any) -> Any:
+        """Refuse a misspelt field name (:func:`_fields_only`)."""
+        return _fields_only(cls, data)
 
     @model_validator(mode="after")
     def _check_settings(self) -> ESGSchedulerSettings:
