@@ -127,12 +127,12 @@ def register(app: typer.Typer) -> None:
         """Measure every stage's latency over batch sizes x vCPUs (x GPU shares), with p50/p95, memory, cold start.
 
         Writes a latency-profile CSV that the scheduler loads
-        (ESGTaskRunner(profile="profile.csv"), or pool serve --profile), the per-call samples for the
-        input-size model, and saves the run in the profile store. --breakdown adds
-        the Stash stall breakdown (compute, host-to-device copy, interference,
-        transfer, queueing, cold start) and the co-run table; --validate compares
-        the profile's predictions with fresh measurements. Targets are imported from the
-        working directory too, as with python -m.
+        (ESGTaskRunner(profile="profile.csv"), or pool serve --profile), the
+        per-call samples for the input-size model, and saves the run in the profile
+        store. --breakdown adds the Stash stall breakdown (compute, host-to-device
+        copy, interference, transfer, queueing, cold start) and the co-run table;
+        --validate compares the profile's predictions with fresh measurements.
+        Targets are imported from the working directory too, as with python -m.
         """
         import_from_cwd()  # a console script, unlike python -m, does not put it on the import path
         _check_files(
