@@ -2,7 +2,8 @@
 
 Worked by hand on a one-stage profile (T4 shares 0.2 and 0.4, batches 1, 2 and 4): the planned
 kind at two rates, the count from the calls counted, the steadiness gate on a steady and a bursty
-stream, and the hold and the drain on the placeable resources.
+stream, the hold and the drain on the placeable resources, and the retirement of a held stage's surplus with
+its spares (kept, or a cheap one started) on hand-made fleets.
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ from typing import Any
 import pytest
 
 from esg_prefect.exceptions import ConfigError
-from esg_prefect.model import LatencyProfile, PriceSheet, ProfilePoint, Workflow
-from esg_prefect.model.config import ConfigSpace
-from esg_prefect.scheduling import ESGSettings
+from esg_prefect.model import (
+    ClusterSnapshot,
+    Device,
+    Job,
+    LatencyProfile,
+    Node,
+    PriceSheet,
+    ProfilePoint,
+    QueueKey,
+    Worker,
+    Workflow,
+)
+from esg_prefect.model.config import Config, ConfigSpace
+from esg_prefect.scheduling import ESGScheduler, ESGSettings, QueueState, Snapshot
 from esg_prefect.scheduling.stage_plan import NewCalls, StagePlanner, plan_stage, stage_budgets
 from esg_prefect.scheduling.tables import CandidateTables
 
@@ -167,7 +179,9 @@ def test_with_the_drain_a_stage_at_a_count_of_two_or_more_serves_only_on_the_pla
 class _Fleet:
     """A cluster view of stage s's workers: ``(id, share, idle since or None when busy)``, fresh ones named."""
 
-    def __init__(self, *workers: tuple[str, float, float | None], fresh: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *workers: tuple[str, float, float | None], fresh: tuple[str, ...] = (), starting: tuple[str, ...] = ()
+    ) -> None:
         ws = [
             NS(
                 worker_id=wid,
@@ -175,7 +189,7 @@ class _Fleet:
                 vcpus=1,
                 gpu_share=share,
                 idle_since_ms=since,
-                starting=False,
+                starting=wid in starting,
                 fresh=wid in fresh,
             )
             for wid, share, since in workers
@@ -320,9 +334,78 @@ def test_the_clump_test_finds_each_kinds_best_batch_once_and_decides_as_before()
     assert len(asked) == 2 * 3  # two kinds, three batch sizes (the former sum asked 7 * 3 times)
 
 
+class _Starts:
+    """The scheduler's start of a cheap spare, recorded: ``room`` says whether it has room."""
+
+    def __init__(self, room: bool = True) -> None:
+        self.room, self.calls = room, list[tuple[str, Config, str]]()
+
+    def __call__(self, stage: str, cfg: Config, hardware: str, reason: str) -> bool:
+        self.calls.append((stage, cfg, hardware))
+        return self.room
+
+
+def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer_surplus_goes() -> None:
+    """Same stream and plan (one T4 0.4 worker for batches of 2, p1 idle). The stage's cheapest kind for a spare:
+    T4 0.2 (0.2 per s idle against 0.4), batch 1 in 10 ms within the 30 ms budget."""
+    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=True))
+    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    now = 15_000.0
+    kind = p.spare_kind("s", 30.0)
+    assert kind is not None and (kind.hardware, kind.vcpus, kind.gpu_share, kind.batch) == ("T4", 1, 0.2, 1)
+    assert kind.idle_per_s == pytest.approx(0.2)
+    assert p.spare_kind("s", 4.0) is None  # nothing runs within 4 ms
+    # only dearer surplus (p4, p5: T4 0.4 past the count): a T4 0.2 is started, and until it is warm the cheapest
+    # of them, the most recently idle (p4), stays; p5 goes
+    dear = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("p5", 0.4, now - 90.0))
+    starts = _Starts()
+    assert p.surplus(dear, now, starts) == ("p5",)  # type: ignore[arg-type]
+    assert starts.calls == [("s", Config(1, 1, 0.2), "T4")]
+    # no room for it: the same spare stays all the same (what stage_plan_retire_spares=1 keeps)
+    assert p.surplus(dear, now, _Starts(room=False)) == ("p5",)  # type: ignore[arg-type]
+    # the start is loading: no second start, p4 still stays
+    loading = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("c6", 0.2, None), starting=("c6",))
+    starts = _Starts()
+    assert p.surplus(loading, now, starts) == () and starts.calls == []  # type: ignore[arg-type]
+    # warm (fresh, no batch yet): it is the spare, and the dear surplus goes
+    warmed = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("c6", 0.2, now - 5.0), fresh=("c6",))
+    assert p.surplus(warmed, now, starts) == ("p4",) and starts.calls == []  # type: ignore[arg-type]
+
+
+def test_no_cheap_spare_is_started_where_the_stage_holds_one_or_the_plan_does_not_hold() -> None:
+    def planner(retire: float = 0.7, cheap: bool = True) -> StagePlanner:
+        p = StagePlanner(_tables(stage_plan_retire=retire, stage_plan_retire_cheap_spare=cheap))
+        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        return p
+
+    now = 15_000.0
+    starts = _Starts()
+    # an idle T4 0.2 outside the count (x2, or y3 the more recently idle of two) is the spare: the others go
+    held = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, now - 60.0), ("y3", 0.2, now - 55.0), ("p4", 0.4, now - 80.0))
+    assert planner().surplus(held, now, starts) == ("x2", "p4")  # type: ignore[arg-type]
+    # one running a batch outside the count: no spare kept idle, no start, the dear surplus goes
+    busy = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, None), ("p4", 0.4, now - 80.0))
+    assert planner().surplus(busy, now, starts) == ("p4",)  # type: ignore[arg-type]
+    # nothing idled 50 ms outside the count: nothing would go, so nothing starts
+    young = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 30.0))
+    assert planner().surplus(young, now, starts) == ()  # type: ignore[arg-type]
+    # the count does not carry the peak at 0.3: the rule holds nothing, starts nothing
+    dear = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0))
+    assert planner(retire=0.3).surplus(dear, now, starts) == ()  # type: ignore[arg-type]
+    # a bursty stage (500 calls every 5 s: a 1 s peak five times the mean) is not held: the same
+    bursty = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=True))
+    _feed(bursty, [t + 0.1 * i for t in range(0, 15_000, 5_000) for i in range(500)], 100.0, 15_000.0)
+    assert bursty.stage("s") is not None and not bursty.stage("s").steady  # type: ignore[union-attr]
+    assert bursty.surplus(dear, now, starts) == ()  # type: ignore[arg-type]
+    assert starts.calls == []
+    # off (the default): the dear surplus goes and nothing starts
+    assert planner(cheap=False).surplus(dear, now, starts) == ("p4",) and starts.calls == []  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
+        ("stage_plan_retire_cheap_spare", 1),
         ("stage_plan_retire_clump", 1),
         ("stage_plan_retire_spares", -1),
         ("stage_plan_retire_spares", 1.5),
@@ -414,3 +497,43 @@ def test_a_call_is_counted_once_in_the_round_its_ready_time_has_come() -> None:
     assert st is not None and list(st.calls) == [5.0]
     _observe(planner, snap, 150.0)
     assert list(st.calls) == [5.0, 120.0]
+
+
+def test_esgs_round_returns_the_cheap_spares_start_and_keeps_the_surplus_until_it_is_warm() -> None:
+    """ESG's round end to end (the scheduler the simulator and the runtime both call): 100/s on queue w/s for 15 s,
+    then a round with p1 (T4 0.4, the count) and p4 (T4 0.4, past it, idle 80 ms) and nothing queued. With the cheap
+    spare, a T4 0.2 start for w/s and p4 kept; without, p4 retired and nothing started."""
+
+    def last_round(cheap: bool) -> Any:
+        tables = _tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=cheap)
+        sched = ESGScheduler(tables.profile, tables.prices, tables.settings)
+        key, nodes = QueueKey("w", "s"), [Node("n0", 16)]
+        devices = [Device(f"n0/gpu{i}", "n0", "T4") for i in range(2)]
+
+        def snapshot(jobs: tuple[Job, ...], now: float, p4_since: float) -> Snapshot:
+            workers = [
+                Worker("p1", "n0", "n0/gpu0", "T4", 1, 0.4, "s", idle_since_ms=now - 10.0),
+                Worker("p4", "n0", "n0/gpu1", "T4", 1, 0.4, "s", idle_since_ms=p4_since),
+            ]
+            return Snapshot(
+                (QueueState(key, jobs, 100.0),) if jobs else (), ClusterSnapshot(nodes, devices, workers), {"w": WF}
+            )
+
+        t, k = 0.0, 1
+        while t < 15_000.0:
+            jobs = []
+            while 10.0 * k <= t:
+                r = 10.0 * k
+                jobs.append(Job(f"j{k}", f"r{k}", f"r{k}", key, r, r, r + 30.0, r + 30.0))
+                k += 1
+            sched.decide(snapshot(tuple(jobs), t, t - 10.0), t)  # p4 busy-ish: never idle 50 ms
+            t += 50.0
+        return sched.decide(snapshot((), 15_000.0, 15_000.0 - 80.0), 15_000.0)
+
+    res = last_round(cheap=True)
+    assert [(s.queue, s.config, s.hardware, s.placement.cold) for s in res.starts] == [
+        (QueueKey("w", "s"), Config(1, 1, 0.2), "T4", True)
+    ]
+    assert res.retire == ()
+    res = last_round(cheap=False)
+    assert res.starts == () and res.retire == ("p4",)

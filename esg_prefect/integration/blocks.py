@@ -378,6 +378,10 @@ class ESGSchedulerSettings(Block):
         default=_knob("stage_plan_retire_clump"),
         description="Retire a held stage's surplus only while its count and spares serve its 100 ms clump in time.",
     )
+    stage_plan_retire_cheap_spare: bool = Field(
+        default=_knob("stage_plan_retire_cheap_spare"),
+        description="As stage_plan_retire stops a stage's surplus, keep (or start) one spare of its cheapest kind.",
+    )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),
         description="Start a next stage's worker as a batch goes out, where its calls come in waves and none is idle.",

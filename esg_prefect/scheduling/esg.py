@@ -77,6 +77,7 @@ from collections.abc import Callable
 from operator import attrgetter
 
 from esg_prefect.exceptions import MissingProfileError
+from esg_prefect.model.config import Config
 from esg_prefect.model.jobs import Job, QueueKey
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.model.profile import LatencyProfile
@@ -94,7 +95,7 @@ from esg_prefect.scheduling.base import (
 )
 from esg_prefect.scheduling.best_effort import BestEffort
 from esg_prefect.scheduling.busy_warm import Bookings, BusyWarm
-from esg_prefect.scheduling.dispatch import ViewCache
+from esg_prefect.scheduling.dispatch import ClusterView, ViewCache
 from esg_prefect.scheduling.esg_1q import ESG1Q
 from esg_prefect.scheduling.esg_round import (
     TAKEN_SHARE,
@@ -104,13 +105,15 @@ from esg_prefect.scheduling.esg_round import (
     Packing,
     Prewarm,
     QueueDecision,
+    start_cold,
+    starting,
 )
 from esg_prefect.scheduling.memo import Memo
 from esg_prefect.scheduling.paldia import paldia_features
 from esg_prefect.scheduling.search import Clock
 from esg_prefect.scheduling.settings import ESGSettings
 from esg_prefect.scheduling.sharing import SharedBatches
-from esg_prefect.scheduling.stage_plan import NewCalls, StagePlanner
+from esg_prefect.scheduling.stage_plan import NewCalls, StagePlanner, StartSpare
 from esg_prefect.scheduling.tables import CandidateTables, Choice
 
 __all__ = ["ESGScheduler", "QueueDecision"]
@@ -311,8 +314,28 @@ class ESGScheduler(ESG1Q):
             start = self._prewarm.start(key, c, left, view, self.placeable_resources(key.stage, view, now_ms), starts)
             if start is not None:
                 starts.append(start)
-        retire = self._planner.surplus(view, now_ms) if self._planner is not None else ()
+        retire: tuple[str, ...] = ()
+        if self._planner is not None:
+            spare = self._spare_starter(snapshot, view, starts) if self.settings.stage_plan_retire_cheap_spare else None
+            retire = self._planner.surplus(view, now_ms, spare)
         return SchedulingResult(tuple(dispatches), tuple(holds), tuple(rejects), tuple(stats), tuple(starts), retire)
+
+    @staticmethod
+    def _spare_starter(snapshot: Snapshot, view: ClusterView, starts: list[Start]) -> StartSpare:
+        """The start of a held stage's cheap spare (``stage_plan_retire_cheap_spare``): one start of a stage at a
+        time, for the first workflow's queue of the stage, with room and without stopping anyone; appended to
+        ``starts``."""
+
+        def start(stage: str, cfg: Config, hardware: str, reason: str) -> bool:
+            key = next((QueueKey(n, stage) for n, wf in snapshot.workflows.items() if stage in wf.stages), None)
+            if key is None or starting(stage, view, starts):
+                return False
+            got = start_cold(key, cfg, hardware, view, reason)
+            if got is not None:
+                starts.append(got)
+            return got is not None
+
+        return start
 
     @staticmethod
     def _bounded_wait(q: QueueState, jobs: list[Job], cap_ms: float, now_ms: float) -> QueueState:

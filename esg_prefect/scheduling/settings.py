@@ -202,6 +202,11 @@ class ESGSettings:
         stage_plan_retire_clump: ``stage_plan_retire`` stops a stage's surplus only while its count and its
             spares (``stage_plan_retire_spares``) would serve the stage's largest 100 ms clump of calls of the
             last 30 s within its part of the SLO; False (the default): no such test.
+        stage_plan_retire_cheap_spare: ``stage_plan_retire`` keeps one spare of the stage's cheapest kind (least
+            price per second idle among the kinds that run a batch within its part of the SLO): an idle worker
+            outside the count no dearer idle, or one started as the dearer ones go (make before break: the
+            cheapest of them stays until it is warm); False (the default): no such spare.
+            docs/decisions/whole-bill.md, "Probed 2026-11-28: retiring a held stage's surplus".
         lookahead_starts: after a round's dispatches of a stage, start a worker for each next stage of the
             workflow whose calls come in waves (:mod:`esg_prefect.scheduling.waves`) and that has no idle warm
             worker and none starting: the cheapest kind that runs the batch within the next stage's part of
@@ -270,6 +275,7 @@ class ESGSettings:
     stage_plan_retire: float = 0.0
     stage_plan_retire_spares: int = 0
     stage_plan_retire_clump: bool = False
+    stage_plan_retire_cheap_spare: bool = False
     lookahead_starts: bool = True
     size_aware: bool = True
     hardware_selection: bool = False
@@ -295,7 +301,7 @@ class ESGSettings:
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
         more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
         whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus", "stage_plan", "lookahead_starts")
-        retire = ("stage_plan_retire_clump",)
+        retire = ("stage_plan_retire_clump", "stage_plan_retire_cheap_spare")
         for name in (*bools, *more, *whole_bill, *retire):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")

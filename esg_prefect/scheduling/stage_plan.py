@@ -28,6 +28,9 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   batch, loses the warm-up's workers of other kinds and those past its count, which otherwise keep
   taking a part of its load and never idle long enough to expire. ``stage_plan_retire_spares`` keeps that many
   of those workers, the cheapest idle ones, as spares for a clump of calls the count alone would queue;
+  ``stage_plan_retire_cheap_spare`` keeps one spare of the stage's cheapest kind instead (least idle price among
+  the kinds that run a batch within its budget), started as the dearer ones go: until it is warm, the cheapest
+  of them stays;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
@@ -37,19 +40,21 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from esg_prefect.exceptions import MissingProfileError
 from esg_prefect.model.attribution import idle_rates
 from esg_prefect.model.cluster import Worker
+from esg_prefect.model.config import Config
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.base import Snapshot
 from esg_prefect.scheduling.dispatch import ClusterView
 from esg_prefect.scheduling.first_stage import Resource
 from esg_prefect.scheduling.tables import CandidateTables
 
-__all__ = ["NewCalls", "StagePlan", "StagePlanner", "plan_stage", "stage_budgets"]
+__all__ = ["NewCalls", "SpareKind", "StagePlan", "StagePlanner", "StartSpare", "plan_stage", "stage_budgets"]
 
 HISTORY_MS = 30_000.0
 """How long a stage's calls are counted for its kind and its steadiness."""
@@ -154,6 +159,21 @@ def plan_stage(
     return None if best is None else best[2]
 
 
+class SpareKind(NamedTuple):
+    """A stage's cheapest kind for a spare (``stage_plan_retire_cheap_spare``) and its price per second idle."""
+
+    hardware: str
+    vcpus: int
+    gpu_share: float
+    batch: int
+    idle_per_s: float
+
+
+StartSpare = Callable[[str, Config, str, str], bool]
+"""Starts a worker of (stage, config, hardware) with a reason, where it has room without stopping anyone; True if
+it did (the scheduler's round builds the start: :class:`~esg_prefect.scheduling.base.Start`)."""
+
+
 class _Stage:
     """What the planner keeps per stage: recent calls, its plan, its count."""
 
@@ -182,6 +202,9 @@ class StagePlanner:
         self.retire = tables.settings.stage_plan_retire
         self.spares = tables.settings.stage_plan_retire_spares
         self.clump = tables.settings.stage_plan_retire_clump
+        self.cheap_spare = tables.settings.stage_plan_retire_cheap_spare
+        self._hardware: frozenset[str] = frozenset()
+        self._spare_kinds: dict[tuple[str, float, frozenset[str]], SpareKind | None] = {}
         self._stages: dict[str, _Stage] = {}
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
         self._held: dict[tuple[tuple[Resource, ...], tuple[str, int, float], bool, bool], tuple[Resource, ...]] = {}
@@ -195,6 +218,7 @@ class StagePlanner:
     ) -> None:
         """Count ``new``, the calls that became ready since the last round (:class:`NewCalls`); update each stage's
         plan, count and gate."""
+        self._hardware = hardware
         for name, times in new.items():
             st = self._stages.get(name)
             if st is None:
@@ -260,13 +284,15 @@ class StagePlanner:
             self._held[key] = got
         return got
 
-    def surplus(self, view: ClusterView, now_ms: float) -> tuple[str, ...]:
+    def surplus(self, view: ClusterView, now_ms: float, start: StartSpare | None = None) -> tuple[str, ...]:
         """The idle workers ``stage_plan_retire`` stops this round (module docstring); () when it is off.
 
         Per held stage: its workers of the plan's kind, busy ones first and then idle ones most recently idle
         first (the placement reuses those), make its count; when they number the count and one of them is
         idle, and the count carries the stage's peak 1 s rate at the setting's utilisation, the stage's other
         idle workers that have idled ``RETIRE_IDLE_MS`` or more go. ``view``: after the round's commits.
+        ``start(stage, config, hardware, reason)``: starts a worker (``stage_plan_retire_cheap_spare``), True if
+        it did.
         """
         if self.retire <= 0:
             return ()
@@ -290,7 +316,10 @@ class StagePlanner:
             if keep < 1 or len(mine) < keep:
                 continue  # the count is not warm, or none of it is idle: nothing goes
             kept = {w.worker_id for w in mine[:keep]}
-            spares = self.spare_workers(idle, kept) if self.spares else []
+            n = self.spares
+            if self.cheap_spare:
+                n += self._cheap_spare(name, st, view, idle, kept, now_ms, start)
+            spares = self.spare_workers(idle, kept, n) if n else []
             if self.clump:
                 kinds = Counter(_kind(w) for w in spares)
                 kinds[kind] += st.count
@@ -304,11 +333,78 @@ class StagePlanner:
                 out.append(w.worker_id)
         return tuple(out)
 
-    def spare_workers(self, idle: Sequence[Worker], kept: set[str]) -> list[Worker]:
-        """Of a stage's ``idle`` workers outside its count (``kept``), the ``stage_plan_retire_spares`` the
-        retirement keeps: least price per second idle first (``idle_rates``, the one rule of idle prices), then the
-        most recently idle (the warmer, which the placement reuses first), then by id. Workers still starting or
-        fresh are not among them (never stopped)."""
+    def spare_kind(self, stage: str, budget_ms: float) -> SpareKind | None:
+        """The stage's cheapest kind for a spare: of its (hardware, vCPUs, share) that run some batch within
+        ``budget_ms``, the least price per second idle (``idle_rates``), then per second busy, then the fastest;
+        None if none. Kept per (stage, budget, hardware)."""
+        key = (stage, budget_ms, self._hardware)
+        if key in self._spare_kinds:
+            return self._spare_kinds[key]
+        tables, held = self.tables, self.tables.settings.idle_vcpus
+        best: tuple[float, float, float, SpareKind] | None = None
+        for hw in sorted(self._hardware & tables.profile.hardware_types(stage)):
+            for vcpus, share in tables.resources(hw):
+                for b in tables.settings.config_space.batches:
+                    lat = tables.latency_ms(stage, b, vcpus, share, hw)
+                    if lat is None or lat > budget_ms:
+                        continue
+                    idle_s = idle_rates(tables.prices, vcpus, share, hw, held)[1]
+                    rank = (idle_s, tables.prices.rate_per_s(vcpus, share, hw), lat)
+                    if best is None or rank < best[:3]:
+                        best = (*rank, SpareKind(hw, vcpus, share, b, idle_s))
+        got = self._spare_kinds[key] = None if best is None else best[3]
+        return got
+
+    def _cheap_spare(
+        self,
+        name: str,
+        st: _Stage,
+        view: ClusterView,
+        idle: Sequence[Worker],
+        kept: set[str],
+        now_ms: float,
+        start: StartSpare | None,
+    ) -> int:
+        """``stage_plan_retire_cheap_spare`` for one stage whose count ``kept`` holds: 0 when it holds a spare of
+        its cheapest kind (an idle one no dearer idle, added to ``kept``, or a busy one outside the count), 1 when
+        one of those is starting or is started now (make before break: the cheapest of the others stays until it is
+        warm), 0 when nothing would go or no kind fits the budget."""
+        kind = self.spare_kind(name, st.budget)
+        if kind is None:
+            return 0
+        prices, held = self.tables.prices, self.tables.settings.idle_vcpus
+
+        def cheap(w: Worker) -> bool:
+            return idle_rates(prices, w.vcpus, w.gpu_share, w.hardware, held)[1] <= kind.idle_per_s * (1 + 1e-9)
+
+        others = [w for w in idle if w.worker_id not in kept and not w.starting]
+        found = sorted(
+            (w for w in others if cheap(w)),
+            key=lambda w: (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id),
+        )
+        if found:
+            kept.add(found[0].worker_id)
+            return 0
+        plan = st.plan
+        count_kind = None if plan is None else (plan.hardware, plan.vcpus, plan.gpu_share)
+        working = [*view.busy_by_stage.get(name, ()), *view.taken(name)]
+        if any(not w.starting and _kind(w) != count_kind and cheap(w) for w in working):
+            return 0  # a spare of the cheap kind outside the count is running a batch
+        if any(w.starting for w in working):
+            return 1  # one start of a stage at a time; the cheapest surplus stays meanwhile
+        due = [w for w in others if not w.fresh and now_ms - (w.idle_since_ms or now_ms) >= RETIRE_IDLE_MS]
+        if not due:
+            return 0
+        if start is not None:
+            cfg = Config(kind.batch, kind.vcpus, kind.gpu_share)
+            start(name, cfg, kind.hardware, f"cheap spare: {kind.hardware} share {kind.gpu_share} as the surplus goes")
+        return 1
+
+    def spare_workers(self, idle: Sequence[Worker], kept: set[str], n: int) -> list[Worker]:
+        """Of a stage's ``idle`` workers outside its count (``kept``), the ``n`` spares the retirement keeps: least
+        price per second idle first (``idle_rates``, the one rule of idle prices), then the most recently idle (the
+        warmer, which the placement reuses first), then by id. Workers still starting or fresh are not among them
+        (never stopped)."""
         prices, held = self.tables.prices, self.tables.settings.idle_vcpus
         others = [w for w in idle if w.worker_id not in kept and not w.starting and not w.fresh]
         others.sort(
@@ -319,7 +415,7 @@ class StagePlanner:
                 w.worker_id,
             )
         )
-        return others[: self.spares]
+        return others[:n]
 
     def _absorbs(self, stage: str, st: _Stage, kinds: Mapping[tuple[str, int, float], int]) -> bool:
         """Whether workers of ``kinds`` (kind -> how many) serve the stage's largest 100 ms clump of the last 30 s
