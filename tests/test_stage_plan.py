@@ -348,7 +348,7 @@ class _Starts:
 def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer_surplus_goes() -> None:
     """Same stream and plan (one T4 0.4 worker for batches of 2, p1 idle). The stage's cheapest kind for a spare:
     T4 0.2 (0.2 per s idle against 0.4), batch 1 in 10 ms within the 30 ms budget."""
-    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=True))
+    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=1.0))
     _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
     now = 15_000.0
     kind = p.spare_kind("s", 30.0)
@@ -373,7 +373,7 @@ def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer
 
 
 def test_no_cheap_spare_is_started_where_the_stage_holds_one_or_the_plan_does_not_hold() -> None:
-    def planner(retire: float = 0.7, cheap: bool = True) -> StagePlanner:
+    def planner(retire: float = 0.7, cheap: float = 1.0) -> StagePlanner:
         p = StagePlanner(_tables(stage_plan_retire=retire, stage_plan_retire_cheap_spare=cheap))
         _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
         return p
@@ -393,19 +393,26 @@ def test_no_cheap_spare_is_started_where_the_stage_holds_one_or_the_plan_does_no
     dear = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0))
     assert planner(retire=0.3).surplus(dear, now, starts) == ()  # type: ignore[arg-type]
     # a bursty stage (500 calls every 5 s: a 1 s peak five times the mean) is not held: the same
-    bursty = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=True))
+    bursty = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=1.0))
     _feed(bursty, [t + 0.1 * i for t in range(0, 15_000, 5_000) for i in range(500)], 100.0, 15_000.0)
     assert bursty.stage("s") is not None and not bursty.stage("s").steady  # type: ignore[union-attr]
     assert bursty.surplus(dear, now, starts) == ()  # type: ignore[arg-type]
     assert starts.calls == []
     # off (the default): the dear surplus goes and nothing starts
-    assert planner(cheap=False).surplus(dear, now, starts) == ("p4",) and starts.calls == []  # type: ignore[arg-type]
+    assert planner(cheap=0.0).surplus(dear, now, starts) == ("p4",) and starts.calls == []  # type: ignore[arg-type]
+    # the kind must run a call within 0.3 of the 30 ms budget (9 ms): T4 0.2 (10 ms) does not, T4 0.4 (5 ms) does;
+    # so p4, of the plan's kind past the count, is no dearer: the spare, no start, and only p5 goes
+    three = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("p5", 0.4, now - 90.0))
+    assert planner(cheap=0.3).surplus(three, now, starts) == ("p5",) and starts.calls == []  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("knob", "value"),
     [
-        ("stage_plan_retire_cheap_spare", 1),
+        ("stage_plan_retire_cheap_spare", True),
+        ("stage_plan_retire_cheap_spare", -0.1),
+        ("stage_plan_retire_cheap_spare", 1.5),
+        ("stage_plan_retire_cheap_spare", float("nan")),
         ("stage_plan_retire_clump", 1),
         ("stage_plan_retire_spares", -1),
         ("stage_plan_retire_spares", 1.5),
@@ -504,7 +511,7 @@ def test_esgs_round_returns_the_cheap_spares_start_and_keeps_the_surplus_until_i
     then a round with p1 (T4 0.4, the count) and p4 (T4 0.4, past it, idle 80 ms) and nothing queued. With the cheap
     spare, a T4 0.2 start for w/s and p4 kept; without, p4 retired and nothing started."""
 
-    def last_round(cheap: bool) -> Any:
+    def last_round(cheap: float) -> Any:
         tables = _tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=cheap)
         sched = ESGScheduler(tables.profile, tables.prices, tables.settings)
         key, nodes = QueueKey("w", "s"), [Node("n0", 16)]
@@ -530,10 +537,10 @@ def test_esgs_round_returns_the_cheap_spares_start_and_keeps_the_surplus_until_i
             t += 50.0
         return sched.decide(snapshot((), 15_000.0, 15_000.0 - 80.0), 15_000.0)
 
-    res = last_round(cheap=True)
+    res = last_round(cheap=1.0)
     assert [(s.queue, s.config, s.hardware, s.placement.cold) for s in res.starts] == [
         (QueueKey("w", "s"), Config(1, 1, 0.2), "T4", True)
     ]
     assert res.retire == ()
-    res = last_round(cheap=False)
+    res = last_round(cheap=0.0)
     assert res.starts == () and res.retire == ("p4",)

@@ -378,9 +378,11 @@ class ESGSchedulerSettings(Block):
         default=_knob("stage_plan_retire_clump"),
         description="Retire a held stage's surplus only while its count and spares serve its 100 ms clump in time.",
     )
-    stage_plan_retire_cheap_spare: bool = Field(
+    stage_plan_retire_cheap_spare: float = Field(
         default=_knob("stage_plan_retire_cheap_spare"),
-        description="As stage_plan_retire stops a stage's surplus, keep (or start) one spare of its cheapest kind.",
+        ge=0,
+        le=1,
+        description="Keep or start a held stage's cheapest spare, one that runs a call in this part of its budget.",
     )
     lookahead_starts: bool = Field(
         default=_knob("lookahead_starts"),

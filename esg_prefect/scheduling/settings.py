@@ -202,11 +202,12 @@ class ESGSettings:
         stage_plan_retire_clump: ``stage_plan_retire`` stops a stage's surplus only while its count and its
             spares (``stage_plan_retire_spares``) would serve the stage's largest 100 ms clump of calls of the
             last 30 s within its part of the SLO; False (the default): no such test.
-        stage_plan_retire_cheap_spare: ``stage_plan_retire`` keeps one spare of the stage's cheapest kind (least
-            price per second idle among the kinds that run a batch within its part of the SLO): an idle worker
-            outside the count no dearer idle, or one started as the dearer ones go (make before break: the
-            cheapest of them stays until it is warm); False (the default): no such spare.
-            docs/decisions/whole-bill.md, "Probed 2026-11-28: retiring a held stage's surplus".
+        stage_plan_retire_cheap_spare: ``stage_plan_retire`` keeps one spare of the stage's cheapest kind: least
+            price per second idle among the kinds that run a call (a batch of the space's smallest size) within
+            this fraction of the stage's part of the SLO; an idle worker outside the count no dearer idle, or one
+            started as the dearer ones go (make before break: the cheapest of them stays until it is warm); 0
+            (the default): no such spare. In [0, 1]; docs/decisions/whole-bill.md, "Probed 2026-11-28: retiring a
+            held stage's surplus".
         lookahead_starts: after a round's dispatches of a stage, start a worker for each next stage of the
             workflow whose calls come in waves (:mod:`esg_prefect.scheduling.waves`) and that has no idle warm
             worker and none starting: the cheapest kind that runs the batch within the next stage's part of
@@ -275,7 +276,7 @@ class ESGSettings:
     stage_plan_retire: float = 0.0
     stage_plan_retire_spares: int = 0
     stage_plan_retire_clump: bool = False
-    stage_plan_retire_cheap_spare: bool = False
+    stage_plan_retire_cheap_spare: float = 0.0
     lookahead_starts: bool = True
     size_aware: bool = True
     hardware_selection: bool = False
@@ -301,7 +302,7 @@ class ESGSettings:
         bools = ("latency_blade", "cost_blade", "wait_for_batch", "redistribute_slack", "allow_eviction")
         more = ("reserve_overhead", "wait_for_busy_warm", "idle_aware", "size_aware", "prewarm")
         whole_bill = ("keep_alive_by_price", "share_batches", "idle_vcpus", "stage_plan", "lookahead_starts")
-        retire = ("stage_plan_retire_clump", "stage_plan_retire_cheap_spare")
+        retire = ("stage_plan_retire_clump",)
         for name in (*bools, *more, *whole_bill, *retire):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -327,6 +328,12 @@ class ESGSettings:
         _count("stage_plan_drain", self.stage_plan_drain, 0, "an int >= 0 (0: off)")
         _number("stage_plan_retire", self.stage_plan_retire, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
         _count("stage_plan_retire_spares", self.stage_plan_retire_spares, 0, "an int >= 0 (0: none)")
+        _number(
+            "stage_plan_retire_cheap_spare",
+            self.stage_plan_retire_cheap_spare,
+            lambda v: 0.0 <= v <= 1.0,
+            "in [0, 1] (0: off)",
+        )
         _number(
             "best_effort_tolerance",
             self.best_effort_tolerance,

@@ -29,8 +29,8 @@ ESG keeps choosing batches and placements (docs/decisions/whole-bill.md, section
   taking a part of its load and never idle long enough to expire. ``stage_plan_retire_spares`` keeps that many
   of those workers, the cheapest idle ones, as spares for a clump of calls the count alone would queue;
   ``stage_plan_retire_cheap_spare`` keeps one spare of the stage's cheapest kind instead (least idle price among
-  the kinds that run a batch within its budget), started as the dearer ones go: until it is warm, the cheapest
-  of them stays;
+  the kinds that run a call within that fraction of its budget), started as the dearer ones go: until it is
+  warm, the cheapest of them stays;
 * **the gate**: only while the stage looks steady (its highest 1 s count of calls over the last
   30 s at most ``stage_plan_gate`` times its 30 s mean, once it has 10 s of history). A bursty
   stage is left to ESG as it is: a fleet sized to the rate meets the next wave too small.
@@ -333,25 +333,25 @@ class StagePlanner:
                 out.append(w.worker_id)
         return tuple(out)
 
-    def spare_kind(self, stage: str, budget_ms: float) -> SpareKind | None:
-        """The stage's cheapest kind for a spare: of its (hardware, vCPUs, share) that run some batch within
-        ``budget_ms``, the least price per second idle (``idle_rates``), then per second busy, then the fastest;
-        None if none. Kept per (stage, budget, hardware)."""
-        key = (stage, budget_ms, self._hardware)
+    def spare_kind(self, stage: str, within_ms: float) -> SpareKind | None:
+        """The stage's cheapest kind for a spare: of its (hardware, vCPUs, share) that run a batch of the space's
+        smallest size within ``within_ms``, the least price per second idle (``idle_rates``), then per second busy,
+        then the fastest; None if none. Kept per (stage, bound, hardware)."""
+        key = (stage, within_ms, self._hardware)
         if key in self._spare_kinds:
             return self._spare_kinds[key]
         tables, held = self.tables, self.tables.settings.idle_vcpus
+        b = min(tables.settings.config_space.batches)
         best: tuple[float, float, float, SpareKind] | None = None
         for hw in sorted(self._hardware & tables.profile.hardware_types(stage)):
             for vcpus, share in tables.resources(hw):
-                for b in tables.settings.config_space.batches:
-                    lat = tables.latency_ms(stage, b, vcpus, share, hw)
-                    if lat is None or lat > budget_ms:
-                        continue
-                    idle_s = idle_rates(tables.prices, vcpus, share, hw, held)[1]
-                    rank = (idle_s, tables.prices.rate_per_s(vcpus, share, hw), lat)
-                    if best is None or rank < best[:3]:
-                        best = (*rank, SpareKind(hw, vcpus, share, b, idle_s))
+                lat = tables.latency_ms(stage, b, vcpus, share, hw)
+                if lat is None or lat > within_ms:
+                    continue
+                idle_s = idle_rates(tables.prices, vcpus, share, hw, held)[1]
+                rank = (idle_s, tables.prices.rate_per_s(vcpus, share, hw), lat)
+                if best is None or rank < best[:3]:
+                    best = (*rank, SpareKind(hw, vcpus, share, b, idle_s))
         got = self._spare_kinds[key] = None if best is None else best[3]
         return got
 
@@ -369,7 +369,7 @@ class StagePlanner:
         its cheapest kind (an idle one no dearer idle, added to ``kept``, or a busy one outside the count), 1 when
         one of those is starting or is started now (make before break: the cheapest of the others stays until it is
         warm), 0 when nothing would go or no kind fits the budget."""
-        kind = self.spare_kind(name, st.budget)
+        kind = self.spare_kind(name, self.cheap_spare * st.budget)
         if kind is None:
             return 0
         prices, held = self.tables.prices, self.tables.settings.idle_vcpus
