@@ -316,6 +316,13 @@ class ESGSchedulerSettings(Block):
         default=_knob("idle_aware"),
         description="Price the idle time an option causes, not only its busy time (the whole bill).",
     )
+    wait_for_taken: float = Field(
+        default=_knob("wait_for_taken"),
+        ge=0,
+        le=1,
+        description="A planned cold start waits for a worker the round took that runs the batch within this "
+        "fraction of the cold option's latency; 0: off.",
+    )
     consolidate_slack: float = Field(
         default=_knob("consolidate_slack"),
         ge=0,

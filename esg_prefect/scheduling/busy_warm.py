@@ -18,7 +18,11 @@ chosen, each with a knob (:class:`~esg_prefect.scheduling.settings.ESGSettings`)
   there the late starts are the next wave's capacity). The round's earlier
   dispatch took it from the options, so without the rule a queue's second
   batch of a round started a worker, late, that the first one's would have
-  served in time (docs/decisions/whole-bill.md, section 14);
+  served in time (docs/decisions/whole-bill.md, section 14); with
+  ``wait_for_taken`` > 0 (and ``idle_aware``) a planned cold start waits so
+  too, within that fraction of the cold option's latency: a queue split into
+  batches of one over its warm workers otherwise starts a worker for the last
+  one (section 15);
 * **consolidation** (``consolidate_slack``): a planned dispatch onto an idle
   worker that has idled ``consolidate_idle_ms`` or more waits instead for a
   busy worker of the stage that is no dearer per job, when that one runs the

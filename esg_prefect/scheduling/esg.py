@@ -41,7 +41,10 @@ The knob ``wait_for_busy_warm`` turns this off (the paper's behaviour).
 With ``idle_aware``, a feasible plan also defers to a stage's busy workers: a
 planned cold start waits for one that frees up within the slack, and a planned
 use of a surplus idle worker waits for one no dearer per job within
-``consolidate_slack`` of it (:mod:`~esg_prefect.scheduling.busy_warm`).
+``consolidate_slack`` of it (:mod:`~esg_prefect.scheduling.busy_warm`); with
+``wait_for_taken`` > 0, a planned cold start also waits for a worker an
+earlier dispatch of the round took, when that one runs the batch within that
+fraction of the cold option's latency.
 
 After ESG_1Q, a dispatch goes through packing (Cypress), placement, hardware
 review (PALDIA) and commit, and pre-warm starts follow every queue's
@@ -257,6 +260,15 @@ class ESGScheduler(ESG1Q):
                     left = self._deadline(jobs[0]) - now_ms - sum(p.latency_ms for p in dec.plan)
                     if c.cold and busy.frees_in_time(c, left, view, now_ms):
                         holds.append(Hold(q.key, "a busy warm worker frees up within the slack: no new worker"))
+                        break
+                    if (
+                        c.cold
+                        and self.settings.wait_for_taken > 0
+                        and busy.taken_in_time(
+                            c, min(left, c.latency_ms * self.settings.wait_for_taken), view, now_ms, booked
+                        )
+                    ):
+                        holds.append(Hold(q.key, "a worker this round took frees up within the slack: no new worker"))
                         break
                     if not c.cold and consolidate and busy.consolidates(c, left, view, now_ms, booked):
                         holds.append(Hold(q.key, "a busy warm worker no dearer per job runs it in time: no surplus"))

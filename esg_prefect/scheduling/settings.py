@@ -157,6 +157,12 @@ class ESGSettings:
             workers in use and lets the others expire. With ``wait_for_busy_warm``, late jobs of a stage with
             a busy worker wait for it rather than evict another stage's idle worker. Not in the paper, whose
             cost model bills busy time only (docs/decisions/whole-bill.md).
+        wait_for_taken: with ``idle_aware``, a planned cold start waits instead for a worker of the stage
+            that an earlier dispatch of the same round took, when that one runs the batch after its own within
+            the slack the plan leaves and within this fraction of the cold option's latency (0: off; best
+            effort waits so within a hundredth with ``wait_for_busy_warm``). A queue split into small batches
+            over its warm workers otherwise starts a worker for its last batch, paying a cold start that a
+            moment's wait would save (docs/decisions/whole-bill.md, section 15).
         consolidate_slack: with ``idle_aware``, a dispatch planned onto an idle warm worker that has idled
             ``consolidate_idle_ms`` or more waits instead for a busy worker of the stage that runs the batch
             at no more cost per job and ends within this fraction of the slack the plan leaves: the stage's
@@ -264,6 +270,7 @@ class ESGSettings:
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
     idle_aware: bool = True
+    wait_for_taken: float = 0.0
     consolidate_slack: float = 0.5
     consolidate_idle_ms: float = 100.0
     share_batches: bool = False
@@ -315,6 +322,7 @@ class ESGSettings:
             lambda v: math.isfinite(v) and v >= 0.0,
             "a finite number >= 0 (ms; 0: no bound)",
         )
+        _number("wait_for_taken", self.wait_for_taken, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
         _number("consolidate_slack", self.consolidate_slack, lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: off)")
         _number(
             "consolidate_idle_ms",
