@@ -188,7 +188,7 @@ SPLIT = LatencyProfile(
 )
 
 
-@pytest.mark.parametrize(("wait", "cold_starts"), [(0.0, 1), (0.05, 0)])
+@pytest.mark.parametrize(("wait", "cold_starts"), [(0.0, 1), (0.05, 0), (ESGSettings().wait_for_taken, 0)])
 def test_a_planned_cold_start_waits_for_a_worker_the_round_took(wait: float, cold_starts: int) -> None:
     """Three idle warm workers, four jobs with 430 ms of slack. ESG sends one job to each warm worker (batches
     of one are the cheapest per job); the fourth then sees no idle worker, and a cold start (250 ms) fits its

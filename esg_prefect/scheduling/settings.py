@@ -270,7 +270,7 @@ class ESGSettings:
     correction_alpha: float = 0.25
     wait_for_busy_warm: bool = True
     idle_aware: bool = True
-    wait_for_taken: float = 0.0
+    wait_for_taken: float = 0.05
     consolidate_slack: float = 0.5
     consolidate_idle_ms: float = 100.0
     share_batches: bool = False
