@@ -404,6 +404,13 @@ def test_no_cheap_spare_is_started_where_the_stage_holds_one_or_the_plan_does_no
     # so p4, of the plan's kind past the count, is no dearer: the spare, no start, and only p5 goes
     three = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("p5", 0.4, now - 90.0))
     assert planner(cheap=0.3).surplus(three, now, starts) == ("p5",) and starts.calls == []  # type: ignore[arg-type]
+    # a cheaper idle worker too slow for that bound (x2, T4 0.2) is not the spare: p4, which fits, is kept and
+    # x2 goes (the spare was x2, and p4 went)
+    slow = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, now - 60.0), ("p4", 0.4, now - 80.0))
+    assert planner(cheap=0.3).surplus(slow, now, starts) == ("x2",) and starts.calls == []  # type: ignore[arg-type]
+    # nor does a busy one outside the count stand for the spare: p4 stays idle as the spare, nothing starts
+    slow_busy = _Fleet(("p1", 0.4, now - 10.0), ("x2", 0.2, None), ("p4", 0.4, now - 80.0))
+    assert planner(cheap=0.3).surplus(slow_busy, now, starts) == () and starts.calls == []  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

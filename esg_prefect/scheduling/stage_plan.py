@@ -366,16 +366,21 @@ class StagePlanner:
         start: StartSpare | None,
     ) -> int:
         """``stage_plan_retire_cheap_spare`` for one stage whose count ``kept`` holds: 0 when it holds a spare of
-        its cheapest kind (an idle one no dearer idle, added to ``kept``, or a busy one outside the count), 1 when
-        one of those is starting or is started now (make before break: the cheapest of the others stays until it is
-        warm), 0 when nothing would go or no kind fits the budget."""
-        kind = self.spare_kind(name, self.cheap_spare * st.budget)
+        its cheapest kind (an idle one no dearer idle and fast enough, added to ``kept``, or a busy one outside the
+        count), 1 when one of those is starting or is asked for now (make before break: the cheapest of the others
+        stays until it is warm, and for good where no start has room), 0 when nothing would go or no kind fits."""
+        within = self.cheap_spare * st.budget
+        kind = self.spare_kind(name, within)
         if kind is None:
             return 0
-        prices, held = self.tables.prices, self.tables.settings.idle_vcpus
+        tables, held = self.tables, self.tables.settings.idle_vcpus
 
         def cheap(w: Worker) -> bool:
-            return idle_rates(prices, w.vcpus, w.gpu_share, w.hardware, held)[1] <= kind.idle_per_s * (1 + 1e-9)
+            """No dearer idle than the cheapest kind, and as fast as a spare must be (a cheaper, slower one is not)."""
+            if idle_rates(tables.prices, w.vcpus, w.gpu_share, w.hardware, held)[1] > kind.idle_per_s * (1 + 1e-9):
+                return False
+            lat = tables.latency_ms(name, kind.batch, w.vcpus, w.gpu_share, w.hardware)
+            return lat is not None and lat <= within
 
         others = [w for w in idle if w.worker_id not in kept and not w.starting]
         found = sorted(
