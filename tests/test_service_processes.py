@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -29,7 +30,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(port: int, results_db: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_service(
+    port: int, results_db: Path, extra_env: dict[str, str] | None = None, stderr: Any = None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "ESG_PREFECT_TOKEN": TOKEN, **(extra_env or {})}
     cmd = [
         sys.executable,
@@ -48,7 +51,7 @@ def start_service(port: int, results_db: Path, extra_env: dict[str, str] | None 
         "--results-db",
         str(results_db),
     ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=stderr)
     give_up = time.monotonic() + 180  # a ceiling on a condition: importing torch and Prefect is slow under load
     while time.monotonic() < give_up and proc.poll() is None:
         try:
@@ -89,6 +92,24 @@ def toy_profile_csv(tmp_path: Path) -> None:
     from tests.toy_stages import toy_profile
 
     toy_profile().to_csv(tmp_path / "toy_profile.csv")
+
+
+@pytest.mark.usefixtures("toy_profile_csv")
+def test_sigterm_stops_the_service_after_its_cleanup(tmp_path: Path) -> None:
+    """uvicorn raised a captured SIGTERM again once serving stopped, so the process died (143) before the
+    pool and its stores were closed: no 'stopped' line, the cost store's last records lost."""
+    log = tmp_path / "serve.err"
+    with log.open("wb") as err:
+        service = start_service(free_port(), tmp_path / "results.db", stderr=err)
+        try:
+            service.send_signal(signal.SIGTERM)
+            assert service.wait(120) == 128 + signal.SIGTERM
+        finally:
+            if service.poll() is None:
+                service.kill()
+                service.wait()
+    lines = log.read_text(errors="replace").splitlines()
+    assert "stopping: no calls in flight" in lines and "esg-prefect pool service stopped" in lines
 
 
 @pytest.mark.usefixtures("toy_profile_csv")

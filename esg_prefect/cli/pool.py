@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -68,14 +69,26 @@ def stop_message(in_flight: int) -> str:
 
 def announcing_server(config: Any, in_flight: Callable[[], int]) -> Any:
     """A uvicorn server whose first Ctrl-C (or SIGTERM) says what becomes of the calls in flight: without
-    it the service is silent for the grace, then logs only uvicorn's 'Cancel N running task(s)'."""
+    it the service is silent for the grace, then logs only uvicorn's 'Cancel N running task(s)'.
+
+    A SIGTERM is not raised again once serving stops (uvicorn's own way, which killed the process before
+    the pool and the stores were closed): ``terminated`` says it came, and the command exits 143 after
+    its cleanup.
+    """
     import uvicorn
 
     class Server(uvicorn.Server):
+        terminated = False
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if not self.should_exit:
                 typer.echo(stop_message(in_flight()), err=True)
             super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                self.terminated = True
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list) and sig in captured:
+                    captured.remove(sig)
 
     return Server(config)
 
@@ -284,6 +297,8 @@ def serve(
     if not server.started:  # it could not listen: uvicorn logged why
         raise typer.Exit(3)
     typer.echo("esg-prefect pool service stopped", err=True)
+    if server.terminated:
+        raise typer.Exit(128 + signal.SIGTERM)  # as a process the signal ended, after the cleanup
 
 
 def _admin(url: str, token_env: str, action: str) -> None:
