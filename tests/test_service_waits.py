@@ -464,15 +464,22 @@ def test_a_call_held_when_the_server_stops_is_answered_503_so_its_caller_posts_i
     assert b"shutting down" in b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
 
-def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered() -> None:
+def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A service killed (SIGKILL) while it held a client's first calls never answered that client, but
     it took them: the client waits for its restart to the deadline, not only the grace for a wrong
     address, and its calls are not failed as if no service had ever been started."""
+    import esg_prefect.service.client as client_module
+
+    clock = [1000.0]  # the client's monotonic clock: the first request is held 2 s before it drops
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: clock[0])
     seen: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request.url.path)
         if len(seen) == 1:  # accepted and held, then the service died
+            clock[0] += client_module.HELD_S + 1.0
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         if len(seen) < 4:  # down until it restarts
             raise httpx.ConnectError("connection refused", request=request)
@@ -485,6 +492,31 @@ def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered()
     finally:
         client.close()
     assert len(seen) == 4
+
+
+def test_a_listener_that_drops_every_request_at_once_is_a_wrong_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong port whose listener closes each connection (or ``http://`` to a TLS service) dropped the first
+    request at once; that was read as a service that took the call, and the client waited its whole deadline
+    (600 s by default) before failing, with no word of the address. It now gets the grace of an address no
+    service answers at, and the hint."""
+    import esg_prefect.service.client as client_module
+    from esg_prefect.exceptions import PoolClosedError
+
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: 1000.0)  # no request is held for any time
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+
+    client = _client(handler, deadline_s=600.0)
+    client._connect_grace_s = 0.0
+    try:
+        with pytest.raises(
+            PoolClosedError, match=r"no pool service answers at .*RemoteProtocolError.*check the address"
+        ):
+            client.submit(call(14)).result(60)
+    finally:
+        client.close()
+    assert not client._answered
 
 
 def test_the_first_ctrl_c_says_what_becomes_of_the_calls_in_flight(capsys: pytest.CaptureFixture[str]) -> None:

@@ -21,11 +21,12 @@ Requests to a loopback address ignore proxy settings (``HTTP_PROXY``): the
 token and inputs stay on the machine; a token sent over plain HTTP beyond it
 is warned about.
 
-A service that has never answered this client (nor taken a connection of it: one
-killed while it held the client's first calls was there) is most likely not
-started, or the address is wrong: a refused connection is then retried for
-``connect_grace_s`` only (a service started at the same time gets there), with
-a warning at the first refusal naming the address.
+A service that has never answered this client (nor held one of its requests
+for a second: one killed while it held the client's first calls was there) is
+most likely not started, or the address is wrong: a refused, timed-out or at
+once dropped connection is then retried for ``connect_grace_s`` only (a service
+started at the same time gets there), with a warning at the first naming the
+address.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ MAX_POLL_S = MAX_WAIT_S
 
 READ_MARGIN_S = 30.0
 """How much longer than ``poll_s`` a request may take to answer before it counts as unanswered."""
+
+HELD_S = 1.0
+"""A request dropped after being open this long was held by a service (one killed mid-call): its client waits
+for a restart. One dropped sooner is a listener that is not the service (a wrong port, ``http://`` to TLS)."""
 
 
 class PoolClient:
@@ -169,6 +174,7 @@ class PoolClient:
         path = _call_path(call_id) if len(call_id) <= MAX_PATH_ID else None  # None: posted again each poll
         digest = ""  # from the service's first 202: later polls join by id and digest, without the body
         while True:
+            sent = time.monotonic()
             try:
                 if digest and path:
                     resp = self._http.get(path, params={**self._poll, "digest": digest})
@@ -176,9 +182,10 @@ class PoolClient:
                     resp = self._http.post("/v1/calls", json=body, params=self._poll)
             except httpx.TransportError as exc:  # connection refused or reset, timeout: the service may restart
                 last = f"{type(exc).__name__}: {exc}"
-                if not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):  # connected: a service is there
-                    self._answered = True  # (killed mid-request, say): wait for its restart as for one that answered
-                if isinstance(exc, httpx.ConnectError) and not self._answered:
+                connected = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                if connected and time.monotonic() - sent >= HELD_S:
+                    self._answered = True  # a service held the call, then went (killed): wait for its restart
+                if not self._answered:  # refused, or dropped at once (a wrong port, http to https): the address?
                     self._never_answered(last, start)
                 elif not self._outage_warned:  # once per outage: the flow's log says why it waits
                     self._outage_warned = True
@@ -216,12 +223,12 @@ class PoolClient:
             wait = min(wait * 2, 5.0)
 
     def _never_answered(self, why: str, start: float) -> None:
-        """A refused connection to a service that never answered: warn once, give up after the grace."""
+        """No answer from a service that never answered (refused, timed out, or dropped at once): warn once,
+        give up after the grace."""
         hint = "start it with `esg-prefect pool serve --allow MODULE`, or check the address"
         if time.monotonic() - start >= self._connect_grace_s:
             raise PoolClosedError(
-                f"no pool service answers at {self.address}: connections refused for {self._connect_grace_s:g} s "
-                f"({why}); {hint}"
+                f"no pool service answers at {self.address}: no answer for {self._connect_grace_s:g} s ({why}); {hint}"
             ) from None
         if not self._warned:
             self._warned = True
