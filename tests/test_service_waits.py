@@ -532,7 +532,7 @@ def test_the_first_ctrl_c_says_what_becomes_of_the_calls_in_flight(capsys: pytes
     server = announcing_server(uvicorn.Config(lambda *a: None), lambda: in_flight[0])
     server.handle_exit(signal.SIGINT, None)
     err = capsys.readouterr().err
-    assert f"stopping: 3 calls in flight get their answer within {SHUTDOWN_GRACE_S} s, or a 503" in err
+    assert f"stopping: 3 calls in flight; a request open gets its answer within {SHUTDOWN_GRACE_S} s or a 503" in err
     assert "Ctrl-C again to stop at once" in err and server.should_exit
     server.handle_exit(signal.SIGINT, None)  # the second: uvicorn stops at once, nothing more is said
     assert capsys.readouterr().err == "" and server.force_exit

@@ -61,9 +61,9 @@ def stop_message(in_flight: int) -> str:
     if not in_flight:
         return "stopping: no calls in flight"
     return (
-        f"stopping: {in_flight} call{'s' * (in_flight != 1)} in flight get their answer within {SHUTDOWN_GRACE_S} s, "
-        "or a 503 on which their callers post them again once a service is back at this address; "
-        "Ctrl-C again to stop at once"
+        f"stopping: {in_flight} call{'s' * (in_flight != 1)} in flight; a request open gets its answer within "
+        f"{SHUTDOWN_GRACE_S} s or a 503, and callers post their calls again once a service is back at this "
+        "address; Ctrl-C again to stop at once"
     )
 
 
