@@ -131,6 +131,16 @@ def test_pool_admin_against_no_service_is_one_line(capsys: pytest.CaptureFixture
     assert f"127.0.0.1:{port}" in line and "esg-prefect pool serve" in line
 
 
+@pytest.mark.parametrize("command", [["pool", "status"], ["pool", "pause"], ["pool", "resume"]])
+def test_pool_admin_takes_address_as_the_runner_names_it(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ESGTaskRunner(address=...)`` names the service's address; ``--address`` was refused as no such option."""
+    port = free_port()
+    assert main([*command, "--address", f"http://127.0.0.1:{port}"]) == 1
+    assert f"127.0.0.1:{port}" in _one_line(capsys.readouterr().err)  # reached for, not refused as an option
+
+
 def test_pool_admin_finds_the_service_in_esg_prefect_pool_url(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -324,12 +324,15 @@ def _ask(url: str, token_env: str, method: str, path: str, what: str) -> Any:
     return resp
 
 
+ADDRESS_HELP = "The pool service's address, as ESGTaskRunner(address=...) takes it."
+
+
 def _admin_command(action: str, doc: str) -> None:
     """Register ``esg-prefect pool <action>`` (pause, resume): one POST to the running service."""
 
     def command(
         url: str = typer.Option(
-            "http://127.0.0.1:4270", envvar="ESG_PREFECT_POOL_URL", help="The pool service's address."
+            "http://127.0.0.1:4270", "--url", "--address", envvar="ESG_PREFECT_POOL_URL", help=ADDRESS_HELP
         ),
         token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
     ) -> None:
@@ -345,7 +348,9 @@ _admin_command("resume", "Release a pause: what queued meanwhile is scheduled at
 
 @pool_app.command("status")
 def status(
-    url: str = typer.Option("http://127.0.0.1:4270", envvar="ESG_PREFECT_POOL_URL", help="The pool service's address."),
+    url: str = typer.Option(
+        "http://127.0.0.1:4270", "--url", "--address", envvar="ESG_PREFECT_POOL_URL", help=ADDRESS_HELP
+    ),
     token_env: str = typer.Option("ESG_PREFECT_TOKEN", help="Environment variable holding the bearer token."),
     as_json: bool = typer.Option(False, "--json", help="Print the service's /metrics JSON as it is."),
 ) -> None:
