@@ -578,3 +578,33 @@ def test_compare_writes_into_a_folder_of_its_own_in_the_working_folder_by_defaul
     assert (tmp_path / "esg-compare" / "results.json").is_file() and not (tmp_path / "bench").exists()
     help_text = " ".join(CliRunner().invoke(app, ["compare", "--help"]).output.replace("│", " ").split())
     assert "(default: ./esg-compare in the working folder)" in help_text
+
+
+def test_a_case_s_noisy_profile_is_named_before_it_is_planned_with(tmp_path: Path) -> None:
+    """The profiler warns of rows timed beside other processes (``quiet`` 0) or that take less time at a bigger
+    batch, but only as it writes them: a user's case then planned with them silently (a noisy profile made ESG
+    the dearest scheduler on a user's CPU case, docs/decisions/whole-bill.md section 15)."""
+    header = "stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms,quiet\n"
+    rows = ["m,cpu,1,1,0,4.0,5.0,200,0\n", "m,cpu,2,1,0,1.0,1.2,200,1\n", "m,cpu,4,1,0,1.8,2.0,200,1\n"]
+    (tmp_path / "mine.csv").write_text(header + "".join(rows))
+    case = {
+        "name": "mine",
+        "workflows": [{"name": "w", "stages": ["m"], "edges": [], "slo_ms": 500}],
+        "profile": "mine.csv",
+        "prices": {"price_per_vcpu_s": 1e-5, "price_per_gpu_s": {}},
+        "cluster": [{"name": "n0", "vcpus": 2, "gpus": []}],
+        "workload": {"trace": "poisson", "rate_per_s": 10},
+        "duration_s": 2,
+        "warmup_s": 0.5,
+        "scheduler": "esg",
+    }
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(case))
+    result = CliRunner().invoke(app, ["simulate", "--case", str(path)], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "mine.csv: m: 1 of 3 points not quiet (cpu/1vcpu b1); time falls as the batch grows" in said
+    assert "(cpu/1vcpu b1 4 ms -> b2 1 ms)" in said and "profile again on a quieter machine" in said
+    (tmp_path / "mine.csv").write_text(header + "m,cpu,1,1,0,1.0,1.2,200,1\nm,cpu,2,1,0,1.5,1.8,200,1\n")
+    quiet = CliRunner().invoke(app, ["simulate", "--case", str(path)], terminal_width=400)
+    assert quiet.exit_code == 0 and "profile again" not in quiet.output

@@ -26,6 +26,7 @@ __all__ = [
     "load_case",
     "note_case",
     "note_csv_replay",
+    "note_noisy_profile",
     "note_unused_gpus",
 ]
 
@@ -179,9 +180,29 @@ def replay_pace(speed: float) -> str:
 
 
 def note_case(case: Any, console: Console) -> None:
-    """The notes on a user's case file: GPUs no stage can use, and how a CSV trace is replayed."""
+    """The notes on a user's case file: GPUs no stage can use, how a CSV trace is replayed, a noisy profile."""
     note_unused_gpus(case, console)
     note_csv_replay(case, console)
+    note_noisy_profile(case.profile, console)
+
+
+def note_noisy_profile(profile: Any, console: Console) -> None:
+    """Say which stages of a user's profile CSV were timed with other processes on their cores, or take less
+    time at a bigger batch: the profiler warned as it wrote them, and ESG plans with them as they are (a batch
+    of one the cheapest per call, say, makes it split queues and start workers a quiet profile would not)."""
+    from esg_prefect.model.profile_source import is_shipped_name, profile_path
+    from esg_prefect.profiler.report import noise_warnings
+    from esg_prefect.profiler.results import read_profile_csv
+
+    if not isinstance(profile, str) or is_shipped_name(profile):
+        return  # a profile given as an object, or one shipped: nothing of the user's to check
+    try:
+        path = profile_path(profile)
+        lines = noise_warnings(read_profile_csv(path))
+    except Exception:  # unreadable here: the case's own load says why, this note is only advice
+        return
+    for line in lines:
+        console.print(f"note: profile {path}: {line.removeprefix('warning: ')}", highlight=False, soft_wrap=True)
 
 
 CASE_KEYS: dict[str, str] = {

@@ -28,6 +28,7 @@ from esg_prefect.cli.case_file import (
     load_case,
     note_case,
     note_csv_replay,
+    note_noisy_profile,
 )
 from esg_prefect.cli.progress import WallClock, progress_bar
 from esg_prefect.cli.tables import print_table
@@ -248,6 +249,7 @@ def register(app: typer.Typer) -> None:
             note_case(case, console)
         else:
             note_csv_replay(case, console, from_file=False)
+            note_noisy_profile(profile, console)
         if case_file is None and warmup is not None and case.warmup_s != warmup:
             console.print(
                 f"note: the warm-up is at most half the run: {case.warmup_s:g} s, not {warmup:g}", highlight=False
