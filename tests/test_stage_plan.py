@@ -86,9 +86,15 @@ def _feed(planner: StagePlanner, times: list[float], rate: float, until_ms: floa
         i, t = j, t + step_ms
 
 
+def _steady(**knobs: Any) -> StagePlanner:
+    """A planner with ``knobs`` fed 100 calls/s, evenly, for 15 s: stage s held to one T4 0.4 worker (batch 2)."""
+    planner = StagePlanner(_tables(**knobs))
+    _feed(planner, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    return planner
+
+
 def test_a_steady_stage_is_planned_and_counted_and_a_bursty_one_is_left_alone() -> None:
-    steady = StagePlanner(_tables())
-    _feed(steady, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)  # 100/s, evenly, for 15 s
+    steady = _steady()  # 100/s, evenly, for 15 s
     st = steady.stage("s")
     assert st is not None and st.steady and st.plan is not None
     assert (st.plan.gpu_share, st.plan.batch) == (0.4, 2) and st.plan.rate_per_s == pytest.approx(100.0, rel=0.01)
@@ -123,8 +129,7 @@ class _View:
 
 
 def test_the_hold_lets_any_warm_worker_serve_and_starts_only_the_plans_kind_below_its_count() -> None:
-    planner = StagePlanner(_tables())
-    _feed(planner, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    planner = _steady()
     cold_small, cold_plan, warm_small, warm_plan = (
         ("T4", 1, 0.2, 0),
         ("T4", 1, 0.4, 0),
@@ -209,8 +214,7 @@ def test_the_retirement_stops_a_held_stages_surplus_once_its_plans_count_is_warm
     steady stream's 1 s count is its mean) that worker is 100 x 0.007 / 2 = 0.35 busy."""
 
     def planner(retire: float) -> StagePlanner:
-        p = StagePlanner(_tables(stage_plan_retire=retire))
-        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        p = _steady(stage_plan_retire=retire)
         st = p.stage("s")
         assert st is not None and st.plan is not None and (st.plan.gpu_share, st.plan.batch, st.count) == (0.4, 2, 1)
         return p
@@ -244,8 +248,7 @@ def test_the_retirement_stops_a_held_stages_surplus_once_its_plans_count_is_warm
 def test_the_retirement_keeps_the_cheapest_surplus_workers_as_spares() -> None:
     """Same stream and plan as above (one T4 0.4 worker, p1, idle). Outside the count: x2 and y6 (T4 0.2) and p4
     (T4 0.4, past the count), all idle 50 ms or more, and f5, a fresh T4 0.2 (never stopped, never a spare)."""
-    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_spares=1))
-    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    p = _steady(stage_plan_retire=0.7, stage_plan_retire_spares=1)
     now = 15_000.0
     fleet = _Fleet(
         ("p1", 0.4, now - 10.0),
@@ -274,8 +277,7 @@ def test_the_clump_test_retires_only_while_the_count_and_its_spares_serve_the_la
     (batches of 2 in 7 ms, four of them back to back) and a T4 0.2 spare 4 (two batches of 2 in 14 ms)."""
 
     def planner(spares: int) -> StagePlanner:
-        p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_spares=spares, stage_plan_retire_clump=True))
-        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        p = _steady(stage_plan_retire=0.7, stage_plan_retire_spares=spares, stage_plan_retire_clump=True)
         st = p.stage("s")
         assert st is not None and st.clumps[0][1] == 11 and st.budget == 30.0
         return p
@@ -308,8 +310,7 @@ def test_the_clump_test_finds_each_kinds_best_batch_once_and_decides_as_before()
     kind and batch size, not once per worker."""
     from collections import Counter, deque
 
-    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_clump=True))
-    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    p = _steady(stage_plan_retire=0.7, stage_plan_retire_clump=True)
     st = p.stage("s")
     assert st is not None
     plan, cheap, bare = ("T4", 1, 0.4), ("T4", 1, 0.2), ("T4", 2, 0.4)
@@ -348,8 +349,7 @@ class _Starts:
 def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer_surplus_goes() -> None:
     """Same stream and plan (one T4 0.4 worker for batches of 2, p1 idle). The stage's cheapest kind for a spare:
     T4 0.2 (0.2 per s idle against 0.4), batch 1 in 10 ms within the 30 ms budget."""
-    p = StagePlanner(_tables(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=1.0))
-    _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+    p = _steady(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=1.0)
     now = 15_000.0
     kind = p.spare_kind("s", 30.0)
     assert kind is not None and (kind.hardware, kind.vcpus, kind.gpu_share, kind.batch) == ("T4", 1, 0.2, 1)
@@ -374,8 +374,7 @@ def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer
 
 def test_no_cheap_spare_is_started_where_the_stage_holds_one_or_the_plan_does_not_hold() -> None:
     def planner(retire: float = 0.7, cheap: float = 1.0) -> StagePlanner:
-        p = StagePlanner(_tables(stage_plan_retire=retire, stage_plan_retire_cheap_spare=cheap))
-        _feed(p, [10.0 * k for k in range(1, 1501)], 100.0, 15_000.0)
+        p = _steady(stage_plan_retire=retire, stage_plan_retire_cheap_spare=cheap)
         return p
 
     now = 15_000.0
