@@ -67,6 +67,10 @@ def _fields_only(cls: type[Block], data: Any) -> Any:
     return data
 
 
+_KNOWN_NAMES: Any = model_validator(mode="before")(_fields_only)
+"""The blocks' validator refusing a misspelt field name (pydantic makes it the class's classmethod)."""
+
+
 def _assign_or_keep(block: Block, name: str, value: Any) -> None:
     """Set a field of a block; a misspelt name, or a value the block's checks refuse, leaves it as it was.
 
@@ -74,8 +78,7 @@ def _assign_or_keep(block: Block, name: str, value: Any) -> None:
     validator (a setting :class:`ESGSettings` refuses, a co-run table that cannot be read): the
     bad value stayed on the block, and a ``save()`` after the error stored it.
     """
-    if name not in type(block).model_fields and not _prefects(name):
-        raise ValueError(_no_field(type(block), name))
+    _fields_only(type(block), {name: value})
     had = name in block.__dict__
     old = block.__dict__.get(name)
     try:
@@ -119,12 +122,7 @@ class ESGPool(Block):
     )
 
     __setattr__ = _assign_or_keep
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_names(cls, data: Any) -> Any:
-        """Refuse a misspelt field name (:func:`_fields_only`)."""
-        return _fields_only(cls, data)
+    _known_names = _KNOWN_NAMES
 
 
 class ESGPriceSheet(Block):
@@ -151,12 +149,7 @@ class ESGPriceSheet(Block):
 
     model_config = _VALIDATED
     __setattr__ = _assign_or_keep
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_names(cls, data: Any) -> Any:
-        """Refuse a misspelt field name (:func:`_fields_only`)."""
-        return _fields_only(cls, data)
+    _known_names = _KNOWN_NAMES
 
     @model_validator(mode="after")
     def _check_prices(self) -> ESGPriceSheet:
@@ -419,12 +412,7 @@ class ESGSchedulerSettings(Block):
 
     model_config = _VALIDATED
     __setattr__ = _assign_or_keep
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_names(cls, data: Any) -> Any:
-        """Refuse a misspelt field name (:func:`_fields_only`)."""
-        return _fields_only(cls, data)
+    _known_names = _KNOWN_NAMES
 
     @model_validator(mode="after")
     def _check_settings(self) -> ESGSchedulerSettings:

@@ -137,7 +137,7 @@ class PoolService:
         self._stage_names: dict[str, str] = {}  # stage path -> the name of the stage it resolves to
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closing = False
-        self.registry = pool_registry(pool, lambda: len(self._inflight), self.results.stored_bytes)
+        self.registry = pool_registry(pool, lambda: self.calls_in_flight, self.results.stored_bytes)
 
     @property
     def calls_in_flight(self) -> int:
@@ -179,7 +179,7 @@ class PoolService:
             {
                 "queue_depths": snap.queue_depths,
                 "paused": self.pool.paused,
-                "calls_in_flight": len(self._inflight),
+                "calls_in_flight": self.calls_in_flight,
                 "stored_result_bytes": self.results.stored_bytes(),
                 "workers": [dataclasses.asdict(w) for w in snap.workers],
                 "profile_corrections": [dataclasses.asdict(c) for c in snap.corrections],

@@ -216,7 +216,7 @@ class CostStore:
             calls += R.call_rows(d.calls, scope)
             idles += R.idle_rows(d.new_idles, d.prices, scope)
             stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
-        sheets = {R.sheet_row(d.prices)["sheet_id"]: R.sheet_row(d.prices) for d in done}
+        sheets = {row["sheet_id"]: row for row in (R.sheet_row(d.prices) for d in done)}
         with self._writing(scope, billing) as conn:
             _upsert(conn, PriceSheetRow, list(sheets.values()), ("sheet_id",), update=False)
             _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
