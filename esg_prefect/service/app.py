@@ -48,7 +48,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -74,10 +73,15 @@ from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, che
 from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.watch import PollWatch
-from esg_prefect.service.wire import MAX_WAIT_S, BadRequest, call_digest, error_body, parse_call, result_body
-
-_JITTER = random.Random()
-"""Retry jitter from its own generator: a service thread never draws from (or moves) the global one a user may seed."""
+from esg_prefect.service.wire import (
+    JITTER,
+    MAX_WAIT_S,
+    BadRequest,
+    call_digest,
+    error_body,
+    parse_call,
+    result_body,
+)
 
 __all__ = ["BadRequest", "PoolService", "check_bind", "check_token", "parse_call"]
 
@@ -90,7 +94,7 @@ METRICS_WINDOW = 1000  # /metrics reads the newest this many batches and decisio
 
 def _retry_after() -> dict[str, str]:
     """A jittered Retry-After, so that rejected callers do not all come back in the same second."""
-    return {"Retry-After": str(_JITTER.randint(1, 3))}
+    return {"Retry-After": str(JITTER.randint(1, 3))}
 
 
 class PoolService:
@@ -442,9 +446,8 @@ class PoolService:
                 try:
                     body = await asyncio.to_thread(result_body, res)  # a large tensor takes a while to encode
                 except CodecError as exc:  # the stage ran (in process such an output works): say which way it failed
-                    why = str(exc).replace(" cannot travel to the pool service", " cannot travel")
                     raise CodecError(
-                        f"stage {call.stage!r} returned what cannot travel back from the pool service: {why}"
+                        f"stage {call.stage!r} returned what cannot travel back from the pool service: {exc}"
                     ) from None
             except CallConflictError as exc:
                 body, store = {**error_body(exc), "conflict": True}, False

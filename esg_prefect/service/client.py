@@ -34,7 +34,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import random
 import sys
 import threading
 import time
@@ -53,10 +52,7 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.service.address import check_address
 from esg_prefect.service.guards import is_loopback
-from esg_prefect.service.wire import MAX_WAIT_S, call_body, parse_result
-
-_JITTER = random.Random()
-"""Retry jitter from its own generator: a service thread never draws from (or moves) the global one a user may seed."""
+from esg_prefect.service.wire import JITTER, MAX_WAIT_S, call_body, parse_result
 
 __all__ = ["PoolClient", "call_body", "parse_result"]
 
@@ -219,7 +215,7 @@ class PoolClient:
                 raise PoolClosedError(
                     f"pool service at {self.address} gave the call no answer for {self._deadline_s:g} s ({last})"
                 )
-            time.sleep(wait * _JITTER.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
+            time.sleep(wait * JITTER.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
             wait = min(wait * 2, 5.0)
 
     def _never_answered(self, why: str, start: float) -> None:

@@ -77,8 +77,8 @@ def encode(value: Any, _depth: int = 0) -> Any:
         data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
         return {_TAG: "ndarray", "dtype": arr.dtype.name, "shape": list(arr.shape), "data": _b64(data)}
     raise CodecError(
-        f"values of type {type(value).__module__}.{type(value).__qualname__} cannot travel to the pool "
-        "service (no pickling over the network); use tensors, arrays, numbers, strings, lists or dicts"
+        f"values of type {type(value).__module__}.{type(value).__qualname__} cannot travel between a flow "
+        "and the pool service (no pickling over the network); use tensors, arrays, numbers, strings, lists or dicts"
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,10 @@ from esg_prefect.exceptions import (
 )
 from esg_prefect.runtime.batch_output import checked_lines
 from esg_prefect.service.codec import decode, encode
+
+JITTER = random.Random()
+"""Retry jitter (the service's Retry-After, the client's backoff) from its own generator: the service and its
+clients never draw from, or move, the global ``random`` a user may seed."""
 
 MAX_WAIT_S = 3600.0
 """The longest the service holds a request before it answers a pending call ``202`` (``wait_s``)."""
