@@ -199,6 +199,7 @@ class _Fleet:
             )
             for wid, share, since in workers
         ]
+        self.hardware = HW
         self.busy_by_stage = {"s": [w for w in ws if w.idle_since_ms is None]}
         self._idle = [w for w in ws if w.idle_since_ms is not None]
 
@@ -351,10 +352,10 @@ def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer
     T4 0.2 (0.2 per s idle against 0.4), batch 1 in 10 ms within the 30 ms budget."""
     p = _steady(stage_plan_retire=0.7, stage_plan_retire_cheap_spare=1.0)
     now = 15_000.0
-    kind = p.spare_kind("s", 30.0)
+    kind = p.spare_kind("s", 30.0, HW)
     assert kind is not None and (kind.hardware, kind.vcpus, kind.gpu_share, kind.batch) == ("T4", 1, 0.2, 1)
     assert kind.idle_per_s == pytest.approx(0.2)
-    assert p.spare_kind("s", 4.0) is None  # nothing runs within 4 ms
+    assert p.spare_kind("s", 4.0, HW) is None  # nothing runs within 4 ms
     # only dearer surplus (p4, p5: T4 0.4 past the count): a T4 0.2 is started, and until it is warm the cheapest
     # of them, the most recently idle (p4), stays; p5 goes
     dear = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("p5", 0.4, now - 90.0))

@@ -203,7 +203,6 @@ class StagePlanner:
         self.spares = tables.settings.stage_plan_retire_spares
         self.clump = tables.settings.stage_plan_retire_clump
         self.cheap_spare = tables.settings.stage_plan_retire_cheap_spare
-        self._hardware: frozenset[str] = frozenset()
         self._spare_kinds: dict[tuple[str, float, frozenset[str]], SpareKind | None] = {}
         self._stages: dict[str, _Stage] = {}
         self._budgets: dict[tuple[tuple[Workflow, ...], frozenset[str]], dict[str, float]] = {}
@@ -218,7 +217,6 @@ class StagePlanner:
     ) -> None:
         """Count ``new``, the calls that became ready since the last round (:class:`NewCalls`); update each stage's
         plan, count and gate."""
-        self._hardware = hardware
         for name, times in new.items():
             st = self._stages.get(name)
             if st is None:
@@ -310,7 +308,7 @@ class StagePlanner:
             idle = view.idle_of_stage(name)
             mine = sorted(
                 (w for w in idle if _kind(w) == kind and not w.starting),
-                key=lambda w: (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id),
+                key=_recent_first,
             )
             keep = st.count - busy
             if keep < 1 or len(mine) < keep:
@@ -333,17 +331,17 @@ class StagePlanner:
                 out.append(w.worker_id)
         return tuple(out)
 
-    def spare_kind(self, stage: str, within_ms: float) -> SpareKind | None:
+    def spare_kind(self, stage: str, within_ms: float, hardware: frozenset[str]) -> SpareKind | None:
         """The stage's cheapest kind for a spare: of its (hardware, vCPUs, share) that run a batch of the space's
         smallest size within ``within_ms``, the least price per second idle (``idle_rates``), then per second busy,
-        then the fastest; None if none. Kept per (stage, bound, hardware)."""
-        key = (stage, within_ms, self._hardware)
+        then the fastest, on the round's ``hardware``; None if none. Kept per (stage, bound, hardware)."""
+        key = (stage, within_ms, hardware)
         if key in self._spare_kinds:
             return self._spare_kinds[key]
         tables, held = self.tables, self.tables.settings.idle_vcpus
         b = min(tables.settings.config_space.batches)
         best: tuple[float, float, float, SpareKind] | None = None
-        for hw in sorted(self._hardware & tables.profile.hardware_types(stage)):
+        for hw in sorted(hardware & tables.profile.hardware_types(stage)):
             for vcpus, share in tables.resources(hw):
                 lat = tables.latency_ms(stage, b, vcpus, share, hw)
                 if lat is None or lat > within_ms:
@@ -370,7 +368,7 @@ class StagePlanner:
         count), 1 when one of those is starting or is asked for now (make before break: the cheapest of the others
         stays until it is warm, and for good where no start has room), 0 when nothing would go or no kind fits."""
         within = self.cheap_spare * st.budget
-        kind = self.spare_kind(name, within)
+        kind = self.spare_kind(name, within, view.hardware)
         if kind is None:
             return 0
         tables, held = self.tables, self.tables.settings.idle_vcpus
@@ -385,7 +383,7 @@ class StagePlanner:
         others = [w for w in idle if w.worker_id not in kept and not w.starting]
         found = sorted(
             (w for w in others if cheap(w)),
-            key=lambda w: (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id),
+            key=_recent_first,
         )
         if found:
             kept.add(found[0].worker_id)
@@ -437,6 +435,11 @@ class StagePlanner:
                     best = max(best, int(st.budget // lat) * b)
             room += n * best
         return room >= st.clumps[0][1]
+
+
+def _recent_first(w: Worker) -> tuple[float, str]:
+    """Sort key: fresh workers first, then the most recently idle (the warmer, which the placement reuses first)."""
+    return (-(math.inf if w.fresh else (w.idle_since_ms or 0.0)), w.worker_id)
 
 
 def _kind(w: Worker) -> tuple[str, int, float]:
