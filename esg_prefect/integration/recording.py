@@ -178,13 +178,13 @@ def at_exit_before_threads_stop(fn: Any, *args: Any) -> None:
 
 
 def close_before_prefect_stops(pool: Pool) -> None:
-    """Close ``pool`` at exit before Prefect's event worker stops; called at each stage call, registers once.
+    """Close ``pool`` at exit before Prefect's event worker stops; called at each flow run's first stage call.
 
     The hook :func:`attach_recorders` registered may predate Prefect's event worker
     (a shared pool is made as the flow run starts): registered again here, after the
     run's first task event started that worker, it runs first. Closing twice is a no-op.
     """
-    if pool in _closed_before_prefect or pool not in _closes_at_exit:  # the common case, on every stage call: no lock
+    if pool in _closed_before_prefect or pool not in _closes_at_exit:  # the common case, once per flow run: no lock
         return
     with _lock:
         if pool in _closed_before_prefect:
