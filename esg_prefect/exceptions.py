@@ -18,11 +18,15 @@ Callers catch these classes, never a bare ``Exception``::
           ├── WorkerCrashedError: the worker died each time it ran this input
           ├── CallConflictError: the call contradicts what the pool holds (its id, workflow or stage)
           └── PoolClosedError: the pool shut down before the call finished
+
+:func:`close_match` gives their messages the name a misspelt one most likely meant.
 """
 
 from __future__ import annotations
 
 import builtins
+import difflib
+from collections.abc import Iterable
 
 
 class ESGError(Exception):
@@ -154,3 +158,14 @@ def __getattr__(name: str) -> type[StageFailedError]:
         if got is not None:
             return got
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def close_match(name: str, choices: Iterable[str]) -> str | None:
+    """The one of ``choices`` most likely meant by a misspelt ``name`` (a message's "did you mean"), or None.
+
+    Example:
+        >>> close_match("keep_alive", ["keep_alive_s", "tick_ms"]), close_match("zzz", ["tick_ms"])
+        ('keep_alive_s', None)
+    """
+    guess = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return guess[0] if guess else None

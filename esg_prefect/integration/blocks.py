@@ -9,14 +9,13 @@ objects. ``blocks/create_defaults.py`` saves the default documents.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
 from pydantic import ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from esg_prefect.exceptions import InvalidInputError
+from esg_prefect.exceptions import InvalidInputError, close_match
 from esg_prefect.model.config import ConfigSpace
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling.paldia import corun_model
@@ -44,8 +43,8 @@ def _refused(convert: Callable[[], object]) -> None:
 
 def _no_field(cls: type[Block], name: str) -> str:
     """The line for a name that is none of a block's fields, with the field most likely meant."""
-    guess = difflib.get_close_matches(name, cls.model_fields, n=1, cutoff=0.6)
-    hint = f": did you mean {guess[0]!r}?" if guess else f"; its fields: {', '.join(sorted(cls.model_fields))}"
+    guess = close_match(name, cls.model_fields)
+    hint = f": did you mean {guess!r}?" if guess else f"; its fields: {', '.join(sorted(cls.model_fields))}"
     return f"{cls.__name__} has no field {name!r}{hint}"
 
 

@@ -8,12 +8,11 @@ and line in the message, whichever table it is; this module is that loop, once.
 from __future__ import annotations
 
 import csv
-import difflib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from esg_prefect.exceptions import ProfileError
+from esg_prefect.exceptions import ProfileError, close_match
 
 __all__ = ["check_row_width", "config_columns", "decimal", "integer", "misnamed_columns", "read_rows"]
 
@@ -91,9 +90,9 @@ def misnamed_columns(header: Iterable[str], read: Collection[str], known: Collec
     for col in columns:
         if col in known or col in read:
             continue
-        guess = difflib.get_close_matches(col, absent, n=1, cutoff=0.6)
+        guess = close_match(col, absent)
         if guess:
-            out.append(f"column {col!r} is not one this table reads: did you mean {guess[0]!r}?")
+            out.append(f"column {col!r} is not one this table reads: did you mean {guess!r}?")
     return out
 
 

@@ -8,13 +8,12 @@ defaults from here.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from esg_prefect.exceptions import ConfigError
+from esg_prefect.exceptions import ConfigError, close_match
 from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS, CostSplit, IdleBilling
 from esg_prefect.model.config import ConfigSpace
 
@@ -416,8 +415,8 @@ class ESGSettings:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            guesses = {k: difflib.get_close_matches(k, known, n=1, cutoff=0.6) for k in sorted(unknown)}
-            hints = [f"{k!r}: did you mean {g[0]!r}?" for k, g in guesses.items() if g]
+            guesses = {k: close_match(k, known) for k in sorted(unknown)}
+            hints = [f"{k!r}: did you mean {g!r}?" for k, g in guesses.items() if g]
             if len(hints) == len(unknown):  # near misses: the settings meant, not all ~60 names
                 raise ConfigError(
                     f"unknown ESG settings {sorted(unknown)} ({'; '.join(hints)}); "
