@@ -222,7 +222,7 @@ def _read(
         store = CostStore(url, create=False)
         try:
             # the rows and each pool's options from one read of the store
-            rows, pools = store._priced_costs(by, since_ms, split, idle_billing)  # type: ignore[arg-type]
+            rows, pools = store.priced_costs(by, since_ms, split, idle_billing)  # type: ignore[arg-type]
         finally:
             store.close()
     except ESGError as exc:

@@ -373,9 +373,9 @@ class CostStore:
             InvalidInputError: a bad ``group_by`` or ``since``.
             ConfigError: a bad split or idle billing.
         """
-        return self._priced_costs(group_by, since, split, idle_billing)[0]
+        return self.priced_costs(group_by, since, split, idle_billing)[0]
 
-    def _priced_costs(
+    def priced_costs(
         self,
         group_by: str,
         since: datetime | float | None,
