@@ -239,8 +239,9 @@ def _run_cli(
     from dataclasses import replace
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import TextColumn
 
+    from esg_prefect.cli.progress import progress_bar
     from esg_prefect.profiler.measure import MeasureSettings
     from esg_prefect.profiler.run import ProfileRequest
     from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, run_session
@@ -286,17 +287,8 @@ def _run_cli(
         store_url=store,
     )
     console = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[label]}"),
-        console=console,
-        transient=True,  # an error raised under the bar is printed alone
-        disable=not console.is_terminal,  # a pipe or a log gets no bar, nor the blank line rich leaves there
-    ) as bar:
-        task_id = bar.add_task("profiling", total=None, label="")
+    with progress_bar(console, TextColumn("{task.fields[label]}")) as bar:
+        task_id = bar.add_task("[bold]profiling", total=None, label="")
 
         def progress(done: int, total: int, label: str) -> None:
             bar.update(task_id, completed=done, total=total, label=label)

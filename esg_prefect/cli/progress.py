@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 
 __all__ = ["WallClock", "progress_bar"]
 
@@ -22,15 +22,17 @@ class WallClock:
         return time.perf_counter() * 1000.0
 
 
-def progress_bar(console: Console, *, transient: bool = True) -> Progress:
+def progress_bar(console: Console, *extra: ProgressColumn, transient: bool = True) -> Progress:
     """The commands' progress bar; transient by default, so that an error raised under it is printed alone,
     and off where the output is not a terminal (a pipe or a log gets no bar, nor the blank line or the
-    finished bar it leaves). ``demo`` keeps its finished bars (``transient=False``): they show each pass's time."""
+    finished bar it leaves). ``demo`` keeps its finished bars (``transient=False``): they show each pass's time.
+    ``extra`` columns follow the elapsed time (``profile``'s label of the point being measured)."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        *extra,
         console=console,
         transient=transient,
         disable=not console.is_terminal,
