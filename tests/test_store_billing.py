@@ -16,12 +16,13 @@ from sqlalchemy.engine import Engine
 
 from esg_prefect.control.records import BatchDone, RunStub
 from esg_prefect.exceptions import ConfigError
+from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store.billing import Billing, billing_of, scope_of
 from esg_prefect.store.migrations import MIGRATIONS
-from esg_prefect.store.tables import PoolRow
-from tests.cost_records import B1, EXPECTED_PER_RUN, PRICES, RUN_A, RUN_B, RUN_C, T0, all_records, records_a
+from esg_prefect.store.tables import PoolRow, PriceSheetRow
+from tests.cost_records import B1, EXPECTED_PER_RUN, IDLE_W1, PRICES, RUN_A, RUN_B, RUN_C, T0, all_records, records_a
 from tests.test_store import costs_by_key
 
 DEFAULT = {**EXPECTED_PER_RUN, IDLE_KEY: 1.1}
@@ -118,7 +119,30 @@ def test_a_pool_s_options_are_written_once_per_store_not_per_flush(store_url: st
         assert s.billings() == {"p1": Billing("input_size", "separate"), "p2": Billing()}
 
 
-def test_a_write_rolled_back_does_not_lose_the_pool_s_options(store_url: str) -> None:
+def test_a_price_sheet_is_written_once_per_store_not_per_flush(store_url: str) -> None:
+    """A flush after the first runs one statement fewer: its sheet's row is stored already."""
+    with CostStore(store_url) as s:
+        sheets = statements(s.engine, "INSERT INTO PRICE_SHEETS")
+        writes = statements(s.engine, "INSERT")
+        per_flush = []
+        for _ in range(3):
+            before = len(writes)
+            s.record_batches(flush(), scope="p1", billing=Billing())
+            per_flush.append(len(writes) - before)
+        s.record(records_a(), scope="p1")
+        s.record_run(records_a(), scope="p1")
+        s.record_idles([IDLE_W1], PRICES, scope="p1")
+        assert len(sheets) == 1
+        assert per_flush == [per_flush[0], per_flush[0] - 2, per_flush[0] - 2]  # no pool row, no sheet row
+        other = PriceSheet(1.0, {"T4": 2.0})
+        s.record_idles([IDLE_W1], other, scope="p1")  # a new sheet: its own row, once
+        s.record_idles([IDLE_W1], other, scope="p1")
+        assert len(sheets) == 2
+        with s.engine.connect() as conn:
+            assert len(conn.execute(select(PriceSheetRow.sheet_id)).all()) == 2
+
+
+def test_a_write_rolled_back_does_not_lose_the_pool_s_options_or_sheet(store_url: str) -> None:
     class Boom(Exception):
         pass
 
@@ -134,9 +158,11 @@ def test_a_write_rolled_back_does_not_lose_the_pool_s_options(store_url: str) ->
             s.record_batches(flush(), scope="p1", billing=Billing("input_size", "separate"))
         with s.engine.connect() as conn:
             assert conn.execute(select(PoolRow.scope)).all() == []  # rolled back with the batch
+            assert conn.execute(select(PriceSheetRow.sheet_id)).all() == []  # and so was the sheet
         s.record_batches(flush(), scope="p1", billing=Billing("input_size", "separate"))
         with s.engine.connect() as conn:
             assert conn.execute(select(PoolRow.scope)).scalars().all() == ["p1"]
+            assert len(conn.execute(select(PriceSheetRow.sheet_id)).all()) == 1  # written by the retry
         assert s.billings() == {"p1": Billing("input_size", "separate")}
 
 

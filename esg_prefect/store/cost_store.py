@@ -126,6 +126,7 @@ class CostStore:
         self.engine: Engine = create_engine(self.url, create=create)
         self._write_lock = threading.Lock()  # guards writes: pools of one process share a store
         self._pools_kept: set[str] = set()  # scopes whose options a committed write of this store stored
+        self._sheets_kept: set[str] = set()  # sheet ids a committed write of this store stored
         try:
             migrate(self.engine, migrations)
         except Exception:
@@ -165,8 +166,7 @@ class CostStore:
             name: the flow run's name, if known (as ``deployment``, never erased by None).
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
-        with self._writing(scope, billing) as conn:
-            _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
+        with self._writing(scope, billing, [records.prices]) as conn:
             _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
@@ -188,8 +188,7 @@ class CostStore:
         the run's batches and calls as they completed (see ``attach_store``).
         ``billing`` and ``name`` as for :meth:`record`.
         """
-        with self._writing(scope, billing) as conn:
-            _upsert(conn, PriceSheetRow, [R.sheet_row(records.prices)], ("sheet_id",), update=False)
+        with self._writing(scope, billing, [records.prices]) as conn:
             _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
@@ -216,9 +215,7 @@ class CostStore:
             calls += R.call_rows(d.calls, scope)
             idles += R.idle_rows(d.new_idles, d.prices, scope)
             stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
-        sheets = {row["sheet_id"]: row for row in (R.sheet_row(d.prices) for d in done)}
-        with self._writing(scope, billing) as conn:
-            _upsert(conn, PriceSheetRow, list(sheets.values()), ("sheet_id",), update=False)
+        with self._writing(scope, billing, [d.prices for d in done]) as conn:
             _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
@@ -232,27 +229,30 @@ class CostStore:
         rows = R.idle_rows(idles, prices, scope)
         if not rows:
             return
-        with self._writing(scope, billing) as conn:
-            _upsert(conn, PriceSheetRow, [R.sheet_row(prices)], ("sheet_id",), update=False)
+        with self._writing(scope, billing, [prices]) as conn:
             _upsert(conn, IdleRow, rows, ("idle_id",))
 
     @contextmanager
-    def _writing(self, scope: str, billing: Billing | None) -> Iterator[Connection]:
-        """One write transaction under the write lock, storing the pool's options first if not done yet.
+    def _writing(self, scope: str, billing: Billing | None, prices: Iterable[PriceSheet]) -> Iterator[Connection]:
+        """One write transaction under the write lock, storing the pool's options and price sheets first if new.
 
-        A pool's first options stay (``ON CONFLICT DO NOTHING``): once a write that
-        stored them committed, writing them again would change nothing, so each
-        scope's are written once per store, not in every flush. The scope is marked
+        Both are written once (``ON CONFLICT DO NOTHING``: a pool's first options
+        stay, a sheet's id is its content), so once a write that stored them
+        committed, writing them again would change nothing: each scope's options and
+        each sheet are written once per store, not in every flush. They are marked
         only after the commit, so that a write rolled back does not lose them.
         """
         with self._write_lock, self.engine.connect().execution_options(**{WRITE: True}) as conn:
             new = billing if billing is not None and scope not in self._pools_kept else None
+            rows = {r["sheet_id"]: r for r in map(R.sheet_row, prices) if r["sheet_id"] not in self._sheets_kept}
             with conn.begin():
                 if new is not None:
                     _record_pool(conn, scope, new)
+                _upsert(conn, PriceSheetRow, list(rows.values()), ("sheet_id",), update=False)
                 yield conn
             if new is not None:
                 self._pools_kept.add(scope)
+            self._sheets_kept.update(rows)
 
     # ---- reading -------------------------------------------------------------------------------
 
