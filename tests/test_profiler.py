@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+import re
 import subprocess
 import sys
 import time
@@ -429,3 +430,17 @@ def test_the_profile_flow_s_parameters_validate_without_a_warning() -> None:
         warnings.simplefilter("error")
         params = profile_flow.validate_parameters({"quick": True, "validation": True})
     assert params["validation"] is True and params["quick"] is True
+
+
+@pytest.mark.parametrize("share", [0.0, -0.25, 1.5, math.nan])
+def test_the_request_and_the_cli_refuse_the_same_gpu_shares(share: float) -> None:
+    """One bound (``is_gpu_share``) for both; each error as it was, the CLI's naming its option."""
+    import typer
+
+    from esg_prefect.cli.profile import _shares
+
+    with pytest.raises(InvalidInputError, match=re.escape(f"gpu_shares must be in (0, 1], got [0.5, {share}]")):
+        ProfileRequest(gpu_shares=(0.5, share))
+    with pytest.raises(typer.BadParameter, match=re.escape(f"must be GPU fractions in (0, 1], got '0.5,{share}'")):
+        _shares(f"0.5,{share}")
+    assert ProfileRequest(gpu_shares=(0.25, 1.0)).gpu_shares == _shares("0.25,1") == (0.25, 1.0)

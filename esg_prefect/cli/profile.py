@@ -30,10 +30,12 @@ def _floats(text: str, what: str) -> tuple[float, ...]:
 
 
 def _shares(text: str) -> tuple[float, ...]:
-    """``--gpu-shares``: comma-separated fractions of a GPU, each in (0, 1]."""
+    """``--gpu-shares``: comma-separated fractions of a GPU, each in (0, 1] as ``ProfileRequest`` takes them."""
+    from esg_prefect.profiler.run import GPU_SHARE_RANGE, is_gpu_share
+
     shares = _floats(text, "--gpu-shares")
-    if not all(0.0 < v <= 1.0 for v in shares):
-        raise typer.BadParameter(f"must be GPU fractions in (0, 1], got {text!r}", param_hint="--gpu-shares")
+    if not all(map(is_gpu_share, shares)):
+        raise typer.BadParameter(f"must be GPU fractions in {GPU_SHARE_RANGE}, got {text!r}", param_hint="--gpu-shares")
     return shares
 
 

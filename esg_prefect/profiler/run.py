@@ -39,6 +39,18 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, label)``: called after each measured point."""
 
 DEFAULT_GPU_SHARES: tuple[float, ...] = (0.25, 0.5, 1.0)
+GPU_SHARE_RANGE = "(0, 1]"
+"""The GPU shares a profile run takes, as its errors name them (see :func:`is_gpu_share`)."""
+
+
+def is_gpu_share(share: float) -> bool:
+    """Whether ``share`` is a fraction of one GPU a configuration can hold, in :data:`GPU_SHARE_RANGE`.
+
+    The one check of :class:`ProfileRequest` and of the CLI's ``--gpu-shares``
+    (which refuses a bad share early, naming its option). 0 is no GPU: the CPU
+    configurations are asked for with ``cpu``, not a share.
+    """
+    return 0.0 < share <= 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +95,8 @@ class ProfileRequest:
             raise InvalidInputError("specs must name at least one target")
         if not self.vcpus or min(self.vcpus) < 1:
             raise InvalidInputError(f"vcpus must be counts >= 1, got {list(self.vcpus)}")
-        if any(not 0 < s <= 1 for s in self.gpu_shares):
-            raise InvalidInputError(f"gpu_shares must be in (0, 1], got {list(self.gpu_shares)}")
+        if not all(map(is_gpu_share, self.gpu_shares)):
+            raise InvalidInputError(f"gpu_shares must be in {GPU_SHARE_RANGE}, got {list(self.gpu_shares)}")
 
 
 @dataclass(slots=True)
