@@ -337,14 +337,15 @@ def test_the_clump_test_finds_each_kinds_best_batch_once_and_decides_as_before()
 
 
 class _Starts:
-    """The scheduler's start of a cheap spare, recorded: ``room`` says whether it has room."""
+    """The scheduler's start of a cheap spare: ``calls`` what it was asked, ``started`` what it started (``room``)."""
 
     def __init__(self, room: bool = True) -> None:
-        self.room, self.calls = room, list[tuple[str, Config, str]]()
+        self.room, self.calls, self.started = room, list[tuple[str, Config, str]](), list[tuple[str, Config, str]]()
 
-    def __call__(self, stage: str, cfg: Config, hardware: str, reason: str) -> bool:
+    def __call__(self, stage: str, cfg: Config, hardware: str, reason: str) -> None:
         self.calls.append((stage, cfg, hardware))
-        return self.room
+        if self.room:
+            self.started.append((stage, cfg, hardware))
 
 
 def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer_surplus_goes() -> None:
@@ -363,7 +364,8 @@ def test_the_cheap_spare_is_the_stages_least_idle_price_kind_started_as_a_dearer
     assert p.surplus(dear, now, starts) == ("p5",)  # type: ignore[arg-type]
     assert starts.calls == [("s", Config(1, 1, 0.2), "T4")]
     # no room for it: the same spare stays all the same (what stage_plan_retire_spares=1 keeps)
-    assert p.surplus(dear, now, _Starts(room=False)) == ("p5",)  # type: ignore[arg-type]
+    full = _Starts(room=False)
+    assert p.surplus(dear, now, full) == ("p5",) and full.started == []  # type: ignore[arg-type]
     # the start is loading: no second start, p4 still stays
     loading = _Fleet(("p1", 0.4, now - 10.0), ("p4", 0.4, now - 80.0), ("c6", 0.2, None), starting=("c6",))
     starts = _Starts()

@@ -338,14 +338,13 @@ class ESGScheduler(ESG1Q):
         time, for the first workflow's queue of the stage, with room and without stopping anyone; appended to
         ``starts``."""
 
-        def start(stage: str, cfg: Config, hardware: str, reason: str) -> bool:
+        def start(stage: str, cfg: Config, hardware: str, reason: str) -> None:
             key = next((QueueKey(n, stage) for n, wf in snapshot.workflows.items() if stage in wf.stages), None)
             if key is None or starting(stage, view, starts):
-                return False
+                return
             got = start_cold(key, cfg, hardware, view, reason)
             if got is not None:
                 starts.append(got)
-            return got is not None
 
         return start
 

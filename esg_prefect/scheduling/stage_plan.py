@@ -169,9 +169,10 @@ class SpareKind(NamedTuple):
     idle_per_s: float
 
 
-StartSpare = Callable[[str, Config, str, str], bool]
-"""Starts a worker of (stage, config, hardware) with a reason, where it has room without stopping anyone; True if
-it did (the scheduler's round builds the start: :class:`~esg_prefect.scheduling.base.Start`)."""
+StartSpare = Callable[[str, Config, str, str], None]
+"""Starts a worker of (stage, config, hardware) with a reason, where it has room without stopping anyone (the
+scheduler's round builds the start: :class:`~esg_prefect.scheduling.base.Start`). Nothing comes back: the planner
+decides the same whether it started (its cheapest surplus stays until a start is warm, for good if none is)."""
 
 
 class _Stage:
@@ -289,8 +290,8 @@ class StagePlanner:
         first (the placement reuses those), make its count; when they number the count and one of them is
         idle, and the count carries the stage's peak 1 s rate at the setting's utilisation, the stage's other
         idle workers that have idled ``RETIRE_IDLE_MS`` or more go. ``view``: after the round's commits.
-        ``start(stage, config, hardware, reason)``: starts a worker (``stage_plan_retire_cheap_spare``), True if
-        it did.
+        ``start(stage, config, hardware, reason)``: starts a worker (``stage_plan_retire_cheap_spare``) where
+        there is room.
         """
         if self.retire <= 0:
             return ()
