@@ -608,3 +608,25 @@ def test_a_case_s_noisy_profile_is_named_before_it_is_planned_with(tmp_path: Pat
     (tmp_path / "mine.csv").write_text(header + "m,cpu,1,1,0,1.0,1.2,200,1\nm,cpu,2,1,0,1.5,1.8,200,1\n")
     quiet = CliRunner().invoke(app, ["simulate", "--case", str(path)], terminal_width=400)
     assert quiet.exit_code == 0 and "profile again" not in quiet.output
+
+
+def test_a_case_slo_likely_in_seconds_is_warned_of_in_one_line_and_runs(tmp_path: Path) -> None:
+    """``slo_ms: 0.5`` meant as half a second: Pipeline's rule and hint (seconds_slo_hint), not an error."""
+    from esg_prefect.simulator import standard_case
+
+    data = standard_case(rate_per_s=30.0, duration_s=2.0, warmup_s=0.5).to_dict()
+    data["workflows"][0]["slo_ms"] = 0.5
+    name = data["workflows"][0]["name"]
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["simulate", "--case", str(path)], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "slo_ms" in line]
+    assert lines == [
+        f"warning: workflow {name!r}: slo_ms=0.5 is 0.5 ms; slo_ms is in milliseconds: for 0.5 s write "
+        "slo_ms=500 (the case runs as written)"
+    ]
+    data["workflows"][0]["slo_ms"] = 10  # the threshold: as Pipeline, no warning
+    path.write_text(json.dumps(data))
+    result = CliRunner().invoke(app, ["simulate", "--case", str(path)])
+    assert result.exit_code == 0 and "slo_ms" not in result.output, result.output

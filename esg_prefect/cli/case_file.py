@@ -3,8 +3,9 @@
 A case file is the JSON that ``esg-prefect simulate --out DIR`` writes
 (:class:`~esg_prefect.simulator.case.Case`). Reading it names every mistake in
 one line naming ``--case``; its relative paths are read from its own folder
-first. The notes say what a user's own case does that they may not expect: a
-CSV trace replayed at another speed, GPU types no stage is profiled on. A case
+first. The notes say what a user's own case does that they may not expect: an
+SLO most likely written in seconds, a CSV trace replayed at another speed, GPU
+types no stage is profiled on. A case
 file written into a folder has its paths made to be read from there.
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "note_csv_replay",
     "note_noisy_profile",
     "note_unused_gpus",
+    "warn_seconds_slos",
 ]
 
 CASE_ACCEPTS = "a case JSON file, such as the case.json that `esg-prefect simulate --out DIR` writes"
@@ -125,6 +127,26 @@ def load_case(path: Path) -> Any:
         raise typer.BadParameter(f"{str(path)!r} is not a valid case: {exc}", param_hint="--case") from None
 
 
+def warn_seconds_slos(case: Any, console: Console) -> None:
+    """Warn, one line each, of a case's workflows whose ``slo_ms`` is most likely written in seconds.
+
+    ``Pipeline``'s rule (:func:`~esg_prefect.model.workflow.seconds_slo_hint`): ``slo_ms: 0.5`` meant as
+    half a second misses with every request, and nothing else would say why. The case runs as written:
+    a tiny SLO can be meant in a simulation.
+    """
+    from esg_prefect.model.workflow import seconds_slo_hint
+
+    for wf in case.workflows:
+        hint = seconds_slo_hint(wf.slo_ms)
+        if hint is not None:
+            console.print(
+                f"warning: workflow {wf.name!r}: slo_ms={wf.slo_ms:g} is {wf.slo_ms:g} ms; {hint} "
+                "(the case runs as written)",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+
 def note_unused_gpus(case: Any, console: Console) -> None:
     """Say which of a case's GPU types no stage is profiled on (a misspelt type runs silently otherwise)."""
     unused = case.unused_gpu_types()
@@ -180,7 +202,9 @@ def replay_pace(speed: float) -> str:
 
 
 def note_case(case: Any, console: Console) -> None:
-    """The notes on a user's case file: GPUs no stage can use, how a CSV trace is replayed, a noisy profile."""
+    """The notes on a user's case file: SLOs likely in seconds, GPUs no stage can use, how a CSV trace is
+    replayed, a noisy profile."""
+    warn_seconds_slos(case, console)
     note_unused_gpus(case, console)
     note_csv_replay(case, console)
     note_noisy_profile(case.profile, console)

@@ -52,6 +52,7 @@ from typing import Any
 
 from esg_prefect.control.calls import StageCall, StagePool, StageResult, WorkflowDecl, shortened_run_name
 from esg_prefect.exceptions import InvalidInputError, WorkflowError
+from esg_prefect.model.workflow import seconds_slo_hint
 from esg_prefect.runtime.batch_output import STDERR_LEVEL
 from esg_prefect.runtime.stages import BatchFn, LoadFn, SizeFn, StageSpec, run_checked
 
@@ -90,9 +91,6 @@ def esg_options(*, request_id: str | None = None, input_size: float | None = Non
         _options.reset(token)
 
 
-MIN_LIKELY_SLO_MS = 10.0  # below it an SLO is most likely written in seconds: Pipeline warns
-
-
 class Pipeline:
     """A workflow of DNN stages with an end-to-end latency SLO.
 
@@ -108,11 +106,11 @@ class Pipeline:
 
     def __init__(self, name: str, slo_ms: float, edges: Sequence[tuple[str, str]] | None = None) -> None:
         self.decl = WorkflowDecl(name, slo_ms, tuple(edges) if edges is not None else None)
-        if slo_ms < MIN_LIKELY_SLO_MS:  # most likely seconds: Prefect's own time per run uses it up, silently
+        hint = seconds_slo_hint(slo_ms)
+        if hint is not None:  # most likely seconds: Prefect's own time per run uses it up, silently
             warnings.warn(
                 f"pipeline {name!r}: slo_ms={slo_ms:g} is {slo_ms:g} ms, which Prefect's own time per flow run "
-                f"already uses up (every call is served best effort); slo_ms is in milliseconds: "
-                f"for {slo_ms:g} s write slo_ms={slo_ms * 1000:g}",
+                f"already uses up (every call is served best effort); {hint}",
                 UserWarning,
                 stacklevel=2,
             )

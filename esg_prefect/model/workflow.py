@@ -18,6 +18,26 @@ import networkx as nx
 from esg_prefect.exceptions import WorkflowError
 
 MAX_SLO_MS = 7 * 24 * 3600 * 1000.0  # a week: longer is no latency objective, and overflows the search's units
+MIN_LIKELY_SLO_MS = 10.0
+"""Below it an SLO is most likely written in seconds (``0.5`` meant as half a second): warned of, never refused."""
+
+
+def seconds_slo_hint(slo_ms: float) -> str | None:
+    """What to say of an SLO under :data:`MIN_LIKELY_SLO_MS`: that ``slo_ms`` is in ms, and how the same
+    number of seconds is written; None for one at or above it.
+
+    The one rule for every place an SLO is declared (``Pipeline``, a simulator case file), each warning
+    in its own words of what such an SLO does there. Not refused: a tiny SLO can be meant (toy stages).
+
+    Examples:
+        >>> seconds_slo_hint(0.5)
+        'slo_ms is in milliseconds: for 0.5 s write slo_ms=500'
+        >>> seconds_slo_hint(10) is None
+        True
+    """
+    if not slo_ms < MIN_LIKELY_SLO_MS:
+        return None
+    return f"slo_ms is in milliseconds: for {slo_ms:g} s write slo_ms={slo_ms * 1000:g}"
 
 
 @dataclass(frozen=True, slots=True)
