@@ -38,7 +38,7 @@ Idempotency: a call id already finished gets its stored outcome
 (:class:`~esg_prefect.service.results.ResultCache`, kept across restarts with a
 file); one in flight is joined; either way only if it is the same call (its
 digest), else 409. Backpressure: past ``max_pending`` calls in flight, new calls
-get ``429`` with a jittered ``Retry-After``; while closing, ``503``.
+get ``429`` with a jittered ``Retry-After``; while closing, or cancelled at shutdown, ``503``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -154,8 +155,8 @@ class PoolService:
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
-                Route("/v1/calls", self.call, methods=["POST"]),
-                Route("/v1/calls/{call_id}", self.join, methods=["GET"]),
+                Route("/v1/calls", _503_when_cancelled(self.call), methods=["POST"]),
+                Route("/v1/calls/{call_id}", _503_when_cancelled(self.join), methods=["GET"]),
                 Route("/v1/runs/{run_id}/end", self.end_run, methods=["POST"]),
                 Route("/v1/calls/{call_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/batches", self.batches, methods=["GET"]),
@@ -393,14 +394,6 @@ class PoolService:
             except TimeoutError:  # still queued or running: the caller asks again (the same call joins)
                 pending = {"ok": None, "pending": True, "paused": self.pool.paused, "digest": held[1]}
                 return JSONResponse(pending, status_code=202)
-            except asyncio.CancelledError:
-                # The server stops (uvicorn cancels what still waits when its shutdown grace runs out: Ctrl-C
-                # on a paused pool or a long queue). A 503 tells the caller to post the call again, to the
-                # restarted service; uncaught, this is a 500 that the client takes for the call's failure.
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
         if body.get("conflict"):
             return JSONResponse({"error": body["error"]["message"]}, status_code=409)
         return Response(await asyncio.to_thread(_render, body), media_type="application/json")
@@ -468,6 +461,28 @@ class PoolService:
             self._watched.forget(call.call_id)
             if not fut.done():
                 fut.set_result(body)
+
+
+def _503_when_cancelled(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """``handler``, answering 503 with Retry-After where uvicorn cancels it when its shutdown grace runs out.
+
+    The cancel lands in any await (reading the body, waiting on the call, rendering its answer); uncaught,
+    it is a 500 the client takes for the call's failure. On a 503 the client posts the call again; an
+    outcome is stored before its answer renders, so the retry gets it from the store, not a second run
+    (after a restart only with a results file: the in-memory store goes with the process).
+    """
+
+    @functools.wraps(handler)
+    async def answered(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
+
+    return answered
 
 
 def _wait_s(value: str | None) -> float | None:
