@@ -244,7 +244,7 @@ def serve(
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be, hung_batch_s=hung_batch_s or None)
     from esg_prefect.integration.api_check import prefect_api_url
-    from esg_prefect.integration.recording import attach_recorders, remember_deployment
+    from esg_prefect.integration.recording import attach_recorders, flush_prefect_events, remember_deployment
 
     try:
         attach_recorders(pool, artifacts=artifacts, store=False if store == "off" else (store or True))
@@ -292,8 +292,9 @@ def serve(
             server.run()
     finally:
         service.closing = True
-        pool.close()
+        pool.close()  # publishes the runs still pending: their artifacts' events are sent before the exit
         cache.close()
+        flush_prefect_events()
     if not server.started:  # it could not listen: uvicorn logged why
         raise typer.Exit(3)
     typer.echo("esg-prefect pool service stopped", err=True)

@@ -200,6 +200,33 @@ def _close_at_exit(ref: weakref.ref[Pool]) -> None:
         pool.close()
 
 
+def flush_prefect_events(timeout_s: float = 10.0) -> bool:
+    """Wait, at most ``timeout_s``, until Prefect's event workers have sent what they hold; True if they did.
+
+    A pool closing publishes its last runs' artifacts, and Prefect's client emits an
+    event for each: a process that exits right after leaves them to the event worker's
+    exit drain, which sends them but logs "Still processing items" (noise after Ctrl-C).
+    Only workers already started are waited on (``EventsWorker.instance()`` would start
+    one, and with no API set a temporary API for it), as Prefect's own task runner does.
+    Bounded: a worker whose API stopped answering holds its queue.
+    """
+    from prefect.events.worker import EventsWorker
+
+    started = dict(getattr(EventsWorker, "_instances", {}))  # Prefect's services share one registry
+    workers = [w for w in started.values() if isinstance(w, EventsWorker)]
+    if not workers:
+        return True
+    done = threading.Event()
+
+    def wait() -> None:
+        for worker in workers:
+            worker.wait_until_empty()
+        done.set()
+
+    threading.Thread(target=wait, name="esg-flush-events", daemon=True).start()  # daemon: a stuck queue holds no exit
+    return done.wait(timeout_s)
+
+
 def close_stores() -> None:
     """Release the process's stores (tests; the engines close at exit anyway)."""
     with _lock:
