@@ -128,6 +128,39 @@ def test_a_bad_value_set_on_a_made_block_is_refused_too() -> None:
 
 
 @pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        (
+            {"address": "127.0.0.1:4270"},
+            "address: not an http(s) URL with a host; give the pool service's address, "
+            "e.g. http://127.0.0.1:4270, got '127.0.0.1:4270'",
+        ),
+        ({"address": "htp://127.0.0.1:4270"}, "got 'htp://127.0.0.1:4270'"),
+        (
+            {"address": "http://127.0.0.1:4270", "scheduler": "fast-gshare"},
+            "scheduler configures an embedded pool; the pool service at http://127.0.0.1:4270 has its own",
+        ),
+        ({"address": "http://127.0.0.1:4270", "profile_path": "p.csv", "backend": "inline"}, "profile_path, backend"),
+    ],
+)
+def test_a_pool_block_the_runner_would_refuse_is_refused_when_made(fields: dict[str, object], named: str) -> None:
+    """Saved fine and refused only as each deployment run imported its flow (``ESGTaskRunner(pool=...)``)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as exc:
+        ESGPool(**fields)  # type: ignore[arg-type]
+    assert named in str(exc.value), exc.value
+    made = ESGPool(address="http://127.0.0.1:4270")
+    with pytest.raises(ValidationError, match=re.escape("got 'localhost:4270'")):
+        made.address = "localhost:4270"
+    assert made.address == "http://127.0.0.1:4270"  # the refused value is not left on the block
+    saved = made.model_dump(exclude={"block_type_slug"}) | {"address": "127.0.0.1:4270"}  # saved in the UI
+    with pytest.raises(ValidationError, match="not an http"):
+        ESGPool.model_validate(saved)
+    assert ESGPool(address="").address == ""  # the UI's empty field: the embedded pool
+
+
+@pytest.mark.parametrize(
     ("block", "name", "says"),
     [
         (ESGSchedulerSettings, "keep_alive", "did you mean 'keep_alive_s'?"),

@@ -20,6 +20,7 @@ from esg_prefect.model.config import ConfigSpace
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling.paldia import corun_model
 from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.service.address import EXAMPLE_ADDRESS, address_error
 
 # The same image ships in the package as esg_prefect/data/logo.png.
 _LOGO = "https://raw.githubusercontent.com/esg-prefect/esg-prefect/main/esg_prefect/data/logo.png"
@@ -120,8 +121,35 @@ class ESGPool(Block):
         default=None, description="Latency profile CSV; empty for the profiles shipped with esg-prefect."
     )
 
+    model_config = _VALIDATED
     __setattr__ = _assign_or_keep
     _known_names = _KNOWN_NAMES
+
+    @model_validator(mode="after")
+    def _check_pool(self) -> ESGPool:
+        """Refuse what ``ESGTaskRunner(pool=...)`` refuses, naming it: a malformed address, or an address
+        beside options of the embedded pool (a pool service has its own). Such a block saved fine and
+        failed each deployment run as it imported its flow."""
+        if not self.address:  # None, or the UI's empty field: the embedded pool
+            return self
+        if why := address_error(self.address):
+            raise ValueError(
+                f"address: {why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {self.address!r}"
+            )
+        given = [
+            name for name in ("scheduler", "profile_path", "backend") if getattr(self, name) != _POOL_DEFAULTS[name]
+        ]
+        if given:
+            verb = "configure" if len(given) > 1 else "configures"
+            raise ValueError(
+                f"{', '.join(given)} {verb} an embedded pool; the pool service at {self.address} has its own "
+                "(esg-prefect pool serve --scheduler, --profile): leave the address empty or these at their defaults"
+            )
+        return self
+
+
+_POOL_DEFAULTS = {name: field.default for name, field in ESGPool.model_fields.items()}
+"""ESGPool's defaults: the embedded pool's options left as they are beside an address."""
 
 
 class ESGPriceSheet(Block):
