@@ -241,6 +241,27 @@ def test_a_block_name_with_no_saved_block_is_named_at_first_use() -> None:
         runner.pool_client()
 
 
+def test_a_block_name_with_the_prefect_api_down_is_one_line_naming_both() -> None:
+    """It was httpx's traceback, ending in ``ConnectError: [Errno 111] Connection refused``: no block, no URL."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.exceptions import InvalidInputError
+
+    url = "http://127.0.0.1:9/api"  # the discard port: nothing listens there
+    with temporary_settings({PREFECT_API_URL: url}):
+        with pytest.raises(InvalidInputError) as exc:
+            ESGTaskRunner(pool="svc")  # an ESGPool name resolves at once
+        runner = ESGTaskRunner(prices="team-prices", backend="inline")
+        with pytest.raises(InvalidInputError) as later:
+            runner.pool_client()
+    assert str(exc.value) == (
+        f"cannot load the ESG Pool block 'svc': the Prefect API at {url} does not answer (ConnectError); "
+        "start it with `prefect server start`, or point PREFECT_API_URL at the server that holds the block"
+    )
+    assert str(later.value).startswith("cannot load the ESG Price Sheet block 'team-prices': the Prefect API at")
+
+
 def test_a_pool_block_stands_for_the_runner_options_it_holds() -> None:
     from pydantic import SecretStr
 

@@ -76,11 +76,20 @@ def _resolve(value: Any, block_type: str) -> Any:
     from esg_prefect.integration import blocks
 
     if isinstance(value, str):
+        import httpx
         from pydantic import ValidationError
 
         kind = getattr(blocks, block_type)
         try:
             value = kind.load(value)
+        except httpx.TransportError as exc:  # httpx's traceback named neither the block nor the API
+            from prefect.settings import get_current_settings
+
+            raise InvalidInputError(
+                f"cannot load the {kind.get_block_type_name()} block {value!r}: the Prefect API at "
+                f"{get_current_settings().api.url} does not answer ({type(exc).__name__}); start it with "
+                "`prefect server start`, or point PREFECT_API_URL at the server that holds the block"
+            ) from None
         except RuntimeError as exc:  # Prefect's wrap of a ValidationError: saved, but not valid on this machine
             if not isinstance(exc.__cause__, ValidationError):
                 raise
