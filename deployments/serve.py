@@ -14,7 +14,8 @@ Options: ``--port`` of the pool service (4270), ``--backend`` of its workers
 (``process`` or ``inline``), ``--pool-url`` to use a pool service that is
 already running instead of starting one, ``--limit`` on concurrent flow runs
 (at least 1), ``--only NAME`` (repeatable) to serve some deployments only. A bad
-one is refused in one line before any flow is loaded; a pool service that does
+one is refused in one line before any flow is loaded, and so is a Prefect API
+(``PREFECT_API_URL``) that is not set or does not answer; a pool service that does
 not answer within 180 s (the script says once that it waits) ends it in one line.
 
 Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving: Prefect
@@ -208,6 +209,22 @@ def exit_fast() -> None:
     gc.freeze()
 
 
+def prefect_api_error(url: str) -> str | None:
+    """Why the Prefect API at ``url`` cannot take the deployments (it does not answer), or None.
+
+    Asked before the pool service starts: serving against a server that is not up started the
+    service, loaded the flows, then ended in httpx's traceback (``ConnectError``) naming no URL.
+    """
+    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.integration.api_check import check_prefect_api
+
+    try:
+        check_prefect_api(url, remedy="start it with `prefect server start`, or point PREFECT_API_URL at it")
+    except InvalidInputError as exc:
+        return str(exc)
+    return None
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The script's options (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -320,6 +337,8 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
 
         if not PREFECT_API_URL.value():
             parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
+        if why := prefect_api_error(PREFECT_API_URL.value()):  # else the pool service started, then a traceback
+            parser.error(why)
         url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
         if args.pool_url:  # before the flows load (seconds of imports): a service that is not there costs one line
             try:

@@ -12,11 +12,13 @@ so a test leaves no strays, whatever failed.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -251,3 +253,32 @@ def prefect_server(home: Path, *, ui: bool = False, timeout_s: float = 300.0) ->
         strays = kill_strays(home)
         if strays:
             print(f"ended {len(strays)} process(es) left running against {url}: {strays}")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    """Answers a Prefect API's health check (``GET /api/health``) and nothing else."""
+
+    def do_GET(self) -> None:
+        ok = self.path == "/api/health"
+        self.send_response(200 if ok else 404)
+        self.end_headers()
+        self.wfile.write(b"true" if ok else b"")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def health_only_api() -> Iterator[str]:
+    """The URL of an "API" on 127.0.0.1 that passes the health check that scripts ask up front, and no more.
+
+    For tests of what a script does after that check (its waits, its signals), which never reach the API.
+    """
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,7 +1,7 @@
 """deployments/serve.py refuses bad options in one line, before any flow loads or service starts.
 
 No server is needed: every refusal here comes before the script touches the Prefect API
-(the unreachable ``--pool-url`` case only needs PREFECT_API_URL to be set, not to answer).
+beyond its health check, which the tests that get past it pass with :func:`health_only_api`.
 The wait for the pool service is bounded by ``main``'s ``wait_s``, so no test waits 180 s.
 """
 
@@ -11,18 +11,26 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.prefect_server import ROOT, SIGINT_DEFAULT, free_port
+from tests.prefect_server import ROOT, SIGINT_DEFAULT, free_port, health_only_api
 from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def serve() -> ModuleType:
     return load_script("esg_deployments_serve_args", "deployments/serve.py")
+
+
+@pytest.fixture
+def api() -> Iterator[str]:
+    """A PREFECT_API_URL that passes the script's health check (no test here goes further)."""
+    with health_only_api() as url:
+        yield url
 
 
 def refusal(capsys: pytest.CaptureFixture[str]) -> str:
@@ -55,7 +63,7 @@ def test_a_bad_option_is_refused_in_one_line(
 
 
 def test_a_pool_url_with_nothing_there_says_it_waits_then_fails_in_one_line(
-    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    api: str, serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Was silent, then a RuntimeError traceback after 180 s; checked before the flows load."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -69,7 +77,7 @@ def test_a_pool_url_with_nothing_there_says_it_waits_then_fails_in_one_line(
         return []
 
     monkeypatch.setattr(serve, "build_deployments", build)
-    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), pytest.raises(SystemExit) as exc:
+    with temporary_settings({PREFECT_API_URL: api}), pytest.raises(SystemExit) as exc:
         serve.main(["--pool-url", url], wait_s=0.5)
     assert exc.value.code == 2
     out = capsys.readouterr()
@@ -91,10 +99,10 @@ def test_a_pool_service_that_exits_is_named_with_its_exit_code(serve: ModuleType
 # ---- Ctrl-C before serving starts ----------------------------------------------------------------
 
 
-def test_ctrl_c_while_waiting_for_the_pool_service_ends_in_one_line(tmp_path: Path) -> None:
+def test_ctrl_c_while_waiting_for_the_pool_service_ends_in_one_line(api: str, tmp_path: Path) -> None:
     """Was a KeyboardInterrupt traceback. SIGINT is sent once the script says it waits (nothing listens
     at ``--pool-url``), so the wait is where it lands, whatever the machine's speed."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": api}
     env.pop("ESG_PREFECT_POOL_URL", None)
     cmd = ["deployments/serve.py", "--pool-url", f"http://127.0.0.1:{free_port()}"]
     proc = subprocess.Popen(
@@ -120,7 +128,7 @@ def test_ctrl_c_while_waiting_for_the_pool_service_ends_in_one_line(tmp_path: Pa
 
 
 def test_ctrl_c_while_the_flows_load_ends_in_one_line(
-    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    api: str, serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -130,7 +138,7 @@ def test_ctrl_c_while_the_flows_load_ends_in_one_line(
     monkeypatch.setattr(serve, "wait_healthy", lambda *a, **k: None)
     monkeypatch.setattr(serve, "build_deployments", build)
     monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
-    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), pytest.raises(SystemExit) as exc:
+    with temporary_settings({PREFECT_API_URL: api}), pytest.raises(SystemExit) as exc:
         serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
     assert exc.value.code == 130
     out = capsys.readouterr()
@@ -148,6 +156,7 @@ def test_ctrl_c_or_kill_ends_in_one_line_that_says_when(
     code: int,
     line: str,
     when: str,
+    api: str,
     serve: ModuleType,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -163,7 +172,7 @@ def test_ctrl_c_or_kill_ends_in_one_line_that_says_when(
     monkeypatch.setattr(serve, "build_deployments", stop if when == "loading" else lambda *a: [])
     monkeypatch.setattr(prefect, "serve", stop)  # what serving raises when it has not handled the signal
     monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
-    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api"}), pytest.raises(SystemExit) as exc:
+    with temporary_settings({PREFECT_API_URL: api}), pytest.raises(SystemExit) as exc:
         serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
     assert exc.value.code == code
     said = line if when == "serving" else f"{line} before serving started"
@@ -214,11 +223,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_kill_while_waiting_for_the_pool_service_stops_it_and_ends_in_one_line(tmp_path: Path) -> None:
+def test_kill_while_waiting_for_the_pool_service_stops_it_and_ends_in_one_line(api: str, tmp_path: Path) -> None:
     """A SIGTERM ended the script where it stood and left the pool service it started running (a session
     of its own). SIGTERM is sent once the script says it waits for the service it started, so the wait is
     where it lands; the script's own ``main`` runs in a driver that skips loading the flows."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path), "PREFECT_API_URL": api}
     env.pop("ESG_PREFECT_POOL_URL", None)
     cmd = [sys.executable, "-c", _TERM_DRIVER, "--port", str(free_port()), "--backend", "inline"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -261,3 +270,24 @@ def test_without_a_prefect_api_it_refuses_before_starting_the_pool_service(
     assert exc.value.code == 2 and not started
     line = refusal(capsys)
     assert "PREFECT_API_URL is not set: start `prefect server start`" in line, line
+
+
+def test_a_prefect_api_that_does_not_answer_is_refused_before_the_pool_service_starts(
+    serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It started the pool service, loaded the flows, then ended in httpx's traceback
+    (``ConnectError: All connection attempts failed``) naming no URL."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    started: list[object] = []
+    monkeypatch.setattr(serve, "pool_service", lambda *args: started.append(args))
+    monkeypatch.setattr(serve, "build_deployments", lambda *args: started.append(args) or [])
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    with temporary_settings({PREFECT_API_URL: url}), pytest.raises(SystemExit) as exc:
+        serve.main([], wait_s=0.5)
+    assert exc.value.code == 2 and not started
+    line = refusal(capsys)
+    assert line.endswith(
+        f"error: the Prefect API at PREFECT_API_URL={url} does not answer (ConnectError): start it with "
+        "`prefect server start`, or point PREFECT_API_URL at it"
+    ), line

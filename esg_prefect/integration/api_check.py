@@ -33,10 +33,15 @@ def prefect_api_url() -> str | None:
     return get_current_settings().api.url or None
 
 
-def check_prefect_api(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+UNSET_OR_START = "start it with `prefect server start`, or unset PREFECT_API_URL to let Prefect start a temporary one"
+"""What to do about an API that does not answer, where Prefect's own temporary API would do as well."""
+
+
+def check_prefect_api(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, remedy: str = UNSET_OR_START) -> None:
     """Refuse, in one message, a Prefect API at ``url`` that does not answer its health check in ``timeout_s``.
 
-    ``url`` None or empty passes: Prefect then starts its own API.
+    ``url`` None or empty passes: Prefect then starts its own API. ``remedy`` ends the message: what to
+    run (a caller that needs this very server says so instead of offering a temporary API).
 
     Raises:
         InvalidInputError: naming the URL and what to run.
@@ -49,8 +54,7 @@ def check_prefect_api(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> 
         httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).raise_for_status()
     except httpx.HTTPError as exc:
         raise InvalidInputError(
-            f"the Prefect API at PREFECT_API_URL={url} does not answer ({type(exc).__name__}): start it with "
-            "`prefect server start`, or unset PREFECT_API_URL to let Prefect start a temporary one"
+            f"the Prefect API at PREFECT_API_URL={url} does not answer ({type(exc).__name__}): {remedy}"
         ) from None
 
 
@@ -90,6 +94,7 @@ def ephemeral_api_defaults() -> None:
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "EPHEMERAL_DB",
+    "UNSET_OR_START",
     "check_prefect_api",
     "ephemeral_api_defaults",
     "prefect_api_url",
