@@ -23,7 +23,7 @@ import pytest
 from esg_prefect.cli import main
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
-from tests.prefect_server import free_port
+from tests.prefect_server import free_port, health_only_api
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -181,7 +181,7 @@ def test_pool_serve_with_an_unreachable_store_is_one_line(capsys: pytest.Capture
 
 @pytest.mark.parametrize(
     ("api_url", "artifacts", "warned"),
-    [("", [], True), ("http://127.0.0.1:4200/api", [], False), ("", ["--no-artifacts"], False)],
+    [("", [], True), ("live", [], False), ("", ["--no-artifacts"], False)],
 )
 def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
     monkeypatch: pytest.MonkeyPatch,
@@ -202,13 +202,34 @@ def test_pool_serve_warns_where_its_cost_artifacts_would_go_to_a_temporary_api(
         ran.append(server.config.app)
 
     monkeypatch.setattr(uvicorn.Server, "run", fake_run)
-    monkeypatch.setattr(api_check, "prefect_api_url", lambda: api_url or None)
-    assert main(["pool", "serve", "--allow", "tests", "--port", str(free_port()), "--store", "off", *artifacts]) == 0
+    with health_only_api() as live:
+        monkeypatch.setattr(api_check, "prefect_api_url", lambda: live if api_url == "live" else api_url or None)
+        argv = ["pool", "serve", "--allow", "tests", "--port", str(free_port()), "--store", "off", *artifacts]
+        assert main(argv) == 0
     assert len(ran) == 1
     err = capsys.readouterr().err
     assert ("warning: no Prefect API is set (PREFECT_API_URL)" in err) is warned, err
+    assert "does not answer" not in err, err
     if warned:  # in one line, which says what to run to see them in the UI
         (line,) = [ln for ln in err.splitlines() if "PREFECT_API_URL" in ln]
         assert "temporary Prefect API that this service starts and that ends with it" in line, line
         assert "run `prefect server start` and set PREFECT_API_URL to it for this service and your flows" in line
         assert "--no-artifacts" in line, line
+
+
+def test_pool_serve_warns_in_one_line_where_its_prefect_api_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], dead_api: str
+) -> None:
+    """It started without a word; the runs' logs then said their cost was published as an artifact, and the
+    service's first failed post, minutes later, was the first sign that none would reach the UI."""
+    import uvicorn
+
+    def fake_run(server: uvicorn.Server, sockets: object = None) -> None:  # nothing binds
+        server.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", fake_run)
+    assert main(["pool", "serve", "--allow", "tests", "--port", str(free_port()), "--store", "off"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "PREFECT_API_URL" in ln]
+    assert line.startswith(f"warning: the Prefect API at PREFECT_API_URL={dead_api} does not answer (ConnectError)")
+    assert "each run's cost artifacts and tags will not reach it until it does" in line, line
+    assert "--no-artifacts" in line, line

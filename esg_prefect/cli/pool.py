@@ -274,6 +274,8 @@ def serve(
             "flows, or pass --no-artifacts (the cost store records the runs either way)",
             err=True,
         )
+    elif artifacts and (silent := _api_silent(prefect_api_url())):
+        typer.echo(f"warning: {silent}", err=True)
     logging.getLogger("esg_prefect").setLevel(log_level.upper())
     scheme = "https" if ssl_certfile else "http"
     typer.echo(f"esg-prefect pool service on {scheme}://{host}:{port} (stages from {', '.join(allow)})")
@@ -300,6 +302,33 @@ def serve(
     typer.echo("esg-prefect pool service stopped", err=True)
     if server.terminated:
         raise typer.Exit(128 + signal.SIGTERM)  # as a process the signal ended, after the cleanup
+
+
+def _api_silent(url: str | None) -> str | None:
+    """Why the Prefect API the service posts artifacts to does not take them now (it does not answer), or None.
+
+    A warning, not a refusal: the server may come up after the service, and the cost store records
+    the runs either way. Without it the first sign was a failed post, after the runs' logs had said
+    their cost was published as an artifact.
+    """
+    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.integration.api_check import check_prefect_api
+
+    try:
+        check_prefect_api(
+            url,
+            timeout_s=API_CHECK_S,
+            remedy="each run's cost artifacts and tags will not reach it until it does; start it with "
+            "`prefect server start`, or set PREFECT_API_URL to the API your flows report to, or pass "
+            "--no-artifacts (the cost store records the runs either way)",
+        )
+    except InvalidInputError as exc:
+        return str(exc)
+    return None
+
+
+API_CHECK_S = 2.0
+"""How long the service's start waits for the Prefect API's health check."""
 
 
 def _admin(url: str, token_env: str, action: str) -> None:
