@@ -20,7 +20,9 @@ not answer within 180 s (the script says once that it waits) ends it in one line
 
 Shutting down: Ctrl-C (SIGINT) or ``kill`` (SIGTERM) stops serving: Prefect
 pauses the schedules and cancels the flow runs still in progress (they end
-Cancelled, "Runner is shutting down."). Then it stops the pool service (SIGINT,
+Cancelled, "Runner is shutting down."; a Ctrl-C is handled as a ``kill``). A
+Ctrl-C typed in its terminal reaches the runs' processes too (one process
+group): a run it interrupts first ends Crashed instead. Then it stops the pool service (SIGINT,
 killed if it has not exited within 30 s, or at a second Ctrl-C), each step
 printed as it ends. A Ctrl-C before serving starts (the wait for the pool
 service, the flows loading) ends the script in one line, exit code 130, and a
@@ -308,6 +310,22 @@ def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated
 
 
+def _stop_like_kill(signum: int, frame: object) -> None:
+    """Ctrl-C while serving: stop as a ``kill`` does, so that the runs in progress end Cancelled.
+
+    Prefect's serving stops on SIGTERM through its runner's handler (installed as serving starts),
+    which cancels every run in progress ("Runner is shutting down."). A Ctrl-C only unwound its
+    event loop: the runs' processes ended with it and their runs stayed Running on the API, for
+    good. Before that handler is there, or at a second Ctrl-C, it interrupts as ever.
+    """
+    handler = signal.getsignal(signal.SIGTERM)
+    runner = getattr(handler, "__self__", None)
+    if runner is None or not getattr(runner, "started", False) or getattr(runner, "stopping", True):
+        raise KeyboardInterrupt
+    print("Ctrl-C: stopping serving, the flow runs in progress are cancelled (Ctrl-C again: at once)", flush=True)
+    handler(signal.SIGTERM, frame)
+
+
 def ending(exc: KeyboardInterrupt | Terminated, serving: bool) -> tuple[int, str]:
     """The exit code and one line for a Ctrl-C or a SIGTERM that Prefect's serving did not handle."""
     code, word = (TERMINATED, "terminated") if isinstance(exc, Terminated) else (INTERRUPTED, "interrupted")
@@ -353,7 +371,12 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
             if not args.pool_url:
                 stack.enter_context(pool_service(args.port, args.backend, args.sets, wait_s))
             serving = True
-            serve(*deployments, limit=args.limit)
+            interrupt = signal.signal(signal.SIGINT, _stop_like_kill) if main_thread else None
+            try:
+                serve(*deployments, limit=args.limit)
+            finally:
+                if interrupt is not None:
+                    signal.signal(signal.SIGINT, interrupt)
             print("serving stopped", flush=True)
     except ServiceDown as exc:  # the service it started exited (its own output says why) or never answered
         parser.exit(1, f"{parser.prog}: error: {exc}\n")

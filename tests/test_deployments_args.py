@@ -7,6 +7,7 @@ The wait for the pool service is bounded by ``main``'s ``wait_s``, so no test wa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -177,6 +178,52 @@ def test_ctrl_c_or_kill_ends_in_one_line_that_says_when(
     assert exc.value.code == code
     said = line if when == "serving" else f"{line} before serving started"
     assert capsys.readouterr().err == f"{serve.make_parser().prog}: {said}\n"
+
+
+class _Runner:
+    """Prefect's serving runner as far as a signal sees it: ``handle_sigterm`` starts its graceful stop."""
+
+    started, stopping = True, False
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def handle_sigterm(self, *args: object) -> None:
+        self.stops += 1
+        self.stopping = True
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_while_serving_stops_as_a_kill_does_and_twice_at_once(
+    presses: int, api: str, serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C (SIGINT to the script) unwound Prefect's event loop: the runs' processes ended with it and
+    their runs stayed Running on the API for good, where a ``kill`` cancels them ("Runner is shutting down.")."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    runner = _Runner()
+
+    def serving(*deployments: object, limit: int | None = None) -> None:
+        signal.signal(signal.SIGTERM, runner.handle_sigterm)  # as Prefect's Runner.start does
+        for _ in range(presses):
+            os.kill(os.getpid(), signal.SIGINT)  # handled in this (the main) thread before the next line
+
+    monkeypatch.setattr(serve, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "build_deployments", lambda *a: [])
+    monkeypatch.setattr(prefect, "serve", serving)
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
+    interrupt = signal.getsignal(signal.SIGINT)
+    with temporary_settings({PREFECT_API_URL: api}), contextlib.ExitStack() as stack:
+        raised = stack.enter_context(pytest.raises(SystemExit)) if presses == 2 else None
+        serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
+    out = capsys.readouterr()
+    assert runner.stops == 1 and signal.getsignal(signal.SIGINT) is interrupt  # put back on the way out
+    assert "Ctrl-C: stopping serving, the flow runs in progress are cancelled" in out.out, out
+    if raised is None:
+        assert out.out.endswith("serving stopped\n") and out.err == "", out
+    else:  # the second Ctrl-C interrupts at once, as before
+        assert raised.value.code == 130 and out.err.endswith(": interrupted\n"), out
 
 
 def test_a_pool_service_interrupted_while_it_starts_is_ended_without_a_word(
