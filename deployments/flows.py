@@ -35,12 +35,16 @@ from prefect import flow, get_run_logger
 
 from esg_prefect import ESGTaskRunner
 from esg_prefect.examples import pipelines
+from esg_prefect.service.address import check_address
 
 DEFAULT_POOL_URL = "http://127.0.0.1:4270"
 """Where ``esg-prefect pool serve`` listens unless told otherwise."""
 
 POOL_URL = os.environ.get("ESG_PREFECT_POOL_URL") or DEFAULT_POOL_URL
 """The pool service these flows send their stage calls to."""
+
+# Checked here, named by the variable a worker's environment sets: the runner would name its `address`.
+check_address(POOL_URL, "ESG_PREFECT_POOL_URL")
 
 PROCESS_LOG = "deployment run in process %d"
 """Logged at the start of every run: which process ran it (each deployment run has its own)."""

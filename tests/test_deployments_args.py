@@ -338,3 +338,19 @@ def test_a_prefect_api_that_does_not_answer_is_refused_before_the_pool_service_s
         f"error: the Prefect API at PREFECT_API_URL={url} does not answer (ConnectError): start it with "
         "`prefect server start`, or point PREFECT_API_URL at it"
     ), line
+
+
+def test_a_bad_pool_url_in_the_environment_is_named_where_the_deployment_flows_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's ESG_PREFECT_POOL_URL without its scheme crashed every deployment run with a line that named
+    ``address`` only: the runner's argument, not the variable the user set."""
+    from esg_prefect.exceptions import InvalidInputError
+
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", "127.0.0.1:4270")
+    with pytest.raises(InvalidInputError) as exc:
+        load_script("esg_deployments_flows_bad_url", "deployments/flows.py")
+    assert str(exc.value) == (
+        "ESG_PREFECT_POOL_URL: not an http(s) URL with a host; give the pool service's address, "
+        "e.g. http://127.0.0.1:4270, got '127.0.0.1:4270'"
+    )
