@@ -150,6 +150,27 @@ def test_pool_admin_finds_the_service_in_esg_prefect_pool_url(
     assert f"127.0.0.1:{port}" in _one_line(capsys.readouterr().err)  # the one named, not the default
 
 
+@pytest.mark.parametrize("command", [["pool", "status"], ["pool", "pause"], ["pool", "resume"]])
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_pool_admin_refuses_an_address_that_is_no_url_as_a_bad_value(
+    command: list[str], given: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--url 127.0.0.1:4270`` was 'could not reach the pool service ... (Request URL is missing an
+    'http://' or 'https://' protocol.): start it with `esg-prefect pool serve`': a service to start, not a
+    value to correct."""
+    if given == "option":
+        argv = [*command, "--url", "127.0.0.1:4270"]
+    else:
+        monkeypatch.setenv("ESG_PREFECT_POOL_URL", "127.0.0.1:4270")
+        argv = command
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line == (
+        "esg-prefect: error: Invalid value for --url (or ESG_PREFECT_POOL_URL): not an http(s) URL with a host; "
+        "give the pool service's address, e.g. http://127.0.0.1:4270, got '127.0.0.1:4270'"
+    ), line
+
+
 def test_pool_serve_names_an_allow_prefix_no_module_answers_to() -> None:
     from esg_prefect.cli.pool import unimportable
 
