@@ -138,6 +138,11 @@ class RunRecords:
             (every idle interval after the run's batches has closed).
         idle_billing: the pool's idle billing (``separate``: no idle time is the run's).
         run_name: the flow run's name in Prefect, from its calls (None: none said it).
+        earlier: the run's parts served by earlier instances of the pool (a pool service
+            restarted while the run was in flight), one per instance, each priced with that
+            instance's own prices and options: read back from the cost store by the artifact
+            publisher (``store.earlier``), so that the run's figure is the store's. Their
+            costs are in :meth:`cost`; empty for a run one pool served from start to end.
     """
 
     run_id: str
@@ -154,21 +159,27 @@ class RunRecords:
     settled: bool = False
     idle_billing: str = "attribute"
     run_name: str | None = None
+    earlier: tuple[RunRecords, ...] = ()
 
     def cost(self) -> RunCost:
         """The run's cost: its shares of its batches' busy time and of the idle time they caused.
 
         The one figure the artifacts, the cost store and the reports show
         (:func:`~esg_prefect.model.attribution.attribute_costs` over the run's
-        batches and ``caused_idles``); final when ``settled``.
+        batches and ``caused_idles``, plus the cost of each :attr:`earlier` part);
+        final when ``settled``.
         """
-        return attribute_costs(
+        own = attribute_costs(
             self.batches,
             self.caused_idles,
             self.prices,
             self.cost_split,  # type: ignore[arg-type]
             self.idle_billing,  # type: ignore[arg-type]
         ).run_cost(self.run_id)
+        parts = [p.cost() for p in self.earlier]
+        if not parts:
+            return own
+        return RunCost(own.busy + sum(p.busy for p in parts), own.idle + sum(p.idle for p in parts), own.unit)
 
     def busy_cost(self) -> float:
         """This run's share of its batches' busy time alone: the busy part of :meth:`cost`."""
@@ -178,7 +189,7 @@ class RunRecords:
             for item, w in zip(b.items, split_weights(b.items, self.cost_split), strict=True):  # type: ignore[arg-type]
                 if item.run_id == self.run_id:
                     total += cost * w
-        return total
+        return total + sum(p.busy_cost() for p in self.earlier)
 
 
 RunListener = Callable[[RunRecords], None]

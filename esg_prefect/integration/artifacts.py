@@ -192,6 +192,10 @@ class RunPublisher:
         on_idles: called with closed idle intervals the publisher learned from a
             snapshot, before it publishes the runs they settle (the cost store's
             ``StoreAttachment.store_idles``, so that it shows the same figure).
+        complete: called with a settled run's records before they are published, on the
+            publisher's thread; returns them with what this pool did not serve (the cost
+            store's ``StoreAttachment.with_earlier``: the run's calls served by an earlier
+            instance of a restarted pool service, so that the figure is the store's).
         poll: check the pool's snapshot for expired keep-alives (off: only batches
             and the pool's close settle runs).
         grace_ms: how long past a keep-alive's expiry, on the pool's clock, before
@@ -206,6 +210,7 @@ class RunPublisher:
         client: SyncPrefectClient | None = None,
         publish: Callable[[RunRecords], object] | None = None,
         on_idles: Callable[[Sequence[IdleRecord]], None] | None = None,
+        complete: Callable[[RunRecords], RunRecords] | None = None,
         poll: bool = True,
         grace_ms: float = 1000.0,
     ) -> None:
@@ -213,6 +218,7 @@ class RunPublisher:
         self.client = client
         self._publish_fn = publish
         self.on_idles = on_idles
+        self.complete = complete
         self.poll_enabled = poll and pool is not None
         self.grace_ms = grace_ms
         self._warned = False
@@ -375,6 +381,11 @@ class RunPublisher:
 
     def publish(self, records: RunRecords) -> None:
         """Post one run's artifacts and tags now; an unreachable API is warned of once, then logged at debug level."""
+        if self.complete is not None:
+            try:
+                records = self.complete(records)
+            except Exception:  # the store cannot be read: this pool's part is still published
+                logger.exception("reading the earlier part of flow run %s from the cost store failed", records.run_id)
         try:
             if self._publish_fn is not None:
                 self._publish_fn(records)
@@ -396,12 +407,18 @@ class RunPublisher:
             logger.exception("publishing ESG artifacts of flow run %s failed", records.run_id)
 
 
-def attach_publisher(pool: Pool, *, on_idles: Callable[[Sequence[IdleRecord]], None] | None = None) -> RunPublisher:
+def attach_publisher(
+    pool: Pool,
+    *,
+    on_idles: Callable[[Sequence[IdleRecord]], None] | None = None,
+    complete: Callable[[RunRecords], RunRecords] | None = None,
+) -> RunPublisher:
     """Publish the artifacts of every flow run that ends in ``pool``, once its cost is final.
 
     Attach it before the pool's first call (it follows every batch and idle interval).
+    ``on_idles`` and ``complete``: see :class:`RunPublisher`.
     """
-    publisher = RunPublisher(pool, on_idles=on_idles)
+    publisher = RunPublisher(pool, on_idles=on_idles, complete=complete)
     pool.add_run_listener(publisher)
     pool.add_batch_listener(publisher.on_batches)
     return publisher

@@ -149,8 +149,13 @@ def attach_recorders(pool: Pool, *, artifacts: bool = True, store: str | bool | 
     # The publisher hands the store the idle time it learns of when it checks for expired keep-alives,
     # so that a run's artifacts and `esg-prefect costs` show the same figure from the moment it is final.
     attachment = attach_store(pool, cost_store, deployment_of=deployment_name) if cost_store is not None else None
+    # It also reads back a run's calls that an earlier instance of a restarted pool service stored,
+    # so that the run's artifacts show the store's figure, not this instance's part.
     if artifacts:
-        attach_publisher(pool, on_idles=attachment.store_idles if attachment is not None else None)
+        if attachment is not None:
+            attach_publisher(pool, on_idles=attachment.store_idles, complete=attachment.with_earlier)
+        else:
+            attach_publisher(pool)
     if cost_store is not None or artifacts:
         _closes_at_exit.add(pool)
         at_exit_before_threads_stop(_close_at_exit, weakref.ref(pool))

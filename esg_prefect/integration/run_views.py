@@ -31,6 +31,7 @@ caused, final once ``records.settled``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -60,6 +61,9 @@ COST_KINDS = ("busy", "idle", "cost")
 
 FAILED = "failed"
 """``batch`` of a stage call that failed (its error is in the summary)."""
+
+EARLIER = "earlier"
+"""Follows the batch and worker of a stage call an earlier instance of the pool served (a restart mid-run)."""
 
 TAG_PREFIX = "esg:"
 """Prefix of the tags this package sets on a flow run (and replaces when it sets them again)."""
@@ -139,7 +143,11 @@ def call_costs(records: RunRecords) -> dict[str, RunCost]:
     is the idle time attributed to it (``records.caused_idles``); this run's
     part of each is spread evenly over this run's items in the batch (exact
     for the equal split; the pool does not say which item was which call).
+    The calls of the run's :attr:`~RunRecords.earlier` parts are priced by their own part.
     """
+    out: dict[str, RunCost] = {}
+    for part in records.earlier:
+        out |= call_costs(part)
     split = cast(CostSplit, records.cost_split)
     prices, unit = records.prices, cost_unit(records.prices)
     batches = {b.batch_id: b for b in records.batches}
@@ -148,7 +156,6 @@ def call_costs(records: RunRecords) -> dict[str, RunCost]:
         for idle, owner in idle_owners(records.batches, records.caused_idles):
             if owner is not None:
                 idle_of[owner.batch_id] += idle_cost(idle, prices)
-    out: dict[str, RunCost] = {}
     for c in records.calls:
         res = c.result
         b = batches.get(res.batch_id) if res is not None else None
@@ -169,16 +176,27 @@ def _cost_cells(cost: RunCost) -> dict[str, Any]:
     }
 
 
-def _call_cells(c: CallRecord) -> dict[str, Any]:
+def all_calls(records: RunRecords) -> list[tuple[CallRecord, bool]]:
+    """The run's calls, each with whether an earlier instance of the pool served it: those first."""
+    return [*((c, True) for part in records.earlier for c in part.calls), *((c, False) for c in records.calls)]
+
+
+def shown_id(scoped_id: str, earlier: bool) -> str:
+    """A batch or worker id as shown: an earlier instance's (read from the store, ``scope:b7``) as ``b7 earlier``."""
+    return f"{scoped_id.rpartition(':')[2]} {EARLIER}" if earlier else scoped_id
+
+
+def _call_cells(c: CallRecord, earlier: bool = False) -> dict[str, Any]:
     r = c.result
     if r is None:
         return dict.fromkeys(CALL_COLUMNS) | {"stage": c.stage, "batch": FAILED}
+    batch = shown_id(r.batch_id, earlier)
     return {
         "stage": c.stage,
-        "batch": r.batch_id if c.ok else f"{r.batch_id} {FAILED}",
+        "batch": batch if c.ok else f"{batch} {FAILED}",
         "size": r.batch_size,
         "runs": r.co_batched_runs,
-        "worker": r.worker_id,
+        "worker": shown_id(r.worker_id, earlier),
         "wait ms": sig3(r.queue_wait_ms),
     }
 
@@ -189,10 +207,15 @@ def run_table(records: RunRecords) -> list[dict[str, Any]]:
     A failed call reads ``failed`` in its ``batch`` column (its share of a
     batch, if it ran in one, is in the total only). The total row's costs are
     :meth:`RunRecords.cost`: the run's one cost figure and its busy/idle split.
+    Calls an earlier instance of the pool served (a restart mid-run) come first,
+    their batch and worker marked ``earlier``.
     """
     costs = call_costs(records)
     unit = cost_unit(records.prices)
-    rows = [_call_cells(c) | _cost_cells(costs.get(c.call_id, RunCost(0.0, 0.0, unit))) for c in records.calls]
+    rows = [
+        _call_cells(c, earlier) | _cost_cells(costs.get(c.call_id, RunCost(0.0, 0.0, unit)))
+        for c, earlier in all_calls(records)
+    ]
     rows.append(dict.fromkeys(CALL_COLUMNS) | {"stage": TOTAL_STAGE} | _cost_cells(records.cost()))
     return rows
 
@@ -247,9 +270,10 @@ def _text(text: str) -> str:
 def _slo_line(records: RunRecords) -> str:
     slo = records.slo_ms
     if records.finish_ms is None:
-        failed = sum(1 for c in records.calls if not c.ok)
+        calls = all_calls(records)
+        failed = sum(1 for c, _ in calls if not c.ok)
         return (
-            f"**Did not finish**: {failed} of {_plural(len(records.calls), 'stage call', 'stage calls')} failed, "
+            f"**Did not finish**: {failed} of {_plural(len(calls), 'stage call', 'stage calls')} failed, "
             f"so the run counts as missing its {slo:.0f} ms SLO."
         )
     latency = records.finish_ms - records.arrival_ms
@@ -259,7 +283,7 @@ def _slo_line(records: RunRecords) -> str:
 
 
 def _failures(records: RunRecords) -> list[str]:
-    failed = [c for c in records.calls if not c.ok]
+    failed = [c for c, _ in all_calls(records) if not c.ok]
     if not failed:
         return []
     return ["", "**Failed stage calls**:", "", *(f"- **{_text(c.stage)}**: {_text(c.error[:200])}" for c in failed)]
@@ -280,6 +304,13 @@ def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
             " and, split the same way, of the warm idle time those batches caused: a worker's idle time "
             "goes to the batch that ended just before it, a worker's idle time before its first batch to that batch"
         )
+    earlier = sum(len(part.calls) for part in records.earlier)
+    if records.earlier:
+        head += (
+            f". {_plural(earlier, 'stage call', 'stage calls')} of this run ran on an earlier instance of the pool "
+            f"(it restarted while the run was in flight): read from the cost store, marked `{EARLIER}` in the table, "
+            "each priced as that instance priced it"
+        )
     if records.settled:
         return head + ". Final: the idle time after each of its batches has closed; `esg-prefect costs` shows the same."
     return head + ". Not final yet: idle time after its batches was still open."
@@ -290,10 +321,12 @@ def _where(r: StageResult) -> str:
     return f"{r.worker_id} ({device}, {r.vcpus} vCPU{', cold start' if r.cold_start else ''})"
 
 
-def _decision(stage: str, r: StageResult) -> str:
+def _decision(stage: str, r: StageResult, earlier: bool = False) -> str:
     """One batch's line: what it was, where it ran, predicted and actual latency, the scheduler's reason."""
     reason = _text(r.reason or "(no reason given)")
     risk = "; at risk of missing the SLO" if r.at_risk else ""
+    if earlier:
+        r = dataclasses.replace(r, batch_id=shown_id(r.batch_id, True), worker_id=shown_id(r.worker_id, True))
     return (
         f"- **{_text(stage)}**, batch {_text(r.batch_id)} ({_plural(r.batch_size, 'call', 'calls')} of "
         f"{_plural(r.co_batched_runs, 'flow run', 'flow runs')}) on {_text(_where(r))}: {reason}{risk}. "
@@ -303,11 +336,11 @@ def _decision(stage: str, r: StageResult) -> str:
 
 def run_summary(records: RunRecords) -> str:
     """The markdown artifact of a run: SLO outcome, cost, failed calls, and why each batch was the size it was."""
-    first_call: dict[str, tuple[str, StageResult]] = {}
-    for c in records.calls:
+    first_call: dict[str, tuple[str, StageResult, bool]] = {}
+    for c, earlier in all_calls(records):
         if c.result is not None and c.result.batch_id not in first_call:
-            first_call[c.result.batch_id] = (c.stage, c.result)
-    shared = sum(1 for _, r in first_call.values() if r.co_batched_runs > 1)
+            first_call[c.result.batch_id] = (c.stage, c.result, earlier)
+    shared = sum(1 for _, r, _ in first_call.values() if r.co_batched_runs > 1)
     lines = [
         f"### ESG pool: flow run `{records.run_id}` of workflow `{records.workflow}`",
         "",
@@ -324,6 +357,6 @@ def run_summary(records: RunRecords) -> str:
             "Each stage's calls from concurrent flow runs wait in one queue; a batch takes the calls "
             "waiting when the scheduler dispatches, up to the size it chose for the reason given.",
             "",
-            *(_decision(stage, r) for stage, r in first_call.values()),
+            *(_decision(stage, r, earlier) for stage, r, earlier in first_call.values()),
         ]
     return "\n".join(lines) + "\n"

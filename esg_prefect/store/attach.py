@@ -16,6 +16,7 @@ first records, so that it prices them as the pool's artifacts do.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.store.billing import billing_of
 from esg_prefect.store.cost_store import CostStore
+from esg_prefect.store.earlier import earlier_parts
 
 if TYPE_CHECKING:
     from esg_prefect.control.records import BatchDone, RecordSource, RunRecords
@@ -74,6 +76,17 @@ class StoreAttachment:
     def store_idles(self, idles: Sequence[IdleRecord]) -> None:
         """Store closed idle intervals learned elsewhere (the artifact publisher's settle checks)."""
         self.store.record_idles(idles, self.pool.prices, scope=self.scope, billing=self.billing)
+
+    def with_earlier(self, records: RunRecords) -> RunRecords:
+        """A run's settled records, with the parts earlier instances of the pool served (from the store).
+
+        The artifact publisher's ``complete`` hook: a pool service restarted while the run was in
+        flight stored the run's first calls under another scope; they join the records
+        (:attr:`~esg_prefect.control.records.RunRecords.earlier`), so that the run's published
+        figure is the store's. A run this pool served whole comes back as it is.
+        """
+        parts = earlier_parts(self.store, records, self.scope, {c.call_id for c in records.calls})
+        return dataclasses.replace(records, earlier=parts) if parts else records
 
     def pool_closed(self) -> None:
         """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""

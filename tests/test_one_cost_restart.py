@@ -1,0 +1,119 @@
+"""One cost figure for a flow run that a restarted pool service served in two parts (``docs/decisions/one-cost.md``).
+
+``esg-prefect pool serve`` stopped and started again while a flow run is in
+flight: the first instance served the run's first calls and stored them in the
+cost store; the second serves the rest, sees the run end and publishes it. Its
+artifacts and tag must show the store's figure (both parts, each priced as its
+own instance priced it), not its own part, and each run is published once.
+Here: two live pools on a clock the test moves, wired as ``pool serve`` wires
+them (``attach_recorders`` with one store file), the Prefect API a fake.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from esg_prefect.cli import app
+from esg_prefect.control.records import RunRecords
+from esg_prefect.integration import artifacts, recording
+from esg_prefect.integration.run_views import EARLIER, money_text
+from esg_prefect.model import PriceSheet
+from esg_prefect.runtime.pool import Pool
+from esg_prefect.scheduling import ESGSettings
+from esg_prefect.store import IDLE_KEY, CostStore
+from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _call, _results, _t4_profile, _whole_bill
+
+
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[RunRecords], FakeClient]]:
+    """Every run the pools publish, in order, and the fake API they post its artifacts and tags to."""
+    client, out = FakeClient(), []
+    real = artifacts.publish_run
+
+    def publish_run(records: RunRecords, _client: object = None) -> object:
+        out.append(records)
+        return real(records, client)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifacts, "publish_run", publish_run)
+    yield out, client
+    recording.close_stores()
+
+
+def _service_pool(clock: ManualClock, prices: PriceSheet, url: str) -> Pool:
+    """A pool wired as ``esg-prefect pool serve`` wires its pool: artifacts and the cost store at ``url``."""
+    pool = Pool(_t4_profile(), prices, settings=ESGSettings(wait_for_batch=False),
+                backend=FakeBackend(clock, gpu=True), clock=clock)  # type: ignore[arg-type]  # fmt: skip
+    recording.attach_recorders(pool, artifacts=True, store=url)
+    return pool
+
+
+def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
+    tmp_path: Path, published: tuple[list[RunRecords], FakeClient]
+) -> None:
+    settled, client = published
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    split, whole_a, whole_b = (str(uuid.uuid4()) for _ in range(3))
+    # The first instance: `split` runs its first stage there, `whole_a` all of its run; then Ctrl-C.
+    clock_a = ManualClock()
+    first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
+    try:
+        x, y = _results(clock_a, [first.submit(_call("double", r, i)) for i, r in enumerate((split, whole_a))])
+        _results(clock_a, [first.submit(_call("inc", whole_a, y.output))])
+        first.end_run(whole_a)
+        clock_a.advance(2_000.0)  # the workers idle warm: that idle time is part of both runs' costs
+    finally:
+        first.close()
+    assert [r.run_id for r in settled] == [whole_a]  # `split` had not ended: the first instance left it
+    # The second instance, with other prices: `split` runs its second stage there and ends; `whole_b` runs whole.
+    clock_b = ManualClock(clock_a.t + 30_000.0)
+    second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
+    try:
+        _results(clock_b, [second.submit(_call("inc", split, x.output)), second.submit(_call("double", whole_b, 7))])
+        second.end_run(split)
+        second.end_run(whole_b)
+        clock_b.advance(3_000.0)
+    finally:
+        second.close()
+    assert sorted(r.run_id for r in settled) == sorted([whole_a, split, whole_b])  # each run published once
+    assert {rid: len(v) for rid, v in client.sent().items()} == dict.fromkeys([whole_a, split, whole_b], 2)
+    with CostStore(url) as store:
+        rows = {r.key: r for r in store.costs("run")}
+    idle_line = rows.pop(IDLE_KEY)
+    # The runs and the idle line are the two instances' whole bill: nothing counted twice.
+    bill = _whole_bill(first)[0] + _whole_bill(second)[0]
+    assert math.isclose(sum(r.cost for r in rows.values()) + idle_line.cost, bill, rel_tol=1e-9)
+    cli = CliRunner().invoke(app, ["costs", "--url", url, "--by", "run", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    shown = {r["key"]: r["cost"] for r in json.loads(cli.stdout)["rows"]}
+    sent = client.sent()
+    for rec in settled:
+        row = rows[rec.run_id]
+        cost = rec.cost()
+        assert cost.total == pytest.approx(row.cost, rel=1e-9) == shown[rec.run_id], rec.run_id
+        assert (cost.busy, cost.idle) == (pytest.approx(row.busy_cost, rel=1e-9), pytest.approx(row.idle_cost))
+        table, summary = sent[rec.run_id]["table"], sent[rec.run_id]["markdown"]
+        assert (table[-1]["cost $"], table[-1]["busy $"], table[-1]["idle $"]) == (
+            money_text(row.cost),
+            money_text(row.busy_cost),
+            money_text(row.idle_cost),
+        )
+        assert f"**Cost**: ${money_text(row.cost)} (busy ${money_text(row.busy_cost)}" in summary
+        assert client.tags[rec.run_id][0] == f"esg:${money_text(row.cost)}"
+    assert [len(r.earlier) for r in settled] == [int(r.run_id == split) for r in settled]  # whole runs: as before
+    rec = next(r for r in settled if r.run_id == split)
+    assert rec.cost().busy > 0 and rec.earlier[0].cost().total > 0 and rec.earlier[0].caused_idles
+    earlier, later = sent[split]["table"][:2]  # the earlier instance's call first, marked; then this one's
+    assert (
+        earlier["stage"] == "double"
+        and earlier["batch"].endswith(f" {EARLIER}")
+        and earlier["worker"].endswith(f" {EARLIER}")
+    )
+    assert later["stage"] == "inc" and EARLIER not in later["batch"]
+    assert "1 stage call of this run ran on an earlier instance of the pool" in sent[split]["markdown"]
