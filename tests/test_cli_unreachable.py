@@ -12,10 +12,8 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -75,25 +73,10 @@ def test_flow_scripts_against_an_unreachable_api_are_one_line_within_10_s(script
     assert elapsed < 10.0, f"{script} took {elapsed:.1f} s to refuse"
 
 
-class _Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        ok = self.path == "/api/health"
-        self.send_response(200 if ok else 404)
-        self.end_headers()
-        self.wfile.write(b"true" if ok else b"")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def live_api() -> Iterator[str]:
-    server = HTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/api"
-    server.shutdown()
-    server.server_close()
+    with health_only_api() as url:
+        yield url
 
 
 def test_an_api_that_answers_passes_the_check(live_api: str) -> None:
