@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
+from sqlmodel import Session
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
@@ -28,6 +30,7 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import IDLE_KEY, CostStore
+from esg_prefect.store.tables import RunRow
 from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _call, _results, _t4_profile, _whole_bill
 
 
@@ -117,3 +120,56 @@ def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
     )
     assert later["stage"] == "inc" and EARLIER not in later["batch"]
     assert "1 stage call of this run ran on an earlier instance of the pool" in sent[split]["markdown"]
+
+
+def test_a_run_split_by_a_restart_starts_at_its_first_arrival(
+    tmp_path: Path, published: tuple[list[RunRecords], FakeClient]
+) -> None:
+    """The run's SLO clock starts on the first instance: the artifacts, the tag, the store and the CLI agree.
+
+    The second instance's own records start the run at its first call there; the
+    run's row and publication take the earliest arrival the store holds, with the
+    latency, SLO outcome and UTC day that follow from it.
+    """
+    settled, client = published
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    split, whole = (str(uuid.uuid4()) for _ in range(2))
+    midnight = 1_700_006_400_000.0  # 2023-11-15 00:00 UTC: the first part is the day before
+    clock_a = ManualClock(midnight - 5_000.0)
+    first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
+    try:
+        x, = _results(clock_a, [first.submit(_call("double", split, 1))])  # fmt: skip
+        clock_a.advance(1_000.0)  # longer than the run's SLO (TOY: 800 ms) before the restart
+    finally:
+        first.close()
+    assert settled == []
+    clock_b = ManualClock(clock_a.t + 30_000.0)
+    second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
+    try:
+        _results(clock_b, [second.submit(_call("inc", split, x.output)), second.submit(_call("double", whole, 7))])
+        second.end_run(split)
+        second.end_run(whole)
+        clock_b.advance(1_000.0)
+    finally:
+        second.close()
+    rec = {r.run_id: r for r in settled}
+    assert rec[split].arrival_ms == midnight - 5_000.0 and rec[split].finish_ms is not None
+    latency = rec[split].finish_ms - rec[split].arrival_ms
+    assert latency > 30_000.0 > rec[split].slo_ms
+    with CostStore(url) as store, Session(store.engine) as s:
+        rows = {r.run_id: r for r in s.execute(select(RunRow)).scalars()}
+    assert (rows[split].arrival_ms, rows[split].finish_ms) == (rec[split].arrival_ms, rec[split].finish_ms)
+    assert (rows[split].slo_met, rows[split].day) == (False, "2023-11-14")
+    assert f"**SLO missed** by {latency - 800:.1f} ms: {latency:.1f} ms end to end" in client.sent()[split]["markdown"]
+    assert client.tags[split][1] == "esg:slo-missed"
+    # A run the second instance served whole starts there, as before.
+    assert rows[whole].arrival_ms == rec[whole].arrival_ms >= clock_a.t + 30_000.0
+    assert (rows[whole].slo_met, rows[whole].day, client.tags[whole][1]) == (True, "2023-11-15", "esg:slo-met")
+    cli = CliRunner().invoke(app, ["costs", "--url", url, "--by", "run", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    shown = {r["key"]: (r["slo_met"], r["slo_missed"]) for r in json.loads(cli.stdout)["rows"]}
+    assert (shown[split], shown[whole]) == ((0, 1), (1, 0))
+    cli = CliRunner().invoke(app, ["costs", "--url", url, "--by", "day", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    days = {r["key"]: (r["runs"], r["slo_missed"]) for r in json.loads(cli.stdout)["rows"]}
+    assert days["2023-11-14"] == (1, 1) and days["2023-11-15"] == (1, 0)

@@ -83,10 +83,12 @@ class StoreAttachment:
         The artifact publisher's ``complete`` hook: a pool service restarted while the run was in
         flight stored the run's first calls under another scope; they join the records
         (:attr:`~esg_prefect.control.records.RunRecords.earlier`), so that the run's published
-        figure is the store's. A run this pool served whole comes back as it is.
+        figure is the store's; the run then starts at its first arrival there, as its stored row
+        does, so that its SLO outcome is the store's too. A run this pool served whole comes back
+        as it is.
         """
         parts = earlier_parts(self.store, records, self.scope, {c.call_id for c in records.calls})
-        return dataclasses.replace(records, earlier=parts) if parts else records
+        return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms) if parts else records
 
     def pool_closed(self) -> None:
         """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""

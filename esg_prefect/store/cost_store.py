@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -167,7 +168,7 @@ class CostStore:
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
         with self._writing(scope, billing, [records.prices]) as conn:
-            _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
+            _upsert(conn, RunRow, [_run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, BatchRow, batches, ("batch_id",))
             _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
             _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
@@ -189,7 +190,7 @@ class CostStore:
         ``billing`` and ``name`` as for :meth:`record`.
         """
         with self._writing(scope, billing, [records.prices]) as conn:
-            _upsert(conn, RunRow, [R.run_row(records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
+            _upsert(conn, RunRow, [_run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
     def record_batches(self, done: Sequence[BatchDone], *, scope: str = "", billing: Billing | None = None) -> None:
@@ -430,6 +431,20 @@ class CostStore:
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _run_row(conn: Connection, records: RunRecords, deployment: str | None, name: str | None) -> dict[str, Any]:
+    """The run's row, from the earliest arrival stored for it: the run started there.
+
+    A pool service restarted while the run was in flight stored the run under
+    the first instance's arrival (its provisional row); the second instance's
+    records start at its own first call. The row keeps the earlier start, and
+    the SLO outcome and day that follow from it (read in the write transaction).
+    """
+    first = conn.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
+    if first is not None and first < records.arrival_ms:
+        records = dataclasses.replace(records, arrival_ms=first)
+    return R.run_row(records, deployment, name)
 
 
 def _record_pool(conn: Connection, scope: str, billing: Billing) -> None:

@@ -30,7 +30,7 @@ from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import Billing, scope_of
 from esg_prefect.store.cost_store import CostStore
-from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PoolRow, PriceSheetRow, StageCallRow
+from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PoolRow, PriceSheetRow, RunRow, StageCallRow
 
 _Row = TypeVar("_Row", BatchRow, IdleRow)
 _OTHER = BatchItem("-", "-")  # the item of a batch read only for its place on its worker (idle ownership)
@@ -50,8 +50,10 @@ def earlier_parts(
     Returns:
         Each part's records: the run's batches in that scope, the idle intervals those batches
         caused (every batch and idle interval of their workers decides which), the run's calls
-        there, that pool's prices, cost split and idle billing; ``settled``. Empty when every
-        batch of the run is this pool's (a pool that served the whole run): one indexed read.
+        there, that pool's prices, cost split and idle billing; ``settled``; each starts at the
+        run's earliest stored arrival (the first instance's), where its SLO clock started. Empty
+        when every batch of the run is this pool's (a pool that served the whole run): one
+        indexed read.
     """
     with Session(store.engine) as s:
         ids = s.execute(
@@ -71,6 +73,9 @@ def earlier_parts(
                 calls_of[scope_of(c.batch_id)].append(_call_record(c, records.workflow))
         sheets = {r.sheet_id: r for r in s.execute(select(PriceSheetRow)).scalars()}
         pools = {r.scope: r for r in s.execute(select(PoolRow)).scalars()}
+        stored = s.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
+    # The run started on the first instance: its row there holds that arrival (this one's starts later).
+    arrival = records.arrival_ms if stored is None else min(records.arrival_ms, stored)
     sheet_of = {r.batch_id: r.sheet_id for r in neighbours}
     run_batches = {b.batch_id: b for b in mine}
     # Who owns each idle interval, decided among every batch of its worker (as the store decides it).
@@ -93,7 +98,7 @@ def earlier_parts(
                 records.workflow,
                 tuple(sorted(calls_of.get(sc, []), key=lambda c: c.end_ms)),
                 tuple(batches),
-                records.arrival_ms,
+                arrival,
                 records.finish_ms,
                 records.slo_ms,
                 R.sheet_from_row(sheet.price_per_vcpu_s, sheet.price_per_gpu_s_json),
