@@ -67,7 +67,13 @@ def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
     clock_a = ManualClock()
     first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
     try:
-        x, y = _results(clock_a, [first.submit(_call("double", r, i)) for i, r in enumerate((split, whole_a))])
+        # One at a time, the clock moved between: split's batch leaves its worker idle (that idle time is its
+        # cost), whether or not whole_a's call then runs on the same worker. Submitted together, the two calls
+        # shared a batch or not as the pool's loop took them (a loaded machine split them, and then no idle
+        # interval need follow split's batch).
+        (x,) = _results(clock_a, [first.submit(_call("double", split, 0))])
+        clock_a.advance(100.0)
+        (y,) = _results(clock_a, [first.submit(_call("double", whole_a, 1))])
         _results(clock_a, [first.submit(_call("inc", whole_a, y.output))])
         first.end_run(whole_a)
         clock_a.advance(2_000.0)  # the workers idle warm: that idle time is part of both runs' costs
