@@ -11,14 +11,15 @@ them (``attach_recorders`` with one store file), the Prefect API a fake.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlmodel import Session
 from typer.testing import CliRunner
 
@@ -27,10 +28,16 @@ from esg_prefect.control.records import RunRecords
 from esg_prefect.integration import artifacts, recording
 from esg_prefect.integration.run_views import EARLIER, money_text
 from esg_prefect.model import PriceSheet
+from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, idle_owners
+from esg_prefect.model.config import Config
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import IDLE_KEY, CostStore
-from esg_prefect.store.tables import RunRow
+from esg_prefect.store import queries as Q
+from esg_prefect.store import rows as R
+from esg_prefect.store.billing import Billing
+from esg_prefect.store.earlier import earlier_parts
+from esg_prefect.store.tables import BatchRow, IdleRow, RunRow
 from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _call, _results, _t4_profile, _whole_bill
 
 
@@ -179,3 +186,104 @@ def test_a_run_split_by_a_restart_starts_at_its_first_arrival(
     assert cli.exit_code == 0, cli.output
     days = {r["key"]: (r["runs"], r["slo_missed"]) for r in json.loads(cli.stdout)["rows"]}
     assert days["2023-11-14"] == (1, 1) and days["2023-11-15"] == (1, 0)
+
+
+# ---- the read behind the parts: bounded to the run's neighbourhood, same figure ----------------------------------
+
+T0 = 1_700_000_000_000.0
+_CFG = Config(1, 1, 0.5)
+
+
+def _batch(bid: str, worker: str, run: str, start: float, end: float) -> BatchRecord:
+    return BatchRecord(bid, worker, (BatchItem(f"{bid}-req", run),), _CFG, "T4", T0 + start, T0 + end)
+
+
+def _idle(worker: str, start: float, end: float) -> IdleRecord:
+    return IdleRecord(worker, 1, 0.5, "T4", T0 + start, T0 + end)
+
+
+def _worker_history(worker: str, tag: str, run: str, run_at: Sequence[int], n: int) -> list[BatchRecord]:
+    """``n`` back-to-back 10 ms batches on ``worker`` (5 ms apart), those at ``run_at`` the run's, others another's."""
+    return [
+        _batch(f"{tag}{k}", worker, run if k in run_at else "other", 100.0 + 15.0 * k, 110.0 + 15.0 * k)
+        for k in range(n)
+    ]
+
+
+def _gaps(batches: Sequence[BatchRecord]) -> list[IdleRecord]:
+    """The idle interval between each batch of one worker and the next (by end)."""
+    ordered = sorted(batches, key=lambda b: b.end_ms)
+    return [
+        IdleRecord(a.worker_id, 1, 0.5, "T4", a.end_ms, b.start_ms)
+        for a, b in itertools.pairwise(ordered)
+        if b.start_ms > a.end_ms
+    ]
+
+
+def test_earlier_parts_read_only_the_run_s_neighbourhood_with_the_store_s_figure(store_url: str) -> None:
+    """The parts' caused idle time is decided among the batches around the run's, not each worker's history.
+
+    Each earlier worker has hundreds of other batches and idle intervals before and
+    after the run's. The parts equal the store's own figure for the run (every batch
+    and interval of the store attributed) and the idle intervals a full read gives
+    the run's batches; far fewer rows are read. Covered: a lead (pre-warm) interval
+    owned by the run's first batch of a worker (w2) and one owned by another run's
+    batch before the run's (w1, w3: the one batch read before the window); a batch
+    of another run ending with the run's (the interval after goes to it); a second
+    earlier scope with its own prices and options. On SQLite and PostgreSQL.
+    """
+    run, n = "R", 400
+    a1_w1 = _worker_history("w1", "x", run, (150, 151, 300), n)
+    a1_w1.append(_batch("tie", "w1", "other", 100.0 + 15.0 * 151 + 4.0, 110.0 + 15.0 * 151))  # ends with R's
+    a1_w2 = _worker_history("w2", "y", run, (0,), n)
+    a1_w3 = _worker_history("w3", "z", run, (n - 1,), n)
+    a2_w1 = _worker_history("w1", "v", run, (7,), 50)
+    lead = [_idle("w1", 0.0, 100.0), _idle("w2", 0.0, 100.0), _idle("w3", 20.0, 100.0)]
+    trailing = [_idle("w1", 1e6, 1e6 + 500.0), _idle("w3", 1e6, 1e6 + 500.0)]  # after each worker's last batch
+    a1_idles = lead + _gaps(a1_w1) + _gaps(a1_w2) + _gaps(a1_w3) + trailing
+    a2_idles = [_idle("w1", 0.0, 100.0), *_gaps(a2_w1)]
+    scopes = {
+        "a1": (a1_w1 + a1_w2 + a1_w3, a1_idles, PriceSheet(1e-5, {"T4": 1e-4}), Billing("equal", "attribute")),
+        "a2": (a2_w1, a2_idles, PriceSheet(2e-5, {"T4": 3e-4}), Billing("input_size", "attribute")),
+    }
+    with CostStore(store_url) as store:
+        for sc, (batches, idles, prices, billing) in scopes.items():
+            for rid in (run, "other"):
+                mine = tuple(b for b in batches if b.items[0].run_id == rid)
+                rec = RunRecords(rid, "toy", (), mine, T0, T0 + 1e5, 800.0, prices, billing.cost_split,
+                                 new_idles=tuple(idles) if rid == run else ())  # fmt: skip
+                store.record(rec, scope=sc, billing=billing)
+        loaded: list[object] = []
+
+        def on_load(target: object, _context: object) -> None:
+            loaded.append(target)
+
+        for model in (BatchRow, IdleRow):
+            event.listen(model, "load", on_load)
+        try:
+            mine_now = RunRecords(run, "toy", (), (), T0 + 2e6, T0 + 2e6 + 10.0, 800.0, PriceSheet(1e-5, {}), "equal")
+            parts = earlier_parts(store, mine_now, "b")
+        finally:
+            for model in (BatchRow, IdleRow):
+                event.remove(model, "load", on_load)
+        store_cost = {r.key: r for r in store.costs("run")}[run]
+        with Session(store.engine) as s:
+            all_batches = list(s.execute(select(BatchRow).order_by(BatchRow.start_ms, BatchRow.batch_id)).scalars())
+            all_idles = list(s.execute(select(IdleRow).order_by(IdleRow.start_ms, IdleRow.idle_id)).scalars())
+            items = Q.items_of(s, [b.batch_id for b in all_batches])
+    assert [len(p.batches) for p in parts] == [5, 1]  # a1 (earliest first), then a2
+    got = sum(p.cost().total for p in parts)
+    assert got == pytest.approx(store_cost.cost, rel=1e-12) and store_cost.idle_cost > 0
+    assert sum(p.cost().idle for p in parts) == pytest.approx(store_cost.idle_cost, rel=1e-12)
+    # The intervals a full read of every batch and interval gives the run's batches.
+    records = [R.batch_record(b, items[b.batch_id]) for b in all_batches]
+    full = {
+        (i.worker_id, i.start_ms)
+        for i, owner in idle_owners(records, [R.idle_record(i) for i in all_idles])
+        if owner is not None and owner.items[0].run_id == run
+    }
+    assert {(i.worker_id, i.start_ms) for p in parts for i in p.caused_idles} == full
+    assert ("a1:w2", T0) in full and ("a1:w1", T0) not in full and ("a1:w3", T0 + 20.0) not in full
+    assert ("a1:w3", T0 + 1e6) in full and ("a1:w1", T0 + 1e6) not in full  # w3's last batch is the run's
+    # Bounded: a few rows around the run's batches, not the 1250 batches and as many intervals stored.
+    assert len(all_batches) > 1200 and len(all_idles) > 1200 and len(loaded) < 30, len(loaded)

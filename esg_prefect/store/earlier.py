@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, select
 from sqlmodel import Session, col
 
 from esg_prefect.control.calls import StageResult
@@ -32,7 +32,7 @@ from esg_prefect.store.billing import Billing, scope_of
 from esg_prefect.store.cost_store import CostStore
 from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PoolRow, PriceSheetRow, RunRow, StageCallRow
 
-_Row = TypeVar("_Row", BatchRow, IdleRow)
+_Keyed = TypeVar("_Keyed", PriceSheetRow, PoolRow)
 _OTHER = BatchItem("-", "-")  # the item of a batch read only for its place on its worker (idle ownership)
 
 
@@ -49,11 +49,11 @@ def earlier_parts(
 
     Returns:
         Each part's records: the run's batches in that scope, the idle intervals those batches
-        caused (every batch and idle interval of their workers decides which), the run's calls
-        there, that pool's prices, cost split and idle billing; ``settled``; each starts at the
-        run's earliest stored arrival (the first instance's), where its SLO clock started. Empty
-        when every batch of the run is this pool's (a pool that served the whole run): one
-        indexed read.
+        caused (decided as among every batch and interval of their workers, from those around
+        the run's batches), the run's calls there, that pool's prices, cost split and idle
+        billing; ``settled``; each starts at the run's earliest stored arrival (the first
+        instance's), where its SLO clock started. Empty when every batch of the run is this
+        pool's (a pool that served the whole run): one indexed read.
     """
     with Session(store.engine) as s:
         ids = s.execute(
@@ -62,23 +62,24 @@ def earlier_parts(
         elsewhere = sorted(bid for bid in ids if scope_of(bid) != scope)
         if not elsewhere:
             return ()
-        mine = _batches(s, elsewhere)
-        workers = sorted({b.worker_id for b in mine})
-        neighbours = _on_workers(s, BatchRow, workers)
-        idles = [R.idle_record(r) for r in _on_workers(s, IdleRow, workers)]
+        rows = _batch_rows(s, elsewhere)
+        items = Q.items_of(s, elsewhere)
+        mine = [R.batch_record(r, items.get(r.batch_id, [])) for r in rows]
+        neighbours, idle_rows = _around(s, mine)
+        idles = [R.idle_record(r) for r in idle_rows]
         calls = s.execute(select(StageCallRow).where(col(StageCallRow.run_id) == records.run_id)).scalars()
         calls_of: defaultdict[str, list[CallRecord]] = defaultdict(list)
         for c in calls:
             if c.batch_id is not None and c.call_id not in known_calls and scope_of(c.batch_id) != scope:
                 calls_of[scope_of(c.batch_id)].append(_call_record(c, records.workflow))
-        sheets = {r.sheet_id: r for r in s.execute(select(PriceSheetRow)).scalars()}
-        pools = {r.scope: r for r in s.execute(select(PoolRow)).scalars()}
+        sheet_of = {r.batch_id: r.sheet_id for r in rows}
+        sheets = {r.sheet_id: r for r in _where_in(s, PriceSheetRow, PriceSheetRow.sheet_id, set(sheet_of.values()))}
+        pools = {r.scope: r for r in _where_in(s, PoolRow, PoolRow.scope, {scope_of(b) for b in elsewhere})}
         stored = s.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
     # The run started on the first instance: its row there holds that arrival (this one's starts later).
     arrival = records.arrival_ms if stored is None else min(records.arrival_ms, stored)
-    sheet_of = {r.batch_id: r.sheet_id for r in neighbours}
     run_batches = {b.batch_id: b for b in mine}
-    # Who owns each idle interval, decided among every batch of its worker (as the store decides it).
+    # Who owns each idle interval, decided among its worker's batches around the run's (as the store decides it).
     placed = [run_batches.get(r.batch_id) or _placed(r) for r in neighbours]
     caused: defaultdict[str, list[IdleRecord]] = defaultdict(list)
     for idle, owner in idle_owners(placed, idles):
@@ -112,22 +113,56 @@ def earlier_parts(
     return tuple(parts)
 
 
-def _batches(s: Session, batch_ids: Sequence[str]) -> list[BatchRecord]:
-    """These stored batches with their items, by start."""
-    items = Q.items_of(s, batch_ids)
-    out: list[BatchRecord] = []
+def _batch_rows(s: Session, batch_ids: Sequence[str]) -> list[BatchRow]:
+    """These stored batches, by start (then id, as the store orders them)."""
+    out: list[BatchRow] = []
     for chunk in Q.chunks(batch_ids):
-        rows = s.execute(select(BatchRow).where(col(BatchRow.batch_id).in_(chunk))).scalars()
-        out += [R.batch_record(r, items.get(r.batch_id, [])) for r in rows]
-    return sorted(out, key=lambda b: (b.start_ms, b.batch_id))
+        out += s.execute(select(BatchRow).where(col(BatchRow.batch_id).in_(chunk))).scalars()
+    return sorted(out, key=lambda r: (r.start_ms, r.batch_id))
 
 
-def _on_workers(s: Session, model: type[_Row], workers: Sequence[str]) -> list[_Row]:
-    """Every stored batch (or idle interval) of these workers, by start."""
-    out: list[_Row] = []
-    for chunk in Q.chunks(workers):
-        out += s.execute(select(model).where(col(model.worker_id).in_(chunk))).scalars()
-    return sorted(out, key=lambda r: r.start_ms)
+def _where_in(s: Session, model: type[_Keyed], key: Any, values: Collection[str]) -> list[_Keyed]:
+    """The rows of ``model`` whose ``key`` is one of ``values``."""
+    out: list[_Keyed] = []
+    for chunk in Q.chunks(sorted(values)):
+        out += s.execute(select(model).where(col(key).in_(chunk))).scalars()
+    return out
+
+
+def _around(s: Session, mine: Sequence[BatchRecord]) -> tuple[list[BatchRow], list[IdleRow]]:
+    """The batches and idle intervals of the run's workers that decide which idle time its batches caused.
+
+    :func:`~esg_prefect.model.attribution.idle_owners` gives an interval to the
+    batch of its worker that ended last at or before the interval's start (by
+    end, then start and id, as the store orders them); with none (a lead
+    interval, before the worker's first batch end), to the first batch that
+    starts at or after the interval's end. So a batch of the run ending at ``e``
+    can own only intervals that start in ``[e, h)``, ``h`` the worker's next
+    batch end after ``e``, where the owner is one of the batches ending at ``e``,
+    and lead intervals, whose owner is one batch found for each. Those are read,
+    not each worker's whole history: the owners come out as among every batch.
+    """
+    batches: dict[str, BatchRow] = {}
+    idles: dict[str, IdleRow] = {}
+    end, start, worker = col(BatchRow.end_ms), col(BatchRow.start_ms), col(BatchRow.worker_id)
+    idle_start, idle_worker = col(IdleRow.start_ms), col(IdleRow.worker_id)
+    for w in sorted({b.worker_id for b in mine}):
+        for e in sorted({b.end_ms for b in mine if b.worker_id == w}):
+            batches.update((r.batch_id, r) for r in s.execute(select(BatchRow).where(worker == w, end == e)).scalars())
+            h = s.execute(select(func.min(end)).where(worker == w, end > e)).scalar()
+            window = idle_start >= e if h is None else and_(idle_start >= e, idle_start < h)
+            idles.update((r.idle_id, r) for r in s.execute(select(IdleRow).where(idle_worker == w, window)).scalars())
+        first_end = s.execute(select(func.min(end)).where(worker == w)).scalar_one()
+        for lead in s.execute(select(IdleRow).where(idle_worker == w, idle_start < first_end)).scalars():
+            idles[lead.idle_id] = lead
+            first = (
+                select(BatchRow).where(worker == w, start >= lead.end_ms).order_by(end, start, col(BatchRow.batch_id))
+            )
+            batches.update((r.batch_id, r) for r in s.execute(first.limit(1)).scalars())
+    return (
+        sorted(batches.values(), key=lambda r: (r.start_ms, r.batch_id)),
+        sorted(idles.values(), key=lambda r: (r.start_ms, r.idle_id)),
+    )
 
 
 def _placed(row: BatchRow) -> BatchRecord:
