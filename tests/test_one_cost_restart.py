@@ -19,12 +19,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 from sqlmodel import Session
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
 from esg_prefect.control.records import RunRecords
+from esg_prefect.exceptions import ConfigError
 from esg_prefect.integration import artifacts, recording
 from esg_prefect.integration.run_views import EARLIER, money_text
 from esg_prefect.model import PriceSheet
@@ -37,7 +38,7 @@ from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import Billing
 from esg_prefect.store.earlier import earlier_parts
-from esg_prefect.store.tables import BatchRow, IdleRow, RunRow
+from esg_prefect.store.tables import BatchRow, IdleRow, PoolRow, RunRow
 from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _call, _results, _t4_profile, _whole_bill
 
 
@@ -287,3 +288,19 @@ def test_earlier_parts_read_only_the_run_s_neighbourhood_with_the_store_s_figure
     assert ("a1:w3", T0 + 1e6) in full and ("a1:w1", T0 + 1e6) not in full  # w3's last batch is the run's
     # Bounded: a few rows around the run's batches, not the 1250 batches and as many intervals stored.
     assert len(all_batches) > 1200 and len(all_idles) > 1200 and len(loaded) < 30, len(loaded)
+
+
+def test_a_bad_stored_option_of_an_earlier_pool_is_named(store_url: str) -> None:
+    """An earlier pool's options are read as the store reads them: a bad stored value names its pool."""
+    prices = PriceSheet(1e-5, {"T4": 1e-4})
+    with CostStore(store_url) as store:
+        rec = RunRecords("R", "toy", (), (_batch("b1", "w1", "R", 0.0, 10.0),), T0, T0 + 10.0, 800.0, prices, "equal")
+        store.record(rec, scope="a1", billing=Billing())
+        with store.engine.begin() as conn:
+            conn.execute(update(PoolRow).where(PoolRow.scope == "a1").values(cost_split="bogus"))
+        later = RunRecords("R", "toy", (), (), T0 + 1e3, T0 + 2e3, 800.0, prices, "equal")
+        with pytest.raises(ConfigError, match=r"^pool 'a1' in the cost store: cost_split must be .*'bogus'$") as exc:
+            earlier_parts(store, later, "b")
+        with pytest.raises(ConfigError) as by_store:
+            store.costs("run")
+        assert str(exc.value) == str(by_store.value)

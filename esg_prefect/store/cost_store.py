@@ -338,6 +338,17 @@ class CostStore:
         scopes = sorted({scope_of(w) for w in workers})
         return {sc: self._stored_billing(pools[sc]) if sc in pools else None for sc in scopes}
 
+    def pool_billing(self, row: PoolRow | None) -> Billing:
+        """The options a pool's records are priced with: those its ``pools`` row stored, else the store's defaults.
+
+        For readers of the store's rows outside it (``store.earlier``), so that they price a
+        pool's records as :meth:`cost_report` does.
+
+        Raises:
+            ConfigError: a stored option that is neither choice, naming the pool.
+        """
+        return self._pricing(row, None, None).used
+
     def _pricing(self, row: PoolRow | None, split: CostSplit | None, idle_billing: IdleBilling | None) -> PoolPricing:
         stored = None if row is None else self._stored_billing(row)
         return PoolPricing(stored, (stored or self.default_billing).overridden(split, idle_billing))

@@ -28,7 +28,7 @@ from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, id
 from esg_prefect.model.config import Config
 from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
-from esg_prefect.store.billing import Billing, scope_of
+from esg_prefect.store.billing import scope_of
 from esg_prefect.store.cost_store import CostStore
 from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow, PoolRow, PriceSheetRow, RunRow, StageCallRow
 
@@ -90,8 +90,7 @@ def earlier_parts(
         by_scope[scope_of(b.batch_id)].append(b)
     parts = []
     for sc, batches in sorted(by_scope.items(), key=lambda kv: min(b.start_ms for b in kv[1])):
-        row = pools.get(sc)
-        billing = store.default_billing if row is None else Billing(row.cost_split, row.idle_billing)  # type: ignore[arg-type]
+        billing = store.pool_billing(pools.get(sc))
         sheet = sheets[sheet_of[batches[0].batch_id]]
         parts.append(
             RunRecords(
