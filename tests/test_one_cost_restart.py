@@ -11,6 +11,7 @@ them (``attach_recorders`` with one store file), the Prefect API a fake.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -26,7 +27,7 @@ from typer.testing import CliRunner
 from esg_prefect.cli import app
 from esg_prefect.control.records import RunRecords
 from esg_prefect.exceptions import ConfigError
-from esg_prefect.integration import artifacts, recording
+from esg_prefect.integration import artifacts, recording, run_views
 from esg_prefect.integration.run_views import EARLIER, money_text
 from esg_prefect.model import PriceSheet
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, idle_owners
@@ -133,7 +134,12 @@ def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
         and earlier["worker"].endswith(f" {EARLIER}")
     )
     assert later["stage"] == "inc" and EARLIER not in later["batch"]
-    assert "1 stage call of this run ran on an earlier instance of the pool" in sent[split]["markdown"]
+    assert (
+        "1 stage call of this run was served by another pool instance (read from the cost store)"
+        in sent[split]["markdown"]
+    )
+    twice = dataclasses.replace(rec, earlier=rec.earlier * 2)  # two parts' calls: the plural reads right too
+    assert "2 stage calls of this run were served by another pool instance" in run_views.run_summary(twice)
 
 
 def test_a_run_split_by_a_restart_starts_at_its_first_arrival(

@@ -138,8 +138,9 @@ class RunRecords:
             (every idle interval after the run's batches has closed).
         idle_billing: the pool's idle billing (``separate``: no idle time is the run's).
         run_name: the flow run's name in Prefect, from its calls (None: none said it).
-        earlier: the run's parts served by earlier instances of the pool (a pool service
-            restarted while the run was in flight), one per instance, each priced with that
+        earlier: the run's parts served by other instances of the pool: the cost store's other
+            scopes holding its batches (a pool service restarted while the run was in flight, a
+            flow run retried in a new process), one per instance, each priced with that
             instance's own prices and options: read back from the cost store by the artifact
             publisher (``store.earlier``), so that the run's figure is the store's. Their
             costs are in :meth:`cost`; empty for a run one pool served from start to end.

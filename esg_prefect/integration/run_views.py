@@ -63,7 +63,7 @@ FAILED = "failed"
 """``batch`` of a stage call that failed (its error is in the summary)."""
 
 EARLIER = "earlier"
-"""Follows the batch and worker of a stage call an earlier instance of the pool served (a restart mid-run)."""
+"""Follows the batch and worker of a stage call another pool instance served (the store's other scopes)."""
 
 TAG_PREFIX = "esg:"
 """Prefix of the tags this package sets on a flow run (and replaces when it sets them again)."""
@@ -307,8 +307,8 @@ def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
     earlier = sum(len(part.calls) for part in records.earlier)
     if records.earlier:
         head += (
-            f". {_plural(earlier, 'stage call', 'stage calls')} of this run ran on an earlier instance of the pool "
-            f"(it restarted while the run was in flight): read from the cost store, marked `{EARLIER}` in the table, "
+            f". {_plural(earlier, 'stage call', 'stage calls')} of this run {'was' if earlier == 1 else 'were'} "
+            f"served by another pool instance (read from the cost store): marked `{EARLIER}` in the table, "
             "each priced as that instance priced it"
         )
     if records.settled:

@@ -10,7 +10,9 @@ that the figure the second instance publishes is the store's
 records (:attr:`~esg_prefect.control.records.RunRecords.earlier`): one per
 earlier scope, with the run's batches there, the idle time they caused and
 their calls, priced with that instance's own prices and options, exactly as
-:meth:`~esg_prefect.store.CostStore.cost_report` prices that scope.
+:meth:`~esg_prefect.store.CostStore.cost_report` prices that scope. Any other
+scope holding batches of the run counts the same way (a flow run retried in
+a new process whose pool attached the same store, too).
 """
 
 from __future__ import annotations
