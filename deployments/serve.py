@@ -326,6 +326,26 @@ def _stop_like_kill(signum: int, frame: object) -> None:
     handler(signal.SIGTERM, frame)
 
 
+@contextlib.contextmanager
+def ctrl_c_stops_like_kill() -> Iterator[None]:
+    """While serving, a Ctrl-C stops as a ``kill`` does (:func:`_stop_like_kill`); the handler before it is put back.
+
+    Not where SIGINT is ignored: started in the background of a shell script, the script has
+    it ignored, and a Ctrl-C typed for the work in the foreground stopped serving and cancelled
+    its runs. Nor where its handler was not set from Python (``getsignal`` gives None), since
+    that one could not be put back; nor outside the main thread, where no handler can be set.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before is None or before is signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, _stop_like_kill)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def ending(exc: KeyboardInterrupt | Terminated, serving: bool) -> tuple[int, str]:
     """The exit code and one line for a Ctrl-C or a SIGTERM that Prefect's serving did not handle."""
     code, word = (TERMINATED, "terminated") if isinstance(exc, Terminated) else (INTERRUPTED, "interrupted")
@@ -371,12 +391,8 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
             if not args.pool_url:
                 stack.enter_context(pool_service(args.port, args.backend, args.sets, wait_s))
             serving = True
-            interrupt = signal.signal(signal.SIGINT, _stop_like_kill) if main_thread else None
-            try:
+            with ctrl_c_stops_like_kill():
                 serve(*deployments, limit=args.limit)
-            finally:
-                if interrupt is not None:
-                    signal.signal(signal.SIGINT, interrupt)
             print("serving stopped", flush=True)
     except ServiceDown as exc:  # the service it started exited (its own output says why) or never answered
         parser.exit(1, f"{parser.prog}: error: {exc}\n")

@@ -226,6 +226,42 @@ def test_ctrl_c_while_serving_stops_as_a_kill_does_and_twice_at_once(
         assert raised.value.code == 130 and out.err.endswith(": interrupted\n"), out
 
 
+def test_ctrl_c_ignored_as_in_the_background_of_a_script_stays_ignored_while_serving(
+    api: str, serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python deployments/serve.py &`` in a script inherits SIGINT ignored (the README says: stop it with
+    ``kill``): serving set its Ctrl-C handler anyway, and a Ctrl-C meant for the foreground work stopped
+    serving and cancelled the runs in progress."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    seen: list[object] = []
+    monkeypatch.setattr(serve, "wait_healthy", lambda *a, **k: None)
+    monkeypatch.setattr(serve, "build_deployments", lambda *a: [])
+    monkeypatch.setattr(prefect, "serve", lambda *a, **k: seen.append(signal.getsignal(signal.SIGINT)))
+    monkeypatch.setenv("ESG_PREFECT_POOL_URL", "unchanged")  # main sets it; restored after the test
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a script's `cmd &`
+    try:
+        with temporary_settings({PREFECT_API_URL: api}):
+            serve.main(["--pool-url", f"http://127.0.0.1:{free_port()}"])
+        assert seen == [signal.SIG_IGN] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    assert capsys.readouterr().out.endswith("serving stopped\n")
+
+
+def test_a_ctrl_c_handler_not_set_from_python_is_left_in_place(
+    serve: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``getsignal`` gives None for a handler set outside Python: replaced, it could never be put back."""
+    set_to: list[object] = []
+    monkeypatch.setattr(signal, "getsignal", lambda signum: None)
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: set_to.append(handler))
+    with serve.ctrl_c_stops_like_kill():
+        pass
+    assert set_to == []
+
+
 def test_a_pool_service_interrupted_while_it_starts_is_ended_without_a_word(
     serve: ModuleType, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
