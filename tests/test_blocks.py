@@ -160,6 +160,16 @@ def test_a_pool_block_the_runner_would_refuse_is_refused_when_made(fields: dict[
     assert ESGPool(address="").address == ""  # the UI's empty field: the embedded pool
 
 
+def test_a_pool_block_with_an_empty_profile_path_beside_an_address_is_taken() -> None:
+    """The UI's empty profile field: the runner reads "" as no profile (``block.profile_path or None``), but the
+    block refused it beside an address ("profile_path configures an embedded pool")."""
+    from esg_prefect import ESGTaskRunner
+
+    block = ESGPool(address="http://127.0.0.1:4270", profile_path="")
+    runner = ESGTaskRunner(pool=block)
+    assert runner._address == "http://127.0.0.1:4270" and runner._config["profile"] is None
+
+
 @pytest.mark.parametrize(
     ("block", "name", "says"),
     [

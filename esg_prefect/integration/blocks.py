@@ -136,9 +136,10 @@ class ESGPool(Block):
             raise ValueError(
                 f"address: {why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {self.address!r}"
             )
-        given = [
-            name for name in ("scheduler", "profile_path", "backend") if getattr(self, name) != _POOL_DEFAULTS[name]
-        ]
+        # As the runner reads them: an empty profile_path (the UI's empty field) is no profile there.
+        # An empty scheduler is not the default one, there as here; backend takes no empty value.
+        read = {"scheduler": self.scheduler, "profile_path": self.profile_path or None, "backend": self.backend}
+        given = [name for name, value in read.items() if value != _POOL_DEFAULTS[name]]
         if given:
             verb = "configure" if len(given) > 1 else "configures"
             raise ValueError(
