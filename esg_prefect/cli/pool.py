@@ -340,13 +340,10 @@ def _ask(url: str, token_env: str, method: str, path: str, what: str) -> Any:
     """One request to the running service with its token: the 200 answer, or one line and exit 1."""
     import httpx
 
-    from esg_prefect.service.address import EXAMPLE_ADDRESS, address_error
+    from esg_prefect.service.address import address_refusal
 
-    if why := address_error(url):  # a value to correct, not a service to start
-        raise typer.BadParameter(
-            f"{why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {url!r}",
-            param_hint="--url (or ESG_PREFECT_POOL_URL)",
-        )
+    if refusal := address_refusal(url):  # a value to correct, not a service to start
+        raise typer.BadParameter(refusal, param_hint="--url (or ESG_PREFECT_POOL_URL)")
     token = os.environ.get(token_env) or None
     headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     try:

@@ -20,7 +20,7 @@ from esg_prefect.model.config import ConfigSpace
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.scheduling.paldia import corun_model
 from esg_prefect.scheduling.settings import ESGSettings
-from esg_prefect.service.address import EXAMPLE_ADDRESS, address_error
+from esg_prefect.service.address import address_refusal
 
 # The same image ships in the package as esg_prefect/data/logo.png.
 _LOGO = "https://raw.githubusercontent.com/esg-prefect/esg-prefect/main/esg_prefect/data/logo.png"
@@ -132,10 +132,8 @@ class ESGPool(Block):
         failed each deployment run as it imported its flow."""
         if not self.address:  # None, or the UI's empty field: the embedded pool
             return self
-        if why := address_error(self.address):
-            raise ValueError(
-                f"address: {why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {self.address!r}"
-            )
+        if refusal := address_refusal(self.address):
+            raise ValueError(f"address: {refusal}")
         # As the runner reads them: an empty profile_path (the UI's empty field) is no profile there.
         # An empty scheduler is not the default one, there as here; backend takes no empty value.
         read = {"scheduler": self.scheduler, "profile_path": self.profile_path or None, "backend": self.backend}

@@ -12,7 +12,7 @@ import httpx
 
 from esg_prefect.exceptions import InvalidInputError
 
-__all__ = ["EXAMPLE_ADDRESS", "address_error", "check_address"]
+__all__ = ["EXAMPLE_ADDRESS", "address_error", "address_refusal", "check_address"]
 
 EXAMPLE_ADDRESS = "http://127.0.0.1:4270"
 """The address of a pool service started with the defaults, shown in refusals as an example."""
@@ -31,11 +31,21 @@ def address_error(url: object) -> str | None:
     return None
 
 
+def address_refusal(url: object) -> str | None:
+    """The refusal of ``url`` as a pool service's address (why, an example, the value), or None when it can be one.
+
+    One wording wherever an address is given: each caller puts the option's name in front.
+    """
+    if why := address_error(url):
+        return f"{why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {url!r}"
+    return None
+
+
 def check_address(url: object, what: str = "address") -> None:
     """Refuse ``url`` unless it can be a pool service's address (see :func:`address_error`).
 
     Raises:
         InvalidInputError: one line naming ``what`` (the option or argument) and the value.
     """
-    if why := address_error(url):
-        raise InvalidInputError(f"{what}: {why}; give the pool service's address, e.g. {EXAMPLE_ADDRESS}, got {url!r}")
+    if refusal := address_refusal(url):
+        raise InvalidInputError(f"{what}: {refusal}")
