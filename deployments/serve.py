@@ -211,20 +211,12 @@ def exit_fast() -> None:
     gc.freeze()
 
 
-def prefect_api_error(url: str) -> str | None:
-    """Why the Prefect API at ``url`` cannot take the deployments (it does not answer), or None.
+API_REMEDY = "start it with `prefect server start`, or point PREFECT_API_URL at it"
+"""What to do about a Prefect API that does not answer, checked before the pool service starts.
 
-    Asked before the pool service starts: serving against a server that is not up started the
-    service, loaded the flows, then ended in httpx's traceback (``ConnectError``) naming no URL.
-    """
-    from esg_prefect.exceptions import InvalidInputError
-    from esg_prefect.integration.api_check import check_prefect_api
-
-    try:
-        check_prefect_api(url, remedy="start it with `prefect server start`, or point PREFECT_API_URL at it")
-    except InvalidInputError as exc:
-        return str(exc)
-    return None
+Serving against a server that is not up started the service, loaded the flows, then ended in
+httpx's traceback (``ConnectError``) naming no URL.
+"""
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -375,7 +367,9 @@ def main(argv: Sequence[str] | None = None, wait_s: float = WAIT_S) -> None:
 
         if not PREFECT_API_URL.value():
             parser.error("PREFECT_API_URL is not set: start `prefect server start` and point PREFECT_API_URL at it")
-        if why := prefect_api_error(PREFECT_API_URL.value()):  # else the pool service started, then a traceback
+        from esg_prefect.integration.api_check import api_error
+
+        if why := api_error(PREFECT_API_URL.value(), remedy=API_REMEDY):  # else the service started, then a traceback
             parser.error(why)
         url = (args.pool_url or f"http://127.0.0.1:{args.port}").rstrip("/")
         if args.pool_url:  # before the flows load (seconds of imports): a service that is not there costs one line

@@ -20,7 +20,7 @@ import pytest
 
 from esg_prefect.cli import main
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
+from esg_prefect.integration.api_check import api_error, check_prefect_api, prefect_api_url
 from tests.prefect_server import free_port, health_only_api
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +88,15 @@ def test_an_api_that_answers_passes_the_check(live_api: str) -> None:
 def test_an_api_that_answers_with_an_error_is_refused(live_api: str) -> None:
     with pytest.raises(InvalidInputError, match="HTTPStatusError"):
         check_prefect_api(live_api.removesuffix("/api") + "/elsewhere")
+
+
+def test_api_error_is_the_checks_message_or_none(live_api: str) -> None:
+    """The wording a refusal (deployments/serve.py) or a warning (``pool serve``) puts in its own line."""
+    assert api_error(live_api) is None and api_error(None) is None
+    elsewhere = live_api.removesuffix("/api") + "/elsewhere"
+    with pytest.raises(InvalidInputError) as info:
+        check_prefect_api(elsewhere, remedy="do this")
+    assert api_error(elsewhere, remedy="do this") == str(info.value) and str(info.value).endswith(": do this")
 
 
 def test_an_api_that_accepts_but_never_answers_is_refused_within_the_timeout() -> None:

@@ -243,7 +243,7 @@ def serve(
     else:
         be = InlineBackend() if backend == "inline" else LocalProcessBackend()
     pool = Pool(latency, scheduler=scheduler, settings=settings, backend=be, hung_batch_s=hung_batch_s or None)
-    from esg_prefect.integration.api_check import prefect_api_url
+    from esg_prefect.integration.api_check import api_error, prefect_api_url
     from esg_prefect.integration.recording import attach_recorders, flush_prefect_events, remember_deployment
 
     try:
@@ -274,7 +274,7 @@ def serve(
             "flows, or pass --no-artifacts (the cost store records the runs either way)",
             err=True,
         )
-    elif artifacts and (silent := _api_silent(prefect_api_url())):
+    elif artifacts and (silent := api_error(prefect_api_url(), remedy=API_REMEDY, timeout_s=API_CHECK_S)):
         typer.echo(f"warning: {silent}", err=True)
     logging.getLogger("esg_prefect").setLevel(log_level.upper())
     scheme = "https" if ssl_certfile else "http"
@@ -304,28 +304,17 @@ def serve(
         raise typer.Exit(128 + signal.SIGTERM)  # as a process the signal ended, after the cleanup
 
 
-def _api_silent(url: str | None) -> str | None:
-    """Why the Prefect API the service posts artifacts to does not take them now (it does not answer), or None.
+API_REMEDY = (
+    "each run's cost artifacts and tags will not reach it until it does; start it with "
+    "`prefect server start`, or set PREFECT_API_URL to the API your flows report to, or pass "
+    "--no-artifacts (the cost store records the runs either way)"
+)
+"""What to do about a Prefect API that does not answer as the service starts.
 
-    A warning, not a refusal: the server may come up after the service, and the cost store records
-    the runs either way. Without it the first sign was a failed post, after the runs' logs had said
-    their cost was published as an artifact.
-    """
-    from esg_prefect.exceptions import InvalidInputError
-    from esg_prefect.integration.api_check import check_prefect_api
-
-    try:
-        check_prefect_api(
-            url,
-            timeout_s=API_CHECK_S,
-            remedy="each run's cost artifacts and tags will not reach it until it does; start it with "
-            "`prefect server start`, or set PREFECT_API_URL to the API your flows report to, or pass "
-            "--no-artifacts (the cost store records the runs either way)",
-        )
-    except InvalidInputError as exc:
-        return str(exc)
-    return None
-
+A warning, not a refusal: the server may come up after the service, and the cost store records
+the runs either way. Without it the first sign was a failed post, after the runs' logs had said
+their cost was published as an artifact.
+"""
 
 API_CHECK_S = 2.0
 """How long the service's start waits for the Prefect API's health check."""

@@ -58,6 +58,19 @@ def check_prefect_api(url: str | None, timeout_s: float = DEFAULT_TIMEOUT_S, rem
         ) from None
 
 
+def api_error(url: str | None, remedy: str = UNSET_OR_START, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | None:
+    """Why the Prefect API at ``url`` does not answer (:func:`check_prefect_api`'s message), or None when it does.
+
+    For a caller that words the outcome itself: a refusal of its own, or a warning where the
+    server may still come up later.
+    """
+    try:
+        check_prefect_api(url, timeout_s=timeout_s, remedy=remedy)
+    except InvalidInputError as exc:
+        return str(exc)
+    return None
+
+
 def require_prefect_api(timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """For scripts: check the API in force (:func:`prefect_api_url`); if it does not answer, one line and exit 2."""
     try:
@@ -95,6 +108,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "EPHEMERAL_DB",
     "UNSET_OR_START",
+    "api_error",
     "check_prefect_api",
     "ephemeral_api_defaults",
     "prefect_api_url",
