@@ -300,6 +300,27 @@ def test_publisher_warns_once_when_the_api_is_unreachable(
     assert "ESGTaskRunner(artifacts=False)" in mine[0].getMessage() and "connection refused" in mine[0].getMessage()
 
 
+def test_a_cost_store_that_cannot_be_read_is_warned_of_once_and_the_run_still_published(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store down (Postgres, say) logged a full traceback for every run published."""
+    published: list[str] = []
+
+    def store_down(records: RunRecords) -> RunRecords:
+        raise ConnectionError("store at db:5432 refused")
+
+    publisher = RunPublisher(publish=lambda records: published.append(records.run_id), complete=store_down)
+    with caplog.at_level(logging.DEBUG, logger=art.__name__):
+        publisher.publish(records_a())
+        publisher.publish(records_b())
+    mine = [r for r in caplog.records if r.name == art.__name__]
+    assert [r.levelname for r in mine] == ["WARNING", "DEBUG"], caplog.text
+    assert all(r.exc_info is None for r in mine) and "Traceback" not in caplog.text
+    line = mine[0].getMessage()
+    assert records_a().run_id in line and "ConnectionError: store at db:5432 refused" in line and "\n" not in line
+    assert published == [records_a().run_id, records_b().run_id]  # this pool's part of each, all the same
+
+
 def test_a_run_without_a_flow_run_id_is_not_published() -> None:
     rec = records_a()
     local = RunRecords(

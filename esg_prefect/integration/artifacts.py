@@ -221,7 +221,8 @@ class RunPublisher:
         self.complete = complete
         self.poll_enabled = poll and pool is not None
         self.grace_ms = grace_ms
-        self._warned = False
+        self._warned = False  # the API's failure to take a run was warned of
+        self._store_warned = False  # the cost store's failure to complete a run was warned of
         self._lock = threading.Lock()  # guards everything below: listener, publisher and closing threads
         self._wake = threading.Condition(self._lock)
         self._ledger = CostLedger()
@@ -384,8 +385,25 @@ class RunPublisher:
         if self.complete is not None:
             try:
                 records = self.complete(records)
-            except Exception:  # the store cannot be read: this pool's part is still published
-                logger.exception("reading the earlier part of flow run %s from the cost store failed", records.run_id)
+            except Exception as exc:  # the store cannot be read: this pool's part is still published
+                # Once, in one line: a store that is down fails every run, and a traceback each said nothing more.
+                with self._lock:
+                    first, self._store_warned = not self._store_warned, True
+                if first:
+                    logger.warning(
+                        "could not read the earlier part of flow run %s from the cost store (%s: %s); its artifacts "
+                        "show this pool's part only. Further failures are logged at debug level.",
+                        records.run_id,
+                        type(exc).__name__,
+                        exc,
+                    )
+                else:
+                    logger.debug(
+                        "could not read the earlier part of flow run %s from the cost store: %s: %s",
+                        records.run_id,
+                        type(exc).__name__,
+                        exc,
+                    )
         try:
             if self._publish_fn is not None:
                 self._publish_fn(records)
