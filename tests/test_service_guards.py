@@ -303,11 +303,11 @@ def test_retry_jitter_leaves_the_global_random_state_alone(monkeypatch: pytest.M
     """The jitter drew from the global ``random``: a pool thread moved the state of a user's seeded ``random``."""
     import random
 
-    from esg_prefect.service.app import _retry_after
+    from esg_prefect.service.shutdown import retry_after
 
     monkeypatch.setattr("esg_prefect.service.client.time.sleep", lambda s: None)
     state = random.getstate()
-    assert 1 <= int(_retry_after()["Retry-After"]) <= 3
+    assert 1 <= int(retry_after()["Retry-After"]) <= 3
     client = _client_answering(
         [
             httpx.Response(429, headers={"Retry-After": "0"}, json={"error": "full"}),

@@ -38,7 +38,8 @@ Idempotency: a call id already finished gets its stored outcome
 (:class:`~esg_prefect.service.results.ResultCache`, kept across restarts with a
 file); one in flight is joined; either way only if it is the same call (its
 digest), else 409. Backpressure: past ``max_pending`` calls in flight, new calls
-get ``429`` with a jittered ``Retry-After``; while closing, or cancelled at shutdown, ``503``.
+get ``429`` with a jittered ``Retry-After``; while closing, or cancelled at shutdown, ``503``
+(:mod:`esg_prefect.service.shutdown`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -73,9 +73,9 @@ from esg_prefect.service.codec import CodecError
 from esg_prefect.service.guards import BearerAuth, BrowserGuard, check_bind, check_token
 from esg_prefect.service.prometheus import negotiate, pool_registry, render, totals_body
 from esg_prefect.service.results import ResultCache
+from esg_prefect.service.shutdown import answer_503_when_cancelled, retry_after, shutting_down
 from esg_prefect.service.watch import PollWatch
 from esg_prefect.service.wire import (
-    JITTER,
     MAX_WAIT_S,
     BadRequest,
     call_digest,
@@ -91,11 +91,6 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 MAX_BATCHES_LIMIT = 10_000
 METRICS_WINDOW = 1000  # /metrics reads the newest this many batches and decisions
-
-
-def _retry_after() -> dict[str, str]:
-    """A jittered Retry-After, so that rejected callers do not all come back in the same second."""
-    return {"Retry-After": str(JITTER.randint(1, 3))}
 
 
 class PoolService:
@@ -155,8 +150,8 @@ class PoolService:
             routes=[
                 Route("/healthz", self.healthz, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
-                Route("/v1/calls", _503_when_cancelled(self.call), methods=["POST"]),
-                Route("/v1/calls/{call_id}", _503_when_cancelled(self.join), methods=["GET"]),
+                Route("/v1/calls", answer_503_when_cancelled(self.call), methods=["POST"]),
+                Route("/v1/calls/{call_id}", answer_503_when_cancelled(self.join), methods=["GET"]),
                 Route("/v1/runs/{run_id}/end", self.end_run, methods=["POST"]),
                 Route("/v1/calls/{call_id}/cancel", self.cancel, methods=["POST"]),
                 Route("/v1/batches", self.batches, methods=["GET"]),
@@ -321,13 +316,13 @@ class PoolService:
         except BadRequest as exc:
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
         if self.closing:
-            return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
+            return shutting_down()
         if len(self._inflight) >= self.max_pending:  # before reading the body: a full pool reads none
             return self._full()
         try:
             call, digest = await self._parse(request)
         except BadRequest as exc:
-            headers = _retry_after() if exc.status == 429 else None
+            headers = retry_after() if exc.status == 429 else None
             return JSONResponse({"error": str(exc)}, status_code=exc.status, headers=headers)
         held, stored = await self._find(call.call_id)
         if stored is not None:
@@ -402,7 +397,7 @@ class PoolService:
         return JSONResponse(
             {"error": f"{len(self._inflight)} calls in flight: the pool is full, retry later"},
             status_code=429,
-            headers=_retry_after(),
+            headers=retry_after(),
         )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -461,28 +456,6 @@ class PoolService:
             self._watched.forget(call.call_id)
             if not fut.done():
                 fut.set_result(body)
-
-
-def _503_when_cancelled(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    """``handler``, answering 503 with Retry-After where uvicorn cancels it when its shutdown grace runs out.
-
-    The cancel lands in any await (reading the body, waiting on the call, rendering its answer); uncaught,
-    it is a 500 the client takes for the call's failure. On a 503 the client posts the call again; an
-    outcome is stored before its answer renders, so the retry gets it from the store, not a second run
-    (after a restart only with a results file: the in-memory store goes with the process).
-    """
-
-    @functools.wraps(handler)
-    async def answered(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            return JSONResponse({"error": "the service is shutting down"}, status_code=503, headers=_retry_after())
-
-    return answered
 
 
 def _wait_s(value: str | None) -> float | None:
