@@ -175,7 +175,9 @@ def test_pause_and_resume_over_http(pool: Pool) -> None:
     assert not pool.paused and http.get("/metrics").json()["paused"] is False
     assert http.post("/v1/calls", json=body(5)).status_code == 200  # dispatching again
     service.closing = True
-    assert http.post("/v1/pause").status_code == 503 and not pool.paused
+    closing = http.post("/v1/pause")
+    assert closing.status_code == 503 and not pool.paused
+    assert closing.json() == {"error": "the service is shutting down"} and 1 <= int(closing.headers["retry-after"]) <= 3
 
 
 @pytest.mark.parametrize(

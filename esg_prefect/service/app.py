@@ -225,7 +225,7 @@ class PoolService:
 
     async def _hold(self, paused: bool) -> JSONResponse:
         if self.closing:
-            return JSONResponse({"error": "the service is shutting down"}, status_code=503)
+            return shutting_down()
         await asyncio.to_thread(self.pool.pause if paused else self.pool.resume)
         return JSONResponse({"paused": paused})
 
