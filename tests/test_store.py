@@ -356,6 +356,9 @@ def test_real_pool_runs_keep_the_invariant(store: CostStore) -> None:
     assert idles  # the invariant covered idle time too
 
 
+NAMES = ("crimson-fox", "swinging-turkey")  # the flow runs' names, as their calls carry them
+
+
 def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_batch(store: CostStore) -> None:
     """A pool killed mid-run (its runs never end) has still stored every batch it finished, each once."""
     import time
@@ -366,7 +369,11 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
     decl = WorkflowDecl("toy", 800, (("double", "inc"),))
     try:
         futs = [
-            pool.submit(StageCall(f"k{i}", "inc", "tests.toy_stages:inc", decl, f"q{i}", f"run{i % 2}", i))
+            pool.submit(
+                StageCall(
+                    f"k{i}", "inc", "tests.toy_stages:inc", decl, f"q{i}", f"run{i % 2}", i, run_name=NAMES[i % 2]
+                )
+            )
             for i in range(12)
         ]
         assert [f.result(60).output for f in futs] == [i + 1 for i in range(12)]
@@ -376,8 +383,9 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
             time.sleep(0.05)
         # No run has ended: everything below was written batch by batch (the runs as provisional rows).
         with store.engine.connect() as conn:
-            finished = conn.execute(select(RunRow.run_id, RunRow.finish_ms)).all()  # type: ignore[call-overload]
-        assert sorted(finished) == [("run0", None), ("run1", None)]
+            finished = conn.execute(select(RunRow.run_id, RunRow.finish_ms, RunRow.run_name)).all()  # type: ignore[call-overload]
+        # Named as their calls named them: a run whose process dies is still listed by its name.
+        assert sorted(finished) == [("run0", None, NAMES[0]), ("run1", None, NAMES[1])]
         assert count(store, StageCallRow) == 12 and count(store, BatchRow) == len(snap.batches)
         assert count(store, BatchItemRow) == sum(len(b.items) for b in snap.batches) == 12
         busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)

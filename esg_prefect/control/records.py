@@ -214,12 +214,17 @@ class ClosingListener(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RunStub:
-    """What is known of a run before it ends: enough for the store to file its calls under it."""
+    """What is known of a run before it ends: enough for the store to file its calls under it.
+
+    ``run_name``: the flow run's name its calls carried (None: none did), so that a run that never
+    ends (its process died) is still listed by name in ``esg-prefect costs``.
+    """
 
     run_id: str
     workflow: str
     arrival_ms: float
     slo_ms: float
+    run_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,9 @@ class CallBook:
         for c in done.calls:
             req = core.requests.get(c.request_id)
             if req is not None and (c.run_id not in runs or req.arrival_ms < runs[c.run_id].arrival_ms):
-                runs[c.run_id] = RunStub(c.run_id, req.workflow, req.arrival_ms, slo(req.workflow))
+                runs[c.run_id] = RunStub(
+                    c.run_id, req.workflow, req.arrival_ms, slo(req.workflow), self._name_of_run.get(c.run_id)
+                )
         index = len(core.fleet.batches) - 1  # the pool hands a batch over as soon as the core records it
         return dataclasses.replace(
             done, runs=tuple(runs.values()), new_idles=idles, batch_index=index, idle_index=first_idle

@@ -94,7 +94,7 @@ def run_stub_row(stub: RunStub, cost_split: str) -> dict[str, Any]:
         "slo_met": False,
         "day": utc_day(stub.arrival_ms),
         "cost_split": cost_split,
-        "run_name": None,
+        "run_name": stub.run_name,
     }
 
 
