@@ -365,7 +365,8 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
 
     prices = PriceSheet(1e-5, {})
     pool = Pool(toy_profile(), prices, backend=InlineBackend())
-    attach_store(pool, store)
+    remembered = {"run0": "nightly"}  # as recording.deployment_name: it answers once per run
+    attach_store(pool, store, deployment_of=lambda run_id: remembered.pop(run_id, None))
     decl = WorkflowDecl("toy", 800, (("double", "inc"),))
     try:
         futs = [
@@ -383,9 +384,9 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
             time.sleep(0.05)
         # No run has ended: everything below was written batch by batch (the runs as provisional rows).
         with store.engine.connect() as conn:
-            finished = conn.execute(select(RunRow.run_id, RunRow.finish_ms, RunRow.run_name)).all()  # type: ignore[call-overload]
-        # Named as their calls named them: a run whose process dies is still listed by its name.
-        assert sorted(finished) == [("run0", None, NAMES[0]), ("run1", None, NAMES[1])]
+            finished = conn.execute(select(RunRow.run_id, RunRow.finish_ms, RunRow.run_name, RunRow.deployment)).all()  # type: ignore[call-overload]
+        # Named as their calls named them, filed under their deployment: a run whose process dies is still listed.
+        assert sorted(finished) == [("run0", None, NAMES[0], "nightly"), ("run1", None, NAMES[1], None)]
         assert count(store, StageCallRow) == 12 and count(store, BatchRow) == len(snap.batches)
         assert count(store, BatchItemRow) == sum(len(b.items) for b in snap.batches) == 12
         busy = sum(prices.batch_cost(b.config, b.hardware, b.duration_ms) for b in snap.batches)
@@ -403,6 +404,8 @@ def test_batches_are_stored_as_they_complete_so_a_killed_pool_loses_no_finished_
         while not run0_finished() and time.monotonic() < give_up:
             time.sleep(0.05)
         assert run0_finished() and count(store, RunRow) == 2
+        with store.engine.connect() as conn:  # the lookup answered with the first batch: the name stays
+            assert conn.execute(select(RunRow.deployment).where(RunRow.run_id == "run0")).scalar_one() == "nightly"  # type: ignore[call-overload]
         assert count(store, BatchRow) == len(snap.batches) and count(store, BatchItemRow) == 12
         assert costs_by_key(store, idle_billing="separate")["run0"] == pytest.approx(by_run["run0"], rel=1e-9)
     finally:

@@ -67,8 +67,16 @@ class StoreAttachment:
         self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
-        """Record batches as they complete (called by the pool on its listener thread)."""
-        self.store.record_batches(done, scope=self.scope, billing=self.billing)
+        """Record batches as they complete (called by the pool on its listener thread).
+
+        A run's provisional row carries its deployment from its first batch on: a run whose process
+        dies never ends here, and ``costs --by deployment`` would file it under none.
+        """
+        deployments: dict[str, str | None] = {}
+        for r in (r for d in done for r in d.runs):
+            if r.run_id not in deployments:
+                deployments[r.run_id] = _looked_up(self.deployment_of, r.run_id, "deployment name")
+        self.store.record_batches(done, scope=self.scope, billing=self.billing, deployments=deployments)
         for d in done:
             if d.idle_index >= 0:
                 self._idles_seen = max(self._idles_seen, d.idle_index + len(d.new_idles))
@@ -134,7 +142,8 @@ def attach_store(
         pool: the pool.
         store: the store.
         deployment_of: ``run_id -> deployment name or None``, called on the listener
-            thread (the Prefect integration passes an API lookup).
+            thread (the Prefect integration passes an API lookup) with a run's batches and at
+            its end; a lookup that answers only once is enough (a name stored is kept).
         name_of: ``run_id -> flow run name or None``, likewise, for runs whose records carry
             no name (their calls said none).
 

@@ -32,7 +32,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -193,13 +193,20 @@ class CostStore:
             _upsert(conn, RunRow, [_run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
             _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
-    def record_batches(self, done: Sequence[BatchDone], *, scope: str = "", billing: Billing | None = None) -> None:
+    def record_batches(
+        self,
+        done: Sequence[BatchDone],
+        *,
+        scope: str = "",
+        billing: Billing | None = None,
+        deployments: Mapping[str, str | None] | None = None,
+    ) -> None:
         """Store batches as they complete, in one transaction: rows, items, calls, idle intervals closed since.
 
         So that a pool killed mid-run loses at most the batches not yet handed
         over, not every batch of its unfinished runs. A run's calls are filed
-        under a provisional run row until its end writes the real one
-        (:meth:`record_run`). Idempotent, like :meth:`record`; ``billing`` as for it.
+        under a provisional run row (deployment from ``deployments``, run id -> name) until its
+        end writes the real one (:meth:`record_run`). Idempotent, like :meth:`record`; ``billing`` as for it.
         """
         if not done:
             return
@@ -208,14 +215,16 @@ class CostStore:
         calls: list[dict[str, Any]] = []
         idles: list[dict[str, Any]] = []
         stubs: dict[str, dict[str, Any]] = {}
-        split = (billing or self.default_billing).cost_split
+        split, named = (billing or self.default_billing).cost_split, deployments or {}
         for d in done:
             b, i = R.batch_rows([d.batch], d.calls, d.prices, scope, (d.workflow, d.stage))
             batches += b
             items += i
             calls += R.call_rows(d.calls, scope)
             idles += R.idle_rows(d.new_idles, d.prices, scope)
-            stubs.update((r.run_id, R.run_stub_row(r, split)) for r in d.runs if r.run_id not in stubs)
+            stubs.update(
+                (r.run_id, R.run_stub_row(r, split, named.get(r.run_id))) for r in d.runs if r.run_id not in stubs
+            )
         with self._writing(scope, billing, [d.prices for d in done]) as conn:
             _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
             _upsert(conn, BatchRow, batches, ("batch_id",))

@@ -82,12 +82,12 @@ def run_row(records: RunRecords, deployment: str | None, name: str | None = None
     }
 
 
-def run_stub_row(stub: RunStub, cost_split: str) -> dict[str, Any]:
+def run_stub_row(stub: RunStub, cost_split: str, deployment: str | None = None) -> dict[str, Any]:
     """A provisional ``runs`` row for a run whose calls are stored before it ends (no finish yet)."""
     return {
         "run_id": stub.run_id,
         "workflow": stub.workflow,
-        "deployment": None,
+        "deployment": deployment,
         "arrival_ms": stub.arrival_ms,
         "finish_ms": None,
         "slo_ms": stub.slo_ms,
