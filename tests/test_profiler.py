@@ -331,6 +331,22 @@ def test_cli_quick_profile(tmp_path: Path) -> None:
     assert bad.exit_code != 0 and "--vcpus must be integers >= 1" in bad.output
 
 
+@pytest.mark.service
+def test_an_existing_profile_is_validated_on_the_targets_given(tmp_path: Path) -> None:
+    """``--profile X --validate -t T`` measures T's stages, not the example stages (``-t`` was
+    ignored with ``--profile``: an example stage of the same name was validated in its place), and
+    names the profile's stages that no target validated."""
+    from esg_prefect.cli import app
+
+    points = [ProfilePoint(s, "cpu", b, 1, 0.0, 5.0 * b, 6.0 * b) for s in ("sleepy", "ghost") for b in (1, 2)]
+    LatencyProfile(points).to_csv(tmp_path / "mine.csv")
+    argv = ["profile", "--quick", "-t", TOYS, "--profile", str(tmp_path / "mine.csv"), "--validate"]
+    result = CliRunner().invoke(app, [*argv, "--no-store", "--out-dir", str(tmp_path), "--name", "v"])
+    assert result.exit_code == 0, result.output
+    assert {r.stage for r in read_validation_csv(tmp_path / "v_validation.csv").rows} == {"sleepy"}
+    assert f"not validated: ghost: in the profile but not among the targets ({TOYS})" in result.output
+
+
 def test_a_stage_that_fails_is_named_with_its_point_in_one_line(tmp_path: Path) -> None:
     argv = ["profile", "--quick", "-t", "tests.test_profiler:broken_targets", "--vcpus", "1", "--no-store"]
     proc = subprocess.run(

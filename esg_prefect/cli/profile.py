@@ -287,6 +287,7 @@ def _run_cli(
         measurements=measurements,
         stalls=stalls,
         store_url=store,
+        targets=target,
     )
     console = Console(stderr=True)
     with progress_bar(console, TextColumn("{task.fields[label]}")) as bar:

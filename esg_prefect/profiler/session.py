@@ -87,6 +87,8 @@ class SessionOptions:
         stalls: a stall-breakdown CSV to draw (and tabulate) again instead of measuring.
         store_url: the profile store's URL (None: the default store; False: do not store).
         label: a label for the stored run.
+        targets: what an existing profile (``existing``, no ``request``) is validated or broken
+            down on: the targets it was measured from (``-t``), the example stages by default.
     """
 
     request: ProfileRequest | None = field(default_factory=ProfileRequest)
@@ -102,11 +104,12 @@ class SessionOptions:
     stalls: Path | None = None
     store_url: str | bool | None = None
     label: str = ""
+    targets: tuple[str, ...] = ("examples",)
 
     @property
     def specs(self) -> tuple[str, ...]:
-        """The targets (the request's, or the examples when validating an existing file)."""
-        return self.request.specs if self.request is not None else ("examples",)
+        """The targets: the request's, or ``targets`` when validating an existing file."""
+        return self.request.specs if self.request is not None else self.targets
 
 
 @dataclass(slots=True)
@@ -218,6 +221,12 @@ def run_session(
             res.validation = validate(
                 res.profile, opts.specs, batches=opts.validation_batches, settings=settings, progress=say
             )
+            left = sorted(res.profile.stages() - set(res.validation.stages()))
+            if left:  # a profile of other stages than the targets: say so, not a silent partial check
+                res.notes.append(
+                    f"not validated: {', '.join(left)}: in the profile but not among the targets "
+                    f"({', '.join(opts.specs)}) at these batch sizes; give -t the targets it was measured from"
+                )
         res.validation.to_csv(out_dir / f"{opts.name}_validation.csv")
         res.files["validation"] = out_dir / f"{opts.name}_validation.csv"
         res.files["figure validation"] = plot_validation(res.validation, figs / f"{stem}_validation.png")
