@@ -347,6 +347,17 @@ def test_an_existing_profile_is_validated_on_the_targets_given(tmp_path: Path) -
     assert f"not validated: ghost: in the profile but not among the targets ({TOYS})" in result.output
 
 
+def test_flow_refuses_the_options_it_would_ignore(tmp_path: Path) -> None:
+    """``--flow`` measured a new profile whatever ``--profile`` said: refused in one line now."""
+    from esg_prefect.cli import app
+
+    (tmp_path / "mine.csv").write_text("stage\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["profile", "--flow", "--profile", str(tmp_path / "mine.csv"), "--validate"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("\u2502", " ").split())  # rich's error box, unwrapped
+    assert "--flow measures a new profile and takes none of --profile;" in said
+
+
 def test_a_stage_that_fails_is_named_with_its_point_in_one_line(tmp_path: Path) -> None:
     argv = ["profile", "--quick", "-t", "tests.test_profiler:broken_targets", "--vcpus", "1", "--no-store"]
     proc = subprocess.run(

@@ -165,6 +165,21 @@ def register(app: typer.Typer) -> None:
         shares = _shares(gpu_shares)  # refused before any run, on a machine without a GPU too
         measuring = profile_csv is None and stalls is None  # a new profile, at these counts
         if as_flow:
+            ignored = [
+                o
+                for o, v in (
+                    ("--profile", profile_csv),
+                    ("--measurements", measurements),
+                    ("--stalls", stalls),
+                    ("--figures-dir", figures_dir),
+                )
+                if v is not None
+            ]
+            if ignored:  # the flow measures afresh and takes none of these: refused, not ignored
+                raise typer.BadParameter(
+                    f"--flow measures a new profile and takes none of {', '.join(ignored)}; drop them or --flow",
+                    param_hint="--flow",
+                )
             from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
 
             check_prefect_api(prefect_api_url())  # a server that is not up: one line, at once
