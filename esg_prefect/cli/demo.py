@@ -203,7 +203,11 @@ def _print_results(console: Any, runs: list[Any], runs_shown: int) -> None:
     if len(runs) == 2 and runs[0].cost_total > 0:
         console.print(d.verdict_line(runs[0], runs[1]), highlight=False)
         console.print(d.cost_ratio_line(runs[0], runs[1]), highlight=False)
-    console.print("ESG's runs are in the demo's own cost store; to list them:", highlight=False)
+    console.print(
+        "ESG's runs are in the demo's own cost store, with its warm-up runs (one per pipeline, before"
+        " the measured workload, and not in the figures above); to list them:",
+        highlight=False,
+    )
     console.print(
         f"  esg-prefect costs --url {d.demo_store_path()}",
         soft_wrap=True,  # a command to copy: never wrapped
