@@ -357,3 +357,12 @@ def test_pool_status_splits_the_bill_as_the_artifacts_and_costs_do() -> None:
     assert bill_text(tiny) == (
         "bill $2.00e-6 (busy $1.50e-6 + idle $5.00e-7; cold starts $5.00e-7 of the busy part), $1.00e-6 per call"
     )
+
+
+def test_pool_status_counts_in_the_singular_where_there_is_one() -> None:
+    from esg_prefect.cli.pool import _headline
+
+    one = {"calls_in_flight": 1, "totals": {"batches": {"inc": 1}, "calls": {"inc": 1}}}
+    assert _headline("http://x", one).startswith("http://x: dispatching; 1 call in flight; 1 batch of 1 call so far;")
+    two = {"paused": True, "calls_in_flight": 0, "totals": {"batches": {"inc": 2}, "calls": {"inc": 2, "dbl": 3}}}
+    assert _headline("http://x", two).startswith("http://x: [yellow]paused[/]; 0 calls in flight; 2 batches of 5 calls")

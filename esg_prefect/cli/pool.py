@@ -320,6 +320,21 @@ API_CHECK_S = 2.0
 """How long the service's start waits for the Prefect API's health check."""
 
 
+def _headline(url: str, body: dict[str, Any]) -> str:
+    """``pool status``'s first line: paused or not, calls in flight, batches and calls so far, the bill."""
+    totals = body.get("totals", {})
+    batches, calls = sum(totals.get("batches", {}).values()), sum(totals.get("calls", {}).values())
+    return (
+        f"{url}: {'[yellow]paused[/]' if body.get('paused') else 'dispatching'}; "
+        f"{_counted(body.get('calls_in_flight', 0), 'call')} in flight; {_counted(batches, 'batch', 'batches')} of "
+        f"{_counted(calls, 'call')} so far; {bill_text(totals)}"
+    )
+
+
+def _counted(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def _admin(url: str, token_env: str, action: str) -> None:
     resp = _ask(url, token_env, "POST", f"/v1/{action}", action)
     typer.echo(f"{url}: {'paused' if resp.json()['paused'] else 'resumed'}")
@@ -388,14 +403,7 @@ def status(
     from rich.table import Table
 
     console = Console()
-    totals = body.get("totals", {})
-    calls = sum(totals.get("calls", {}).values())
-    console.print(
-        f"{url}: {'[yellow]paused[/]' if body.get('paused') else 'dispatching'}; "
-        f"{body.get('calls_in_flight', 0)} calls in flight; {sum(totals.get('batches', {}).values())} batches of "
-        f"{calls} calls so far; {bill_text(totals)}",
-        highlight=False,
-    )
+    console.print(_headline(url, body), highlight=False)
     queues = Table("queue (workflow/stage)", "waiting", title="queues")
     for key, depth in sorted(body.get("queue_depths", {}).items()):
         queues.add_row(key, str(depth))
