@@ -1,4 +1,4 @@
-"""``esg-prefect profile --fit-sizes``' table (profiler.sizes.size_report)."""
+"""The profiler's report of `--fit-sizes` (profiler.sizes.size_report) and its default wait for quiet."""
 
 from __future__ import annotations
 
@@ -20,3 +20,19 @@ def test_enough_samples_give_a_row_and_no_excuse() -> None:
     text = size_report([_sample(i) for i in range(12)])
     assert any(line.startswith("detect") for line in text.splitlines())
     assert "no stage fitted" not in text
+
+
+def test_the_profilers_entry_points_wait_as_long_for_quiet_by_default() -> None:
+    """The flow (``profile --flow``), the CLI and a ProfileRequest: one default, ``DEFAULT_WAIT_QUIET_S``."""
+    import inspect
+
+    import typer
+
+    from esg_prefect.cli import app
+    from esg_prefect.profiler.flow import profile_flow
+    from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S, ProfileRequest
+
+    flow_default = inspect.signature(profile_flow.fn).parameters["wait_quiet_s"].default
+    profile = typer.main.get_command(app).commands["profile"]  # type: ignore[attr-defined]  # a group's commands
+    option = next(p for p in profile.params if p.name == "wait_quiet_s")
+    assert flow_default == ProfileRequest(specs=("examples",)).wait_quiet_s == option.default == DEFAULT_WAIT_QUIET_S

@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from esg_prefect.profiler.measure import MeasureSettings
-from esg_prefect.profiler.run import ProfileRequest
+from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S, ProfileRequest
 from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, SessionResult, run_session
 from esg_prefect.profiler.validate import VALIDATION_BATCHES
 
@@ -68,7 +68,7 @@ def profile_flow(
     out_dir: str = "profiles",
     name: str = "profile",
     store_url: str | None = None,
-    wait_quiet_s: float = 60.0,
+    wait_quiet_s: float = DEFAULT_WAIT_QUIET_S,
 ) -> dict[str, Any]:
     """Profile stages on this machine (``esg-prefect profile --flow`` runs this).
 

@@ -39,6 +39,8 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, label)``: called after each measured point."""
 
 DEFAULT_GPU_SHARES: tuple[float, ...] = (0.25, 0.5, 1.0)
+DEFAULT_WAIT_QUIET_S = 120.0
+"""How long a profile run waits at most, before each configuration, for other processes to quiet down."""
 GPU_SHARE_RANGE = "(0, 1]"
 """The GPU shares a profile run takes, as its errors name them (see :func:`is_gpu_share`)."""
 
@@ -86,7 +88,7 @@ class ProfileRequest:
     vcpus: tuple[int, ...] = (1, 2)
     gpu_shares: tuple[float, ...] = DEFAULT_GPU_SHARES
     settings: MeasureSettings = field(default_factory=MeasureSettings)
-    wait_quiet_s: float = 120.0
+    wait_quiet_s: float = DEFAULT_WAIT_QUIET_S
     worker_start_launches: int = 3
     cpu: bool = True
 
