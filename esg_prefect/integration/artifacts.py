@@ -221,8 +221,7 @@ class RunPublisher:
         self.complete = complete
         self.poll_enabled = poll and pool is not None
         self.grace_ms = grace_ms
-        self._warned = False  # the API's failure to take a run was warned of
-        self._store_warned = False  # the cost store's failure to complete a run was warned of
+        self._warned: set[str] = set()  # what failed and was warned of once: "api", "store"
         self._lock = threading.Lock()  # guards everything below: listener, publisher and closing threads
         self._wake = threading.Condition(self._lock)
         self._ledger = CostLedger()
@@ -387,42 +386,38 @@ class RunPublisher:
                 records = self.complete(records)
             except Exception as exc:  # the store cannot be read: this pool's part is still published
                 # Once, in one line: a store that is down fails every run, and a traceback each said nothing more.
-                with self._lock:
-                    first, self._store_warned = not self._store_warned, True
-                if first:
-                    logger.warning(
-                        "could not read the earlier part of flow run %s from the cost store (%s: %s); its artifacts "
-                        "show this pool's part only. Further failures are logged at debug level.",
-                        records.run_id,
-                        type(exc).__name__,
-                        exc,
-                    )
-                else:
-                    logger.debug(
-                        "could not read the earlier part of flow run %s from the cost store: %s: %s",
-                        records.run_id,
-                        type(exc).__name__,
-                        exc,
-                    )
+                self._warn_once(
+                    "store",
+                    "could not read the earlier part of flow run %s from the cost store (%s: %s); its artifacts "
+                    "show this pool's part only. Further failures are logged at debug level.",
+                    "could not read the earlier part of flow run %s from the cost store: %s: %s",
+                    records.run_id,
+                    type(exc).__name__,
+                    exc,
+                )
         try:
             if self._publish_fn is not None:
                 self._publish_fn(records)
             else:
                 publish_run(records, self.client)
         except httpx.HTTPError as exc:  # the API is down or refuses: the run itself is unaffected
-            with self._lock:
-                first, self._warned = not self._warned, True
-            if first:
-                logger.warning(
-                    "could not publish ESG artifacts of flow run %s (%s); check PREFECT_API_URL, "
-                    "or pass ESGTaskRunner(artifacts=False). Further failures are logged at debug level.",
-                    records.run_id,
-                    exc,
-                )
-            else:
-                logger.debug("could not publish ESG artifacts of flow run %s: %s", records.run_id, exc)
+            self._warn_once(
+                "api",
+                "could not publish ESG artifacts of flow run %s (%s); check PREFECT_API_URL, "
+                "or pass ESGTaskRunner(artifacts=False). Further failures are logged at debug level.",
+                "could not publish ESG artifacts of flow run %s: %s",
+                records.run_id,
+                exc,
+            )
         except Exception:  # whatever else goes wrong, the other runs are still published
             logger.exception("publishing ESG artifacts of flow run %s failed", records.run_id)
+
+    def _warn_once(self, what: str, warning: str, debug: str, *args: object) -> None:
+        """Log ``warning`` the first time ``what`` fails, ``debug`` after: a failure each run repeats says no more."""
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        logger.log(logging.WARNING if first else logging.DEBUG, warning if first else debug, *args)
 
 
 def attach_publisher(
