@@ -160,6 +160,41 @@ def test_a_pool_block_the_runner_would_refuse_is_refused_when_made(fields: dict[
     assert ESGPool(address="").address == ""  # the UI's empty field: the embedded pool
 
 
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"scheduler": ""}, "unknown scheduler ''; known: "),
+        ({"scheduler": "esgg", "backend": "inline"}, "unknown scheduler 'esgg'"),
+        ({"profile_path": "/nope/profile.csv"}, "no profile file '/nope/profile.csv'"),
+    ],
+)
+def test_an_embedded_pool_block_the_runner_would_refuse_is_refused_when_made(
+    fields: dict[str, object], named: str
+) -> None:
+    """Without an address the block checked nothing: ``scheduler=""`` (the UI's empty field) saved fine and
+    ``ESGTaskRunner(pool=...)`` refused it as each run imported its flow. Now refused when made, set or loaded."""
+    from pydantic import ValidationError
+
+    from esg_prefect import ESGTaskRunner
+    from esg_prefect.exceptions import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=re.escape(named)):  # the runner's own rule, for the record
+        ESGTaskRunner(**{"profile" if k == "profile_path" else k: v for k, v in fields.items()})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError) as exc:
+        ESGPool(**fields)  # type: ignore[arg-type]
+    assert named in str(exc.value), exc.value
+    made = ESGPool(backend="inline")
+    name, value = next(iter(fields.items()))
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        setattr(made, name, value)
+    assert made == ESGPool(backend="inline")  # the refused value is not left on the block
+    with pytest.raises(ValidationError, match=re.escape(named)):  # as saved in the UI, then loaded
+        ESGPool.model_validate(made.model_dump(exclude={"block_type_slug"}) | fields)
+    profile = str(DATA / "profiles" / "examples_cpu.csv")
+    assert ESGPool(scheduler="fast-gshare", profile_path=profile).profile_path == profile
+    assert ESGPool(profile_path="").profile_path == ""  # the UI's empty field: the shipped profiles
+
+
 def test_a_pool_block_with_an_empty_profile_path_beside_an_address_is_taken() -> None:
     """The UI's empty profile field: the runner reads "" as no profile (``block.profile_path or None``), but the
     block refused it beside an address ("profile_path configures an embedded pool")."""

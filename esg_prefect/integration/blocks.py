@@ -127,10 +127,14 @@ class ESGPool(Block):
 
     @model_validator(mode="after")
     def _check_pool(self) -> ESGPool:
-        """Refuse what ``ESGTaskRunner(pool=...)`` refuses, naming it: a malformed address, or an address
-        beside options of the embedded pool (a pool service has its own). Such a block saved fine and
-        failed each deployment run as it imported its flow."""
-        if not self.address:  # None, or the UI's empty field: the embedded pool
+        """Refuse what ``ESGTaskRunner(pool=...)`` refuses, naming it: a malformed address, an address
+        beside options of the embedded pool (a pool service has its own), or, for the embedded pool, an
+        unknown scheduler (the UI's empty field too) or a profile path that is no file. Such a block
+        saved fine and failed each deployment run as it imported its flow."""
+        if not self.address:  # None, or the UI's empty field: the embedded pool, checked by the runner's rules
+            from esg_prefect.integration.runner import _check_embedded  # the runner imports the pool: only here
+
+            _refused(lambda: _check_embedded(self.scheduler, None, self.profile_path or None, None))
             return self
         if refusal := address_refusal(self.address):
             raise ValueError(f"address: {refusal}")
