@@ -80,6 +80,19 @@ def _check_run(
     check_trace(trace)
 
 
+def _refuse_with_flow(given: dict[str, Path | None]) -> None:
+    """Refuse the options (by name) ``--flow`` would ignore, naming them: the flow measures a new profile.
+
+    Each other option is a parameter of the flow (:func:`~esg_prefect.profiler.flow.profile_flow`).
+    """
+    ignored = [option for option, value in given.items() if value is not None]
+    if ignored:
+        raise typer.BadParameter(
+            f"--flow measures a new profile and takes none of {', '.join(ignored)}; drop them or --flow",
+            param_hint="--flow",
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``profile`` command."""
 
@@ -145,6 +158,16 @@ def register(app: typer.Typer) -> None:
         )
         _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
         _ints(batches, "--batches")
+        if as_flow:
+            _refuse_with_flow(
+                {
+                    "--profile": profile_csv,
+                    "--measurements": measurements,
+                    "--stalls": stalls,
+                    "--figures-dir": figures_dir,
+                    "--fit-sizes": fit_sizes,
+                }
+            )
         if quick and batches != DEFAULT_BATCHES:
             raise typer.BadParameter(
                 f"--quick measures batches 1,2 only; got {batches!r} (leave --batches out, or drop --quick)",
@@ -165,21 +188,6 @@ def register(app: typer.Typer) -> None:
         shares = _shares(gpu_shares)  # refused before any run, on a machine without a GPU too
         measuring = profile_csv is None and stalls is None  # a new profile, at these counts
         if as_flow:
-            ignored = [
-                o
-                for o, v in (
-                    ("--profile", profile_csv),
-                    ("--measurements", measurements),
-                    ("--stalls", stalls),
-                    ("--figures-dir", figures_dir),
-                )
-                if v is not None
-            ]
-            if ignored:  # the flow measures afresh and takes none of these: refused, not ignored
-                raise typer.BadParameter(
-                    f"--flow measures a new profile and takes none of {', '.join(ignored)}; drop them or --flow",
-                    param_hint="--flow",
-                )
             from esg_prefect.integration.api_check import check_prefect_api, prefect_api_url
 
             check_prefect_api(prefect_api_url())  # a server that is not up: one line, at once
@@ -199,6 +207,13 @@ def register(app: typer.Typer) -> None:
                 name=name,
                 store_url=store,
                 wait_quiet_s=wait_quiet_s,
+                max_attempts=max_attempts,
+                breakdown_batch=breakdown_batch,
+                co_runners=co_runners,
+                trace=trace,
+                utilisation=utilisation,
+                validation_batches=list(_ints(validation_batches, "--validation-batches")),
+                store=not no_store,
             )
             typer.echo(out)
             return

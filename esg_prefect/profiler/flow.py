@@ -25,12 +25,17 @@ from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S, ProfileRequest
 from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, SessionResult, run_session
 from esg_prefect.profiler.validate import VALIDATION_BATCHES
 
+_BREAKDOWN = BreakdownOptions()
+"""The stall breakdown's defaults, which the flow's parameters (and the CLI's options) start from."""
+_MAX_ATTEMPTS = MeasureSettings().max_attempts
 
-def settings_for(batches: list[int] | None, quick: bool) -> MeasureSettings:
-    """Measurement settings from the flow's (or the CLI's) parameters."""
+
+def settings_for(batches: list[int] | None, quick: bool, max_attempts: int = _MAX_ATTEMPTS) -> MeasureSettings:
+    """Measurement settings from the flow's (or the CLI's) parameters; ``quick`` times each point once."""
     if quick:
         return MeasureSettings.quick(batches or (1, 2))
-    return MeasureSettings() if batches is None else MeasureSettings().with_batches(batches)
+    settings = MeasureSettings(max_attempts=max_attempts)
+    return settings if batches is None else settings.with_batches(batches)
 
 
 def report_markdown(res: SessionResult) -> str:
@@ -69,6 +74,13 @@ def profile_flow(
     name: str = "profile",
     store_url: str | None = None,
     wait_quiet_s: float = DEFAULT_WAIT_QUIET_S,
+    max_attempts: int = _MAX_ATTEMPTS,
+    breakdown_batch: int = _BREAKDOWN.batch,
+    co_runners: int = _BREAKDOWN.co_runners,
+    trace: str = _BREAKDOWN.trace,
+    utilisation: float = _BREAKDOWN.utilisation,
+    validation_batches: list[int] | None = None,
+    store: bool = True,
 ) -> dict[str, Any]:
     """Profile stages on this machine (``esg-prefect profile --flow`` runs this).
 
@@ -83,6 +95,11 @@ def profile_flow(
         out_dir, name: where the files go (see :mod:`esg_prefect.profiler.session`).
         store_url: profile store URL (default store when None).
         wait_quiet_s: wait this long at most for the machine to quiet down per configuration.
+        max_attempts: times a point disturbed by other processes is timed, at most (one with ``quick``).
+        breakdown_batch, co_runners, trace, utilisation: the stall breakdown's batch size, co-located
+            tenants, and the queueing run's arrival trace and offered load.
+        validation_batches: batch sizes of the validation (default 1..24; 1 and 3 with ``quick``).
+        store: save the run in the profile store (False: the files only).
 
     Returns:
         The files written (by kind) and the stored run id.
@@ -91,7 +108,7 @@ def profile_flow(
         specs=tuple(targets or ("examples",)),
         vcpus=tuple(vcpus or (1, 2)),
         gpu_shares=tuple(gpu_shares) if gpu_shares is not None else (0.25, 0.5, 1.0),
-        settings=settings_for(batches, quick),
+        settings=settings_for(batches, quick, max_attempts),
         wait_quiet_s=0.0 if quick else wait_quiet_s,
         worker_start_launches=1 if quick else 3,
     )
@@ -99,10 +116,19 @@ def profile_flow(
         request=request,
         out_dir=Path(out_dir),
         name=name,
-        breakdown=BreakdownOptions(slot_s=0.3 if quick else 2.0, requests=8 if quick else 48) if breakdown else None,
+        breakdown=BreakdownOptions(
+            batch=breakdown_batch,
+            co_runners=co_runners,
+            trace=trace,
+            utilisation=utilisation,
+            slot_s=0.3 if quick else 2.0,
+            requests=8 if quick else 48,
+        )
+        if breakdown
+        else None,
         validate=validation,
-        validation_batches=(1, 3) if quick else VALIDATION_BATCHES,
-        store_url=store_url,
+        validation_batches=(1, 3) if quick else tuple(validation_batches or VALIDATION_BATCHES),
+        store_url=store_url if store else False,
     )
     res = _session(opts)
     create_markdown_artifact(report_markdown(res), key="esg-profile-report", description="profile summary")
