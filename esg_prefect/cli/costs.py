@@ -24,6 +24,7 @@ import typer
 
 from esg_prefect.exceptions import ESGError, InvalidInputError
 from esg_prefect.model.attribution import COST_SPLITS, IDLE_BILLINGS
+from esg_prefect.wording import counted
 
 if TYPE_CHECKING:
     from esg_prefect.store.billing import Billing, PoolPricing
@@ -293,15 +294,11 @@ class Pricing:
         if unknown:
             one = unknown == 1
             lines.append(
-                f"{_pools(unknown)} stored no pricing options (written by an older esg-prefect): "
+                f"{counted(unknown, 'pool')} stored no pricing options (written by an older esg-prefect): "
                 f"{'its' if one else 'their'} records read as {self.default.describe()}; if {'it' if one else 'they'} "
                 "priced otherwise, give --split and --idle-billing."
             )
         return " ".join(lines)
-
-
-def _pools(n: int) -> str:
-    return "1 pool" if n == 1 else f"{n} pools"
 
 
 def override_note(own: list[Billing], split: str | None, idle_billing: str | None) -> str | None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import typer
 
+from esg_prefect.wording import counted
+
 pool_app = typer.Typer(help="The pool service: one ESG pool for the flow runs of many processes.", no_args_is_help=True)
 
 
@@ -326,13 +328,9 @@ def _headline(url: str, body: dict[str, Any]) -> str:
     batches, calls = sum(totals.get("batches", {}).values()), sum(totals.get("calls", {}).values())
     return (
         f"{url}: {'[yellow]paused[/]' if body.get('paused') else 'dispatching'}; "
-        f"{_counted(body.get('calls_in_flight', 0), 'call')} in flight; {_counted(batches, 'batch', 'batches')} of "
-        f"{_counted(calls, 'call')} so far; {bill_text(totals)}"
+        f"{counted(body.get('calls_in_flight', 0), 'call')} in flight; {counted(batches, 'batch', 'batches')} of "
+        f"{counted(calls, 'call')} so far; {bill_text(totals)}"
     )
-
-
-def _counted(n: int, one: str, many: str = "") -> str:
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _admin(url: str, token_env: str, action: str) -> None:

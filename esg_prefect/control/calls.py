@@ -16,6 +16,7 @@ import networkx as nx
 
 from esg_prefect.exceptions import InvalidInputError
 from esg_prefect.model.workflow import MAX_SLO_MS
+from esg_prefect.wording import counted
 
 MAX_RUN_NAME = 200
 """Characters of a call's ``run_name`` kept (a name for a table; Prefect's own are short)."""
@@ -192,7 +193,7 @@ class StageResult:
         if why:
             tail += (": " if self.at_risk else "; ") + why
         return (
-            f"batch {self.batch_id} ({_count(self.batch_size, 'item')} from {_count(self.co_batched_runs, 'run')}) "
+            f"batch {self.batch_id} ({counted(self.batch_size, 'item')} from {counted(self.co_batched_runs, 'run')}) "
             f"on worker "
             f"{self.worker_id} [{where}, {self.vcpus} vCPU]{' cold start' if self.cold_start else ''}; "
             f"queue wait {self.queue_wait_ms:.1f} ms; predicted {self.predicted_ms:.1f} ms, "
@@ -207,11 +208,6 @@ def _short(text: str) -> str:
     """``text`` on one line (runs of whitespace, newlines included, as one space), cut to :data:`_REASON_CHARS`."""
     one = " ".join(text.split())
     return one if len(one) <= _REASON_CHARS else one[: _REASON_CHARS - 3].rstrip() + "..."
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 item``, ``2 items``."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def batch_ids(results: Sequence[StageResult]) -> set[str]:

@@ -41,6 +41,7 @@ from esg_prefect.model.attribution import CostSplit, RunCost, cost_unit, idle_co
 from esg_prefect.model.config import CPU
 from esg_prefect.model.money import money_round, money_str, money_text
 from esg_prefect.store.rows import slo_met
+from esg_prefect.wording import counted
 
 if TYPE_CHECKING:
     from esg_prefect.control.calls import StageResult
@@ -258,10 +259,6 @@ def merged_tags(existing: Sequence[str], records: RunRecords) -> list[str]:
 # ---- the summary -------------------------------------------------------------------------------
 
 
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
 def _text(text: str) -> str:
     """Text for a markdown list item: one line, no emphasis markers."""
     return text.replace("\n", " ").replace("*", "\\*").replace("`", "'")
@@ -273,7 +270,7 @@ def _slo_line(records: RunRecords) -> str:
         calls = all_calls(records)
         failed = sum(1 for c, _ in calls if not c.ok)
         return (
-            f"**Did not finish**: {failed} of {_plural(len(calls), 'stage call', 'stage calls')} failed, "
+            f"**Did not finish**: {failed} of {counted(len(calls), 'stage call')} failed, "
             f"so the run counts as missing its {slo:.0f} ms SLO."
         )
     latency = records.finish_ms - records.arrival_ms
@@ -294,7 +291,7 @@ def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
     u = cost.unit
     head = (
         f"**Cost**: {money_str(cost.total, u)} (busy {money_str(cost.busy, u)} + idle {money_str(cost.idle, u)}), "
-        f"this run's share of {_plural(batches, 'batch', 'batches')} ({shared} shared with other flow runs; "
+        f"this run's share of {counted(batches, 'batch', 'batches')} ({shared} shared with other flow runs; "
         f"{records.cost_split} split of each batch's cost)"
     )
     if records.idle_billing == "separate":
@@ -307,7 +304,7 @@ def _cost_line(records: RunRecords, batches: int, shared: int) -> str:
     earlier = sum(len(part.calls) for part in records.earlier)
     if records.earlier:
         head += (
-            f". {_plural(earlier, 'stage call', 'stage calls')} of this run {'was' if earlier == 1 else 'were'} "
+            f". {counted(earlier, 'stage call')} of this run {'was' if earlier == 1 else 'were'} "
             f"served by another pool instance (read from the cost store): marked `{EARLIER}` in the table, "
             "each priced as that instance priced it"
         )
@@ -328,8 +325,8 @@ def _decision(stage: str, r: StageResult, earlier: bool = False) -> str:
     if earlier:
         r = dataclasses.replace(r, batch_id=shown_id(r.batch_id, True), worker_id=shown_id(r.worker_id, True))
     return (
-        f"- **{_text(stage)}**, batch {_text(r.batch_id)} ({_plural(r.batch_size, 'call', 'calls')} of "
-        f"{_plural(r.co_batched_runs, 'flow run', 'flow runs')}) on {_text(_where(r))}: {reason}{risk}. "
+        f"- **{_text(stage)}**, batch {_text(r.batch_id)} ({counted(r.batch_size, 'call')} of "
+        f"{counted(r.co_batched_runs, 'flow run')}) on {_text(_where(r))}: {reason}{risk}. "
         f"Predicted {sig3(r.predicted_ms):g} ms, took {sig3(r.actual_ms):g} ms."
     )
 
