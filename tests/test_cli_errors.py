@@ -84,7 +84,7 @@ def _one_line(err: str) -> str:
         (["profile", "--vcpus", "0"], ("--vcpus", "'0'", ">= 1")),
         (["profile", "--batches", "x"], ("--batches", "'x'", "integers")),
         (["profile", "--quick", "--batches", "0"], ("--batches", "'0'", "integers >= 1")),
-        (["profile", "--quick", "--batches", "1,4"], ("--batches", "'1,4'", "--quick measures batches 1,2")),
+        (["profile", "--quick", "--batches", "1,4"], ("--quick is the smoke test", "none of --batches")),
         (["profile", "--max-attempts", "0"], ("--max-attempts", ">= 1", "got 0")),
         (["profile", "--utilisation", "0"], ("--utilisation", "(0, 1.5]", "0.0")),
         (["profile", "--co-runners", "0"], ("--co-runners", "at least 1", "got 0")),

@@ -80,17 +80,75 @@ def _check_run(
     check_trace(trace)
 
 
-def _refuse_with_flow(given: dict[str, Path | None]) -> None:
-    """Refuse the options (by name) ``--flow`` would ignore, naming them: the flow measures a new profile.
+EVERY_OTHER = ("*",)
+"""In :data:`TAKES_NONE_OF`: every option but the mode's own."""
 
-    Each other option is a parameter of the flow (:func:`~esg_prefect.profiler.flow.profile_flow`).
+_MEASURING = ("--vcpus", "--batches", "--gpu-shares", "--wait-quiet-s")
+"""The options only a new profile's measurement takes."""
+
+TAKES_NONE_OF: dict[str, tuple[str, tuple[str, ...]]] = {
+    # mode: what it does, and the options it would ignore (checked in this order)
+    "--flow": ("measures a new profile", ("--profile", "--measurements", "--stalls", "--figures-dir", "--fit-sizes")),
+    "--fit-sizes": ("only fits the input-size model", EVERY_OTHER),
+    "--quick": (
+        "is the smoke test (batches 1,2, one attempt, no wait for quiet, validation at 1,3)",
+        ("--batches", "--max-attempts", "--wait-quiet-s", "--validation-batches"),
+    ),
+    "--profile": ("uses this profile instead of measuring one", _MEASURING),
+    "--stalls": ("draws this breakdown instead of measuring a profile", _MEASURING),
+    "--measurements": ("reuses these measurements", ("--validation-batches",)),
+    "--no-store": ("skips the profile store", ("--store",)),
+}
+NEEDS_ONE_OF: dict[str, tuple[str, ...]] = {
+    # option: the modes of which it needs one; without them it does nothing
+    "--breakdown-batch": ("--breakdown",),
+    "--co-runners": ("--breakdown",),
+    "--trace": ("--breakdown",),
+    "--utilisation": ("--breakdown",),
+    "--validation-batches": ("--validate",),
+    "--measurements": ("--validate",),
+    "--profile": ("--validate", "--breakdown"),
+    "--figures-dir": ("--breakdown", "--validate", "--stalls"),
+}
+
+
+def given_options(ctx: typer.Context) -> dict[str, object]:
+    """The options the user gave (typed, or from the environment), by long name, with their values.
+
+    An option left at its default is not given, even where a user could have typed that value.
     """
-    ignored = [option for option, value in given.items() if value is not None]
-    if ignored:
-        raise typer.BadParameter(
-            f"--flow measures a new profile and takes none of {', '.join(ignored)}; drop them or --flow",
-            param_hint="--flow",
-        )
+    given: dict[str, object] = {}
+    for param in ctx.command.params:
+        name = param.name or ""
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name != "DEFAULT":  # by name: typer ships its own click
+            given[next(o for o in param.opts if o.startswith("--"))] = ctx.params[name]
+    return given
+
+
+def _or(options: tuple[str, ...]) -> str:
+    """``a or b``, ``a, b or c``."""
+    return " or ".join(options) if len(options) < 3 else f"{', '.join(options[:-1])} or {options[-1]}"
+
+
+def refuse_ignored(given: dict[str, object]) -> None:
+    """Refuse, in one line naming them, the given options the run would ignore (see the two tables)."""
+    on = {option for option, value in given.items() if value is not None and value is not False}
+    for mode, (does, takes_none_of) in TAKES_NONE_OF.items():
+        if mode in on:
+            ignored = [o for o in given if o != mode and (takes_none_of is EVERY_OTHER or o in takes_none_of)]
+            if ignored:
+                them = "it" if len(ignored) == 1 else "them"
+                raise typer.BadParameter(
+                    f"{mode} {does} and takes none of {', '.join(ignored)}; drop {them} or {mode}", param_hint=mode
+                )
+    for option, modes in NEEDS_ONE_OF.items():
+        if option in given and not on.intersection(modes):
+            them = "it" if len(modes) == 1 else "them"
+            raise typer.BadParameter(
+                f"{option} is for {_or(modes)} and does nothing without {them}; add {_or(modes)}, or drop {option}",
+                param_hint=option,
+            )
 
 
 def register(app: typer.Typer) -> None:
@@ -98,6 +156,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("profile")
     def profile(
+        ctx: typer.Context,
         target: list[str] = typer.Option(
             ["examples"],
             "--target",
@@ -158,21 +217,7 @@ def register(app: typer.Typer) -> None:
         )
         _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
         _ints(batches, "--batches")
-        if as_flow:
-            _refuse_with_flow(
-                {
-                    "--profile": profile_csv,
-                    "--measurements": measurements,
-                    "--stalls": stalls,
-                    "--figures-dir": figures_dir,
-                    "--fit-sizes": fit_sizes,
-                }
-            )
-        if quick and batches != DEFAULT_BATCHES:
-            raise typer.BadParameter(
-                f"--quick measures batches 1,2 only; got {batches!r} (leave --batches out, or drop --quick)",
-                param_hint="--batches",
-            )
+        refuse_ignored(given_options(ctx))
         if fit_sizes is not None:
             from esg_prefect.exceptions import ProfileError
             from esg_prefect.profiler.results import read_samples_csv
@@ -293,8 +338,6 @@ def _run_cli(
             wait_quiet_s=0.0 if quick else wait_quiet_s,
             worker_start_launches=1 if quick else 3,
         )
-    elif profile_csv is not None and not (validate or breakdown):
-        raise typer.BadParameter("--profile is for --validate or --breakdown; without them there is nothing to do")
     opts = SessionOptions(
         request=request,
         existing=profile_csv,
