@@ -195,6 +195,26 @@ def test_an_embedded_pool_block_the_runner_would_refuse_is_refused_when_made(
     assert ESGPool(profile_path="").profile_path == ""  # the UI's empty field: the shipped profiles
 
 
+def test_a_pool_block_with_a_token_and_no_address_is_refused() -> None:
+    """The embedded pool takes no token: ``ESGPool(token=...)`` without an address saved fine and the runner
+    dropped the token without a word (a service address left out, say). Refused when made, set or loaded,
+    without echoing the secret; the UI's empty token is no token."""
+    from pydantic import SecretStr, ValidationError
+
+    named = "token is the bearer token of a pool service; the embedded pool (no address) takes none"
+    for address in (None, ""):  # "": the UI's empty field
+        with pytest.raises(ValidationError, match=re.escape(named)) as exc:
+            ESGPool(address=address, token=SecretStr("s3cret-token"), backend="inline")
+        assert "s3cret-token" not in str(exc.value)
+    made = ESGPool(address="http://127.0.0.1:4270", token=SecretStr("s3cret-token"))
+    with pytest.raises(ValidationError, match=re.escape(named)):
+        made.address = None
+    assert made.address == "http://127.0.0.1:4270"  # the refused value is not left on the block
+    with pytest.raises(ValidationError, match=re.escape(named)):  # as saved in the UI, then loaded
+        ESGPool.model_validate({"backend": "inline", "token": "s3cret-token"})
+    assert ESGPool(backend="inline", token=SecretStr("")).token is not None  # the UI's empty field: taken
+
+
 def test_a_pool_block_with_an_empty_profile_path_beside_an_address_is_taken() -> None:
     """The UI's empty profile field: the runner reads "" as no profile (``block.profile_path or None``), but the
     block refused it beside an address ("profile_path configures an embedded pool")."""

@@ -129,9 +129,15 @@ class ESGPool(Block):
     def _check_pool(self) -> ESGPool:
         """Refuse what ``ESGTaskRunner(pool=...)`` refuses, naming it: a malformed address, an address
         beside options of the embedded pool (a pool service has its own), or, for the embedded pool, an
-        unknown scheduler (the UI's empty field too) or a profile path that is no file. Such a block
-        saved fine and failed each deployment run as it imported its flow."""
+        unknown scheduler (the UI's empty field too), a profile path that is no file, or a token, which
+        only a pool service takes. Such a block saved fine and failed each deployment run as it imported
+        its flow, or (the token) was dropped without a word."""
         if not self.address:  # None, or the UI's empty field: the embedded pool, checked by the runner's rules
+            if self.token is not None and self.token.get_secret_value():  # "": the UI's empty field
+                raise ValueError(
+                    "token is the bearer token of a pool service; the embedded pool (no address) takes none: "
+                    "set the address or leave the token empty"
+                )
             from esg_prefect.integration.runner import _check_embedded  # the runner imports the pool: only here
 
             _refused(lambda: _check_embedded(self.scheduler, None, self.profile_path or None, None))
