@@ -51,6 +51,7 @@ def _said(output: str) -> str:
         (["--validate", "--measurements", "{csv}", "--validation-batches", "2"], "--measurements reuses these"),
         (["--fit-sizes", "{csv}", "--breakdown", "-t", "x"], "takes none of --target, --breakdown; drop them"),
         (["--profile", "{csv}"], "--profile is for --validate or --breakdown and does nothing without them"),
+        (["--stalls", "{csv}", "--validate"], "--stalls measures no profile: give the one to validate with --profile"),
     ],
 )
 def test_an_option_the_run_would_ignore_is_refused_by_name(
@@ -106,3 +107,43 @@ def test_the_tables_name_the_command_s_options() -> None:
     for modes in NEEDS_ONE_OF.values():
         named |= set(modes)
     assert named <= options, named - options
+
+
+@pytest.mark.parametrize(
+    ("option", "header", "named"),
+    [
+        (
+            "--profile",
+            "stage,hardware,batch,vcpus,gpu_share\n",
+            "missing columns ['mean_ms']; give a latency profile CSV",
+        ),
+        ("--stalls", "stage,batch\n", "give a stall-breakdown CSV (esg-prefect profile --breakdown writes one)"),
+        ("--measurements", "stage,hardware\n", "'predicted_ms', 'quiet', 'vcpus']; give a validation CSV"),
+    ],
+)
+def test_a_table_of_another_kind_names_its_missing_columns(
+    tmp_path: Path, option: str, header: str, named: str
+) -> None:
+    """Each read failed at its first row on the first column it asked for (``line 2: 'mean_ms'``), with
+    nothing to say which file the profiler wanted."""
+    from esg_prefect.exceptions import InvalidInputError, ProfileError
+    from esg_prefect.profiler.breakdown import read_breakdown_csv
+    from esg_prefect.profiler.results import read_profile_csv
+    from esg_prefect.profiler.validate import read_validation_csv
+
+    path = tmp_path / "t.csv"
+    path.write_text(header + ",".join("1" * len(header.split(","))) + "\n", encoding="utf-8")
+    read = {"--profile": read_profile_csv, "--stalls": read_breakdown_csv, "--measurements": read_validation_csv}
+    with pytest.raises((ProfileError, InvalidInputError)) as err:
+        read[option](path)
+    assert named in str(err.value)
+
+
+def test_a_row_short_of_a_column_names_the_column(tmp_path: Path) -> None:
+    from esg_prefect.exceptions import ProfileError
+    from esg_prefect.model.csv_rows import read_rows
+
+    path = tmp_path / "t.csv"
+    path.write_text("a,b\n1,2\n", encoding="utf-8")
+    with pytest.raises(ProfileError, match=r"t\.csv line 2: no column 'c'$"):
+        read_rows(path, lambda r: r["c"])

@@ -218,6 +218,10 @@ def register(app: typer.Typer) -> None:
         _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
         _ints(batches, "--batches")
         refuse_ignored(given_options(ctx))
+        if validate and stalls is not None and profile_csv is None:  # --stalls measures no profile to validate
+            raise typer.BadParameter(
+                "--stalls measures no profile: give the one to validate with --profile", param_hint="--validate"
+            )
         if fit_sizes is not None:
             from esg_prefect.exceptions import ProfileError
             from esg_prefect.profiler.results import read_samples_csv

@@ -60,7 +60,9 @@ def read_rows(
         for lineno, row in enumerate(reader, start=2):
             try:
                 out.append(parse(row))
-            except (KeyError, TypeError, ValueError) as exc:
+            except KeyError as exc:  # a column the header lacks, asked for by name
+                raise error(f"{path} line {lineno}: no column {exc}") from exc
+            except (TypeError, ValueError) as exc:
                 raise error(f"{path} line {lineno}: {exc}") from exc
     return out
 

@@ -205,4 +205,6 @@ def read_breakdown_csv(path: Path) -> list[StallRow]:
                 d[k] = v
         return StallRow(**d)
 
-    return read_rows(path, row)
+    return read_rows(
+        path, row, required=tuple(kinds), kind="a stall-breakdown CSV (esg-prefect profile --breakdown writes one)"
+    )

@@ -130,7 +130,18 @@ def read_validation_csv(path: Path) -> ValidationReport:
             r["quiet"] in ("True", "1", "true"),
         )
 
-    return ValidationReport(tuple(read_rows(path, row, InvalidInputError)), {})
+    required = (
+        "stage",
+        "hardware",
+        "batch",
+        "vcpus",
+        "gpu_share",
+        "interpolated",
+        "predicted_ms",
+        "measured_ms",
+        "quiet",
+    )
+    return ValidationReport(tuple(read_rows(path, row, InvalidInputError, required, "a validation CSV")), {})
 
 
 def repredict(measurements: ValidationReport, profile: LatencyProfile) -> ValidationReport:
