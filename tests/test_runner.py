@@ -72,6 +72,10 @@ def test_runner_contract() -> None:
         ({"switch_interval_s": "x"}, "switch_interval_s must be a number of seconds in .0, 1., or None, got 'x'"),
         ({"switch_interval_s": -1}, "switch_interval_s must be a number of seconds in .0, 1., or None, got -1"),
         ({"token": 123}, "token must be a string, got int"),
+        (
+            {"token": "s3cret"},
+            "^token is the bearer token of a pool service; the embedded pool .no address. takes none",
+        ),
     ],
 )
 def test_an_embedded_pools_bad_options_are_refused_when_the_runner_is_made(

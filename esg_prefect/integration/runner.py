@@ -347,6 +347,11 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                 )
         if address is not None:
             check_address(address)
+        elif token:  # the block's empty field is no token
+            raise InvalidInputError(
+                "token is the bearer token of a pool service; the embedded pool (no address) takes none: "
+                "give address= too, or drop token"
+            )
         settings = _check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
         self._warm = [False]  # shared with the duplicates: the first to start warms the shared pool up
