@@ -1,4 +1,4 @@
-"""Shared fixtures: one Prefect test harness for the whole run (it takes seconds to start); store URLs."""
+"""Shared fixtures: one Prefect test harness for the whole run (it takes seconds to start); store URLs; a toy pool."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +31,9 @@ for _name, _value in CLIENT_SETTINGS.items():
 # test's capture, closed afterwards, and fail a later test's flow run. Imported here, it keeps the
 # session's stderr.
 import prefect.main  # noqa: E402, F401
+
+if TYPE_CHECKING:
+    from esg_prefect.runtime.pool import Pool
 
 
 @pytest.fixture(scope="session")
@@ -131,3 +135,15 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         conn.execute("DROP SCHEMA public CASCADE")  # faster than a database per test
         conn.execute("CREATE SCHEMA public")
     return url
+
+
+@pytest.fixture
+def pool() -> Iterator[Pool]:
+    """A pool of the toy profile on the inline backend, one a test (:func:`tests.toy_calls.toy_pool`).
+
+    A module that wants another scope, vCPU count or settings defines a ``pool`` of its own.
+    """
+    from tests.toy_calls import toy_pool  # here, not at the top: a conftest import lands in every test's process
+
+    with toy_pool() as p:
+        yield p

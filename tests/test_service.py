@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from esg_prefect.exceptions import (
     StageRejectedError,
     WorkerCrashedError,
 )
-from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService, check_bind
@@ -30,22 +28,10 @@ from esg_prefect.service.client import call_body, parse_result
 from esg_prefect.service.codec import CodecError, decode, encode
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import error_body
+from tests.toy_calls import toy_body
 from tests.toy_stages import POISON, UNPICKLABLE, toy_profile
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 TOKEN = "s3cret-token-of-24-chars"
-
-
-def body(i: int, stage: str = "inc", call_id: str | None = None) -> dict[str, object]:
-    call = StageCall(call_id or f"c{i}", stage, f"tests.toy_stages:{stage}", TOY, f"r{i}", f"r{i}", i)
-    return call_body(call)
-
-
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
 
 
 def client(service: PoolService, token: str | None = TOKEN) -> TestClient:
@@ -134,9 +120,9 @@ def test_a_typed_stage_failure_and_other_errors_keep_their_wire_names() -> None:
 
 def test_call_round_trip_and_stage_error(pool: Pool) -> None:
     http = client(PoolService(pool, ["tests"], TOKEN))
-    ok = http.post("/v1/calls", json=body(5))
+    ok = http.post("/v1/calls", json=toy_body(5))
     assert ok.status_code == 200 and parse_result(ok.json()).output == 6
-    bad = http.post("/v1/calls", json=body(POISON * 2))
+    bad = http.post("/v1/calls", json=toy_body(POISON * 2))
     assert bad.status_code == 200
     with pytest.raises(StageFailedError, match="poison input 26") as info:
         parse_result(bad.json())
@@ -147,7 +133,7 @@ def test_an_output_without_a_wire_form_names_its_stage_and_the_way_back(pool: Po
     """A stage whose output JSON cannot carry (a lock here; a class of one's own) works in process but
     not through the service: the error says the stage returned it, not that an input could not go."""
     http = client(PoolService(pool, ["tests"], TOKEN))
-    resp = http.post("/v1/calls", json=body(UNPICKLABLE * 2))
+    resp = http.post("/v1/calls", json=toy_body(UNPICKLABLE * 2))
     assert resp.status_code == 200
     with pytest.raises(StageCallError) as info:
         parse_result(resp.json())
@@ -159,7 +145,7 @@ def test_an_output_without_a_wire_form_names_its_stage_and_the_way_back(pool: Po
 def test_auth(pool: Pool) -> None:
     service = PoolService(pool, ["tests"], TOKEN)
     assert client(service, token=None).get("/healthz").json() == {"status": "ok"}
-    assert client(service, token=None).post("/v1/calls", json=body(1)).status_code == 401
+    assert client(service, token=None).post("/v1/calls", json=toy_body(1)).status_code == 401
     assert client(service, token="wrong").get("/metrics").status_code == 401
     assert client(service).get("/metrics").status_code == 200
 
@@ -173,7 +159,7 @@ def test_pause_and_resume_over_http(pool: Pool) -> None:
     assert pool.paused and http.get("/metrics").json()["paused"] is True
     assert http.post("/v1/resume").json() == {"paused": False}
     assert not pool.paused and http.get("/metrics").json()["paused"] is False
-    assert http.post("/v1/calls", json=body(5)).status_code == 200  # dispatching again
+    assert http.post("/v1/calls", json=toy_body(5)).status_code == 200  # dispatching again
     service.closing = True
     closing = http.post("/v1/pause")
     assert closing.status_code == 503 and not pool.paused
@@ -191,7 +177,7 @@ def test_pause_and_resume_over_http(pool: Pool) -> None:
     ],
 )
 def test_bad_requests_are_named(pool: Pool, mutate: object, status: int, needle: str) -> None:
-    b = body(1)
+    b = toy_body(1)
     mutate(b)  # type: ignore[operator]
     resp = client(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=b)
     assert resp.status_code == status and needle in resp.json()["error"]
@@ -199,14 +185,14 @@ def test_bad_requests_are_named(pool: Pool, mutate: object, status: int, needle:
 
 def test_oversized_and_non_json_bodies(pool: Pool) -> None:
     http = client(PoolService(pool, ["tests"], TOKEN, max_body_bytes=100))
-    assert http.post("/v1/calls", json=body(1)).status_code == 413
+    assert http.post("/v1/calls", json=toy_body(1)).status_code == 413
     http = client(PoolService(pool, ["tests"], TOKEN))
     resp = http.post("/v1/calls", content=b"{not json", headers={"content-type": "application/json"})
     assert resp.status_code == 400 and "not JSON" in resp.json()["error"]
 
 
 def test_backpressure_says_retry_later(pool: Pool) -> None:
-    resp = client(PoolService(pool, ["tests"], TOKEN, max_pending=0)).post("/v1/calls", json=body(1))
+    resp = client(PoolService(pool, ["tests"], TOKEN, max_pending=0)).post("/v1/calls", json=toy_body(1))
     assert resp.status_code == 429 and resp.headers["retry-after"] in {"1", "2", "3"}  # jittered
 
 
@@ -215,8 +201,8 @@ def test_a_finished_call_is_not_run_again_even_after_a_restart(tmp_path: Path) -
     first = Pool(toy_profile(), backend=InlineBackend())
     try:
         http = client(PoolService(first, ["tests"], TOKEN, ResultCache(db)))
-        out1 = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
-        again = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
+        out1 = parse_result(http.post("/v1/calls", json=toy_body(9, call_id="once")).json())
+        again = parse_result(http.post("/v1/calls", json=toy_body(9, call_id="once")).json())
         assert out1.output == again.output == 10 and again.batch_id == out1.batch_id
         assert len(first.snapshot().batches) == 1
     finally:
@@ -224,7 +210,7 @@ def test_a_finished_call_is_not_run_again_even_after_a_restart(tmp_path: Path) -
     second = Pool(toy_profile(), backend=InlineBackend())  # the service restarted: a new pool, the same file
     try:
         http = client(PoolService(second, ["tests"], TOKEN, ResultCache(db)))
-        out2 = parse_result(http.post("/v1/calls", json=body(9, call_id="once")).json())
+        out2 = parse_result(http.post("/v1/calls", json=toy_body(9, call_id="once")).json())
         assert out2.batch_id == out1.batch_id and second.snapshot().batches == ()
     finally:
         second.close()

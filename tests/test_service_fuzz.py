@@ -25,17 +25,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
-from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.codec import CodecError, decode
 from esg_prefect.service.wire import call_body
-from tests.toy_stages import toy_profile
+from tests.toy_calls import toy_call, toy_pool
 
 TOKEN = "fuzzing-token-0123456789abcdef"
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 
 
 def fuzz(examples: int) -> settings:
@@ -51,9 +47,9 @@ DTYPES = ["float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16",
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
+    """One toy pool for all the module's tests (conftest's ``pool`` is one a test)."""
+    with toy_pool() as p:
+        yield p
 
 
 def answer(service: PoolService, method: str, path: str, token: str | None = TOKEN, **kw: Any) -> Any:
@@ -65,7 +61,8 @@ def answer(service: PoolService, method: str, path: str, token: str | None = TOK
 
 
 def body(i: int, **over: Any) -> dict[str, Any]:
-    b = call_body(StageCall(f"fz{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i))
+    """Call ``i``'s JSON, ``over`` replacing its keys: ``stage`` too, which leaves ``stage_path`` as it was."""
+    b = call_body(toy_call(i, call_id=f"fz{i}"))
     b.update(over)
     return b
 

@@ -12,7 +12,6 @@ wherever it is given (``http://``, with no host, passed the client and the runne
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -22,31 +21,14 @@ from starlette.websockets import WebSocketDisconnect
 
 from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError, StageFailedError, StageRejectedError
-from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.address import address_error, check_address
 from esg_prefect.service.app import PoolService, check_bind, check_token
 from esg_prefect.service.client import PoolClient, _retry_after_s
-from esg_prefect.service.wire import call_body
-from tests.toy_stages import toy_profile
+from tests.toy_calls import toy_body, toy_call
 
 TOKEN = "a-token-of-thirty-two-characters"
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 LOCAL = "http://127.0.0.1:4270"
-
-
-def body(i: int, **over: Any) -> dict[str, Any]:
-    b = call_body(StageCall(f"c{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i))
-    b.update(over)
-    return b
-
-
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
 
 
 # ---- browsers and foreign host names, on a service with no token ---------------------------------
@@ -55,7 +37,7 @@ def pool() -> Iterator[Pool]:
 @pytest.mark.parametrize("base", [LOCAL, "http://localhost:4270", "http://[::1]:4270"])
 def test_a_tokenless_service_serves_local_callers(pool: Pool, base: str) -> None:
     client = TestClient(PoolService(pool, ["tests"]).app(), base_url=base)
-    resp = client.post("/v1/calls", json=body(1))
+    resp = client.post("/v1/calls", json=toy_body(1))
     assert resp.status_code == 200 and resp.json()["result"]["output"] == 2
 
 
@@ -64,7 +46,7 @@ def test_a_tokenless_service_refuses_web_pages(pool: Pool) -> None:
     resp = client.post("/v1/pause", headers={"Origin": "http://evil.example"})
     assert resp.status_code == 403 and "web pages" in resp.json()["error"]
     assert not pool.paused  # refused before it reached the pool
-    resp = client.post("/v1/calls", json=body(2), headers={"Origin": "null", "Content-Type": "text/plain"})
+    resp = client.post("/v1/calls", json=toy_body(2), headers={"Origin": "null", "Content-Type": "text/plain"})
     assert resp.status_code == 403
 
 
@@ -147,21 +129,21 @@ def test_an_http_url_with_a_host_is_an_address(address: str) -> None:
 
 def test_an_slo_past_a_week_is_refused_and_the_other_calls_run(pool: Pool) -> None:
     client = TestClient(PoolService(pool, ["tests"], TOKEN).app(), headers={"Authorization": f"Bearer {TOKEN}"})
-    huge = body(3, workflow={"name": "toyP", "slo_ms": 1e308, "edges": None, "stages": []})
+    huge = toy_body(3, workflow={"name": "toyP", "slo_ms": 1e308, "edges": None, "stages": []})
     resp = client.post("/v1/calls", json=huge)
     assert resp.status_code == 400 and "slo_ms" in resp.json()["error"] and "1e+308" in resp.json()["error"]
-    resp = client.post("/v1/calls", json=body(4))
+    resp = client.post("/v1/calls", json=toy_body(4))
     assert resp.status_code == 200 and resp.json()["result"]["output"] == 5
 
 
 def test_a_full_pool_or_byte_budget_refuses_before_decoding(pool: Pool) -> None:
     service = PoolService(pool, ["tests"], TOKEN, max_reading_bytes=100)
     client = TestClient(service.app(), headers={"Authorization": f"Bearer {TOKEN}"})
-    resp = client.post("/v1/calls", json=body(5))  # longer than the 100 bytes all bodies in hand may hold
+    resp = client.post("/v1/calls", json=toy_body(5))  # longer than the 100 bytes all bodies in hand may hold
     assert resp.status_code == 429 and resp.headers["retry-after"] in {"1", "2", "3"}
     assert service._reading == 0  # the refused body gave its bytes back
     service.max_reading_bytes = 10_000
-    assert client.post("/v1/calls", json=body(6)).status_code == 200
+    assert client.post("/v1/calls", json=toy_body(6)).status_code == 200
     assert service._reading == 0
 
 
@@ -169,7 +151,7 @@ def test_an_import_that_exits_is_a_404_with_one_line(pool: Pool, monkeypatch: py
     monkeypatch.setenv("DIE_ON_IMPORT", "1")
     monkeypatch.delitem(sys.modules, "tests.dies_on_import", raising=False)  # imported at collection, maybe
     client = TestClient(PoolService(pool, ["tests"], TOKEN).app(), headers={"Authorization": f"Bearer {TOKEN}"})
-    resp = client.post("/v1/calls", json=body(7, stage_path="tests.dies_on_import:inc"))
+    resp = client.post("/v1/calls", json=toy_body(7, stage_path="tests.dies_on_import:inc"))
     assert resp.status_code == 404 and "SystemExit" in resp.json()["error"]
     assert "\n" not in resp.json()["error"]
 
@@ -204,7 +186,7 @@ def test_the_client_retries_past_an_http_date_and_rejects_a_malformed_answer(
         httpx.Response(200, json={"ok": True, "result": {"output": 1}}),
     ]
     client = _client_answering(answers)
-    call = StageCall("c8", "inc", "tests.toy_stages:inc", TOY, "r8", "r8", 8)
+    call = toy_call(8)
     with pytest.raises(StageRejectedError, match=r"cannot read .*KeyError"):
         client.submit(call).result(10)
     assert answers == []  # the 429 was retried, not raised
@@ -214,7 +196,7 @@ def test_the_client_retries_past_an_http_date_and_rejects_a_malformed_answer(
 def test_the_client_still_raises_the_stages_own_error() -> None:
     error = {"type": "StageFailedError", "message": "boom", "error_type": "ValueError", "traceback": "tb"}
     client = _client_answering([httpx.Response(200, json={"ok": False, "error": error})])
-    call = StageCall("c9", "inc", "tests.toy_stages:inc", TOY, "r9", "r9", 9)
+    call = toy_call(9)
     with pytest.raises(StageFailedError, match="boom"):
         client.submit(call).result(10)
     client.close()
@@ -256,7 +238,7 @@ def test_the_client_warns_once_per_outage_of_a_service_that_answered(
 
     client._http = httpx.Client(base_url=LOCAL, transport=httpx.MockTransport(handler))
     caplog.set_level("WARNING", logger="esg_prefect.service.client")
-    call = StageCall("c10", "inc", "tests.toy_stages:inc", TOY, "r10", "r10", 10)
+    call = toy_call(10)
     with pytest.raises(StageFailedError):
         client.submit(call).result(10)
     outage = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
@@ -271,7 +253,7 @@ def test_a_cancelled_call_is_withdrawn_through_the_service(pool: Pool) -> None:
     client = TestClient(PoolService(pool, ["tests"], TOKEN).app(), headers={"Authorization": f"Bearer {TOKEN}"})
     pool.pause()
     answer: list[Any] = []
-    waiting = threading.Thread(target=lambda: answer.append(client.post("/v1/calls", json=body(11))))
+    waiting = threading.Thread(target=lambda: answer.append(client.post("/v1/calls", json=toy_body(11))))
     waiting.start()
     for _ in range(200):  # until the call is queued
         if any(pool.snapshot().queue_depths.values()):
@@ -315,6 +297,6 @@ def test_retry_jitter_leaves_the_global_random_state_alone(monkeypatch: pytest.M
         ]
     )
     with pytest.raises(StageRejectedError):
-        client.submit(StageCall("c10", "inc", "tests.toy_stages:inc", TOY, "r10", "r10", 10)).result(10)
+        client.submit(toy_call(10)).result(10)
     client.close()
     assert random.getstate() == state

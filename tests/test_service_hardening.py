@@ -27,24 +27,18 @@ from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService, check_bind, check_token
 from esg_prefect.service.results import ResultCache
-from esg_prefect.service.wire import call_body, parse_result
+from esg_prefect.service.wire import parse_result
+from tests.toy_calls import toy_body, toy_pool
 from tests.toy_stages import toy_profile
 
 TOKEN = "a-token-of-thirty-two-characters"
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-
-
-def body(i: int, stage: str = "inc", cid: str | None = None, **over: Any) -> dict[str, Any]:
-    b = call_body(StageCall(cid or f"c{i}", stage, f"tests.toy_stages:{stage}", TOY, f"r{i}", f"r{i}", i))
-    b.update(over)
-    return b
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
+    """One toy pool for all the module's tests (conftest's ``pool`` is one a test)."""
+    with toy_pool() as p:
+        yield p
 
 
 def http(service: PoolService) -> TestClient:
@@ -65,14 +59,14 @@ def http(service: PoolService) -> TestClient:
     ],
 )
 def test_a_stage_path_that_is_not_the_calls_stage_is_refused(pool: Pool, path: str, status: int, needle: str) -> None:
-    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=body(1, stage_path=path))
+    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=toy_body(1, stage_path=path))
     assert resp.status_code == status and needle in resp.json()["error"], resp.text
 
 
 def test_a_call_is_answered_with_its_own_stage_after_another_path_was_tried(pool: Pool) -> None:
     client = http(PoolService(pool, ["tests"], TOKEN))
-    assert client.post("/v1/calls", json=body(3, stage_path="tests.toy_stages:double")).status_code == 400
-    assert parse_result(client.post("/v1/calls", json=body(3)).json()).output == 4  # inc, not double
+    assert client.post("/v1/calls", json=toy_body(3, stage_path="tests.toy_stages:double")).status_code == 400
+    assert parse_result(client.post("/v1/calls", json=toy_body(3)).json()).output == 4  # inc, not double
 
 
 # ---- 2. calls are answered and free their place ---------------------------------------------------
@@ -83,18 +77,18 @@ def test_empty_ids_are_a_400_and_hold_no_place(pool: Pool, field: str) -> None:
     service = PoolService(pool, ["tests"], TOKEN, max_pending=3)
     client = http(service)
     for i in range(4):
-        resp = client.post("/v1/calls", json={**body(10 + i), field: ""})
+        resp = client.post("/v1/calls", json={**toy_body(10 + i), field: ""})
         assert resp.status_code == 400 and field in resp.json()["error"]
-    assert client.post("/v1/calls", json=body(20, cid=f"ok-{field}")).status_code == 200
+    assert client.post("/v1/calls", json=toy_body(20, call_id=f"ok-{field}")).status_code == 200
     assert service._inflight == {}
 
 
 def test_an_input_without_a_size_is_answered(pool: Pool) -> None:
     service = PoolService(pool, ["tests"], TOKEN, max_pending=1)
     client = http(service)
-    resp = client.post("/v1/calls", json=body(30, stage="double", item={"boxes": 5}, input_size=None))
+    resp = client.post("/v1/calls", json=toy_body(30, stage="double", item={"boxes": 5}, input_size=None))
     assert resp.status_code == 200 and resp.json()["ok"] is False  # the stage's own TypeError, answered
-    assert client.post("/v1/calls", json=body(31)).status_code == 200  # its place was freed
+    assert client.post("/v1/calls", json=toy_body(31)).status_code == 200  # its place was freed
 
 
 def test_a_failing_result_store_still_answers_the_call(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +98,7 @@ def test_a_failing_result_store_still_answers_the_call(pool: Pool, monkeypatch: 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(service.results, "put", full_disk)
-    resp = _with_deadline(lambda: http(service).post("/v1/calls", json=body(40, cid="disk")), 30)
+    resp = _with_deadline(lambda: http(service).post("/v1/calls", json=toy_body(40, call_id="disk")), 30)
     assert resp.status_code == 200 and parse_result(resp.json()).output == 41
     assert service._inflight == {}
 
@@ -136,7 +130,7 @@ def test_a_failing_result_store_still_answers_the_call(pool: Pool, monkeypatch: 
     ],
 )
 def test_wrong_field_types_are_400_naming_the_field(pool: Pool, over: dict[str, Any], needle: str) -> None:
-    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=body(50, **over))
+    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json=toy_body(50, **over))
     assert resp.status_code == 400 and needle in resp.json()["error"], resp.text
 
 
@@ -149,16 +143,16 @@ def test_deeply_nested_json_is_a_400(pool: Pool) -> None:
 def test_a_cyclic_declaration_leaves_the_workflow_usable(pool: Pool) -> None:
     client = http(PoolService(pool, ["tests"], TOKEN))
     cyc = {"name": "fresh", "slo_ms": 800, "edges": [["double", "inc"], ["inc", "double"]]}
-    assert client.post("/v1/calls", json=body(60, workflow=cyc)).status_code == 400
+    assert client.post("/v1/calls", json=toy_body(60, workflow=cyc)).status_code == 400
     ok = {"name": "fresh", "slo_ms": 800, "edges": [["double", "inc"]]}
-    assert parse_result(client.post("/v1/calls", json=body(61, workflow=ok)).json()).output == 62
+    assert parse_result(client.post("/v1/calls", json=toy_body(61, workflow=ok)).json()).output == 62
 
 
 def test_another_slo_for_a_workflow_is_a_409(pool: Pool) -> None:
     client = http(PoolService(pool, ["tests"], TOKEN))
-    assert client.post("/v1/calls", json=body(70)).status_code == 200
+    assert client.post("/v1/calls", json=toy_body(70)).status_code == 200
     other = {"name": "toy", "slo_ms": 5, "edges": [["double", "inc"]]}
-    resp = client.post("/v1/calls", json=body(71, workflow=other))
+    resp = client.post("/v1/calls", json=toy_body(71, workflow=other))
     assert resp.status_code == 409 and "slo_ms=800" in resp.json()["error"]
 
 
@@ -167,12 +161,12 @@ def test_another_slo_for_a_workflow_is_a_409(pool: Pool) -> None:
 
 def test_a_call_id_reused_with_another_input_is_a_409(tmp_path: Path, pool: Pool) -> None:
     client = http(PoolService(pool, ["tests"], TOKEN, ResultCache(tmp_path / "r.db")))
-    assert parse_result(client.post("/v1/calls", json=body(80, cid="bound")).json()).output == 81
-    assert parse_result(client.post("/v1/calls", json=body(80, cid="bound")).json()).output == 81
-    other = body(80, cid="bound", item=5)
+    assert parse_result(client.post("/v1/calls", json=toy_body(80, call_id="bound")).json()).output == 81
+    assert parse_result(client.post("/v1/calls", json=toy_body(80, call_id="bound")).json()).output == 81
+    other = toy_body(80, call_id="bound", item=5)
     resp = client.post("/v1/calls", json=other)
     assert resp.status_code == 409 and "'bound'" in resp.json()["error"]
-    resp = client.post("/v1/calls", json=body(80, cid="bound", run_id="someone-else"))
+    resp = client.post("/v1/calls", json=toy_body(80, call_id="bound", run_id="someone-else"))
     assert resp.status_code == 409
 
 
@@ -230,10 +224,10 @@ def test_limits_and_names(pool: Pool) -> None:
         resp = client.get(f"/v1/batches?limit={bad}")
         assert resp.status_code == 400 and "limit must be" in resp.json()["error"]
     assert client.get("/v1/batches?limit=5").status_code == 200
-    afters = {client.post("/v1/calls", json=body(90 + i)).headers["retry-after"] for i in range(40)}
+    afters = {client.post("/v1/calls", json=toy_body(90 + i)).headers["retry-after"] for i in range(40)}
     assert afters <= {"1", "2", "3"} and len(afters) > 1  # jittered
-    assert client.post("/v1/calls", json={**body(99), "stage": ""}).status_code == 429  # a full pool reads no body
-    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json={**body(99), "stage": ""})
+    assert client.post("/v1/calls", json={**toy_body(99), "stage": ""}).status_code == 429  # a full pool reads no body
+    resp = http(PoolService(pool, ["tests"], TOKEN)).post("/v1/calls", json={**toy_body(99), "stage": ""})
     assert resp.status_code == 400 and "'stage'" in resp.json()["error"]
 
 
@@ -298,7 +292,7 @@ _fields = st.sampled_from(
 def test_any_body_gets_an_answer_that_is_not_a_500(
     pool: Pool, changes: dict[str, Any], drop: list[str], i: int
 ) -> None:
-    b = body(i, cid=f"fz-{i}-{json.dumps(changes, sort_keys=True)}-{drop}")
+    b = toy_body(i, call_id=f"fz-{i}-{json.dumps(changes, sort_keys=True)}-{drop}")
     b.update(changes)
     for name in drop:
         b.pop(name, None)
@@ -407,7 +401,7 @@ def test_the_service_serves_https_and_refuses_a_weak_token(tmp_path: Path) -> No
                         break
                 except httpx.HTTPError:
                     time.sleep(0.1)
-            resp = tls.post("/v1/calls", json=body(7, cid="tls-7"), timeout=60)
+            resp = tls.post("/v1/calls", json=toy_body(7, call_id="tls-7"), timeout=60)
             assert resp.status_code == 200 and parse_result(resp.json()).output == 8
         with pytest.raises(httpx.HTTPError):  # plain HTTP is not spoken on that port
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
@@ -436,7 +430,7 @@ def test_an_answer_leaves_only_once_its_batch_is_in_the_cost_store() -> None:
     try:
         service = PoolService(pool, ["tests"], TOKEN)
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            fut = ex.submit(lambda: http(service).post("/v1/calls", json=body(7, cid="durable")))
+            fut = ex.submit(lambda: http(service).post("/v1/calls", json=toy_body(7, call_id="durable")))
             with pytest.raises(concurrent.futures.TimeoutError):
                 fut.result(0.5)  # held while the store has not got it
             gate.set()

@@ -17,7 +17,6 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.control.totals import Totals
 from esg_prefect.model import PriceSheet
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, attribute_costs, idle_cost
@@ -29,11 +28,10 @@ from esg_prefect.scheduling import ESGSettings
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.prometheus import negotiate
 from esg_prefect.service.wire import BadRequest, call_body
+from tests.toy_calls import PRICES, toy_call, toy_pool
 from tests.toy_stages import toy_profile
 
 TOKEN = "a-token-of-thirty-two-characters"
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-PRICES = PriceSheet(1e-5, {})
 TEXT = {"Accept": "text/plain"}
 # What Prometheus 3 sends by default (scrape_protocols), OpenMetrics first.
 SCRAPER = (
@@ -45,15 +43,14 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def body(i: int, prefix: str = "c") -> dict[str, object]:
-    run = f"{prefix}-r{i}"
-    return call_body(StageCall(f"{prefix}{i}", "inc", "tests.toy_stages:inc", TOY, run, run, i))
+    return call_body(toy_call(i, call_id=f"{prefix}{i}", run=f"{prefix}-r{i}"))
 
 
 @pytest.fixture
 def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PRICES, settings=ESGSettings(idle_vcpus=True), backend=InlineBackend())
-    yield p
-    p.close()
+    """A toy pool that bills an idle worker's vCPUs too (``idle_vcpus``): the CPU-only toy workers' idle time costs."""
+    with toy_pool(settings=ESGSettings(idle_vcpus=True)) as p:
+        yield p
 
 
 def client(pool: Pool, token: str | None = TOKEN) -> TestClient:

@@ -12,34 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
-from esg_prefect.model import PriceSheet
+from esg_prefect.control.calls import StageCall
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service import app as app_module
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.wire import call_body
-from tests.toy_stages import toy_profile
+from tests.toy_calls import toy_call
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 LOCAL = "http://127.0.0.1:4270"
-
-
-def call(i: int) -> StageCall:
-    return StageCall(f"c{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i)
-
-
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
 
 
 class BlockingRender:
@@ -75,7 +60,7 @@ async def _cancelled_while_rendering(http: httpx.AsyncClient, render: BlockingRe
 def test_a_request_cancelled_while_its_answer_renders_gets_503_and_its_retry_the_result_once(
     pool: Pool, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    c = call(21)
+    c = toy_call(21)
     render = BlockingRender()
 
     async def scenario() -> tuple[httpx.Response, httpx.Response]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -19,7 +18,6 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from esg_prefect.control.calls import StageCall, WorkflowDecl
 from esg_prefect.exceptions import PoolClosedError
 from esg_prefect.model import PriceSheet
 from esg_prefect.runtime import pool as pool_module
@@ -29,35 +27,24 @@ from esg_prefect.service.app import PoolService
 from esg_prefect.service.client import PoolClient
 from esg_prefect.service.results import ResultCache
 from esg_prefect.service.wire import call_body, call_digest, error_body
+from tests.toy_calls import toy_call
 from tests.toy_stages import toy_profile
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 LOCAL = "http://127.0.0.1:4270"
-
-
-def call(i: int) -> StageCall:
-    return StageCall(f"c{i}", "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i)
-
-
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
 
 
 def test_a_call_held_past_wait_s_is_answered_pending_and_joined_when_asked_again(pool: Pool) -> None:
     pool.pause()
     with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as client:  # one event loop for both
-        first = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(1)))
+        first = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(toy_call(1)))
         assert first.status_code == 202 and first.json() == {
             "ok": None,
             "pending": True,
             "paused": True,
-            "digest": call_digest(call_body(call(1))),
+            "digest": call_digest(call_body(toy_call(1))),
         }
         pool.resume()
-        again = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(1)))
+        again = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(toy_call(1)))
         assert again.status_code == 200 and again.json()["result"]["output"] == 2
     assert len([c for c in pool.snapshot().calls if c.call_id == "c1"]) == 1  # joined, ran once
 
@@ -65,7 +52,7 @@ def test_a_call_held_past_wait_s_is_answered_pending_and_joined_when_asked_again
 @pytest.mark.parametrize("bad", ["0", "-1", "nan", "x", "3601"])
 def test_a_bad_wait_s_is_a_400_naming_it(pool: Pool, bad: str) -> None:
     client = TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL)
-    resp = client.post("/v1/calls", params={"wait_s": bad}, json=call_body(call(2)))
+    resp = client.post("/v1/calls", params={"wait_s": bad}, json=call_body(toy_call(2)))
     assert resp.status_code == 400 and f"wait_s must be a number of seconds in (0, 3600], got {bad!r}" in resp.text
     assert pool.snapshot().calls == ()
 
@@ -89,7 +76,7 @@ def test_a_call_the_service_reports_pending_waits_past_the_clients_deadline() ->
 
     client = _client(handler, deadline_s=0.05)
     try:
-        assert client.submit(call(3)).result(30).output == 4
+        assert client.submit(toy_call(3)).result(30).output == 4
     finally:
         client.close()
     assert len(seen) == 6 and all(r.url.params["wait_s"] == "7" for r in seen)
@@ -108,7 +95,7 @@ def test_a_client_that_gives_up_asks_the_service_to_withdraw_the_call(monkeypatc
     client = _client(handler, deadline_s=0.05)
     try:
         with pytest.raises(PoolClosedError, match=r"gave the call no answer for 0.05 s \(503"):
-            client.submit(call(4)).result(30)
+            client.submit(toy_call(4)).result(30)
         assert cancelled.wait(10)
     finally:
         client.close()
@@ -130,7 +117,7 @@ def test_a_call_ended_otherwise_than_by_giving_up_sends_no_cancel(how: str) -> N
     client._connect_grace_s = 0.0  # the first refusal gives up
     try:
         with pytest.raises(PoolClosedError):
-            client.submit(call(12)).result(30)
+            client.submit(toy_call(12)).result(30)
         client._executor.shutdown(wait=True)  # a cancel would have been queued behind the call: now sent
     finally:
         client.close()
@@ -188,7 +175,7 @@ def test_a_call_whose_caller_stopped_asking_is_withdrawn_not_run(pool: Pool, mon
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
-        assert client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(call(5))).status_code == 202
+        assert client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(toy_call(5))).status_code == 202
         assert _wait_until(lambda: not service._inflight)  # no one asked again: withdrawn
     pool.resume()
     (rec,) = [c for c in pool.snapshot().calls if c.call_id == "c5"]
@@ -203,17 +190,17 @@ def test_a_caller_that_keeps_asking_keeps_its_call(pool: Pool, monkeypatch: pyte
     with TestClient(service.app(), base_url=LOCAL) as client:
         t_end = time.monotonic() + 3.0
         while time.monotonic() < t_end:  # longer than the limit, asking all along
-            resp = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(call(6)))
+            resp = client.post("/v1/calls", params={"wait_s": "0.2"}, json=call_body(toy_call(6)))
             assert resp.status_code == 202
         pool.resume()
-        done = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(call(6)))
+        done = client.post("/v1/calls", params={"wait_s": "30"}, json=call_body(toy_call(6)))
     assert done.status_code == 200 and done.json()["result"]["output"] == 7
 
 
 def test_a_pending_call_is_joined_by_id_and_digest_without_its_body(pool: Pool) -> None:
     pool.pause()
     with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as client:
-        first = client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(call(7)))
+        first = client.post("/v1/calls", params={"wait_s": "0.1"}, json=call_body(toy_call(7)))
         digest = first.json()["digest"]
         pending = client.get("/v1/calls/c7", params={"wait_s": "0.1", "digest": digest})
         assert pending.status_code == 202 and pending.json()["digest"] == digest
@@ -246,7 +233,7 @@ def test_the_client_polls_by_id_after_a_202_and_posts_again_when_the_service_los
 
     client = _client(handler, deadline_s=5.0)
     try:
-        assert client.submit(call(8)).result(30).output == 9
+        assert client.submit(toy_call(8)).result(30).output == 9
     finally:
         client.close()
     assert [(m, p) for m, p, _ in seen] == [
@@ -269,7 +256,7 @@ def test_an_id_unfit_for_a_path_keeps_posting_its_body(odd_id: str) -> None:
         seen.append(request.method)
         return answers.pop() if answers else httpx.Response(200, json={"ok": True, "result": _result(odd_id, 1)})
 
-    odd = StageCall(odd_id, "inc", "tests.toy_stages:inc", TOY, "r", "r", 0)
+    odd = toy_call(0, call_id=odd_id, run="r")
     client = _client(handler, deadline_s=5.0)
     try:
         assert client.submit(odd).result(30).output == 1
@@ -283,7 +270,7 @@ def test_a_real_client_waits_out_a_pause_joining_by_id(pool: Pool, monkeypatch: 
     pool.pause()
     with TestClient(PoolService(pool, ["tests"]).app(), base_url=LOCAL) as http:
         client, gets = _counting_client(http, monkeypatch, threads=1)
-        fut = client.submit(call(9))
+        fut = client.submit(toy_call(9))
         assert _wait_until(lambda: len(gets) >= 3)  # polls by id while paused
         pool.resume()
         assert fut.result(30).output == 10
@@ -326,10 +313,10 @@ def test_a_post_that_comes_as_its_call_finishes_joins_it_not_runs_it_again(monke
     try:
         p.pause()
         with TestClient(service.app(), base_url=LOCAL) as client:
-            assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(call(10))).status_code == 202
+            assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(toy_call(10))).status_code == 202
             watched = service._watched._calls["c10"]
             with concurrent.futures.ThreadPoolExecutor(1) as ex:
-                again = ex.submit(client.post, "/v1/calls", params={"wait_s": "30"}, json=call_body(call(10)))
+                again = ex.submit(client.post, "/v1/calls", params={"wait_s": "30"}, json=call_body(toy_call(10)))
                 assert _wait_until(lambda: results.reads == 2 or watched.waiting > 0)  # it came
                 p.resume()
                 assert again.result(30).json()["result"]["output"] == 11
@@ -347,10 +334,7 @@ def test_any_other_id_is_joined_by_a_get_of_its_percent_encoded_path(
     pool.pause()
     with TestClient(PoolService(pool, ["tests"], max_pending=len(ids)).app(), base_url=LOCAL) as http:
         client, gets = _counting_client(http, monkeypatch, threads=len(ids))
-        futs = [
-            client.submit(StageCall(cid, "inc", "tests.toy_stages:inc", TOY, f"r{i}", f"r{i}", i))
-            for i, cid in enumerate(ids)
-        ]
+        futs = [client.submit(toy_call(i, call_id=cid)) for i, cid in enumerate(ids)]
         assert _wait_until(lambda: all(gets.count(f"/v1/calls/{quote(cid, safe='')}") >= 2 for cid in ids))
         pool.resume()
         assert [f.result(30).output for f in futs] == [1, 2, 3, 4, 5]
@@ -392,8 +376,8 @@ def test_a_call_posted_to_wait_and_then_polled_leaves_nothing_behind(pool: Pool)
     service = PoolService(pool, ["tests"])
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
-        digest = call_digest(call_body(call(11)))
-        blocking = threading.Thread(target=client.post, args=("/v1/calls",), kwargs={"json": call_body(call(11))})
+        digest = call_digest(call_body(toy_call(11)))
+        blocking = threading.Thread(target=client.post, args=("/v1/calls",), kwargs={"json": call_body(toy_call(11))})
         blocking.start()
         assert _wait_until(lambda: "c11" in service._inflight)
         polled = client.get("/v1/calls/c11", params={"wait_s": "0.05", "digest": digest})
@@ -427,7 +411,7 @@ def test_a_call_held_when_the_server_stops_is_answered_503_so_its_caller_posts_i
     import json
 
     pool.pause()
-    body = json.dumps(call_body(call(7))).encode()
+    body = json.dumps(call_body(toy_call(7))).encode()
     sent: list[dict[str, Any]] = []
 
     async def serve_then_stop() -> None:
@@ -488,7 +472,7 @@ def test_a_service_that_dropped_a_held_call_is_waited_for_as_one_that_answered(
     client = _client(handler, deadline_s=30.0)
     client._connect_grace_s = 0.0  # a refusal from a service never reached gives up at once
     try:
-        assert client.submit(call(13)).result(60).output == 14
+        assert client.submit(toy_call(13)).result(60).output == 14
     finally:
         client.close()
     assert len(seen) == 4
@@ -513,7 +497,7 @@ def test_a_listener_that_drops_every_request_at_once_is_a_wrong_address(monkeypa
         with pytest.raises(
             PoolClosedError, match=r"no pool service answers at .*RemoteProtocolError.*check the address"
         ):
-            client.submit(call(14)).result(60)
+            client.submit(toy_call(14)).result(60)
     finally:
         client.close()
     assert not client._answered

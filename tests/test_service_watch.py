@@ -9,27 +9,17 @@ import asyncio
 import concurrent.futures
 import time
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
-from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
-from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.service.app import PoolService
 from esg_prefect.service.watch import PollWatch
 from esg_prefect.service.wire import call_body
-from tests.test_service_waits import LOCAL, call
-from tests.toy_stages import toy_profile
-
-
-@pytest.fixture
-def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend())
-    yield p
-    p.close()
+from tests.test_service_waits import LOCAL
+from tests.toy_calls import toy_call
 
 
 def _wait_until(cond: Any, timeout_s: float = 60.0) -> bool:
@@ -95,7 +85,7 @@ def test_the_calls_of_a_service_are_watched_by_one_task(pool: Pool) -> None:
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
         for i in range(5):
-            assert client.post("/v1/calls", params={"wait_s": "0.01"}, json=call_body(call(i))).status_code == 202
+            assert client.post("/v1/calls", params={"wait_s": "0.01"}, json=call_body(toy_call(i))).status_code == 202
         assert len(service._tasks) == 5  # each call's run, no watch of its own
         sweeper = service._watched._sweeper
         assert sweeper is not None and not sweeper.done() and len(service._watched._calls) == 5
@@ -121,12 +111,12 @@ def test_a_caller_that_asks_again_without_wait_s_keeps_its_call(pool: Pool, monk
     monkeypatch.setattr(service, "_find", find_then_jump)
     pool.pause()
     with TestClient(service.app(), base_url=LOCAL) as client:
-        assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(call(13))).status_code == 202
+        assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(toy_call(13))).status_code == 202
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
-            waiting = ex.submit(client.post, "/v1/calls", json=call_body(call(13)))
+            waiting = ex.submit(client.post, "/v1/calls", json=call_body(toy_call(13)))
             assert _wait_until(lambda: now[0] == 1000.0)
             # a call posted now whose caller stops asking: its withdrawal shows that the calls were swept since
-            assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(call(14))).status_code == 202
+            assert client.post("/v1/calls", params={"wait_s": "0.05"}, json=call_body(toy_call(14))).status_code == 202
             now[0] = 2000.0
             assert _wait_until(lambda: "c14" not in service._inflight)
             pool.resume()
