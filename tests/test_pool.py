@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,29 +41,20 @@ from esg_prefect.scheduling import (
     register_scheduler,
 )
 from esg_prefect.scheduling.esg import ESGScheduler
+from tests.toy_calls import PRICES, TOY, toy_call, toy_pool
 from tests.toy_stages import CRASH, HANG, POISON, UNPICKLABLE, FakeClock, settle, toy_profile, wait_until
-
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-PRICES = PriceSheet(1e-5, {})
 
 
 def call(i: int, stage: str = "inc", run: str | None = None, call_id: str | None = None) -> StageCall:
-    return StageCall(
-        call_id=call_id or f"{stage}-{i}",
-        stage=stage,
-        stage_path=f"tests.toy_stages:{stage}",
-        workflow=TOY,
-        request_id=run or f"run{i}",
-        run_id=run or f"run{i}",
-        item=i,
-    )
+    """Call ``i`` of ``stage``: id ``{stage}-{i}``, run ``run{i}``, unless given."""
+    return toy_call(i, stage, call_id=call_id or f"{stage}-{i}", run=run or f"run{i}")
 
 
 @pytest.fixture
-def inline_pool() -> Pool:
-    pool = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
-    yield pool
-    pool.close()
+def inline_pool() -> Iterator[Pool]:
+    """A toy pool on 2 vCPUs."""
+    with toy_pool(vcpus=2) as pool:
+        yield pool
 
 
 def test_calls_of_many_runs_share_batches(inline_pool: Pool) -> None:

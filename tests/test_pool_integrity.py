@@ -23,7 +23,6 @@ from esg_prefect.exceptions import (
     StageRejectedError,
     WorkerCrashedError,
 )
-from esg_prefect.model import PriceSheet
 from esg_prefect.model.cluster import Device, Node
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.stages import input_size, resolve_stage
@@ -35,12 +34,11 @@ from esg_prefect.runtime.workers import (
     WorkerSpec,
 )
 from esg_prefect.scheduling import ESGSettings
+from tests.toy_calls import PRICES, TOY, toy_call, toy_pool
 from tests.toy_stages import FRAGILE_DEATHS, settle, toy_profile
 
-PRICES = PriceSheet(1e-5, {})
 VISION = WorkflowDecl("vision", 800)
 SPEECH = WorkflowDecl("speech", 800)
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
 
 
 def mk(
@@ -51,22 +49,14 @@ def mk(
     call_id: str | None = None,
     item: Any = None,
 ) -> StageCall:
-    return StageCall(
-        call_id or f"{wf.name}-{stage}-{i}",
-        stage,
-        path or f"tests.toy_stages:{stage}",
-        wf,
-        f"r{i}",
-        f"r{i}",
-        i if item is None else item,
-    )
+    return toy_call(i, stage, call_id=call_id or f"{wf.name}-{stage}-{i}", wf=wf, path=path, item=item)
 
 
 @pytest.fixture
 def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PRICES, backend=InlineBackend(vcpus=2))
-    yield p
-    p.close()
+    """A toy pool on 2 vCPUs."""
+    with toy_pool(vcpus=2) as p:
+        yield p
 
 
 # ---- 1. workers are keyed by the code they run ---------------------------------------------

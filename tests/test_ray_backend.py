@@ -16,7 +16,6 @@ import pytest
 
 from esg_prefect.control.calls import StageCall, StageResult, WorkflowDecl
 from esg_prefect.exceptions import InvalidInputError
-from esg_prefect.model import PriceSheet
 from esg_prefect.runtime import ray_backend, worker_main
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.ray_backend import RayBackend, RayPlacement
@@ -24,6 +23,7 @@ from esg_prefect.runtime.stages import resolve_stage
 from esg_prefect.runtime.workers import WorkerDiedError, WorkerLoadError, WorkerSpec
 from esg_prefect.scheduling import ESGSettings
 from tests.test_ray_multinode import Gates, LocalCluster, held_call, local_cluster, wait_for
+from tests.toy_calls import PRICES, TOY, toy_call
 from tests.toy_stages import POISON, settle, toy_profile
 
 ray = pytest.importorskip("ray")
@@ -31,15 +31,12 @@ ray = pytest.importorskip("ray")
 # One Ray instance per test process: keep this module's tests on one xdist worker (with --dist loadgroup).
 pytestmark = [pytest.mark.service, pytest.mark.xdist_group("ray")]
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-PRICES = PriceSheet(1e-5, {})
 # A ceiling on each call's answer, not a timing: the assertions do not depend on how long calls take.
 CEILING_S = 300
 
 
 def call(i: int, stage: str, wf: WorkflowDecl = TOY, prefix: str = "") -> StageCall:
-    run = f"{prefix}run{i}"
-    return StageCall(f"{prefix}{stage}-{i}", stage, f"tests.toy_stages:{stage}", wf, run, run, i)
+    return toy_call(i, stage, call_id=f"{prefix}{stage}-{i}", run=f"{prefix}run{i}", wf=wf)
 
 
 @pytest.fixture(scope="module")

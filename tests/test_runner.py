@@ -21,6 +21,7 @@ from esg_prefect.model import PriceSheet
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.runtime.workers import InlineBackend
 from esg_prefect.scheduling import ESGSettings
+from tests.toy_calls import toy_pool
 from tests.toy_stages import POISON, double, first, flaky, inc, second, slow, tally, third, toy_profile
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -28,9 +29,9 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[Pool]:
-    p = Pool(toy_profile(), PriceSheet(1e-5, {}), backend=InlineBackend(vcpus=2))
-    yield p
-    p.close()
+    """One toy pool on 2 vCPUs for all the module's tests (conftest's ``pool`` is one a test)."""
+    with toy_pool(vcpus=2) as p:
+        yield p
 
 
 def test_runner_contract() -> None:
