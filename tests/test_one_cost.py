@@ -47,6 +47,7 @@ from esg_prefect.scheduling import (
 from esg_prefect.store import CostStore, attach_store
 from esg_prefect.store.attach import StoreAttachment
 from tests.test_pool import _PrewarmFirst
+from tests.toy_calls import flow_call
 from tests.toy_stages import toy_profile
 
 # ---- a live pool on a clock the test moves -------------------------------------------------------
@@ -174,9 +175,6 @@ class FakeClient:
         return out
 
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-
-
 def _t4_profile() -> LatencyProfile:
     """The toy stages on half a T4 only (an idle worker then holds a share, so its idle time costs)."""
     points = [
@@ -186,10 +184,6 @@ def _t4_profile() -> LatencyProfile:
         for b in (1, 2, 4, 8, 16, 32)
     ]
     return LatencyProfile(points, {(stage, "T4"): 20.0 for stage in ("double", "inc")})
-
-
-def _call(stage: str, run: str, item: int) -> StageCall:
-    return StageCall(f"{run}-{stage}", stage, f"tests.toy_stages:{stage}", TOY, run, run, item)
 
 
 def _results(clock: ManualClock, futs: Sequence[concurrent.futures.Future[StageResult]]) -> list[StageResult]:
@@ -204,8 +198,8 @@ def _results(clock: ManualClock, futs: Sequence[concurrent.futures.Future[StageR
 
 def _run_flows(pool: Pool, clock: ManualClock, runs: list[str]) -> None:
     """Each run: double then inc, the runs' calls together (so they share batches); then end the runs."""
-    firsts = _results(clock, [pool.submit(_call("double", r, i)) for i, r in enumerate(runs)])
-    _results(clock, [pool.submit(_call("inc", r, res.output)) for r, res in zip(runs, firsts, strict=True)])
+    firsts = _results(clock, [pool.submit(flow_call("double", r, i)) for i, r in enumerate(runs)])
+    _results(clock, [pool.submit(flow_call("inc", r, res.output)) for r, res in zip(runs, firsts, strict=True)])
     for r in runs:
         pool.end_run(r)
 

@@ -18,7 +18,6 @@ import pytest
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
-from esg_prefect.control.calls import StageCall
 from esg_prefect.control.records import RunRecords
 from esg_prefect.integration.artifacts import _money
 from esg_prefect.integration.run_views import money_text
@@ -29,7 +28,6 @@ from esg_prefect.scheduling import ESGSettings
 from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store.billing import Billing
 from tests.test_one_cost import (
-    TOY,
     FakeBackend,
     ManualClock,
     _results,
@@ -38,6 +36,7 @@ from tests.test_one_cost import (
     _whole_bill,
     wired_t4_pool,
 )
+from tests.toy_calls import flow_call
 
 USER_SETTINGS = ESGSettings(
     idle_vcpus=True,
@@ -50,15 +49,14 @@ USER_SETTINGS = ESGSettings(
 """The user's pool: input-size split, idle time on its own line (and idle vCPUs billed, a short fixed keep-alive)."""
 
 
-def _sized(stage: str, run: str, item: int, size: float) -> StageCall:
-    return StageCall(f"{run}-{stage}", stage, f"tests.toy_stages:{stage}", TOY, run, run, item, input_size=size)
-
-
 def _flows(pool: Pool, clock: ManualClock, runs: list[str], sizes: list[float]) -> None:
     """Each run: double then inc, the runs' calls together (they share batches, inputs of different sizes)."""
-    calls = [_sized("double", r, i, s) for i, (r, s) in enumerate(zip(runs, sizes, strict=True))]
+    calls = [flow_call("double", r, i, input_size=s) for i, (r, s) in enumerate(zip(runs, sizes, strict=True))]
     firsts = _results(clock, [pool.submit(c) for c in calls])
-    _results(clock, [pool.submit(_sized("inc", r, f.output, s)) for r, f, s in zip(runs, firsts, sizes, strict=True)])
+    _results(
+        clock,
+        [pool.submit(flow_call("inc", r, f.output, input_size=s)) for r, f, s in zip(runs, firsts, sizes, strict=True)],
+    )
     for r in runs:
         pool.end_run(r)
 

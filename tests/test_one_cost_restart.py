@@ -40,7 +40,8 @@ from esg_prefect.store import rows as R
 from esg_prefect.store.billing import Billing
 from esg_prefect.store.earlier import earlier_parts
 from esg_prefect.store.tables import BatchRow, IdleRow, PoolRow, RunRow
-from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _call, _results, _t4_profile, _whole_bill
+from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _results, _t4_profile, _whole_bill
+from tests.toy_calls import flow_call
 
 
 @pytest.fixture
@@ -80,10 +81,10 @@ def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
         # cost), whether or not whole_a's call then runs on the same worker. Submitted together, the two calls
         # shared a batch or not as the pool's loop took them (a loaded machine split them, and then no idle
         # interval need follow split's batch).
-        (x,) = _results(clock_a, [first.submit(_call("double", split, 0))])
+        (x,) = _results(clock_a, [first.submit(flow_call("double", split, 0))])
         clock_a.advance(100.0)
-        (y,) = _results(clock_a, [first.submit(_call("double", whole_a, 1))])
-        _results(clock_a, [first.submit(_call("inc", whole_a, y.output))])
+        (y,) = _results(clock_a, [first.submit(flow_call("double", whole_a, 1))])
+        _results(clock_a, [first.submit(flow_call("inc", whole_a, y.output))])
         first.end_run(whole_a)
         clock_a.advance(2_000.0)  # the workers idle warm: that idle time is part of both runs' costs
     finally:
@@ -93,7 +94,9 @@ def test_a_run_split_by_a_restart_is_published_with_the_store_figure(
     clock_b = ManualClock(clock_a.t + 30_000.0)
     second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
     try:
-        _results(clock_b, [second.submit(_call("inc", split, x.output)), second.submit(_call("double", whole_b, 7))])
+        _results(
+            clock_b, [second.submit(flow_call("inc", split, x.output)), second.submit(flow_call("double", whole_b, 7))]
+        )
         second.end_run(split)
         second.end_run(whole_b)
         clock_b.advance(3_000.0)
@@ -158,7 +161,7 @@ def test_a_run_split_by_a_restart_starts_at_its_first_arrival(
     clock_a = ManualClock(midnight - 5_000.0)
     first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
     try:
-        x, = _results(clock_a, [first.submit(_call("double", split, 1))])  # fmt: skip
+        x, = _results(clock_a, [first.submit(flow_call("double", split, 1))])  # fmt: skip
         clock_a.advance(1_000.0)  # longer than the run's SLO (TOY: 800 ms) before the restart
     finally:
         first.close()
@@ -166,7 +169,9 @@ def test_a_run_split_by_a_restart_starts_at_its_first_arrival(
     clock_b = ManualClock(clock_a.t + 30_000.0)
     second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
     try:
-        _results(clock_b, [second.submit(_call("inc", split, x.output)), second.submit(_call("double", whole, 7))])
+        _results(
+            clock_b, [second.submit(flow_call("inc", split, x.output)), second.submit(flow_call("double", whole, 7))]
+        )
         second.end_run(split)
         second.end_run(whole)
         clock_b.advance(1_000.0)

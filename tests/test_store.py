@@ -53,6 +53,7 @@ from tests.cost_records import (
     records_b,
     t4_toy_profile,
 )
+from tests.toy_calls import flow_call
 from tests.toy_stages import toy_profile
 
 
@@ -270,17 +271,11 @@ def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 # ---- real runs from a pool --------------------------------------------------------------------
 
-TOY = WorkflowDecl("toy", 800, (("double", "inc"),))
-
-
-def _call(stage: str, run: str, item: int) -> StageCall:
-    return StageCall(f"{run}-{stage}", stage, f"tests.toy_stages:{stage}", TOY, run, run, item)
-
 
 def _run_flows(pool: Pool, runs: list[str]) -> None:
     """Each run: double then inc, like a flow; then end the run."""
-    firsts = {r: pool.submit(_call("double", r, i)) for i, r in enumerate(runs)}
-    seconds = {r: pool.submit(_call("inc", r, f.result(30).output)) for r, f in firsts.items()}
+    firsts = {r: pool.submit(flow_call("double", r, i)) for i, r in enumerate(runs)}
+    seconds = {r: pool.submit(flow_call("inc", r, f.result(30).output)) for r, f in firsts.items()}
     for r, f in seconds.items():
         assert isinstance(f.result(30), StageResult)
         pool.end_run(r)
