@@ -27,10 +27,8 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,7 +36,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlmodel import Session, col
 
@@ -47,6 +44,7 @@ from esg_prefect.model.attribution import CostReport, CostSplit, IdleBilling, at
 from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
+from esg_prefect.store import writes as W
 from esg_prefect.store.billing import DEFAULT_BILLING, Billing, PoolPricing, scope_of
 from esg_prefect.store.engine import WRITE, create_engine, resolve_url, safe_url
 from esg_prefect.store.migrations import Migration, current_version, migrate
@@ -59,7 +57,6 @@ from esg_prefect.store.tables import (
     PriceSheetRow,
     RunRow,
     StageCallRow,
-    StoreModel,
 )
 
 if TYPE_CHECKING:
@@ -67,9 +64,6 @@ if TYPE_CHECKING:
     from esg_prefect.model.attribution import IdleRecord
 
 logger = logging.getLogger(__name__)
-
-_CHUNK = 500  # ids per IN (...) list: well under SQLite's and PostgreSQL's parameter limits
-_KEEP = ("deployment", "run_name")  # a run's columns that a later record without them never erases
 
 
 def since_ms(since: datetime | float | None) -> float | None:
@@ -168,11 +162,11 @@ class CostStore:
         """
         batches, items = R.batch_rows(records.batches, records.calls, records.prices, scope)
         with self._writing(scope, billing, [records.prices]) as conn:
-            _upsert(conn, RunRow, [_run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
-            _upsert(conn, BatchRow, batches, ("batch_id",))
-            _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
-            _upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
-            _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+            W.upsert(conn, RunRow, [W.run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=W.KEEP)
+            W.upsert(conn, BatchRow, batches, ("batch_id",))
+            W.upsert(conn, BatchItemRow, items, ("batch_id", "position"))
+            W.upsert(conn, StageCallRow, R.call_rows(records.calls, scope), ("call_id",))
+            W.upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
     def record_run(
         self,
@@ -190,8 +184,8 @@ class CostStore:
         ``billing`` and ``name`` as for :meth:`record`.
         """
         with self._writing(scope, billing, [records.prices]) as conn:
-            _upsert(conn, RunRow, [_run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=_KEEP)
-            _upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+            W.upsert(conn, RunRow, [W.run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=W.KEEP)
+            W.upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
 
     def record_batches(
         self,
@@ -226,11 +220,11 @@ class CostStore:
                 (r.run_id, R.run_stub_row(r, split, named.get(r.run_id))) for r in d.runs if r.run_id not in stubs
             )
         with self._writing(scope, billing, [d.prices for d in done]) as conn:
-            _upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
-            _upsert(conn, BatchRow, batches, ("batch_id",))
-            _upsert(conn, BatchItemRow, items, ("batch_id", "position"))
-            _upsert(conn, StageCallRow, calls, ("call_id",))
-            _upsert(conn, IdleRow, idles, ("idle_id",))
+            W.upsert(conn, RunRow, list(stubs.values()), ("run_id",), update=False)  # a run's end writes the real row
+            W.upsert(conn, BatchRow, batches, ("batch_id",))
+            W.upsert(conn, BatchItemRow, items, ("batch_id", "position"))
+            W.upsert(conn, StageCallRow, calls, ("call_id",))
+            W.upsert(conn, IdleRow, idles, ("idle_id",))
 
     def record_idles(
         self, idles: Iterable[IdleRecord], prices: PriceSheet, *, scope: str = "", billing: Billing | None = None
@@ -240,7 +234,7 @@ class CostStore:
         if not rows:
             return
         with self._writing(scope, billing, [prices]) as conn:
-            _upsert(conn, IdleRow, rows, ("idle_id",))
+            W.upsert(conn, IdleRow, rows, ("idle_id",))
 
     @contextmanager
     def _writing(self, scope: str, billing: Billing | None, prices: Iterable[PriceSheet]) -> Iterator[Connection]:
@@ -257,8 +251,8 @@ class CostStore:
             rows = {r["sheet_id"]: r for r in map(R.sheet_row, prices) if r["sheet_id"] not in self._sheets_kept}
             with conn.begin():
                 if new is not None:
-                    _record_pool(conn, scope, new)
-                _upsert(conn, PriceSheetRow, list(rows.values()), ("sheet_id",), update=False)
+                    W.record_pool(conn, scope, new)
+                W.upsert(conn, PriceSheetRow, list(rows.values()), ("sheet_id",), update=False)
                 yield conn
             if new is not None:
                 self._pools_kept.add(scope)
@@ -448,55 +442,3 @@ class CostStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ---- helpers -------------------------------------------------------------------------------
-
-
-def _run_row(conn: Connection, records: RunRecords, deployment: str | None, name: str | None) -> dict[str, Any]:
-    """The run's row, from the earliest arrival stored for it: the run started there.
-
-    A pool service restarted while the run was in flight stored the run under
-    the first instance's arrival (its provisional row); the second instance's
-    records start at its own first call. The row keeps the earlier start, and
-    the SLO outcome and day that follow from it (read in the write transaction).
-    """
-    first = conn.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
-    if first is not None and first < records.arrival_ms:
-        records = dataclasses.replace(records, arrival_ms=first)
-    return R.run_row(records, deployment, name)
-
-
-def _record_pool(conn: Connection, scope: str, billing: Billing) -> None:
-    """Keep a pool's options for its scope, once (a pool's settings do not change while it runs)."""
-    row = R.pool_row(scope, billing, time.time() * 1000.0)
-    _upsert(conn, PoolRow, [row], ("scope",), update=False)
-
-
-def _upsert(
-    conn: Connection,
-    model: type[StoreModel],
-    rows: Sequence[dict[str, Any]],
-    keys: tuple[str, ...],
-    *,
-    update: bool = True,
-    keep_if_null: tuple[str, ...] = (),
-) -> None:
-    """Insert ``rows``, or update the stored row with the same ``keys`` (do nothing if not ``update``)."""
-    if not rows:
-        return
-    table = model.__table__  # type: ignore[attr-defined]
-    dialect = conn.dialect.name
-    if dialect == "sqlite":
-        stmt: Any = sqlite.insert(table)
-    elif dialect == "postgresql":
-        stmt = postgresql.insert(table)
-    else:  # resolve_url admits no other dialect
-        raise ConfigError(f"the cost store supports sqlite and postgresql, not {dialect!r}")
-    if update:
-        cols = [c for c in rows[0] if c not in keys]
-        new = {c: func.coalesce(stmt.excluded[c], table.c[c]) if c in keep_if_null else stmt.excluded[c] for c in cols}
-        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=new)
-    else:
-        stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
-    conn.execute(stmt, list(rows))

@@ -1,0 +1,77 @@
+"""The cost store's write statements: upserts by id, and the run rows that keep a run's earliest start.
+
+Kept apart from :mod:`esg_prefect.store.cost_store`, which runs them in its
+write transactions. Every write is an upsert (``INSERT ... ON CONFLICT``), so
+that a record written twice leaves one row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlmodel import col
+
+from esg_prefect.exceptions import ConfigError
+from esg_prefect.store import rows as R
+from esg_prefect.store.billing import Billing
+from esg_prefect.store.tables import PoolRow, RunRow, StoreModel
+
+if TYPE_CHECKING:
+    from esg_prefect.control.records import RunRecords
+
+KEEP = ("deployment", "run_name")  # a run's columns that a later record without them never erases
+
+
+def run_row(conn: Connection, records: RunRecords, deployment: str | None, name: str | None) -> dict[str, Any]:
+    """The run's row, from the earliest arrival stored for it: the run started there.
+
+    A pool service restarted while the run was in flight stored the run under
+    the first instance's arrival (its provisional row); the second instance's
+    records start at its own first call. The row keeps the earlier start, and
+    the SLO outcome and day that follow from it (read in the write transaction).
+    """
+    first = conn.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
+    if first is not None and first < records.arrival_ms:
+        records = dataclasses.replace(records, arrival_ms=first)
+    return R.run_row(records, deployment, name)
+
+
+def record_pool(conn: Connection, scope: str, billing: Billing) -> None:
+    """Keep a pool's options for its scope, once (a pool's settings do not change while it runs)."""
+    row = R.pool_row(scope, billing, time.time() * 1000.0)
+    upsert(conn, PoolRow, [row], ("scope",), update=False)
+
+
+def upsert(
+    conn: Connection,
+    model: type[StoreModel],
+    rows: Sequence[dict[str, Any]],
+    keys: tuple[str, ...],
+    *,
+    update: bool = True,
+    keep_if_null: tuple[str, ...] = (),
+) -> None:
+    """Insert ``rows``, or update the stored row with the same ``keys`` (do nothing if not ``update``)."""
+    if not rows:
+        return
+    table = model.__table__  # type: ignore[attr-defined]
+    dialect = conn.dialect.name
+    if dialect == "sqlite":
+        stmt: Any = sqlite.insert(table)
+    elif dialect == "postgresql":
+        stmt = postgresql.insert(table)
+    else:  # resolve_url admits no other dialect
+        raise ConfigError(f"the cost store supports sqlite and postgresql, not {dialect!r}")
+    if update:
+        cols = [c for c in rows[0] if c not in keys]
+        new = {c: func.coalesce(stmt.excluded[c], table.c[c]) if c in keep_if_null else stmt.excluded[c] for c in cols}
+        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=new)
+    else:
+        stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
+    conn.execute(stmt, list(rows))
