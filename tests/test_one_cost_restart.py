@@ -38,7 +38,7 @@ from esg_prefect.store import IDLE_KEY, CostStore
 from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import Billing
-from esg_prefect.store.earlier import earlier_parts
+from esg_prefect.store.earlier import earlier_parts, ended_elsewhere
 from esg_prefect.store.tables import BatchRow, IdleRow, PoolRow, RunRow
 from tests.test_one_cost import FakeBackend, FakeClient, ManualClock, _results, _t4_profile, _whole_bill
 from tests.toy_calls import flow_call
@@ -315,3 +315,105 @@ def test_a_bad_stored_option_of_an_earlier_pool_is_named(store_url: str) -> None
         with pytest.raises(ConfigError) as by_store:
             store.costs("run")
         assert str(exc.value) == str(by_store.value)
+
+
+def test_a_run_whose_last_call_ran_before_a_restart_is_published_at_its_end(
+    tmp_path: Path, published: tuple[list[RunRecords], FakeClient]
+) -> None:
+    """All of a run's calls ran on the first instance; its end reaches the second: published there, once.
+
+    The second instance holds no call of the run. It finds the run's parts in the
+    store and publishes them as it publishes a run spanning the restart: the figure
+    is the store's, the run's row gets its finish and SLO outcome. An end of a run
+    no instance served, and the run's end posted again, publish nothing.
+    """
+    settled, client = published
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    done_early, whole_b, unseen = (str(uuid.uuid4()) for _ in range(3))
+    clock_a = ManualClock()
+    first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
+    try:
+        (x,) = _results(clock_a, [first.submit(_call("double", done_early, 1))])
+        _results(clock_a, [first.submit(_call("inc", done_early, x.output))])
+        clock_a.advance(2_000.0)  # its worker idles warm: part of its cost
+    finally:
+        first.close()
+    assert settled == []  # it had not ended
+    with CostStore(url) as store, Session(store.engine) as s:
+        provisional = s.get(RunRow, done_early)
+        assert provisional is not None and (provisional.finish_ms, provisional.slo_met) == (None, False)
+        started = provisional.arrival_ms
+    clock_b = ManualClock(clock_a.t + 30_000.0)
+    second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
+    try:
+        _results(clock_b, [second.submit(_call("double", whole_b, 7))])
+        for run in (done_early, unseen, whole_b, done_early):  # the run's end posted twice
+            second.end_run(run)
+        clock_b.advance(1_000.0)
+    finally:
+        second.close()
+    assert sorted(r.run_id for r in settled) == sorted([done_early, whole_b])
+    sent = client.sent()
+    assert sorted(sent) == sorted([done_early, whole_b]) and all(len(v) == 2 for v in sent.values())
+    rec = next(r for r in settled if r.run_id == done_early)
+    assert rec.calls == () and rec.batches == () and len(rec.earlier) == 1 and rec.settled
+    assert rec.arrival_ms == started and rec.finish_ms is not None and started < rec.finish_ms <= clock_a.t - 2_000.0
+    with CostStore(url) as store, Session(store.engine) as s:
+        row = s.get(RunRow, done_early)
+        costs = {r.key: r for r in store.costs("run")}
+        assert s.get(RunRow, unseen) is None
+    assert row is not None and (row.arrival_ms, row.finish_ms) == (rec.arrival_ms, rec.finish_ms)
+    assert row.slo_met and row.finish_ms - row.arrival_ms <= 800.0 and row.workflow == "toy"
+    cost = rec.cost()
+    assert cost.total == pytest.approx(costs[done_early].cost, rel=1e-9) and cost.idle > 0
+    assert (cost.busy, cost.idle) == (
+        pytest.approx(costs[done_early].busy_cost, rel=1e-9),
+        pytest.approx(costs[done_early].idle_cost, rel=1e-9),
+    )
+    idle_line = costs.pop(IDLE_KEY)
+    bill = _whole_bill(first)[0] + _whole_bill(second)[0]
+    assert math.isclose(sum(r.cost for r in costs.values()) + idle_line.cost, bill, rel_tol=1e-9)
+    table, summary = sent[done_early]["table"], sent[done_early]["markdown"]
+    assert [r["stage"] for r in table[:-1]] == ["double", "inc"] and all(EARLIER in r["batch"] for r in table[:-1])
+    assert table[-1]["cost $"] == money_text(costs[done_early].cost)
+    assert "2 stage calls of this run were served by another pool instance" in summary
+    assert "**SLO met**" in summary
+    assert client.tags[done_early] == [f"esg:${money_text(costs[done_early].cost)}", "esg:slo-met"]
+    cli = CliRunner().invoke(app, ["costs", "--url", url, "--by", "run", "--format", "json"])
+    assert cli.exit_code == 0, cli.output
+    shown = {r["key"]: r for r in json.loads(cli.stdout)["rows"]}
+    assert shown[done_early]["cost"] == costs[done_early].cost and shown[done_early]["slo_met"] == 1
+
+
+def test_ended_elsewhere_finds_only_runs_other_pools_served_and_not_yet_ended(store_url: str) -> None:
+    """The lookup behind an end the pool holds nothing of: one indexed read for a run the store never saw.
+
+    A run whose row has a finish (its end was written), or with batches of the
+    looking pool (it served the run and ended it itself), is not found either.
+    """
+    prices = PriceSheet(1e-5, {"T4": 1e-4})
+    with CostStore(store_url) as store:
+        for run, scope in (("early", "a1"), ("both", "a1"), ("both", "b"), ("ended", "a1")):
+            bid = f"{run}-{scope}"
+            rec = RunRecords(run, "toy", (), (_batch(bid, "w1", run, 0.0, 10.0),), T0, None, 800.0, prices, "equal")
+            store.record(rec, scope=scope, billing=Billing())
+        with store.engine.begin() as conn:
+            conn.execute(update(RunRow).where(RunRow.run_id == "ended").values(finish_ms=T0 + 10.0))
+        statements: list[str] = []
+
+        def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+            if statement.lstrip().upper().startswith("SELECT"):  # not the BEGIN SQLite's engine sends
+                statements.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            assert ended_elsewhere(store, "nobody", "b", prices, "equal", "attribute") is None
+            assert len(statements) == 1 and "WHERE runs.run_id" in statements[0], statements
+            assert ended_elsewhere(store, "ended", "b", prices, "equal", "attribute") is None
+            assert ended_elsewhere(store, "both", "b", prices, "equal", "attribute") is None
+            found = ended_elsewhere(store, "early", "b", prices, "equal", "attribute")
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+    assert found is not None and found.settled and found.calls == () and found.batches == ()
+    assert [p.batches[0].batch_id for p in found.earlier] == ["a1:early-a1"]
+    assert (found.workflow, found.slo_ms, found.arrival_ms) == ("toy", 800.0, T0)

@@ -204,6 +204,14 @@ records are final then (read them with
 """
 
 
+RunLookup = Callable[[str], RunRecords | None]
+"""Given a run that ended in a pool holding none of its calls, its records from elsewhere (None: unknown).
+
+The cost store's (``StoreAttachment.ended_elsewhere``): a pool service restarted
+after the run's last call stored the whole run under the earlier instance's scope.
+"""
+
+
 class ClosingListener(Protocol):
     """A listener told of the pool's close (see :data:`RunListener`)."""
 

@@ -237,10 +237,11 @@ class RunPublisher:
 
     def __call__(self, records: RunRecords) -> None:
         """A flow run ended (on the pool's listener thread): publish it once its cost is final."""
-        if not records.calls:  # the run ended again (its calls were handed over the first time): nothing new
+        if not (records.calls or records.earlier):  # ended again (its calls were handed over before): nothing new
             return
         with self._lock:  # the records carry the pool's own idle billing (runtime.pool_records)
-            if records.idle_billing == "separate" or self._ledger.closed:
+            # Settled already: a run whose calls all ran on an earlier instance (the store's lookup).
+            if records.settled or records.idle_billing == "separate" or self._ledger.closed:
                 self._queue.append(dataclasses.replace(records, settled=True))
             else:
                 self._ended[records.run_id] = records

@@ -10,6 +10,11 @@ belongs to) with a ``pool_closed()`` method is called once, after everything
 it was handed: a run's cost is final only once the idle time after its
 batches has closed, which for the last batches is the pool's close, so the
 cost store and the artifact publisher write what was still pending then.
+
+A run that ends here while the pool holds none of its calls (a pool service
+restarted after the run's last call) is looked up: the first lookup (the cost
+store's) that knows the run gives the records the run listeners get, on the
+same thread, in order, as any ended run's.
 At interpreter exit the thread is gone (``concurrent.futures`` stops its
 threads before ``atexit`` callbacks such as the runner's close of its shared
 pools run): what is handed over then, and the close, run on the closing thread.
@@ -25,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from esg_prefect.control.records import BatchDone, BatchListener, RunListener, RunRecords
+from esg_prefect.control.records import BatchDone, BatchListener, RunListener, RunLookup, RunRecords
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class Listeners:
     def __init__(self) -> None:
         self.runs: list[RunListener] = []
         self.batches: list[BatchListener] = []
+        self.lookups: list[RunLookup] = []
         self._backlog: list[BatchDone] = []  # completed batches not yet handed to batch listeners
         self._lock = threading.Lock()  # the pool's loop appends, the listeners' thread drains
         self._drain_scheduled = False
@@ -56,6 +62,23 @@ class Listeners:
         """Hand a finished run's records to every run listener."""
         for listener in self.runs:
             self._submit(functools.partial(_call, listener, records))
+
+    def ended_unseen(self, run_id: str) -> None:
+        """A run ended that the pool holds no call of: hand the run listeners its records, if a lookup has them."""
+        if self.lookups and self.runs:
+            self._submit(functools.partial(self._look_up, run_id))
+
+    def _look_up(self, run_id: str) -> None:
+        for lookup in self.lookups:
+            try:
+                records = lookup(run_id)
+            except Exception:  # a store that cannot be read: the run stays as the store has it
+                logger.exception("looking up ended flow run %s failed", run_id)
+                continue
+            if records is not None:
+                for listener in self.runs:
+                    _call(listener, records)
+                return
 
     def expect(self, batch_id: str) -> None:
         """Before any caller hears of batch ``batch_id``: it may wait for the batch's records (:meth:`recorded`)."""

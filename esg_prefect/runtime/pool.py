@@ -36,6 +36,7 @@ from esg_prefect.control.records import (
     BatchListener,
     PoolSnapshot,
     RunListener,
+    RunLookup,
 )
 from esg_prefect.control.totals import Totals
 from esg_prefect.exceptions import (
@@ -197,6 +198,14 @@ class Pool(PoolViews, PoolActions, PoolResources):
     def add_run_listener(self, listener: RunListener) -> None:
         """Call ``listener(records)`` on a background thread each time a flow run ends (artifacts, cost store)."""
         self._listen.runs.append(listener)
+
+    def add_run_lookup(self, lookup: RunLookup) -> None:
+        """Ask ``lookup(run_id)`` for the records of a run that ends here while the pool holds none of its calls.
+
+        A pool service restarted after a run's last call: the cost store holds the run
+        under the earlier instance. Records found go to the run listeners as the run's.
+        """
+        self._listen.lookups.append(lookup)
 
     def add_batch_listener(self, listener: BatchListener) -> None:
         """Call ``listener(batches)`` on the listeners' thread with the batches completed since its last call.
@@ -394,6 +403,8 @@ class Pool(PoolViews, PoolActions, PoolResources):
         reqs = self._core.end_run(run_id) if self._core is not None else []
         if not (self._listen.runs and reqs):
             self._book.forget_run(run_id)
+            if not reqs:  # none of its calls came here: an earlier instance may have served it
+                self._listen.ended_unseen(run_id)
         else:
             slo = self._registry.slo_ms(reqs[0].workflow)
             s = self.settings

@@ -12,6 +12,10 @@ each attachment draws a random scope that prefixes them in the store, so that
 pools of one process, and processes writing one store, never share an id. The
 store keeps the pool's cost split and idle billing under that scope, with its
 first records, so that it prices them as the pool's artifacts do.
+
+Across a pool service restart (``docs/decisions/one-cost.md``): a run's end that
+reaches a pool holding none of its calls is looked up in the store, and a run
+an earlier instance served is ended and published from there.
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from esg_prefect.runtime.pool_records import final_records
 from esg_prefect.store.billing import billing_of
 from esg_prefect.store.cost_store import CostStore
-from esg_prefect.store.earlier import earlier_parts
+from esg_prefect.store.earlier import earlier_parts, ended_elsewhere
 
 if TYPE_CHECKING:
     from esg_prefect.control.records import BatchDone, RecordSource, RunRecords
     from esg_prefect.model.attribution import IdleRecord
 
 logger = logging.getLogger(__name__)
+_V = TypeVar("_V")
+
+_MEMORY = 10_000  # runs each of an attachment's memories keeps, newest first
 
 
 class StoreAttachment:
@@ -57,6 +65,7 @@ class StoreAttachment:
         self.deployment_of = deployment_of
         self.name_of = name_of
         self._idles_seen = 0  # the pool's idle records up to here came with batches
+        self._found: OrderedDict[str, None] = OrderedDict()  # runs ended_elsewhere found: an end posted again is not
 
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
@@ -95,8 +104,30 @@ class StoreAttachment:
         does, so that its SLO outcome is the store's too. A run this pool served whole comes back
         as it is.
         """
+        if records.earlier:  # read already (ended_elsewhere)
+            return records
         parts = earlier_parts(self.store, records, self.scope, {c.call_id for c in records.calls})
         return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms) if parts else records
+
+    def ended_elsewhere(self, run_id: str) -> RunRecords | None:
+        """The records of a run that ended in the pool while it held none of its calls, from the store.
+
+        The pool's run lookup (:meth:`~esg_prefect.runtime.pool.Pool.add_run_lookup`): a pool
+        service restarted after the run's last call, whose earlier instance stored the whole run.
+        Its run listeners (this one, the artifact publisher) get the records as the run's, so that
+        it is published, and its row finished, as a run spanning the restart is. None (no part
+        stored elsewhere, or found once already): nothing to do; one indexed read for a run the
+        store has no row of.
+        """
+        if run_id in self._found:
+            return None
+        billing = self.billing or self.store.default_billing
+        found = ended_elsewhere(
+            self.store, run_id, self.scope, self.pool.prices, billing.cost_split, billing.idle_billing
+        )
+        if found is not None:
+            _remember(self._found, run_id, None)
+        return found
 
     def pool_closed(self) -> None:
         """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""
@@ -116,6 +147,13 @@ class StoreAttachment:
         """
         snap = self.pool.snapshot(timeout_s)
         self.store.record_idles(snap.idles, self.pool.prices, scope=self.scope, billing=self.billing)
+
+
+def _remember(memory: OrderedDict[str, _V], run_id: str, value: _V) -> None:
+    """Keep ``run_id -> value``, forgetting the oldest beyond :data:`_MEMORY`."""
+    memory[run_id] = value
+    while len(memory) > _MEMORY:
+        memory.popitem(last=False)
 
 
 def _looked_up(lookup: Callable[[str], str | None] | None, run_id: str, what: str) -> str | None:
@@ -153,4 +191,7 @@ def attach_store(
     attachment = StoreAttachment(pool, store, deployment_of, name_of)
     pool.add_run_listener(attachment)
     pool.add_batch_listener(attachment.on_batches)
+    add_lookup = getattr(pool, "add_run_lookup", None)  # a source without one ends only runs it served
+    if callable(add_lookup):
+        add_lookup(attachment.ended_elsewhere)
     return attachment

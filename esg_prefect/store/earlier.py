@@ -17,6 +17,7 @@ a new process whose pool attached the same store, too).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from esg_prefect.control.calls import StageResult
 from esg_prefect.control.records import CallRecord, RunRecords
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord, idle_owners
 from esg_prefect.model.config import Config
+from esg_prefect.model.pricing import PriceSheet
 from esg_prefect.store import queries as Q
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import scope_of
@@ -58,26 +60,87 @@ def earlier_parts(
         pool's (a pool that served the whole run): one indexed read.
     """
     with Session(store.engine) as s:
-        ids = s.execute(
-            select(col(BatchItemRow.batch_id)).where(col(BatchItemRow.run_id) == records.run_id).distinct()
-        ).scalars()
-        elsewhere = sorted(bid for bid in ids if scope_of(bid) != scope)
-        if not elsewhere:
-            return ()
-        rows = _batch_rows(s, elsewhere)
-        items = Q.items_of(s, elsewhere)
-        mine = [R.batch_record(r, items.get(r.batch_id, [])) for r in rows]
-        neighbours, idle_rows = _around(s, mine)
-        idles = [R.idle_record(r) for r in idle_rows]
-        calls = s.execute(select(StageCallRow).where(col(StageCallRow.run_id) == records.run_id)).scalars()
-        calls_of: defaultdict[str, list[CallRecord]] = defaultdict(list)
-        for c in calls:
-            if c.batch_id is not None and c.call_id not in known_calls and scope_of(c.batch_id) != scope:
-                calls_of[scope_of(c.batch_id)].append(_call_record(c, records.workflow))
-        sheet_of = {r.batch_id: r.sheet_id for r in rows}
-        sheets = {r.sheet_id: r for r in _where_in(s, PriceSheetRow, PriceSheetRow.sheet_id, set(sheet_of.values()))}
-        pools = {r.scope: r for r in _where_in(s, PoolRow, PoolRow.scope, {scope_of(b) for b in elsewhere})}
-        stored = s.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
+        return _parts(store, s, records, scope, known_calls, _batches_of_run(s, records.run_id))
+
+
+def ended_elsewhere(
+    store: CostStore, run_id: str, scope: str, prices: PriceSheet, cost_split: str, idle_billing: str
+) -> RunRecords | None:
+    """The records of a run that ended in the pool of ``scope`` while that pool held none of its calls.
+
+    A pool service restarted after the run's last call: the earlier instance stored
+    the whole run (its batches, calls, idle time, a provisional row), and this one
+    sees only its end. The records hold no call of this pool (``prices`` and the
+    options are its own, for its empty part); the run's parts are :attr:`earlier`,
+    its workflow, SLO, name and start are its stored row's, its finish its stored
+    calls' last end (None if one failed), so the run is published and its row
+    finished as a run spanning the restart is.
+
+    Returns:
+        None when the store has no row of the run (one indexed read: a run no pool of
+        the store served, such as another flow's end), when its row has a finish (its
+        end was written), or when no other scope, or this one too, holds its batches.
+    """
+    with Session(store.engine) as s:
+        row = s.get(RunRow, run_id)
+        if row is None or row.finish_ms is not None:
+            return None
+        ids = _batches_of_run(s, run_id)
+        if not ids or any(scope_of(bid) == scope for bid in ids):  # this pool served some: not unseen here
+            return None
+        base = RunRecords(
+            run_id,
+            row.workflow,
+            (),
+            (),
+            row.arrival_ms,
+            None,
+            row.slo_ms,
+            prices,
+            cost_split,
+            settled=True,
+            idle_billing=idle_billing,
+            run_name=row.run_name,
+        )
+        parts = _parts(store, s, base, scope, (), ids)
+    calls = [c for p in parts for c in p.calls]
+    finish = max(c.end_ms for c in calls) if calls and all(c.ok for c in calls) else None
+    parts = tuple(dataclasses.replace(p, finish_ms=finish) for p in parts)
+    return dataclasses.replace(base, finish_ms=finish, arrival_ms=parts[0].arrival_ms, earlier=parts)
+
+
+def _batches_of_run(s: Session, run_id: str) -> list[str]:
+    """The ids of the stored batches with calls of the run (one indexed read)."""
+    q = select(col(BatchItemRow.batch_id)).where(col(BatchItemRow.run_id) == run_id).distinct()
+    return list(s.execute(q).scalars())
+
+
+def _parts(
+    store: CostStore,
+    s: Session,
+    records: RunRecords,
+    scope: str,
+    known_calls: Collection[str],
+    batch_ids: Collection[str],
+) -> tuple[RunRecords, ...]:
+    """:func:`earlier_parts`, given the run's stored batch ids."""
+    elsewhere = sorted(bid for bid in batch_ids if scope_of(bid) != scope)
+    if not elsewhere:
+        return ()
+    rows = _batch_rows(s, elsewhere)
+    items = Q.items_of(s, elsewhere)
+    mine = [R.batch_record(r, items.get(r.batch_id, [])) for r in rows]
+    neighbours, idle_rows = _around(s, mine)
+    idles = [R.idle_record(r) for r in idle_rows]
+    calls = s.execute(select(StageCallRow).where(col(StageCallRow.run_id) == records.run_id)).scalars()
+    calls_of: defaultdict[str, list[CallRecord]] = defaultdict(list)
+    for c in calls:
+        if c.batch_id is not None and c.call_id not in known_calls and scope_of(c.batch_id) != scope:
+            calls_of[scope_of(c.batch_id)].append(_call_record(c, records.workflow))
+    sheet_of = {r.batch_id: r.sheet_id for r in rows}
+    sheets = {r.sheet_id: r for r in _where_in(s, PriceSheetRow, PriceSheetRow.sheet_id, set(sheet_of.values()))}
+    pools = {r.scope: r for r in _where_in(s, PoolRow, PoolRow.scope, {scope_of(b) for b in elsewhere})}
+    stored = s.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
     # The run started on the first instance: its row there holds that arrival (this one's starts later).
     arrival = records.arrival_ms if stored is None else min(records.arrival_ms, stored)
     run_batches = {b.batch_id: b for b in mine}
