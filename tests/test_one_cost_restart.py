@@ -25,8 +25,8 @@ from sqlmodel import Session
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
-from esg_prefect.control.records import RunRecords
-from esg_prefect.exceptions import ConfigError
+from esg_prefect.control.records import RunRecords, RunStub
+from esg_prefect.exceptions import ConfigError, PoolClosedError
 from esg_prefect.integration import artifacts, recording, run_views
 from esg_prefect.integration.run_views import EARLIER, money_text
 from esg_prefect.model import PriceSheet
@@ -417,3 +417,78 @@ def test_ended_elsewhere_finds_only_runs_other_pools_served_and_not_yet_ended(st
     assert found is not None and found.settled and found.calls == () and found.batches == ()
     assert [p.batches[0].batch_id for p in found.earlier] == ["a1:early-a1"]
     assert (found.workflow, found.slo_ms, found.arrival_ms) == ("toy", 800.0, T0)
+
+
+def test_a_run_whose_calls_only_queued_before_a_restart_starts_at_its_first_arrival(
+    tmp_path: Path, published: tuple[list[RunRecords], FakeClient]
+) -> None:
+    """The first instance stored no batch of the run (its call still queued when it stopped): its start survives.
+
+    The calls carry no arrival of their own (a flow's carry its start, and both
+    instances see that one): the run started when its first call reached the
+    first instance. That instance keeps the start under a provisional row when it
+    closes; the second publishes and stores the run from there, SLO missed.
+    """
+    settled, client = published
+    url = f"sqlite:///{tmp_path / 'costs.db'}"
+    run = str(uuid.uuid4())
+    clock_a = ManualClock()
+    first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
+    started = clock_a.t
+    try:
+        first.pause()  # the call queues and never runs here
+        queued = first.submit(_call("double", run, 1))
+        # Queued: the snapshot is taken on the pool's loop after the call's admission (FIFO), not before.
+        assert first.snapshot().queue_depths == {"toy/double": 1}
+        clock_a.advance(500.0)
+    finally:
+        first.close()
+    assert isinstance(queued.exception(10.0), PoolClosedError) and settled == []
+    with CostStore(url) as store, Session(store.engine) as s:
+        provisional = s.get(RunRow, run)
+        assert provisional is not None and (provisional.arrival_ms, provisional.finish_ms) == (started, None)
+        assert s.execute(select(BatchRow)).first() is None  # no batch: only the start was kept
+    clock_b = ManualClock(clock_a.t + 30_000.0)
+    second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
+    try:
+        (x,) = _results(clock_b, [second.submit(_call("double", run, 1))])  # the client posts it again
+        _results(clock_b, [second.submit(_call("inc", run, x.output))])
+        second.end_run(run)
+        clock_b.advance(1_000.0)
+    finally:
+        second.close()
+    (rec,) = settled
+    assert rec.arrival_ms == started and rec.earlier == () and rec.finish_ms is not None
+    latency = rec.finish_ms - started
+    assert latency > 30_000.0
+    with CostStore(url) as store, Session(store.engine) as s:
+        row = s.get(RunRow, run)
+    assert row is not None and (row.arrival_ms, row.finish_ms, row.slo_met) == (started, rec.finish_ms, False)
+    assert f"**SLO missed** by {latency - 800:.1f} ms" in client.sent()[run]["markdown"]
+    assert client.tags[run][1] == "esg:slo-missed"
+
+
+def test_open_runs_keep_their_earliest_start(store_url: str) -> None:
+    """A closing pool's open runs: a new run gets a provisional row, a later provisional start is lowered.
+
+    A finished row keeps its start (its SLO outcome was decided from it).
+    """
+    prices = PriceSheet(1e-5, {"T4": 1e-4})
+    day = 86_400_000.0
+    with CostStore(store_url) as store:
+        for run, finish in (("later", None), ("ended", T0 + day + 10.0)):
+            rec = RunRecords(run, "toy", (), (_batch(run, "w1", run, day, day + 10.0),), T0 + day, finish, 800.0,
+                             prices, "equal")  # fmt: skip
+            store.record(rec, scope="a1", billing=Billing())
+        stubs = [RunStub(r, "toy", T0, 800.0, "a name") for r in ("later", "ended", "new")]
+        store.record_open_runs(stubs, scope="a2", billing=Billing(), deployments={"new": "nightly"})
+        with Session(store.engine) as s:
+            rows = {r.run_id: r for r in s.execute(select(RunRow)).scalars()}
+        listed = {r.key: r for r in store.costs("run")}
+    assert (listed["new"].cost, listed["new"].slo_missed) == (0.0, 1)  # a run that never came back: listed
+    assert {k: (r.arrival_ms, r.day, r.finish_ms) for k, r in rows.items()} == {
+        "later": (T0, R.utc_day(T0), None),
+        "ended": (T0 + day, R.utc_day(T0 + day), T0 + day + 10.0),
+        "new": (T0, R.utc_day(T0), None),
+    }
+    assert (rows["new"].deployment, rows["new"].run_name, rows["new"].slo_met) == ("nightly", "a name", False)

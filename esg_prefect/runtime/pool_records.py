@@ -131,6 +131,15 @@ class CallBook:
         self._idle_cursor = len(fleet.idles)
         return records
 
+    def open_runs(self, core: Core, slo: Callable[[str], float]) -> list[RunStub]:
+        """The runs whose end has not reached the pool, each at its earliest arrival (by run id)."""
+        runs: dict[str, RunStub] = {}
+        for req in core.requests.values():
+            if not req.closed and (req.run_id not in runs or req.arrival_ms < runs[req.run_id].arrival_ms):
+                name = self._name_of_run.get(req.run_id)
+                runs[req.run_id] = RunStub(req.run_id, req.workflow, req.arrival_ms, slo(req.workflow), name)
+        return [runs[r] for r in sorted(runs)]
+
     def batch_done(self, done: BatchDone, core: Core, slo: Callable[[str], float]) -> BatchDone:
         """A completed batch as the batch listeners get it: with its runs and the idle time since the last one."""
         first_idle = self._batch_idle_cursor

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from esg_prefect.control.records import PoolSnapshot, request_records, stage_records
+from esg_prefect.control.records import PoolSnapshot, RunStub, request_records, stage_records
 from esg_prefect.exceptions import PoolClosedError
 from esg_prefect.model.config import CPU
 from esg_prefect.model.report import Report, summarize
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from esg_prefect.model.pricing import PriceSheet
     from esg_prefect.model.profile import LatencyProfile
     from esg_prefect.runtime.planner import Planner
+    from esg_prefect.runtime.pool_records import CallBook
     from esg_prefect.runtime.workers import WorkerBackend
+    from esg_prefect.runtime.workflows import WorkflowRegistry
     from esg_prefect.scheduling import ESGSettings, Scheduler
     from esg_prefect.scheduling.tables import CandidateTables
 
@@ -36,6 +38,8 @@ class PoolViews:
     prices: PriceSheet
     planner: Planner
     _core: Core | None
+    _book: CallBook
+    _registry: WorkflowRegistry
     _loop: asyncio.AbstractEventLoop | None
     _stopped: bool
 
@@ -90,6 +94,17 @@ class PoolViews:
         if self._loop is None:
             return PoolSnapshot((), (), (), (), {}, ())
         return asyncio.run_coroutine_threadsafe(self._snapshot(recent), self._loop).result(timeout_s)
+
+    def open_runs(self) -> list[RunStub]:
+        """The runs whose end has not reached the pool, each at its earliest arrival here.
+
+        Read once the pool has closed (its loop has stopped): the cost store keeps their
+        start, so that a run whose calls were still queued when a pool service stopped
+        starts there, not where its calls reach the next instance.
+        """
+        if not self._stopped or self._core is None:
+            return []
+        return self._book.open_runs(self._core, self._registry.slo_ms)
 
     def report(self, timeout_s: float = 30.0) -> Report:
         """SLO hit rate, latencies, batch sizes, costs and decision times so far (one ``summarize``)."""

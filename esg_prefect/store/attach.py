@@ -13,7 +13,8 @@ pools of one process, and processes writing one store, never share an id. The
 store keeps the pool's cost split and idle billing under that scope, with its
 first records, so that it prices them as the pool's artifacts do.
 
-Across a pool service restart (``docs/decisions/one-cost.md``): a run's end that
+Across a pool service restart (``docs/decisions/one-cost.md``): at its close a
+pool stores the start of each run it held that had not ended; a run's end that
 reaches a pool holding none of its calls is looked up in the store, and a run
 an earlier instance served is ended and published from there.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -66,6 +68,8 @@ class StoreAttachment:
         self.name_of = name_of
         self._idles_seen = 0  # the pool's idle records up to here came with batches
         self._found: OrderedDict[str, None] = OrderedDict()  # runs ended_elsewhere found: an end posted again is not
+        self._started: OrderedDict[str, float] = OrderedDict()  # run -> its stored start, earlier than its records'
+        self._lock = threading.Lock()  # _started: written on the listeners' thread, read on the publisher's
 
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
@@ -73,7 +77,10 @@ class StoreAttachment:
         # The name its calls carried (in-process or over the pool service's wire); else a lookup's.
         name = records.run_name or _looked_up(self.name_of, records.run_id, "flow run name")
         # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
-        self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
+        start = self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
+        if start < records.arrival_ms:  # an earlier instance saw it first: with_earlier starts the run there
+            with self._lock:
+                _remember(self._started, records.run_id, start)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread).
@@ -101,13 +108,19 @@ class StoreAttachment:
         flight stored the run's first calls under another scope; they join the records
         (:attr:`~esg_prefect.control.records.RunRecords.earlier`), so that the run's published
         figure is the store's; the run then starts at its first arrival there, as its stored row
-        does, so that its SLO outcome is the store's too. A run this pool served whole comes back
-        as it is.
+        does, so that its SLO outcome is the store's too. A run with no batch elsewhere whose stored
+        start is earlier (its calls queued on an earlier instance, which kept the start at its
+        close) starts there, as :meth:`__call__` found when it wrote the row (no read here). A run
+        this pool served whole comes back as it is.
         """
+        with self._lock:
+            start = self._started.pop(records.run_id, None)
         if records.earlier:  # read already (ended_elsewhere)
             return records
         parts = earlier_parts(self.store, records, self.scope, {c.call_id for c in records.calls})
-        return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms) if parts else records
+        if parts:
+            return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms)
+        return dataclasses.replace(records, arrival_ms=start) if start is not None else records
 
     def ended_elsewhere(self, run_id: str) -> RunRecords | None:
         """The records of a run that ended in the pool while it held none of its calls, from the store.
@@ -130,12 +143,21 @@ class StoreAttachment:
         return found
 
     def pool_closed(self) -> None:
-        """Store the idle intervals not yet stored, closed by now (called once, when the pool closes)."""
+        """Store the idle intervals not yet stored, closed by now, and the start of each run not ended.
+
+        Called once, when the pool closes. A pool service stopped while a run's calls
+        queued stored no batch of it: its row keeps where it started (``record_open_runs``).
+        """
         final = final_records(self.pool)
         if final is not None:
             self.store.record_idles(
                 final[1][self._idles_seen :], self.pool.prices, scope=self.scope, billing=self.billing
             )
+        open_runs = getattr(self.pool, "open_runs", None)
+        runs = open_runs() if callable(open_runs) else []
+        if runs:
+            deployments = {r.run_id: _looked_up(self.deployment_of, r.run_id, "deployment name") for r in runs}
+            self.store.record_open_runs(runs, scope=self.scope, billing=self.billing, deployments=deployments)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Store the pool's idle intervals up to now, open ones included.

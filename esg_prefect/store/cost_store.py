@@ -60,7 +60,7 @@ from esg_prefect.store.tables import (
 )
 
 if TYPE_CHECKING:
-    from esg_prefect.control.records import BatchDone, RunRecords
+    from esg_prefect.control.records import BatchDone, RunRecords, RunStub
     from esg_prefect.model.attribution import IdleRecord
 
 logger = logging.getLogger(__name__)
@@ -176,16 +176,40 @@ class CostStore:
         deployment: str | None = None,
         billing: Billing | None = None,
         name: str | None = None,
-    ) -> None:
+    ) -> float:
         """Store a run's own row and the idle intervals closed since, when its batches are stored already.
 
         What a pool's run listener needs once :meth:`record_batches` has written
         the run's batches and calls as they completed (see ``attach_store``).
-        ``billing`` and ``name`` as for :meth:`record`.
+        ``billing`` and ``name`` as for :meth:`record`. Returns the run's arrival as
+        stored: the earliest written for it (an earlier pool instance's, after a restart).
         """
         with self._writing(scope, billing, [records.prices]) as conn:
-            W.upsert(conn, RunRow, [W.run_row(conn, records, deployment, name)], ("run_id",), keep_if_null=W.KEEP)
+            row = W.run_row(conn, records, deployment, name)
+            W.upsert(conn, RunRow, [row], ("run_id",), keep_if_null=W.KEEP)
             W.upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
+        return float(row["arrival_ms"])
+
+    def record_open_runs(
+        self,
+        runs: Sequence[RunStub],
+        *,
+        scope: str = "",
+        billing: Billing | None = None,
+        deployments: Mapping[str, str | None] | None = None,
+    ) -> None:
+        """Store the start of runs a closing pool held that had not ended, under provisional rows.
+
+        A pool service stopped while a run's calls still queued stored no batch of it:
+        without this, the run would start where its calls reach the next instance. A
+        stored provisional row that starts later takes the earlier start; a finished
+        row is left as it is. ``billing`` and ``deployments`` as for :meth:`record_batches`.
+        """
+        if not runs:
+            return
+        split, named = (billing or self.default_billing).cost_split, deployments or {}
+        with self._writing(scope, billing, []) as conn:
+            W.open_runs(conn, [R.run_stub_row(r, split, named.get(r.run_id)) for r in runs])
 
     def record_batches(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -42,6 +42,22 @@ def run_row(conn: Connection, records: RunRecords, deployment: str | None, name:
     return R.run_row(records, deployment, name)
 
 
+def open_runs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Provisional rows of runs that had not ended: a new run gets its row; a provisional one, the earlier start.
+
+    A stored row with no finish that starts later (its first stored batch was of a
+    later call) takes the row's arrival and day; a finished row is left as it is.
+    """
+    upsert(
+        conn,
+        RunRow,
+        rows,
+        ("run_id",),
+        columns=("arrival_ms", "day"),
+        where=lambda new, old: old.finish_ms.is_(None) & (new.arrival_ms < old.arrival_ms),
+    )
+
+
 def record_pool(conn: Connection, scope: str, billing: Billing) -> None:
     """Keep a pool's options for its scope, once (a pool's settings do not change while it runs)."""
     row = R.pool_row(scope, billing, time.time() * 1000.0)
@@ -56,8 +72,14 @@ def upsert(
     *,
     update: bool = True,
     keep_if_null: tuple[str, ...] = (),
+    columns: tuple[str, ...] | None = None,
+    where: Callable[[Any, Any], Any] | None = None,
 ) -> None:
-    """Insert ``rows``, or update the stored row with the same ``keys`` (do nothing if not ``update``)."""
+    """Insert ``rows``, or update the stored row with the same ``keys`` (do nothing if not ``update``).
+
+    ``columns``: only these are updated (default: every one but the keys); ``where(new, stored)``:
+    only stored rows for which it holds are (the columns of the row offered, of the stored row).
+    """
     if not rows:
         return
     table = model.__table__  # type: ignore[attr-defined]
@@ -69,9 +91,10 @@ def upsert(
     else:  # resolve_url admits no other dialect
         raise ConfigError(f"the cost store supports sqlite and postgresql, not {dialect!r}")
     if update:
-        cols = [c for c in rows[0] if c not in keys]
+        cols = [c for c in rows[0] if c not in keys and (columns is None or c in columns)]
         new = {c: func.coalesce(stmt.excluded[c], table.c[c]) if c in keep_if_null else stmt.excluded[c] for c in cols}
-        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=new)
+        cond = None if where is None else where(stmt.excluded, table.c)
+        stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_=new, where=cond)
     else:
         stmt = stmt.on_conflict_do_nothing(index_elements=list(keys))
     conn.execute(stmt, list(rows))
