@@ -333,8 +333,8 @@ def test_a_run_whose_last_call_ran_before_a_restart_is_published_at_its_end(
     clock_a = ManualClock()
     first = _service_pool(clock_a, PriceSheet(1e-5, {"T4": 1e-4}), url)
     try:
-        (x,) = _results(clock_a, [first.submit(_call("double", done_early, 1))])
-        _results(clock_a, [first.submit(_call("inc", done_early, x.output))])
+        (x,) = _results(clock_a, [first.submit(flow_call("double", done_early, 1))])
+        _results(clock_a, [first.submit(flow_call("inc", done_early, x.output))])
         clock_a.advance(2_000.0)  # its worker idles warm: part of its cost
     finally:
         first.close()
@@ -346,7 +346,7 @@ def test_a_run_whose_last_call_ran_before_a_restart_is_published_at_its_end(
     clock_b = ManualClock(clock_a.t + 30_000.0)
     second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
     try:
-        _results(clock_b, [second.submit(_call("double", whole_b, 7))])
+        _results(clock_b, [second.submit(flow_call("double", whole_b, 7))])
         for run in (done_early, unseen, whole_b, done_early):  # the run's end posted twice
             second.end_run(run)
         clock_b.advance(1_000.0)
@@ -437,7 +437,7 @@ def test_a_run_whose_calls_only_queued_before_a_restart_starts_at_its_first_arri
     started = clock_a.t
     try:
         first.pause()  # the call queues and never runs here
-        queued = first.submit(_call("double", run, 1))
+        queued = first.submit(flow_call("double", run, 1))
         # Queued: the snapshot is taken on the pool's loop after the call's admission (FIFO), not before.
         assert first.snapshot().queue_depths == {"toy/double": 1}
         clock_a.advance(500.0)
@@ -451,8 +451,8 @@ def test_a_run_whose_calls_only_queued_before_a_restart_starts_at_its_first_arri
     clock_b = ManualClock(clock_a.t + 30_000.0)
     second = _service_pool(clock_b, PriceSheet(2e-5, {"T4": 3e-4}), url)
     try:
-        (x,) = _results(clock_b, [second.submit(_call("double", run, 1))])  # the client posts it again
-        _results(clock_b, [second.submit(_call("inc", run, x.output))])
+        (x,) = _results(clock_b, [second.submit(flow_call("double", run, 1))])  # the client posts it again
+        _results(clock_b, [second.submit(flow_call("inc", run, x.output))])
         second.end_run(run)
         clock_b.advance(1_000.0)
     finally:
