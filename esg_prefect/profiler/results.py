@@ -136,10 +136,6 @@ def write_profile_csv(points: Sequence[ProfiledPoint], out: Path) -> None:
             )
 
 
-PROFILE_REQUIRED = ("stage", "hardware", "batch", "vcpus", "gpu_share", "mean_ms")
-"""The columns a profile CSV cannot do without (the others read with defaults)."""
-
-
 def read_profile_csv(path: Path) -> list[ProfiledPoint]:
     """Points of a CSV written by :func:`write_profile_csv` (a plain profile CSV reads with defaults).
 
@@ -173,7 +169,7 @@ def read_profile_csv(path: Path) -> list[ProfiledPoint]:
             pipeline=r.get("pipeline") or "",
         )
 
-    return read_rows(path, point, required=PROFILE_REQUIRED, kind="a latency profile CSV")
+    return read_rows(path, point, required=PROFILE_COLUMNS[:6], kind="a latency profile CSV")
 
 
 def write_samples_csv(samples: Sequence[Sample], out: Path) -> None:
