@@ -1,7 +1,7 @@
-"""How a count is written for people: one helper for every line that counts things.
+"""How a count is written for people (``1 call``, ``2 calls``): one helper for every line that counts things.
 
 ``pool status``, a flow run's summary artifact, the cost report and the stage
-call errors each wrote ``1 call`` / ``2 calls`` with a helper of their own.
+call errors all use it, so that they agree.
 
 Example:
     >>> counted(1, "batch", "batches"), counted(3, "batch", "batches"), counted(0, "call")
