@@ -317,47 +317,30 @@ def _run_cli(
     measurements: Path | None = None,
     stalls: Path | None = None,
 ) -> None:
-    from dataclasses import replace
 
     from rich.console import Console
     from rich.progress import TextColumn
 
     from esg_prefect.cli.progress import progress_bar
-    from esg_prefect.profiler.measure import MeasureSettings
-    from esg_prefect.profiler.run import ProfileRequest
-    from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, run_session
-
-    settings = (
-        MeasureSettings.quick()
-        if quick
-        else replace(MeasureSettings(max_attempts=max_attempts), batches=batches or (1, 2, 4, 8, 16, 32))
+    from esg_prefect.profiler.session import (
+        SessionOptions,
+        breakdown_options,
+        measure_request,
+        run_session,
+        settings_for,
     )
+
+    settings = settings_for(batches, quick, max_attempts)
     request = None
     if profile_csv is None and stalls is None:
-        request = ProfileRequest(
-            specs=target,
-            vcpus=vcpus,
-            gpu_shares=gpu_shares,
-            settings=settings,
-            wait_quiet_s=0.0 if quick else wait_quiet_s,
-            worker_start_launches=1 if quick else 3,
-        )
+        request = measure_request(target, vcpus, gpu_shares, settings, quick, wait_quiet_s)
     opts = SessionOptions(
         request=request,
         existing=profile_csv,
         out_dir=out_dir,
         name=name,
         figures_dir=figures_dir,
-        breakdown=BreakdownOptions(
-            batch=breakdown_batch,
-            co_runners=co_runners,
-            trace=trace,
-            utilisation=utilisation,
-            slot_s=0.3 if quick else 2.0,
-            requests=8 if quick else 48,
-        )
-        if breakdown
-        else None,
+        breakdown=breakdown_options(quick, breakdown_batch, co_runners, trace, utilisation) if breakdown else None,
         validate=validate,
         validation_batches=(1, 3) if quick else validation_batches,
         validation_settings=settings if profile_csv is not None else None,

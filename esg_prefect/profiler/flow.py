@@ -21,21 +21,21 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from esg_prefect.profiler.measure import MeasureSettings
-from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S, ProfileRequest
-from esg_prefect.profiler.session import BreakdownOptions, SessionOptions, SessionResult, run_session
+from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S
+from esg_prefect.profiler.session import (
+    BreakdownOptions,
+    SessionOptions,
+    SessionResult,
+    breakdown_options,
+    measure_request,
+    run_session,
+    settings_for,
+)
 from esg_prefect.profiler.validate import VALIDATION_BATCHES
 
 _BREAKDOWN = BreakdownOptions()
 """The stall breakdown's defaults, which the flow's parameters (and the CLI's options) start from."""
 _MAX_ATTEMPTS = MeasureSettings().max_attempts
-
-
-def settings_for(batches: list[int] | None, quick: bool, max_attempts: int = _MAX_ATTEMPTS) -> MeasureSettings:
-    """Measurement settings from the flow's (or the CLI's) parameters; ``quick`` times each point once."""
-    if quick:
-        return MeasureSettings.quick(batches or (1, 2))
-    settings = MeasureSettings(max_attempts=max_attempts)
-    return settings if batches is None else settings.with_batches(batches)
 
 
 def report_markdown(res: SessionResult) -> str:
@@ -104,28 +104,19 @@ def profile_flow(
     Returns:
         The files written (by kind) and the stored run id.
     """
-    request = ProfileRequest(
-        specs=tuple(targets or ("examples",)),
-        vcpus=tuple(vcpus or (1, 2)),
-        gpu_shares=tuple(gpu_shares) if gpu_shares is not None else (0.25, 0.5, 1.0),
-        settings=settings_for(batches, quick, max_attempts),
-        wait_quiet_s=0.0 if quick else wait_quiet_s,
-        worker_start_launches=1 if quick else 3,
-    )
+    settings = settings_for(batches, quick, max_attempts)
     opts = SessionOptions(
-        request=request,
+        request=measure_request(
+            targets or ("examples",),
+            vcpus or (1, 2),
+            (0.25, 0.5, 1.0) if gpu_shares is None else gpu_shares,
+            settings,
+            quick,
+            wait_quiet_s,
+        ),
         out_dir=Path(out_dir),
         name=name,
-        breakdown=BreakdownOptions(
-            batch=breakdown_batch,
-            co_runners=co_runners,
-            trace=trace,
-            utilisation=utilisation,
-            slot_s=0.3 if quick else 2.0,
-            requests=8 if quick else 48,
-        )
-        if breakdown
-        else None,
+        breakdown=breakdown_options(quick, breakdown_batch, co_runners, trace, utilisation) if breakdown else None,
         validate=validation,
         validation_batches=(1, 3) if quick else tuple(validation_batches or VALIDATION_BATCHES),
         store_url=store_url if store else False,

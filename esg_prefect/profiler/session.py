@@ -21,7 +21,7 @@ The run, its points, stalls and co-runs are also saved in the profile store
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from esg_prefect.profiler.breakdown import (
     write_breakdown_csv,
 )
 from esg_prefect.profiler.interference import InterferenceTable
-from esg_prefect.profiler.measure import MeasureSettings
+from esg_prefect.profiler.measure import QUICK_BATCHES, MeasureSettings
 from esg_prefect.profiler.report import (
     breakdown_table,
     noise_warnings,
@@ -67,6 +67,45 @@ class BreakdownOptions:
     utilisation: float = 0.7
     requests: int = 48
     slot_s: float = 2.0
+
+
+def settings_for(batches: Sequence[int] | None, quick: bool, max_attempts: int) -> MeasureSettings:
+    """Measurement settings from the CLI's or the flow's options; ``quick`` times each point once."""
+    if quick:
+        return MeasureSettings.quick(batches or QUICK_BATCHES)
+    settings = MeasureSettings(max_attempts=max_attempts)
+    return settings if not batches else settings.with_batches(batches)
+
+
+def measure_request(
+    specs: Sequence[str],
+    vcpus: Sequence[int],
+    gpu_shares: Sequence[float],
+    settings: MeasureSettings,
+    quick: bool,
+    wait_quiet_s: float,
+) -> ProfileRequest:
+    """The profile to measure; ``quick`` waits for no quiet and times one cold start per stage, not three."""
+    return ProfileRequest(
+        specs=tuple(specs),
+        vcpus=tuple(vcpus),
+        gpu_shares=tuple(gpu_shares),
+        settings=settings,
+        wait_quiet_s=0.0 if quick else wait_quiet_s,
+        worker_start_launches=1 if quick else 3,
+    )
+
+
+def breakdown_options(quick: bool, batch: int, co_runners: int, trace: str, utilisation: float) -> BreakdownOptions:
+    """The Stash runs' options; ``quick`` replays 8 requests over 0.3 s slots instead of 48 over 2 s."""
+    return BreakdownOptions(
+        batch=batch,
+        co_runners=co_runners,
+        trace=trace,
+        utilisation=utilisation,
+        slot_s=0.3 if quick else 2.0,
+        requests=8 if quick else 48,
+    )
 
 
 @dataclass(frozen=True, slots=True)
