@@ -27,6 +27,10 @@ most likely not started, or the address is wrong: a refused, timed-out or at
 once dropped connection is then retried for ``connect_grace_s`` only (a service
 started at the same time gets there), with a warning at the first naming the
 address.
+
+A flow run's end (:meth:`PoolClient.end_run`) is the one notice that is retried, in the
+background, on the same answers as a call, for up to :data:`END_DEADLINE_S`: only it closes
+the run in the service (its cost row, its artifacts).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -97,6 +102,24 @@ HELD_S = 1.0
 for a restart. One dropped sooner is a listener that is not the service (a wrong port, ``http://`` to TLS)."""
 
 
+FIRST_WAIT_S = 0.2
+"""The first wait before a request is posted again; it doubles with each retry."""
+
+MAX_BACKOFF_S = 5.0
+"""The longest wait between retries of the client's own backoff (a ``Retry-After`` may say up to 60 s)."""
+
+END_DEADLINE_S = 30.0
+"""How long a run's end is retried at most (less when ``deadline_s`` is shorter).
+
+Long enough for a prompt Ctrl-C restart of the service (its 10 s shutdown grace, then its start) and a
+busy service's ``Retry-After``; short, because the client's threads are joined at interpreter exit:
+a flow process whose service is gone for good waits this long to exit, not ``deadline_s`` (600 s).
+"""
+
+END_LOST = "the end of flow run %s did not reach the pool service at %s (%s): the run is not published"
+"""The warning of a run end given up: its records stay open there, its cost row provisional."""
+
+
 class PoolClient:
     """Talks to ``esg-prefect pool serve``.
 
@@ -145,6 +168,7 @@ class PoolClient:
         self._executor = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="esg-pool-client")
         self._lock = threading.Lock()  # guards closing against new submissions
         self._closed = False
+        self._stop = threading.Event()  # set by close(): a run end's retries stop waiting
 
     def submit(self, call: StageCall) -> concurrent.futures.Future[StageResult]:
         """Send a call; the future resolves when the service answers (after retries).
@@ -165,7 +189,7 @@ class PoolClient:
     def _wait_for(self, body: dict[str, Any]) -> StageResult:
         start = time.monotonic()
         give_up = start + self._deadline_s
-        wait = 0.2
+        wait = FIRST_WAIT_S
         call_id = str(body.get("call_id", ""))
         path = _call_path(call_id) if len(call_id) <= MAX_PATH_ID else None  # None: posted again each poll
         digest = ""  # from the service's first 202: later polls join by id and digest, without the body
@@ -196,7 +220,7 @@ class PoolClient:
                 if resp.status_code == 200:
                     return _answer(resp)
                 if resp.status_code == 202:  # still queued or running: ask again at once, the service is alive
-                    give_up, wait = time.monotonic() + self._deadline_s, 0.2
+                    give_up, wait = time.monotonic() + self._deadline_s, FIRST_WAIT_S
                     digest = _digest(resp) if path else ""
                     continue
                 if resp.status_code == 404 and digest:  # the service lost the call (a restart): post it again
@@ -215,8 +239,7 @@ class PoolClient:
                 raise PoolClosedError(
                     f"pool service at {self.address} gave the call no answer for {self._deadline_s:g} s ({last})"
                 )
-            time.sleep(wait * JITTER.uniform(1.0, 1.5))  # jitter: rejected callers do not retry in lockstep
-            wait = min(wait * 2, 5.0)
+            wait = _backoff(wait, time.sleep)
 
     def _never_answered(self, why: str, start: float) -> None:
         """No answer from a service that never answered (refused, timed out, or dropped at once): warn once,
@@ -243,8 +266,54 @@ class PoolClient:
             self._notify(f"{path}/cancel")  # lost: the call runs and its answer is dropped
 
     def end_run(self, run_id: str) -> None:
-        """Tell the service a flow run ended (best effort, in the background)."""
-        self._notify(f"/v1/runs/{run_id}/end")  # lost: it only delays closing the run's records
+        """Tell the service a flow run ended, in the background, retried for up to :data:`END_DEADLINE_S`.
+
+        Only the end closes the run there: its cost row gets its finish and SLO outcome, its
+        artifacts and tags are published, and its records leave the service's memory. So an end
+        met by a refused connection, a timeout, ``429`` or ``503`` (a service restarting, shutting
+        down, busy) is posted again as a call is (``Retry-After``, jittered backoff), until a ``2xx``,
+        :meth:`close`, or the bound; the service ends a run once however often it is told. Given
+        up, one warning names the run and the address. A service that never answered this client
+        holds nothing of the run: its end is posted once.
+
+        At interpreter exit ``concurrent.futures`` joins the client's threads before ``atexit``
+        callbacks (the runner's close of its clients) run: an end still retrying holds the exit
+        until it is delivered or its bound passes. A :meth:`close` called before stops it at once.
+        """
+        with self._lock:
+            if not self._closed:
+                self._executor.submit(self._deliver_end, run_id)
+
+    def _deliver_end(self, run_id: str) -> None:
+        path = f"/v1/runs/{run_id}/end"
+        bound = min(self._deadline_s, END_DEADLINE_S)
+        once = not self._answered  # a service never reached holds none of the run's calls: one try
+        give_up = time.monotonic() + bound
+        wait = FIRST_WAIT_S
+        while True:
+            try:
+                resp = self._http.post(path, timeout=min(max(give_up - time.monotonic(), 1.0), 30.0))
+            except (httpx.TransportError, RuntimeError) as exc:  # RuntimeError: the client closed meanwhile
+                last = f"{type(exc).__name__}: {exc}"
+                if once:
+                    logger.debug("the end of flow run %s did not reach %s (%s)", run_id, self.address, last)
+                    return
+            else:
+                if resp.is_success:
+                    return
+                last = f"{resp.status_code}: {resp.text[:200]}"
+                if resp.status_code not in (429, 503):  # refused for good (a token, a route): again changes nothing
+                    logger.warning(END_LOST, run_id, self.address, f"it answered {last}")
+                    return
+                once = False  # a service is there, busy or shutting down
+                wait = _retry_after_s(resp.headers.get("retry-after"), wait)
+            if time.monotonic() + wait > give_up:
+                logger.warning(END_LOST, run_id, self.address, f"no answer for {bound:g} s; last: {last}")
+                return
+            wait = _backoff(wait, self._stop.wait)
+            if self._stop.is_set():
+                logger.warning(END_LOST, run_id, self.address, f"the client closed while retrying; last: {last}")
+                return
 
     def _notify(self, path: str) -> None:
         """POST ``path`` in the background, best effort: a notice, not a call."""
@@ -258,9 +327,10 @@ class PoolClient:
                 self._executor.submit(_post)
 
     def close(self) -> None:
-        """Stop sending; calls in flight finish."""
+        """Stop sending; calls in flight finish, and a run end still being retried stops at once (warned)."""
         with self._lock:
             self._closed = True
+        self._stop.set()
         self._executor.shutdown(wait=False)
         self._http.close()
 
@@ -285,6 +355,13 @@ def _digest(resp: httpx.Response) -> str:
     except (ValueError, AttributeError):
         return ""
     return value if isinstance(value, str) else ""
+
+
+def _backoff(wait: float, sleep: Callable[[float], object]) -> float:
+    """Sleep ``wait`` stretched by up to half at random (rejected callers do not retry in lockstep); the next
+    wait, doubled up to :data:`MAX_BACKOFF_S`."""
+    sleep(wait * JITTER.uniform(1.0, 1.5))
+    return min(wait * 2, MAX_BACKOFF_S)
 
 
 def _retry_after_s(value: str | None, fallback: float) -> float:
