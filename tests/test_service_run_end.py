@@ -189,3 +189,27 @@ def test_the_end_to_a_service_that_never_answered_this_client_is_posted_once(
     finally:
         client.close()
     assert posts == [END] and _lost(caplog) == []
+
+
+def test_a_run_id_travels_percent_encoded_and_one_no_path_can_name_is_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A caller's own run id with a space or a ``?`` went into the path as it was: the service saw another
+    path (or a query), and the run never ended."""
+    raw: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        raw.append(request.url.raw_path)
+        return httpx.Response(200, json={})
+
+    client = _client(handler)
+    client._answered = True
+    try:
+        client.end_run("batch 7?x")
+        client.end_run("a/b")
+        _ended(client)
+    finally:
+        client.close()
+    assert raw == [b"/v1/runs/batch%207%3Fx/end"]
+    (lost,) = _lost(caplog)
+    assert "flow run a/b" in lost and "no URL path segment can name this run id" in lost

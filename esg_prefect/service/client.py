@@ -80,15 +80,21 @@ def script_stage_message(stage_path: str) -> str:
 
 
 def _call_path(call_id: str) -> str | None:
-    """The service's path of ``call_id`` (percent-encoded), or None where no path segment can name it.
+    """The service's path of ``call_id`` (percent-encoded), or None where no path segment can name it."""
+    segment = _segment(call_id)
+    return None if segment is None else "/v1/calls/" + segment
+
+
+def _segment(ident: str) -> str | None:
+    """``ident`` as one percent-encoded path segment, or None where none can name it.
 
     Any character travels percent-encoded (the ids of flow runs' calls hold a
     ``:``), but the service decodes ``%2F`` before routing, and an id of dots
     alone is a dot segment that clients and proxies collapse.
     """
-    if "/" in call_id or not call_id.strip("."):
+    if "/" in ident or not ident.strip("."):
         return None
-    return "/v1/calls/" + urllib.parse.quote(call_id, safe="")
+    return urllib.parse.quote(ident, safe="")
 
 
 MAX_POLL_S = MAX_WAIT_S
@@ -285,7 +291,11 @@ class PoolClient:
                 self._executor.submit(self._deliver_end, run_id)
 
     def _deliver_end(self, run_id: str) -> None:
-        path = f"/v1/runs/{run_id}/end"
+        segment = _segment(run_id)
+        if segment is None:  # no route can name it: the service keeps the run open
+            logger.warning(END_LOST, run_id, self.address, "no URL path segment can name this run id")
+            return
+        path = f"/v1/runs/{segment}/end"
         bound = min(self._deadline_s, END_DEADLINE_S)
         once = not self._answered  # a service never reached holds none of the run's calls: one try
         give_up = time.monotonic() + bound
