@@ -232,8 +232,16 @@ class Pool(PoolViews, PoolActions, PoolResources):
             self._loop.call_soon_threadsafe(self._on_cancel, call_id, context=_bare())
 
     def end_run(self, run_id: str) -> None:
-        """Tell the pool a flow run finished: its requests are closed and the run listeners called."""
-        if self._loop is not None and not self._closed:
+        """Tell the pool a flow run finished: its requests are closed and the run listeners called.
+
+        A pool not started yet holds none of the run's calls (a pool service restarted after the
+        run's last call): its run lookups may still find the run that an earlier instance served.
+        """
+        if self._closed:
+            return
+        if self._loop is None:
+            self._listen.ended_unseen(run_id)
+        else:
             self._loop.call_soon_threadsafe(self._on_end_run, run_id, context=_bare())
 
     def start(self) -> None:

@@ -68,8 +68,9 @@ class StoreAttachment:
         self.name_of = name_of
         self._idles_seen = 0  # the pool's idle records up to here came with batches
         self._found: OrderedDict[str, None] = OrderedDict()  # runs ended_elsewhere found: an end posted again is not
-        self._started: OrderedDict[str, float] = OrderedDict()  # run -> its stored start, earlier than its records'
-        self._lock = threading.Lock()  # _started: written on the listeners' thread, read on the publisher's
+        # run -> its (start, finish) as stored, where its records differ (an earlier instance's part)
+        self._stored: OrderedDict[str, tuple[float, float | None]] = OrderedDict()
+        self._lock = threading.Lock()  # _stored: written on the listeners' thread, read on the publisher's
 
     def __call__(self, records: RunRecords) -> None:
         """Record one run (called by the pool on its listener thread)."""
@@ -77,10 +78,12 @@ class StoreAttachment:
         # The name its calls carried (in-process or over the pool service's wire); else a lookup's.
         name = records.run_name or _looked_up(self.name_of, records.run_id, "flow run name")
         # Its batches and calls were stored as they completed (on_batches, earlier on this thread).
-        start = self.store.record_run(records, scope=self.scope, deployment=deployment, billing=self.billing, name=name)
-        if start < records.arrival_ms:  # an earlier instance saw it first: with_earlier starts the run there
-            with self._lock:
-                _remember(self._started, records.run_id, start)
+        stored = self.store.record_run(
+            records, scope=self.scope, deployment=deployment, billing=self.billing, name=name
+        )
+        if stored != (records.arrival_ms, records.finish_ms):  # an earlier instance started it, or failed a call
+            with self._lock:  # with_earlier publishes the run as stored
+                _remember(self._stored, records.run_id, stored)
 
     def on_batches(self, done: Sequence[BatchDone]) -> None:
         """Record batches as they complete (called by the pool on its listener thread).
@@ -107,20 +110,20 @@ class StoreAttachment:
         The artifact publisher's ``complete`` hook: a pool service restarted while the run was in
         flight stored the run's first calls under another scope; they join the records
         (:attr:`~esg_prefect.control.records.RunRecords.earlier`), so that the run's published
-        figure is the store's; the run then starts at its first arrival there, as its stored row
-        does, so that its SLO outcome is the store's too. A run with no batch elsewhere whose stored
-        start is earlier (its calls queued on an earlier instance, which kept the start at its
-        close) starts there, as :meth:`__call__` found when it wrote the row (no read here). A run
-        this pool served whole comes back as it is.
+        figure is the store's. The run starts and finishes as its stored row does, so that its SLO
+        outcome is the store's too: at its first arrival (an earlier instance's, even one that only
+        queued its calls and kept the start at its close), with no finish if a call failed there, as
+        :meth:`__call__` found when it wrote the row (no read here). A run this pool served whole
+        comes back as it is.
         """
         with self._lock:
-            start = self._started.pop(records.run_id, None)
+            stored = self._stored.pop(records.run_id, None)
         if records.earlier:  # read already (ended_elsewhere)
             return records
+        if stored is not None:
+            records = dataclasses.replace(records, arrival_ms=stored[0], finish_ms=stored[1])
         parts = earlier_parts(self.store, records, self.scope, {c.call_id for c in records.calls})
-        if parts:
-            return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms)
-        return dataclasses.replace(records, arrival_ms=start) if start is not None else records
+        return dataclasses.replace(records, earlier=parts, arrival_ms=parts[0].arrival_ms) if parts else records
 
     def ended_elsewhere(self, run_id: str) -> RunRecords | None:
         """The records of a run that ended in the pool while it held none of its calls, from the store.

@@ -176,19 +176,20 @@ class CostStore:
         deployment: str | None = None,
         billing: Billing | None = None,
         name: str | None = None,
-    ) -> float:
+    ) -> tuple[float, float | None]:
         """Store a run's own row and the idle intervals closed since, when its batches are stored already.
 
         What a pool's run listener needs once :meth:`record_batches` has written
         the run's batches and calls as they completed (see ``attach_store``).
-        ``billing`` and ``name`` as for :meth:`record`. Returns the run's arrival as
-        stored: the earliest written for it (an earlier pool instance's, after a restart).
+        ``billing`` and ``name`` as for :meth:`record`. Returns the run's arrival and finish as
+        stored: the earliest arrival written for it, and no finish if a call failed, on an
+        earlier pool instance too (after a restart).
         """
         with self._writing(scope, billing, [records.prices]) as conn:
             row = W.run_row(conn, records, deployment, name)
             W.upsert(conn, RunRow, [row], ("run_id",), keep_if_null=W.KEEP)
             W.upsert(conn, IdleRow, R.idle_rows(records.new_idles, records.prices, scope), ("idle_id",))
-        return float(row["arrival_ms"])
+        return float(row["arrival_ms"]), row["finish_ms"]
 
     def record_open_runs(
         self,

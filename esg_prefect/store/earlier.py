@@ -134,9 +134,14 @@ def _parts(
     idles = [R.idle_record(r) for r in idle_rows]
     calls = s.execute(select(StageCallRow).where(col(StageCallRow.run_id) == records.run_id)).scalars()
     calls_of: defaultdict[str, list[CallRecord]] = defaultdict(list)
+    failed: list[CallRecord] = []  # failed calls are stored with no batch, so with no scope: the first part's
     for c in calls:
-        if c.batch_id is not None and c.call_id not in known_calls and scope_of(c.batch_id) != scope:
+        if c.call_id in known_calls:
+            continue
+        if c.batch_id is not None and scope_of(c.batch_id) != scope:
             calls_of[scope_of(c.batch_id)].append(_call_record(c, records.workflow))
+        elif c.batch_id is None and not c.ok:
+            failed.append(_call_record(c, records.workflow))
     sheet_of = {r.batch_id: r.sheet_id for r in rows}
     sheets = {r.sheet_id: r for r in _where_in(s, PriceSheetRow, PriceSheetRow.sheet_id, set(sheet_of.values()))}
     pools = {r.scope: r for r in _where_in(s, PoolRow, PoolRow.scope, {scope_of(b) for b in elsewhere})}
@@ -153,7 +158,7 @@ def _parts(
     by_scope: defaultdict[str, list[BatchRecord]] = defaultdict(list)
     for b in mine:
         by_scope[scope_of(b.batch_id)].append(b)
-    parts = []
+    parts: list[RunRecords] = []
     for sc, batches in sorted(by_scope.items(), key=lambda kv: min(b.start_ms for b in kv[1])):
         billing = store.pool_billing(pools.get(sc))
         sheet = sheets[sheet_of[batches[0].batch_id]]
@@ -161,7 +166,7 @@ def _parts(
             RunRecords(
                 records.run_id,
                 records.workflow,
-                tuple(sorted(calls_of.get(sc, []), key=lambda c: c.end_ms)),
+                tuple(sorted(calls_of.get(sc, []) + (failed if not parts else []), key=lambda c: c.end_ms)),
                 tuple(batches),
                 arrival,
                 records.finish_ms,
@@ -243,7 +248,11 @@ def _placed(row: BatchRow) -> BatchRecord:
 
 
 def _call_record(c: StageCallRow, workflow: str) -> CallRecord:
-    """A stored call of a batch as the pool recorded it (its output was never kept)."""
+    """A stored call as the pool recorded it (its output was never kept; a failed call has no batch, no result)."""
+    if c.batch_id is None:
+        return CallRecord(
+            c.call_id, c.request_id, c.run_id, workflow, c.stage, c.ready_ms, c.start_ms, c.end_ms, c.ok, None, c.error
+        )
     result = StageResult(
         c.call_id,
         None,

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
-from sqlmodel import col
+from sqlmodel import Session, col
 
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.store import rows as R
 from esg_prefect.store.billing import Billing
-from esg_prefect.store.tables import PoolRow, RunRow, StoreModel
+from esg_prefect.store.tables import PoolRow, RunRow, StageCallRow, StoreModel
 
 if TYPE_CHECKING:
     from esg_prefect.control.records import RunRecords
@@ -39,7 +39,19 @@ def run_row(conn: Connection, records: RunRecords, deployment: str | None, name:
     first = conn.execute(select(col(RunRow.arrival_ms)).where(col(RunRow.run_id) == records.run_id)).scalar()
     if first is not None and first < records.arrival_ms:
         records = dataclasses.replace(records, arrival_ms=first)
+    if records.finish_ms is not None and failed_elsewhere(conn, records.run_id, {c.call_id for c in records.calls}):
+        records = dataclasses.replace(records, finish_ms=None)  # a call failed on an earlier instance
     return R.run_row(records, deployment, name)
+
+
+def failed_elsewhere(conn: Connection | Session, run_id: str, mine: Collection[str] = ()) -> bool:
+    """Whether a stored call of the run, not one of ``mine``, failed: one an earlier pool instance ran.
+
+    A failed call is stored with no batch, so no scope tells whose it was; a call
+    retried under its id and answered since reads answered (its row is the last).
+    """
+    q = select(col(StageCallRow.call_id)).where(col(StageCallRow.run_id) == run_id, col(StageCallRow.ok).is_(False))
+    return any(call_id not in mine for call_id in conn.execute(q).scalars())
 
 
 def open_runs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
