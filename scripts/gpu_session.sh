@@ -36,9 +36,10 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')" | tee -a "$O
 
 profile() {
     local dir; dir="$(mktemp -d)"
+    local sizes=(--batches "${ESG_GPU_BATCHES:-1,2,4,8,16,32}")  # --quick has its own (and refuses these)
+    [ -n "${ESG_GPU_QUICK:-}" ] && sizes=(--quick)
     esg profile --target examples --vcpus "${ESG_GPU_VCPUS:-2}" --gpu-shares "${ESG_GPU_SHARES:-0.25,0.5,1}" \
-        --batches "${ESG_GPU_BATCHES:-1,2,4,8,16,32}" \
-        --breakdown --co-runners 1 --validate --out-dir "$dir" --name gpu --no-store ${ESG_GPU_QUICK:+--quick} 2>&1 \
+        "${sizes[@]}" --breakdown --co-runners 1 --validate --out-dir "$dir" --name gpu --no-store 2>&1 \
         | tee "$OUT/profile.log"
     tar czf "$OUT/gpu_profile.tgz" -C "$dir" .
     echo "profile files: $(cd "$dir" && ls | tr '\n' ' ')" | tee -a "$OUT/profile.log"
