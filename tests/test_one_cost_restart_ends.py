@@ -69,8 +69,8 @@ def _failed(clock: ManualClock, fut: concurrent.futures.Future[Any]) -> None:
 @pytest.mark.parametrize("first_request", [True, False], ids=["end-first", "after-a-call"])
 def test_runs_with_a_failed_call_ended_after_a_restart_read_as_ended_before_it(
     tmp_path: Path,
-    published: tuple[list[RunRecords], FakeClient],
-    first_request: bool,  # noqa: F811
+    published: tuple[list[RunRecords], FakeClient],  # noqa: F811  # the fixture imported above
+    first_request: bool,
 ) -> None:
     """Before: the restarted service, not started yet, dropped an end that was its first request (never
     published, its row provisional); and a run whose call failed before the restart was published and stored
