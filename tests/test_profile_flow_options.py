@@ -53,12 +53,106 @@ def test_the_flow_runs_its_session_with_those_options(monkeypatch: pytest.Monkey
     monkeypatch.setattr(flow, "_session", session)
     monkeypatch.setattr(flow, "create_markdown_artifact", lambda *a, **kw: None)
     params = {"breakdown_batch": 8, "co_runners": 3, "trace": "poisson", "utilisation": 0.5}
-    flow.profile_flow.fn(breakdown=True, max_attempts=2, validation_batches=[2, 4], store=False, **params)
+    flow.profile_flow.fn(
+        breakdown=True, validation=True, max_attempts=2, validation_batches=[2, 4], store=False, **params
+    )
     (opts,) = seen
     assert opts.request is not None and opts.request.settings.max_attempts == 2
     assert opts.breakdown is not None and (opts.breakdown.batch, opts.breakdown.co_runners) == (8, 3)
     assert (opts.breakdown.trace, opts.breakdown.utilisation) == ("poisson", 0.5)
     assert opts.validation_batches == (2, 4) and opts.store_url is False
+
+
+@pytest.fixture
+def flow_sessions(monkeypatch: pytest.MonkeyPatch) -> list[SessionOptions]:
+    """The sessions the flow's body would run, recorded instead of run (``profile_flow.fn``: no flow run)."""
+    from esg_prefect.profiler import flow
+
+    seen: list[SessionOptions] = []
+    monkeypatch.setattr(flow, "_session", lambda opts: seen.append(opts) or SessionResult(files={}))
+    monkeypatch.setattr(flow, "create_markdown_artifact", lambda *a, **kw: None)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        (
+            {"quick": True, "max_attempts": 3},
+            "quick=True is the smoke test (batches 1,2, one attempt, no wait for quiet, validation at 1,3) and "
+            "takes none of max_attempts=3; drop it or quick=True",
+        ),
+        ({"quick": True, "wait_quiet_s": 5.0, "validation_batches": [2]}, "of wait_quiet_s=5.0, validation_batches"),
+        ({"trace": "poisson"}, "trace='poisson' is for breakdown=True and does nothing without it; add breakdown=True"),
+        ({"breakdown_batch": 8, "validation": True}, "breakdown_batch=8 is for breakdown=True"),
+        ({"co_runners": 2}, "co_runners=2 is for breakdown=True"),
+        ({"utilisation": 0.5}, "utilisation=0.5 is for breakdown=True"),
+        ({"validation_batches": [2, 4], "breakdown": True}, "validation_batches=[2, 4] is for validation=True"),
+        ({"store": False, "store_url": "sqlite:///x.db"}, "store=False skips the profile store and takes none of"),
+    ],
+)
+def test_the_flow_refuses_a_parameter_its_run_would_ignore(
+    flow_sessions: list[SessionOptions], params: dict[str, Any], named: str
+) -> None:
+    """Each of these ran and dropped the parameter without a word (one attempt and no wait with quick,
+    no breakdown to take the trace, ...), called directly or from a deployment's parameters."""
+    from esg_prefect.exceptions import InvalidInputError
+    from esg_prefect.profiler import flow
+
+    with pytest.raises(InvalidInputError) as err:
+        flow.profile_flow.fn(**params)
+    assert named in str(err.value)
+    assert flow_sessions == []  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"quick": True, "max_attempts": 4, "wait_quiet_s": 120.0, "validation_batches": None},  # the defaults, set
+        {"quick": True, "batches": [1, 2, 4]},  # the flow's quick takes its batch sizes
+        {"breakdown": True, "trace": "poisson", "co_runners": 2, "validation": True, "validation_batches": [2]},
+        {"store": False},
+    ],
+)
+def test_the_flow_takes_the_parameters_its_run_takes(
+    flow_sessions: list[SessionOptions], params: dict[str, Any]
+) -> None:
+    from esg_prefect.profiler import flow
+
+    flow.profile_flow.fn(**params)
+    (opts,) = flow_sessions
+    assert opts.request is not None
+    if params.get("batches"):
+        assert opts.request.settings.batches == (1, 2, 4) and opts.request.settings.max_attempts == 1
+
+
+@pytest.mark.parametrize("argv", [[], ["--quick"], ["--validate"], ["--breakdown", "--trace", "poisson"]])
+def test_the_cli_s_flow_passes_the_flow_s_own_check(
+    monkeypatch: pytest.MonkeyPatch, flow_sessions: list[SessionOptions], argv: list[str]
+) -> None:
+    """``--flow`` passes every parameter: one at a value other than the flow's default, such as the
+    validation's batch sizes without ``--validate``, would be refused by the flow."""
+    from esg_prefect.cli import app
+    from esg_prefect.integration import api_check
+    from esg_prefect.profiler import flow
+
+    monkeypatch.setattr(api_check, "check_prefect_api", lambda url: None)
+    real = flow.profile_flow.fn
+    monkeypatch.setattr(flow, "profile_flow", lambda **kw: real(**kw))
+    result = CliRunner().invoke(app, ["profile", "--flow", *argv])
+    assert result.exit_code == 0, result.output
+    assert len(flow_sessions) == 1
+
+
+def test_the_flow_s_parameter_names_are_its_parameters() -> None:
+    import inspect
+
+    from esg_prefect.profiler.flow import profile_flow
+    from esg_prefect.profiler.option_modes import FLOW_PARAMETERS
+
+    params = set(inspect.signature(profile_flow.fn).parameters)
+    assert set(FLOW_PARAMETERS.values()) <= params
+    assert params - set(FLOW_PARAMETERS.values()) == {"batches", "out_dir", "name"}
 
 
 def test_the_flow_s_new_parameters_default_as_the_cli_s_options() -> None:

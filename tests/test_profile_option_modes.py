@@ -46,7 +46,12 @@ def _said(output: str) -> str:
         (["--store", "sqlite:///x.db", "--no-store"], "--no-store skips the profile store and takes none of --store;"),
         (["--figures-dir", "figs"], "--figures-dir is for --breakdown, --validate or --stalls and does nothing"),
         (["--profile", "{csv}", "--validate", "--vcpus", "4"], "--profile uses this profile instead of measuring"),
-        (["--stalls", "{csv}", "--batches", "4"], "--stalls draws this breakdown instead of measuring a profile"),
+        (["--stalls", "{csv}", "--batches", "4"], "--stalls draws this stall breakdown again instead of measuring"),
+        (["--stalls", "{csv}", "--breakdown"], "one or a profile and takes none of --breakdown; drop it or --stalls"),
+        (["--stalls", "{csv}", "-t", "x"], "--stalls without --validate only draws this breakdown, measuring nothing,"),
+        (["--stalls", "{csv}", "--quick", "--max-attempts", "1"], "--quick is the smoke test"),
+        (["--stalls", "{csv}", "--max-attempts", "2"], "measuring nothing, and takes none of --max-attempts;"),
+        (["--stalls", "{csv}", "--quick"], "measuring nothing, and takes none of --quick; drop it or --stalls"),
         (["--measurements", "{csv}"], "--measurements is for --validate"),
         (["--validate", "--measurements", "{csv}", "--validation-batches", "2"], "--measurements reuses these"),
         (["--fit-sizes", "{csv}", "--breakdown", "-t", "x"], "takes none of --target, --breakdown; drop them"),
@@ -92,16 +97,55 @@ def test_the_options_a_run_takes_are_taken(sessions: list[SessionOptions], argv:
         assert opts.request is not None and opts.request.settings.max_attempts == 2
 
 
+def test_stalls_breakdown_and_the_measuring_options_went_to_a_default_breakdown(
+    tmp_path: Path, sessions: list[SessionOptions]
+) -> None:
+    """``--stalls S --breakdown --max-attempts 2`` (or ``--quick``) measured a breakdown at the default
+    settings (4 attempts) and drew it over S's figures; ``--stalls S -t x`` ran, measuring nothing on x."""
+    from esg_prefect.cli import app
+
+    csv = str(tmp_path / "s.csv")
+    (tmp_path / "s.csv").write_text("stage\n", encoding="utf-8")
+    for argv in (["--breakdown", "--max-attempts", "2"], ["--breakdown", "--quick"], ["-t", "x"]):
+        result = CliRunner().invoke(app, ["profile", "--stalls", csv, *argv])
+        assert result.exit_code == 2, (argv, result.output)
+        assert "--stalls" in _said(result.output) and argv[0] in _said(result.output), result.output
+    assert sessions == []
+
+
+def test_stalls_with_a_profile_to_validate_takes_the_validation_s_options(
+    tmp_path: Path, sessions: list[SessionOptions]
+) -> None:
+    """The validation measures: on ``-t``'s targets, with ``--quick``'s or ``--max-attempts``' settings."""
+    from esg_prefect.cli import app
+
+    csv = str(tmp_path / "f.csv")
+    (tmp_path / "f.csv").write_text("stage\n", encoding="utf-8")
+    for extra, attempts in ((["--quick"], 1), (["--max-attempts", "2"], 2)):
+        argv = ["profile", "--stalls", csv, "--profile", csv, "--validate", "-t", "x", *extra]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, result.output
+        opts = sessions.pop()
+        assert opts.stalls is not None and opts.validate and opts.targets == ("x",)
+        assert opts.validation_settings is not None and opts.validation_settings.max_attempts == attempts
+
+
 def test_the_tables_name_the_command_s_options() -> None:
-    """A misspelt option in either table would never match, and its refusal would never fire."""
+    """A misspelt option in a table would never match, and its refusal would never fire."""
     import typer
 
     from esg_prefect.cli import app
-    from esg_prefect.cli.profile import EVERY_OTHER, NEEDS_ONE_OF, TAKES_NONE_OF
+    from esg_prefect.profiler.option_modes import (
+        EVERY_OTHER,
+        FLOW_PARAMETERS,
+        NEEDS_ONE_OF,
+        STALLS_ALONE_TAKES_NONE_OF,
+        TAKES_NONE_OF,
+    )
 
     profile = typer.main.get_command(app).commands["profile"]  # type: ignore[attr-defined]  # a group's commands
     options = {o for p in profile.params for o in p.opts}
-    named = set(TAKES_NONE_OF) | set(NEEDS_ONE_OF)
+    named = set(TAKES_NONE_OF) | set(NEEDS_ONE_OF) | set(STALLS_ALONE_TAKES_NONE_OF) | set(FLOW_PARAMETERS)
     for _, ignored in TAKES_NONE_OF.values():
         named |= set(ignored) - set(EVERY_OTHER)
     for modes in NEEDS_ONE_OF.values():

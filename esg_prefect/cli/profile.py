@@ -80,38 +80,6 @@ def _check_run(
     check_trace(trace)
 
 
-EVERY_OTHER = ("*",)
-"""In :data:`TAKES_NONE_OF`: every option but the mode's own."""
-
-_MEASURING = ("--vcpus", "--batches", "--gpu-shares", "--wait-quiet-s")
-"""The options only a new profile's measurement takes."""
-
-TAKES_NONE_OF: dict[str, tuple[str, tuple[str, ...]]] = {
-    # mode: what it does, and the options it would ignore (checked in this order)
-    "--flow": ("measures a new profile", ("--profile", "--measurements", "--stalls", "--figures-dir", "--fit-sizes")),
-    "--fit-sizes": ("only fits the input-size model", EVERY_OTHER),
-    "--quick": (
-        "is the smoke test (batches 1,2, one attempt, no wait for quiet, validation at 1,3)",
-        ("--batches", "--max-attempts", "--wait-quiet-s", "--validation-batches"),
-    ),
-    "--profile": ("uses this profile instead of measuring one", _MEASURING),
-    "--stalls": ("draws this breakdown instead of measuring a profile", _MEASURING),
-    "--measurements": ("reuses these measurements", ("--validation-batches",)),
-    "--no-store": ("skips the profile store", ("--store",)),
-}
-NEEDS_ONE_OF: dict[str, tuple[str, ...]] = {
-    # option: the modes of which it needs one; without them it does nothing
-    "--breakdown-batch": ("--breakdown",),
-    "--co-runners": ("--breakdown",),
-    "--trace": ("--breakdown",),
-    "--utilisation": ("--breakdown",),
-    "--validation-batches": ("--validate",),
-    "--measurements": ("--validate",),
-    "--profile": ("--validate", "--breakdown"),
-    "--figures-dir": ("--breakdown", "--validate", "--stalls"),
-}
-
-
 def given_options(ctx: typer.Context) -> dict[str, object]:
     """The options the user gave (typed, or from the environment), by long name, with their values.
 
@@ -126,29 +94,13 @@ def given_options(ctx: typer.Context) -> dict[str, object]:
     return given
 
 
-def _or(options: tuple[str, ...]) -> str:
-    """``a or b``, ``a, b or c``."""
-    return " or ".join(options) if len(options) < 3 else f"{', '.join(options[:-1])} or {options[-1]}"
-
-
 def refuse_ignored(given: dict[str, object]) -> None:
-    """Refuse, in one line naming them, the given options the run would ignore (see the two tables)."""
-    on = {option for option, value in given.items() if value is not None and value is not False}
-    for mode, (does, takes_none_of) in TAKES_NONE_OF.items():
-        if mode in on:
-            ignored = [o for o in given if o != mode and (takes_none_of is EVERY_OTHER or o in takes_none_of)]
-            if ignored:
-                them = "it" if len(ignored) == 1 else "them"
-                raise typer.BadParameter(
-                    f"{mode} {does} and takes none of {', '.join(ignored)}; drop {them} or {mode}", param_hint=mode
-                )
-    for option, modes in NEEDS_ONE_OF.items():
-        if option in given and not on.intersection(modes):
-            them = "it" if len(modes) == 1 else "them"
-            raise typer.BadParameter(
-                f"{option} is for {_or(modes)} and does nothing without {them}; add {_or(modes)}, or drop {option}",
-                param_hint=option,
-            )
+    """Refuse, in one line naming them, the given options the run would ignore (``profiler.option_modes``' tables)."""
+    from esg_prefect.profiler.option_modes import ignored_option
+
+    found = ignored_option(given)
+    if found is not None:
+        raise typer.BadParameter(found[1], param_hint=found[0])
 
 
 def register(app: typer.Typer) -> None:
@@ -217,7 +169,8 @@ def register(app: typer.Typer) -> None:
         )
         _check_run(breakdown_batch, co_runners, trace, utilisation, wait_quiet_s, max_attempts)
         _ints(batches, "--batches")
-        refuse_ignored(given_options(ctx))
+        given = given_options(ctx)
+        refuse_ignored(given)
         if validate and stalls is not None and profile_csv is None:  # --stalls measures no profile to validate
             raise typer.BadParameter(
                 "--stalls measures no profile: give the one to validate with --profile", param_hint="--validate"
@@ -261,7 +214,9 @@ def register(app: typer.Typer) -> None:
                 co_runners=co_runners,
                 trace=trace,
                 utilisation=utilisation,
-                validation_batches=list(_ints(validation_batches, "--validation-batches")),
+                validation_batches=(
+                    list(_ints(validation_batches, "--validation-batches")) if "--validation-batches" in given else None
+                ),  # else None, the flow's default: it refuses batch sizes its run would not validate
                 store=not no_store,
             )
             typer.echo(out)

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
@@ -21,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from esg_prefect.profiler.measure import MeasureSettings
+from esg_prefect.profiler.option_modes import refuse_ignored_parameters
 from esg_prefect.profiler.run import DEFAULT_WAIT_QUIET_S
 from esg_prefect.profiler.session import (
     BreakdownOptions,
@@ -101,9 +103,19 @@ def profile_flow(
         validation_batches: batch sizes of the validation (default 1..24; 1 and 3 with ``quick``).
         store: save the run in the profile store (False: the files only).
 
+    A parameter the run would ignore is refused, as ``esg-prefect profile`` refuses its
+    option, before anything is measured: with ``quick``, ``max_attempts``, ``wait_quiet_s``
+    and ``validation_batches``; the breakdown's without ``breakdown``;
+    ``validation_batches`` without ``validation``; ``store_url`` with ``store=False``.
+    Only a value other than the parameter's default counts.
+
     Returns:
         The files written (by kind) and the stored run id.
+
+    Raises:
+        InvalidInputError: a parameter the run would ignore, named with its value.
     """
+    refuse_ignored_parameters(locals(), _DEFAULTS)  # first: locals() holds just the parameters
     settings = settings_for(batches, quick, max_attempts)
     opts = SessionOptions(
         request=measure_request(
@@ -124,3 +136,7 @@ def profile_flow(
     res = _session(opts)
     create_markdown_artifact(report_markdown(res), key="esg-profile-report", description="profile summary")
     return {"files": {k: str(v) for k, v in res.files.items()}, "run_id": res.run_id}
+
+
+_DEFAULTS = {name: p.default for name, p in inspect.signature(profile_flow.fn).parameters.items()}
+"""The flow's parameters' defaults, read from its signature: a value other than these counts as given."""
