@@ -170,6 +170,40 @@ def test_a_bad_case_file_is_one_line_naming_it(
     assert not (tmp_path / "out").exists()  # refused before anything was written
 
 
+def _wf(**changes: object) -> dict[str, object]:
+    return {"name": "w", "stages": ["a", "b"], "edges": [["a", "b"]], "slo_ms": 200, **changes}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # each was read on: a string as its letters ("T4": GPUs 'T' and '4'), a price key
+        # misspelt ignored, the others a Python error (a traceback, or "not enough values to unpack")
+        ({"cluster": [{"name": "n", "vcpus": 4, "gpus": "T4"}]}, "'cluster[0].gpus' must be a list, got str 'T4'"),
+        ({"workflows": [_wf(stages="ab")]}, "'workflows[0].stages' must be a list, got str 'ab'"),
+        ({"workflows": [_wf(edges="a->b")]}, "'workflows[0].edges' must be a list, got str 'a->b'"),
+        ({"workflows": [_wf(edges=["ab"])]}, "'workflows[0].edges' must hold [upstream, downstream] pairs, got 'ab'"),
+        ({"workflows": [{"name": "w", "stages": ["a"], "edges": []}]}, "'workflows[0]' is missing the key 'slo_ms'"),
+        ({"prices": {"price_per_vcpu_s": 1e-5, "price_per_gpu_s": {}, "price_per_vcpu": 1}}, "['price_per_vcpu']"),
+        ({"prices": {"price_per_vcpu_s": 1e-5, "price_per_gpu_s": [1]}}, "'prices.price_per_gpu_s' must be an object"),
+        ({"prices": {"price_per_vcpu_s": 1e-5}}, "'prices' is missing the key 'price_per_gpu_s'"),
+        ({"workload": {"rate_per_s": 3}}, "'workload' is missing the key 'trace'"),
+        ({"profile": 3}, "'profile' must be a non-empty string, got int 3"),
+        ({"name": ""}, "'name' must be a non-empty string, got str ''"),
+    ],
+)
+def test_a_case_file_part_of_the_wrong_shape_is_named(
+    change: dict[str, object], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({**standard_case(duration_s=2.0).to_dict(), **change}))
+    assert main(["simulate", "--case", str(path)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--case" in line and "is not a valid case" in line and named in line, line
+
+
 def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,7 +18,7 @@ whose profile is an in-memory object (tests) cannot be written out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from functools import lru_cache
@@ -210,8 +210,8 @@ def _known_keys(where: str, value: Mapping[str, Any], known: Iterable[str]) -> N
 
 def _shaped(key: str, value: Any, shape: type) -> None:
     """Refuse a case value of the wrong JSON type, naming its key (not a Python indexing error)."""
-    if not isinstance(value, shape):
-        want = "a list" if shape is list else "an object"
+    if not isinstance(value, shape) or value == "":
+        want = "a list" if shape is list else "a non-empty string" if shape is str else "an object"
         raise ConfigError(f"the case's {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
 
 
@@ -223,6 +223,37 @@ def _check_seed(seed: Any) -> None:
 
 _WORKFLOW_KEYS = ("name", "stages", "edges", "slo_ms")
 _NODE_KEYS = ("name", "vcpus", "gpus", "max_clients", "max_workers")
+_PRICE_KEYS = ("price_per_vcpu_s", "price_per_gpu_s")
+
+
+def _check_parts(data: Mapping[str, Any]) -> None:
+    """Refuse, by key, a part of a case of the wrong JSON type or missing a key it needs.
+
+    Unchecked, a string of stages or GPUs reads as its letters (``"T4"``: GPUs ``T`` and ``4``),
+    a misspelt price key is ignored, and a value of the wrong type fails inside Python.
+    """
+    for key in (k for k in ("name", "profile") if k in data):
+        _shaped(key, data[key], str)
+    parts: list[tuple[str, Any, Sequence[str], dict[str, type]]] = [
+        (f"workflows[{i}]", w, _WORKFLOW_KEYS, {"stages": list, "edges": list})
+        for i, w in enumerate(data.get("workflows", ()))
+    ]
+    parts += [(f"cluster[{i}]", n, _NODE_KEYS[:3], {"gpus": list}) for i, n in enumerate(data.get("cluster", ()))]
+    if "prices" in data:
+        _known_keys("prices", data["prices"], _PRICE_KEYS)
+        parts.append(("prices", data["prices"], _PRICE_KEYS, {"price_per_gpu_s": dict}))
+    if "workload" in data:
+        parts.append(("workload", data["workload"], ("trace", "rate_per_s"), {}))
+    for where, part, required, shapes in parts:
+        for key in (k for k in required if k not in part):
+            raise ConfigError(f"the case's {where!r} is missing the key {key!r}")
+        for key, shape in shapes.items():
+            _shaped(f"{where}.{key}", part[key], shape)
+    for i, w in enumerate(data.get("workflows", ())):
+        for edge in (e for e in w["edges"] if not isinstance(e, list) or len(e) != 2):
+            raise ConfigError(
+                f"the case's 'workflows[{i}].edges' must hold [upstream, downstream] pairs, got {edge!r:.60}"
+            )
 
 
 @lru_cache(maxsize=16)
@@ -431,6 +462,7 @@ class Case:
             _shaped(key, data.get(key, {}), dict)
         _known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
         _known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
+        _check_parts(data)
         seed = data.get("seed", 0)
         _check_seed(seed)  # with the JSON's other shapes, before a missing key is named
         try:
