@@ -295,7 +295,8 @@ def test_fit_sizes_on_a_profile_csv_names_the_missing_columns_and_the_file_it_wa
     assert main(["profile", "--fit-sizes", str(path)]) == 2
     assert _one_line(capsys.readouterr().err) == (
         f"esg-prefect: error: Invalid value for --fit-sizes: {path}: missing columns ['latency_ms', 'total_size']; "
-        "give a samples CSV (<name>_samples.csv, one row per timed call, written by esg-prefect profile)"
+        "give a samples CSV (<name>_samples.csv, one row per timed call, written by esg-prefect profile); "
+        "its header: ['stage', 'hardware', 'batch', 'vcpus', 'gpu_share', 'mean_ms', 'p95_ms', 'cold_start_ms']"
     )
 
 

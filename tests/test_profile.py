@@ -245,8 +245,15 @@ def test_csv_error_names_the_file(tmp_path: Path) -> None:
         LatencyProfile.from_csv(path)
 
 
+def test_csv_a_spreadsheets_byte_order_mark_is_not_a_column(tmp_path: Path) -> None:
+    """It was read into the first column's name: "missing columns ['stage']" for a profile written by hand."""
+    path = tmp_path / "mine.csv"
+    path.write_text("\ufeff" + HEADER + "enc,cpu,1,1,0,10,,\n", encoding="utf-8")
+    assert LatencyProfile.from_csv(path).stages() == {"enc"}
+
+
 def test_csv_missing_columns_are_named() -> None:
-    with pytest.raises(ProfileError, match=re.escape("missing columns ['mean_ms', 'vcpus']")):
+    with pytest.raises(ProfileError, match=re.escape("missing columns ['mean_ms', 'vcpus']; its header: ['stage',")):
         LatencyProfile.from_csv(io.StringIO("stage,hardware,batch,gpu_share\nenc,cpu,1,0\n"))
 
 

@@ -8,6 +8,7 @@ import hashlib
 import io
 import itertools
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -281,6 +282,17 @@ def test_shipped_profiles_are_reproducible_from_the_published_tables() -> None:
         assert gp.profile_csv(rows) == (PROFILE_DIR / name).read_text(encoding="utf-8")
     assert gp.sources_csv(sources) == gp.SOURCES_FILE.read_text(encoding="utf-8")
     assert {r["license"] for r in csv.DictReader(io.StringIO(gp.sources_csv(sources)))} <= set(gp.PERMISSIVE)
+
+
+def test_a_users_trace_saved_by_a_spreadsheet_is_read_and_a_wrong_header_is_shown(tmp_path: Path) -> None:
+    """A spreadsheet's "CSV UTF-8" starts with a byte-order mark: it was read as part of the first column's
+    name, and the file refused for "missing columns ['arrival_s']" with nothing to show why."""
+    path = tmp_path / "mine.csv"
+    path.write_text("\ufeffarrival_s,workflow\n0,a\n1,a\n", encoding="utf-8")
+    assert [w for _, w in arrivals(f"csv:{path}", ["a"], 2.0, 1.0, 0, start_s=0.0)] == ["a", "a"]
+    path.write_text("arrival_s;workflow\n0;a\n1;a\n")
+    with pytest.raises(InvalidInputError, match=re.escape("its header: ['arrival_s;workflow']")):
+        arrivals(f"csv:{path}", ["a"], 2.0, 1.0, 0)
 
 
 def test_a_users_own_trace(tmp_path: Path) -> None:

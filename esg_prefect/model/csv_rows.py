@@ -52,11 +52,15 @@ def read_rows(
         >>> os.unlink(fh.name)
     """
     out: list[T] = []
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's "CSV UTF-8" starts with a BOM
         reader = csv.DictReader(fh)
         missing = set(required) - set(reader.fieldnames or ())
         if missing:
-            raise error(f"{path}: missing columns {sorted(missing)}" + (f"; give {kind}" if kind else ""))
+            raise error(
+                f"{path}: missing columns {sorted(missing)}"
+                + (f"; give {kind}" if kind else "")
+                + f"; its header: {list(reader.fieldnames or ())}"  # shows a wrong delimiter or a stray space
+            )
         for lineno, row in enumerate(reader, start=2):
             try:
                 out.append(parse(row))

@@ -399,7 +399,7 @@ class LatencyProfile:
             ProfileError: naming the row and column of a malformed value.
         """
         if isinstance(source, (str, Path)):
-            with open(source, newline="", encoding="utf-8") as fh:
+            with open(source, newline="", encoding="utf-8-sig") as fh:  # a spreadsheet's BOM is not a column name
                 profile = cls._parse(csv.DictReader(fh), str(source))
             samples = Path(source).with_name(f"{Path(source).stem}_samples.csv")
             return profile.with_sizes(SizeModel.from_samples_csv(samples)) if samples.exists() else profile
@@ -410,7 +410,7 @@ class LatencyProfile:
         header = list(reader.fieldnames or ())
         missing = set(PROFILE_COLUMNS[:6]) - set(header)
         if missing:  # most often another table (validation, stalls) given as the profile
-            raise ProfileError(f"{origin}: missing columns {sorted(missing)}")
+            raise ProfileError(f"{origin}: missing columns {sorted(missing)}; its header: {header}")
         misnamed = misnamed_columns(header, PROFILE_COLUMNS[6:], PROFILER_COLUMNS)  # the optional columns
         if misnamed:
             raise ProfileError(f"{origin}: {'; '.join(misnamed)}")
