@@ -184,6 +184,10 @@ def test_compare_on_a_case_runs_from_the_cases_own_seed(tmp_path: Path) -> None:
     esg7 = simulate(case.with_(scheduler="esg"), 7).report.overall
     assert data["rows"][0]["cost_per_request"] == esg7.cost_per_request  # what simulate --case runs
     assert "headline" in data  # over the rows of the first seed, 7
+    # the rows of one scheduler were told apart by nothing; the headline did not say which seed it compares
+    assert "| scheduler | seed | slo_hit_rate |" in (out / "tables.md").read_text()
+    assert "| esg | 8 | " in (out / "tables.md").read_text()
+    assert "Below: the runs of seed 7 only" in " ".join(result.output.split())
 
 
 def test_a_case_file_simulate_writes_runs_from_its_own_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -234,17 +234,22 @@ def _compare_case(
     note_case(case, console)
     with progress_bar(console) as progress:
         rows = run_parallel(specs, processes or os.cpu_count() or 1, progress, out / "rows.jsonl", not fresh)
-    print_table(console, f"case {case.name!r}", rows, RUN_COLUMNS)
+    columns = RUN_COLUMNS if seeds == 1 else ("scheduler", "seed", *RUN_COLUMNS[1:])  # rows told apart
+    print_table(console, f"case {case.name!r}", rows, columns, keys=1 if seeds == 1 else 2)
     result: dict[str, Any] = {"case": case.to_dict(), "rows": rows}
-    md = [f"## case {case.name}\n\n" + markdown_table(rows, RUN_COLUMNS)]
+    md = [f"## case {case.name}\n\n" + markdown_table(rows, columns)]
     first = [r for r in rows if r["seed"] == case.seed]
+    only = f"the runs of seed {case.seed} only, the case's own (the table above has all {seeds} seeds, "
+    only += "case.png their means)"
+    if seeds > 1:
+        console.print(f"Below: {only}.", highlight=False)
     if "esg" in names and ex.best_baseline(first) is not None:
         head = ex.headline(first)
         result["headline"] = head
         cols = ("best_baseline", "esg_slo", "baseline_slo", "slo_gain", "cost_ratio", "cost_ratio_with_idle")
         print_table(console, "ESG vs the best baseline", [head], cols)
         console.print(RATIO_NOTE, highlight=False, soft_wrap=True)
-        md.append(markdown_table([head], cols) + f"\n\n{RATIO_NOTE}")
+        md.append(markdown_table([head], cols) + f"\n\n{RATIO_NOTE}" + (f"; {only}" if seeds > 1 else ""))
     for line in verdict(first):
         console.print(line, highlight=False)
     bill_bars(rows, "case", out / "case.png", f"case {case.name}")
