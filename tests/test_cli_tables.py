@@ -144,6 +144,23 @@ def test_cost_headers_say_whether_busy_includes_cold_starts_and_a_line_says_what
     assert "Costs" not in plain.getvalue()  # no cost column: no legend
 
 
+def test_a_line_says_cold_starts_counts_the_warm_up_and_pre_warms_the_costs_leave_out() -> None:
+    """compare's cold_starts column read as the cold starts the cost columns bill: a case showed ESG with
+    6 cold starts and a cold-start cost of 0, all six in the warm-up, and nothing under the table said so."""
+    from esg_prefect.cli.compare import RUN_COLUMNS
+    from esg_prefect.cli.tables import markdown_table
+
+    rows = [{c: 1.5e-6 for c in RUN_COLUMNS} | {"scheduler": "esg", "cold_starts": 6}]
+    out = io.StringIO()
+    print_table(Console(file=out, width=80), "case", rows, RUN_COLUMNS)
+    said = "cold_starts = workers started over the whole run, warm-up and pre-warmed ones included"
+    assert said in " ".join(out.getvalue().split())
+    assert said in markdown_table(rows, RUN_COLUMNS)
+    plain = io.StringIO()
+    print_table(Console(file=plain, width=80), "e3", [{"space": "a", "p99_ms": 1.0}], ("space", "p99_ms"))
+    assert "cold_starts =" not in plain.getvalue()
+
+
 def test_simulate_splits_the_whole_bill_as_compare_does() -> None:
     from esg_prefect.cli.bill_plot import bill_split
     from esg_prefect.cli.simulate import summary_line

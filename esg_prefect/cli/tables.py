@@ -7,7 +7,8 @@ each column in one notation decided from its values; other figures to about
 three significant digits. "Busy" means the batches with
 their workers' cold starts in ``simulate``'s rows and without them in
 ``compare``'s: so the cost columns' headers say which, and a line under each
-table says what every cost column holds and its key in the JSON files.
+table says what every cost column holds and its key in the JSON files; another
+says what ``cold_starts`` counts, which is not what the cost columns cover.
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ _MEANS = {
     "cold_per_request": "the part of the batches spent starting their worker",
     "idle_per_request": "workers kept warm with no batch, pre-warm loads included",
 }
+
+
+COUNT_NOTES = {
+    "cold_starts": "workers started over the whole run, warm-up and pre-warmed ones included, while the cost "
+    "columns leave the warm-up out and bill a pre-warm load as idle",
+}
+"""What a count column counts, where it is not what the costs beside it cover."""
+
+
+def count_legend(columns: Sequence[str]) -> str | None:
+    """The line under a table that says what its :data:`COUNT_NOTES` columns count; None when it has none."""
+    shown = [c for c in columns if c in COUNT_NOTES]
+    return "; ".join(f"{c} = {COUNT_NOTES[c]}" for c in shown) + "." if shown else None
 
 
 def header(column: str) -> str:
@@ -129,9 +143,9 @@ def print_table(
         for row in cells:
             table.add_row(*(row[i] for i in group))
         console.print(table)
-    legend = cost_legend(columns)
-    if legend is not None:
-        console.print(legend, highlight=False, markup=False)
+    for legend in (count_legend(columns), cost_legend(columns)):
+        if legend is not None:
+            console.print(legend, highlight=False, markup=False)
 
 
 def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -140,5 +154,5 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> st
     notation = money_notations(rows, columns)
     for r in rows:
         lines.append("| " + " | ".join(cell(c, r.get(c), notation.get(c)) for c in columns) + " |")
-    legend = cost_legend(columns)
-    return "\n".join(lines) + (f"\n\n{legend}" if legend is not None else "")
+    legends = [text for text in (count_legend(columns), cost_legend(columns)) if text is not None]
+    return "\n".join(lines) + "".join(f"\n\n{text}" for text in legends)
