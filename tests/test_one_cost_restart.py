@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event, select, update
-from sqlmodel import Session
+from sqlmodel import Session, col
 from typer.testing import CliRunner
 
 from esg_prefect.cli import app
@@ -388,16 +388,18 @@ def test_a_run_whose_last_call_ran_before_a_restart_is_published_at_its_end(
 def test_ended_elsewhere_finds_only_runs_other_pools_served_and_not_yet_ended(store_url: str) -> None:
     """The lookup behind an end the pool holds nothing of: one indexed read for a run the store never saw.
 
-    A run whose row has a finish (its end was written), or with batches of the
-    looking pool (it served the run and ended it itself), is not found either.
+    A run whose end was written (with a finish, or with none: a call failed), or with
+    batches of the looking pool (it served the run and ended it itself), is not found either.
     """
     prices = PriceSheet(1e-5, {"T4": 1e-4})
+    runs = (("early", "a1"), ("both", "a1"), ("both", "b"), ("ended", "a1"), ("failed", "a1"))
     with CostStore(store_url) as store:
-        for run, scope in (("early", "a1"), ("both", "a1"), ("both", "b"), ("ended", "a1")):
+        for run, scope in runs:
             bid = f"{run}-{scope}"
             rec = RunRecords(run, "toy", (), (_batch(bid, "w1", run, 0.0, 10.0),), T0, None, 800.0, prices, "equal")
             store.record(rec, scope=scope, billing=Billing())
-        with store.engine.begin() as conn:
+        with store.engine.begin() as conn:  # provisional rows, as record_batches writes them before a run's end
+            conn.execute(update(RunRow).where(col(RunRow.run_id).in_(["early", "both"])).values(ended=False))
             conn.execute(update(RunRow).where(RunRow.run_id == "ended").values(finish_ms=T0 + 10.0))
         statements: list[str] = []
 
@@ -410,6 +412,7 @@ def test_ended_elsewhere_finds_only_runs_other_pools_served_and_not_yet_ended(st
             assert ended_elsewhere(store, "nobody", "b", prices, "equal", "attribute") is None
             assert len(statements) == 1 and "WHERE runs.run_id" in statements[0], statements
             assert ended_elsewhere(store, "ended", "b", prices, "equal", "attribute") is None
+            assert ended_elsewhere(store, "failed", "b", prices, "equal", "attribute") is None  # ended, no finish
             assert ended_elsewhere(store, "both", "b", prices, "equal", "attribute") is None
             found = ended_elsewhere(store, "early", "b", prices, "equal", "attribute")
         finally:
@@ -480,6 +483,8 @@ def test_open_runs_keep_their_earliest_start(store_url: str) -> None:
             rec = RunRecords(run, "toy", (), (_batch(run, "w1", run, day, day + 10.0),), T0 + day, finish, 800.0,
                              prices, "equal")  # fmt: skip
             store.record(rec, scope="a1", billing=Billing())
+        with store.engine.begin() as conn:  # provisional, as record_batches writes it before the run's end
+            conn.execute(update(RunRow).where(RunRow.run_id == "later").values(ended=False))
         stubs = [RunStub(r, "toy", T0, 800.0, "a name") for r in ("later", "ended", "new")]
         store.record_open_runs(stubs, scope="a2", billing=Billing(), deployments={"new": "nightly"})
         with Session(store.engine) as s:

@@ -77,7 +77,7 @@ def test_runs_with_a_failed_call_ended_after_a_restart_read_as_ended_before_it(
     as "SLO met" (failed calls have no batch, so the earlier part left them out)."""
     out, client = published
     url = f"sqlite:///{tmp_path / 'costs.db'}"
-    normal, restarted, spanning, other = (str(uuid.uuid4()) for _ in range(4))
+    normal, restarted, spanning, other, late = (str(uuid.uuid4()) for _ in range(5))
     clock_a = ManualClock()
     first = _service_pool(clock_a, url)
     try:
@@ -85,6 +85,7 @@ def test_runs_with_a_failed_call_ended_after_a_restart_read_as_ended_before_it(
             _results(clock_a, [first.submit(flow_call("double", run, 6))])
             _failed(clock_a, first.submit(flow_call("inc", run, POISON)))
         _failed(clock_a, first.submit(flow_call("inc", spanning, POISON)))
+        _results(clock_a, [first.submit(flow_call("double", late, 3))])
         first.end_run(normal)  # ends where it ran; the others end after the restart
         clock_a.advance(2_000.0)
     finally:
@@ -97,12 +98,17 @@ def test_runs_with_a_failed_call_ended_after_a_restart_read_as_ended_before_it(
         second.end_run(restarted)  # the first request of a fresh service when first_request
         _results(clock_b, [second.submit(flow_call("double", spanning, 7))])
         second.end_run(spanning)
+        second.end_run(normal)  # posted again (the first instance's answer lost): it ended there, with no finish
         clock_b.advance(1_000.0)
     finally:
         second.close()
+    third = _service_pool(ManualClock(clock_b.t + 30_000.0), url)  # restarted again: gets only an end, closes
+    third.end_run(late)
+    third.close()  # never started: it still waits for the lookup it was handed, as a started pool does
+    assert [r.run_id for r in out].count(late) == 1
     with CostStore(url) as store, Session(store.engine) as s:
         rows = {run: s.get(RunRow, run) for run in (normal, restarted, spanning)}
-    assert [r.run_id for r in out].count(restarted) == 1 and [r.run_id for r in out].count(spanning) == 1
+    assert [[r.run_id for r in out].count(run) for run in (normal, restarted, spanning)] == [1, 1, 1]
     for run in (normal, restarted, spanning):
         row = rows[run]
         assert row is not None and (row.finish_ms, row.slo_met) == (None, False), run

@@ -23,6 +23,7 @@ ADDED_AFTER_V1: dict[int, tuple[str, str | None]] = {
     3: ("worker_idle", "vcpus_held"),
     4: ("pools", None),
     5: ("runs", "run_name"),
+    6: ("runs", "ended"),
 }
 """What each shipped migration after version 1 adds (table, column; None: the whole table): what version 1 lacks."""
 

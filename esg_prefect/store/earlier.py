@@ -78,12 +78,12 @@ def ended_elsewhere(
 
     Returns:
         None when the store has no row of the run (one indexed read: a run no pool of
-        the store served, such as another flow's end), when its row has a finish (its
-        end was written), or when no other scope, or this one too, holds its batches.
+        the store served, such as another flow's end), when its row is no longer provisional
+        (its end was written, by any instance: ``ended``), or when no other scope, or this one too, holds its batches.
     """
     with Session(store.engine) as s:
         row = s.get(RunRow, run_id)
-        if row is None or row.finish_ms is not None:
+        if row is None or row.ended:  # no row, or its end was written (a run with a failed call has no finish)
             return None
         ids = _batches_of_run(s, run_id)
         if not ids or any(scope_of(bid) == scope for bid in ids):  # this pool served some: not unseen here

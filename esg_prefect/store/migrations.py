@@ -201,5 +201,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "runs.run_name: the flow run's name in Prefect, shown by esg-prefect costs --by run",
         add_column("runs", "run_name", "VARCHAR", "NULL"),
     ),
+    Migration(
+        6,
+        "runs.ended: a provisional row told from a run that ended with no finish (older rows read as ended)",
+        add_column("runs", "ended", "BOOLEAN", "TRUE"),
+    ),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

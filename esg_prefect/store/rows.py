@@ -79,6 +79,7 @@ def run_row(records: RunRecords, deployment: str | None, name: str | None = None
         "day": utc_day(records.arrival_ms),
         "cost_split": records.cost_split,
         "run_name": name,
+        "ended": True,
     }
 
 
@@ -95,6 +96,7 @@ def run_stub_row(stub: RunStub, cost_split: str, deployment: str | None = None) 
         "day": utc_day(stub.arrival_ms),
         "cost_split": cost_split,
         "run_name": stub.run_name,
+        "ended": False,
     }
 
 

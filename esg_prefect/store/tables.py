@@ -67,6 +67,9 @@ class RunRow(StoreModel, table=True):
     day: str = Field(index=True, description="UTC date of arrival, YYYY-MM-DD")
     cost_split: str = Field(default="equal", description="the pool's cost split when the run ended")
     run_name: str | None = Field(default=None, description="the flow run's name in Prefect, if known")
+    ended: bool = Field(
+        default=True, description="its end reached a pool (False: a provisional row, its calls stored before its end)"
+    )
 
 
 class StageCallRow(StoreModel, table=True):

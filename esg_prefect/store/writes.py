@@ -57,8 +57,8 @@ def failed_elsewhere(conn: Connection | Session, run_id: str, mine: Collection[s
 def open_runs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
     """Provisional rows of runs that had not ended: a new run gets its row; a provisional one, the earlier start.
 
-    A stored row with no finish that starts later (its first stored batch was of a
-    later call) takes the row's arrival and day; a finished row is left as it is.
+    A stored provisional row that starts later (its first stored batch was of a
+    later call) takes the row's arrival and day; an ended row is left as it is.
     """
     upsert(
         conn,
@@ -66,7 +66,7 @@ def open_runs(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
         rows,
         ("run_id",),
         columns=("arrival_ms", "day"),
-        where=lambda new, old: old.finish_ms.is_(None) & (new.arrival_ms < old.arrival_ms),
+        where=lambda new, old: old.ended.is_(False) & (new.arrival_ms < old.arrival_ms),
     )
 
 
