@@ -22,7 +22,7 @@ import esg_prefect.service.client as client_module
 from esg_prefect.control.records import RunRecords
 from esg_prefect.runtime.pool import Pool
 from esg_prefect.service.app import PoolService
-from esg_prefect.service.client import END_DEADLINE_S, MAX_BACKOFF_S, PoolClient
+from esg_prefect.service.client import END_DEADLINE_S, JITTER_MAX, MAX_BACKOFF_S, PoolClient
 from tests.toy_calls import toy_call
 
 LOCAL = "http://127.0.0.1:4270"
@@ -122,21 +122,47 @@ def test_an_end_never_answered_gives_up_after_its_bound_with_one_warning(
         _ended(client)
     finally:
         client.close()
-    span = posts[-1] - posts[0]  # it gives up when the next wait (at most 5 s, jittered by half) passes the bound
-    assert len(posts) > 3 and bound - MAX_BACKOFF_S < span <= bound + MAX_BACKOFF_S / 2
+    span = posts[-1] - posts[0]  # it gives up when the next wait (at most 5 s, jittered by half) would pass the bound
+    assert len(posts) > 3 and bound - MAX_BACKOFF_S * JITTER_MAX < span <= bound
     assert _lost(caplog) == [
         f"the end of flow run r1 did not reach the pool service at {LOCAL} (no answer for {bound:g} s; "
         "last: ConnectError: connection refused): the run is not published"
     ]
 
 
+def test_a_retry_after_of_zero_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy's ``Retry-After: 0`` made every later wait 0 (the backoff doubles the last one): the end was
+    posted in a busy loop until its bound, thousands of times a second."""
+    clock = [1000.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: clock[0])
+    posts: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posts.append(clock[0])
+        if len(posts) == 1:
+            return httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "shutting down"})
+        if len(posts) > 100:  # the busy loop: its fake clock never moves, so end it here
+            client._stop.set()
+        raise httpx.ConnectError("connection refused", request=request)
+
+    client = _client(handler)
+    client._answered = True
+    client._stop = FakeWait(clock)
+    try:
+        client.end_run("r1")
+        _ended(client)
+    finally:
+        client.close()
+    assert 5 < len(posts) < 20  # 0.2 s doubling to 5 s over the 30 s bound
+
+
 def test_close_stops_a_retrying_end_at_once(caplog: pytest.LogCaptureFixture) -> None:
-    """An end waiting out a busy service's ``Retry-After`` (25 s) stops when the client closes, with a warning."""
+    """An end waiting out a busy service's ``Retry-After`` (15 s) stops when the client closes, with a warning."""
     posted = threading.Event()
 
     def handler(request: httpx.Request) -> httpx.Response:
         posted.set()
-        return httpx.Response(429, headers={"Retry-After": "25"}, json={"error": "busy"})
+        return httpx.Response(429, headers={"Retry-After": "15"}, json={"error": "busy"})
 
     client = _client(handler)
     client._answered = True
@@ -145,7 +171,7 @@ def test_close_stops_a_retrying_end_at_once(caplog: pytest.LogCaptureFixture) ->
     client.close()
     joined = threading.Thread(target=_ended, args=(client,))
     joined.start()
-    joined.join(15)  # the retry's wait ends at the close, not after its 25 s
+    joined.join(10)  # the retry's wait ends at the close, not after its 15 s or more
     assert not joined.is_alive()
     (lost,) = _lost(caplog)
     assert "flow run r1" in lost and LOCAL in lost and "the client closed while retrying; last: 429" in lost

@@ -275,7 +275,8 @@ class Pool(PoolViews, PoolActions, PoolResources):
             if self._closed:
                 return
             self._closed = True
-        if self._loop is None:
+        if self._loop is None:  # never started: what end_run handed the run lookups may still be on its way
+            self._listen.close(timeout_s)
             return
         try:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout_s)

@@ -114,6 +114,9 @@ FIRST_WAIT_S = 0.2
 MAX_BACKOFF_S = 5.0
 """The longest wait between retries of the client's own backoff (a ``Retry-After`` may say up to 60 s)."""
 
+JITTER_MAX = 1.5
+"""A retry's wait is stretched by a random factor in [1, JITTER_MAX]."""
+
 END_DEADLINE_S = 30.0
 """How long a run's end is retried at most (less when ``deadline_s`` is shorter).
 
@@ -317,7 +320,7 @@ class PoolClient:
                     return
                 once = False  # a service is there, busy or shutting down
                 wait = _retry_after_s(resp.headers.get("retry-after"), wait)
-            if time.monotonic() + wait > give_up:
+            if time.monotonic() + wait * JITTER_MAX > give_up:  # the bound holds with the longest jitter too
                 logger.warning(END_LOST, run_id, self.address, f"no answer for {bound:g} s; last: {last}")
                 return
             wait = _backoff(wait, self._stop.wait)
@@ -370,14 +373,16 @@ def _digest(resp: httpx.Response) -> str:
 def _backoff(wait: float, sleep: Callable[[float], object]) -> float:
     """Sleep ``wait`` stretched by up to half at random (rejected callers do not retry in lockstep); the next
     wait, doubled up to :data:`MAX_BACKOFF_S`."""
-    sleep(wait * JITTER.uniform(1.0, 1.5))
+    sleep(wait * JITTER.uniform(1.0, JITTER_MAX))
     return min(wait * 2, MAX_BACKOFF_S)
 
 
 def _retry_after_s(value: str | None, fallback: float) -> float:
-    """Seconds to wait from a ``Retry-After`` header: a number of seconds within 0-60, else ``fallback``."""
+    """Seconds to wait from a ``Retry-After`` header: a number of seconds within :data:`FIRST_WAIT_S`-60, else
+    ``fallback``. Never less than the first backoff: a ``0`` (from a proxy) would retry in a busy loop, since
+    the backoff doubles the last wait."""
     try:
         seconds = float(value) if value is not None else fallback
     except ValueError:  # an HTTP date, or garbage
         return fallback
-    return min(max(seconds, 0.0), 60.0) if seconds == seconds else fallback  # NaN: fallback
+    return min(max(seconds, FIRST_WAIT_S), 60.0) if seconds == seconds else fallback  # NaN: fallback
