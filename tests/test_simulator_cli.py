@@ -492,14 +492,36 @@ def test_compare_says_who_wins_in_words() -> None:
     ]
     lines = verdict(rows)
     assert lines[0] == "Cheapest on the whole bill (busy + idle + cold starts): esg-fastest, $1.00e-9 per request."
-    assert lines[1] == "Most SLOs met: esg-fastest, 100.00% (at $1.00e-9 per request)."
+    assert (
+        lines[1]
+        == "Most SLOs met: 3 schedulers at 100.00%; the cheapest of them: esg-fastest, at $1.00e-9 per request."
+    )
     assert lines[2] == "Lowest p99 latency: esg-fastest, 1.0 ms."
     # ESG's ablations are not baselines; the best baseline meets the most SLOs, then is the cheaper
-    assert lines[3].startswith("ESG against the baseline meeting the most SLOs (infless): 46.15x dearer")
+    assert lines[3].startswith("ESG against the baseline meeting the most SLOs (infless, the cheapest of 2 at 100.00%)")
+    assert ": 46.15x dearer on the whole bill" in lines[3]
     assert "SLO hit rate -0.50 points (99.50% vs 100.00%), p99 47.6 vs 101.0 ms." in lines[3]
     cheaper = verdict([{**rows[0], "cost_per_request": 1.0e-9}, rows[2]])
     assert "1.30x cheaper on the whole bill" in cheaper[3]
     assert verdict([]) == []
+
+
+def test_the_sentences_say_when_schedulers_tie_and_which_one_is_named() -> None:
+    """Five schedulers at 100 % read "Most SLOs met: triton, 100.00%", as if triton alone met the most."""
+    from esg_prefect.cli.verdict import verdict
+
+    def row(name: str, cost: float, p99: float) -> dict[str, object]:
+        return {"scheduler": name, "cost_per_request": cost, "slo_hit_rate": 1.0, "p99_ms": p99}
+
+    rows = [row("esg", 3e-7, 50.0), row("triton", 1e-7, 50.0), row("infless", 2e-7, 60.0), row("batch", 4e-7, 40.0)]
+    lines = verdict(rows)
+    assert lines[0] == "Cheapest on the whole bill (busy + idle + cold starts): triton, $1.00e-7 per request."
+    assert lines[1] == "Most SLOs met: 4 schedulers at 100.00%; the cheapest of them: triton, at $1.00e-7 per request."
+    assert lines[2] == "Lowest p99 latency: batch, 40.0 ms."
+    assert lines[3].startswith("ESG against the baseline meeting the most SLOs (triton, the cheapest of 3 at 100.00%):")
+    same_bill = verdict([row("triton", 1e-7, 50.0), row("batch", 1e-7, 40.0)])[0]
+    assert same_bill.endswith(": 2 schedulers at $1.00e-7 per request; first by name: batch.")
+    assert verdict(rows[:3])[2] == "Lowest p99 latency: 2 schedulers at 50.0 ms; first by name: esg."
 
 
 def test_compare_schedulers_are_named_once_and_an_empty_list_is_not_the_default() -> None:
@@ -560,7 +582,7 @@ def test_headline_and_sentences_name_the_same_best_baseline() -> None:
     assert best is not None and best["scheduler"] == "mine"
     head = headline(rows)
     assert head["best_baseline"] == "mine" and head["cost_ratio_with_idle"] == 1.5
-    assert "ESG against the baseline meeting the most SLOs (mine): 1.50x cheaper" in verdict(rows)[3]
+    assert "the most SLOs (mine, the cheapest of 2 at 100.00%): 1.50x cheaper" in verdict(rows)[3]
     # named candidates only, as bench/scale.py passes them
     assert headline(rows, baselines=["fast-gshare"])["best_baseline"] == "fast-gshare"
     assert best_baseline(rows[:2]) is None
