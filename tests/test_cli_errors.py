@@ -204,6 +204,33 @@ def test_a_case_file_part_of_the_wrong_shape_is_named(
     assert "--case" in line and "is not a valid case" in line and named in line, line
 
 
+@pytest.mark.parametrize(
+    ("weights", "named"),
+    [
+        # the first three were refused only as the arrivals were drawn, without naming --case
+        ("[1.0]", "weights has 1 values for 3 workflows (one per workflow, in the case's order: ['image-classify',"),
+        ("[0, 0, 0]", "weights must have a positive sum (some workflow must get requests), got [0.0, 0.0, 0.0]"),
+        ("[1, 1, Infinity]", "weights must be a list of finite numbers >= 0, one per workflow"),
+        ("[1, 1, NaN]", "weights must be a list of finite numbers >= 0, one per workflow"),
+        ("[-1, 1, 1]", "weights must be a list of finite numbers >= 0, one per workflow"),
+    ],
+)
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+def test_a_case_files_bad_weights_are_refused_as_the_case_is_loaded(
+    command: str, weights: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esg_prefect.simulator import standard_case
+
+    path = tmp_path / "case.json"
+    text = json.dumps(standard_case(duration_s=2.0).to_dict())  # Infinity and NaN as Python's json reads them
+    assert '"weights": null' in text
+    path.write_text(text.replace('"weights": null', f'"weights": {weights}'))
+    assert main([command, "--case", str(path), "--out", str(tmp_path / "out")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--case" in line and "is not a valid case: workload: " in line and named in line, line
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_case_file_with_an_unknown_scheduler_is_refused_before_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

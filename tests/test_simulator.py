@@ -350,7 +350,7 @@ def test_case_round_trips_through_json() -> None:
     for where, bad in typos.items():
         with pytest.raises(ConfigError, match=re.escape(f"in the case's {where}; known: ")):
             Case.from_dict(bad)
-    with pytest.raises(ConfigError, match="weights must be a list of numbers >= 0, one per workflow"):
+    with pytest.raises(ConfigError, match="weights must be a list of finite numbers >= 0, one per workflow"):
         Case.from_dict({**data, "workload": {**data["workload"], "weights": {"other": 1.0}}})
     with pytest.raises(ConfigError, match="missing the key 'workload'"):
         Case.from_dict({k: v for k, v in case.to_dict().items() if k != "workload"})

@@ -18,7 +18,7 @@ whose profile is an in-memory object (tests) cannot be written out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as fields_of
 from functools import lru_cache
@@ -32,6 +32,15 @@ from esg_prefect.model.profile import LatencyProfile
 from esg_prefect.model.profile_source import profile_path, read_profile
 from esg_prefect.model.workflow import Workflow
 from esg_prefect.scheduling.settings import ESGSettings
+from esg_prefect.simulator.case_json import (
+    NODE_KEYS,
+    WORKFLOW_KEYS,
+    check_parts,
+    check_seed,
+    check_weights,
+    known_keys,
+    shaped,
+)
 from esg_prefect.workload.arrivals import Arrival, arrivals
 from esg_prefect.workload.sizes import check_size_source, request_sizes
 
@@ -129,11 +138,12 @@ class WorkloadSpec:
             raise ConfigError(f"workload: {exc}") from exc
         if self.weights is not None:
             ok = isinstance(self.weights, (list, tuple)) and all(
-                isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in self.weights
+                isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w >= 0
+                for w in self.weights
             )
             if not ok:
                 raise ConfigError(
-                    f"workload: weights must be a list of numbers >= 0, one per workflow in the case's order, "
+                    f"workload: weights must be a list of finite numbers >= 0, one per workflow in the case's order, "
                     f"got {self.weights!r:.80}"
                 )
             object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
@@ -200,62 +210,6 @@ class SimSpec:
             raise ConfigError(f"sim: corun must be None, 'default' or a CSV path, got {self.corun!r}")
 
 
-def _known_keys(where: str, value: Mapping[str, Any], known: Iterable[str]) -> None:
-    """Refuse a key the case format does not have (a typo would otherwise be ignored), naming it."""
-    known = tuple(known)
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in the case's {where}; known: {sorted(known)}")
-
-
-def _shaped(key: str, value: Any, shape: type) -> None:
-    """Refuse a case value of the wrong JSON type, naming its key (not a Python indexing error)."""
-    if not isinstance(value, shape) or value == "":
-        want = "a list" if shape is list else "a non-empty string" if shape is str else "an object"
-        raise ConfigError(f"the case's {key!r} must be {want}, got {type(value).__name__} {value!r:.60}")
-
-
-def _check_seed(seed: Any) -> None:
-    """Refuse a seed that is not an integer >= 0 (JSON gives 1.5, true, null, "3" as such), naming it."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ConfigError(f"the case's 'seed' must be an integer >= 0, got {type(seed).__name__} {seed!r:.60}")
-
-
-_WORKFLOW_KEYS = ("name", "stages", "edges", "slo_ms")
-_NODE_KEYS = ("name", "vcpus", "gpus", "max_clients", "max_workers")
-_PRICE_KEYS = ("price_per_vcpu_s", "price_per_gpu_s")
-
-
-def _check_parts(data: Mapping[str, Any]) -> None:
-    """Refuse, by key, a part of a case of the wrong JSON type or missing a key it needs.
-
-    Unchecked, a string of stages or GPUs reads as its letters (``"T4"``: GPUs ``T`` and ``4``),
-    a misspelt price key is ignored, and a value of the wrong type fails inside Python.
-    """
-    for key in (k for k in ("name", "profile") if k in data):
-        _shaped(key, data[key], str)
-    parts: list[tuple[str, Any, Sequence[str], dict[str, type]]] = [
-        (f"workflows[{i}]", w, _WORKFLOW_KEYS, {"stages": list, "edges": list})
-        for i, w in enumerate(data.get("workflows", ()))
-    ]
-    parts += [(f"cluster[{i}]", n, _NODE_KEYS[:3], {"gpus": list}) for i, n in enumerate(data.get("cluster", ()))]
-    if "prices" in data:
-        _known_keys("prices", data["prices"], _PRICE_KEYS)
-        parts.append(("prices", data["prices"], _PRICE_KEYS, {"price_per_gpu_s": dict}))
-    if "workload" in data:
-        parts.append(("workload", data["workload"], ("trace", "rate_per_s"), {}))
-    for where, part, required, shapes in parts:
-        for key in (k for k in required if k not in part):
-            raise ConfigError(f"the case's {where!r} is missing the key {key!r}")
-        for key, shape in shapes.items():
-            _shaped(f"{where}.{key}", part[key], shape)
-    for i, w in enumerate(data.get("workflows", ())):
-        for edge in (e for e in w["edges"] if not isinstance(e, list) or len(e) != 2):
-            raise ConfigError(
-                f"the case's 'workflows[{i}].edges' must hold [upstream, downstream] pairs, got {edge!r:.60}"
-            )
-
-
 @lru_cache(maxsize=16)
 def _load_profile(path: str) -> LatencyProfile:
     return read_profile(Path(path))  # as pool serve loads it: the same size model
@@ -318,7 +272,7 @@ class Case:
         names = [w.name for w in self.workflows]
         if not names or len(set(names)) != len(names):
             raise ConfigError(f"a case needs workflows with unique names, got {names}")
-        _check_seed(self.seed)  # here, so a case built in Python, by with_ or from JSON is checked alike
+        check_seed(self.seed)  # here, so a case built in Python, by with_ or from JSON is checked alike
         _positive(f"case {self.name!r}", "duration_s", self.duration_s)
         _positive(f"case {self.name!r}", "warmup_s", self.warmup_s, allow_zero=True)
         if self.warmup_s >= self.duration_s:
@@ -433,7 +387,7 @@ class Case:
         """Inverse of :meth:`to_dict`.
 
         Raises:
-            ConfigError: naming a missing or unknown key.
+            ConfigError: naming a missing or unknown key, or weights that do not fit the workflows.
         """
         known = {
             "name",
@@ -453,23 +407,23 @@ class Case:
         if unknown:
             raise ConfigError(f"unknown case keys {sorted(unknown)}; known: {sorted(known)}")
         for key, shape in (("workflows", list), ("cluster", list), ("prices", dict), ("workload", dict)):
-            _shaped(key, data.get(key, shape()), shape)
-        for key, fields in (("workflows", _WORKFLOW_KEYS), ("cluster", _NODE_KEYS)):
+            shaped(key, data.get(key, shape()), shape)
+        for key, fields in (("workflows", WORKFLOW_KEYS), ("cluster", NODE_KEYS)):
             for i, item in enumerate(data.get(key, ())):
-                _shaped(f"{key}[{i}]", item, dict)
-                _known_keys(f"{key}[{i}]", item, fields)
+                shaped(f"{key}[{i}]", item, dict)
+                known_keys(f"{key}[{i}]", item, fields)
         for key in ("settings", "sim"):
-            _shaped(key, data.get(key, {}), dict)
-        _known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
-        _known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
-        _check_parts(data)
+            shaped(key, data.get(key, {}), dict)
+        known_keys("workload", data.get("workload", {}), (f.name for f in fields_of(WorkloadSpec)))
+        known_keys("sim", data.get("sim", {}), (f.name for f in fields_of(SimSpec)))
+        check_parts(data)
         seed = data.get("seed", 0)
-        _check_seed(seed)  # with the JSON's other shapes, before a missing key is named
+        check_seed(seed)  # with the JSON's other shapes, before a missing key is named
         try:
             wl = dict(data["workload"])
             if wl.get("weights") is not None:
                 wl["weights"] = tuple(wl["weights"])
-            return cls(
+            case = cls(
                 name=data["name"],
                 workflows=tuple(
                     Workflow(w["name"], w["stages"], [tuple(e) for e in w["edges"]], w["slo_ms"])
@@ -495,3 +449,6 @@ class Case:
             )
         except KeyError as exc:
             raise ConfigError(f"case is missing the key {exc.args[0]!r}") from None
+        # Here, not in WorkloadSpec or Case: a partition's sub-case keeps the weights of its own workflows only.
+        check_weights(case.workload.weights, [w.name for w in case.workflows])
+        return case
