@@ -322,6 +322,14 @@ def test_a_users_own_trace(tmp_path: Path) -> None:
         arrivals(f"csv:{path}", ["a"], 2.0, 3.0, 0)
 
 
+def test_a_users_trace_row_with_an_empty_workflow_cell_is_drawn_by_weights(tmp_path: Path) -> None:
+    """As documented (docs/simulator.md, "Your own trace"): a trace may name only the requests it knows."""
+    path = tmp_path / "mine.csv"
+    path.write_text("arrival_s,workflow\n0,a\n1,\n2,a\n3,\n")
+    got = arrivals(f"csv:{path}", ["a", "b"], 1.0, 4.0, 0, start_s=0.0, weights=(0.0, 1.0))
+    assert [w for _, w in got] == ["a", "b", "a", "b"]
+
+
 def test_a_users_trace_at_its_own_rate_is_replayed_as_recorded(tmp_path: Path) -> None:
     from esg_prefect.workload.arrivals import csv_trace_rate
 

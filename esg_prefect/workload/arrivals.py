@@ -36,8 +36,9 @@ or live) receives. What each trace contributes, and how it is scaled:
     Your own trace: a CSV file with a column ``arrival_s`` (seconds, any
     origin) and optionally ``workflow``. Time-compressed to ``rate_per_s`` like
     the LLM traces; rows name their workflow (names not in ``workflows`` are an
-    error), or, without the column, workflows are drawn by ``weights``. This is
-    how to ask what ESG would save on a workload of your own.
+    error), or, without the column or with an empty cell, workflows are drawn
+    by ``weights`` (a trace may name only the requests it knows). This is how
+    to ask what ESG would save on a workload of your own.
 
 The trace's starting point is ``start_s`` seconds into it (for the functions
 trace, rounded down to a minute); with ``start_s=None`` the seed picks it, so
