@@ -245,20 +245,6 @@ def test_csv_error_names_the_file(tmp_path: Path) -> None:
         LatencyProfile.from_csv(path)
 
 
-def test_csv_a_p95_below_the_mean_is_refused_naming_the_file_line_and_both(tmp_path: Path) -> None:
-    """It was read, and the simulator ran the point with no spread (most likely the two columns swapped)."""
-    path = tmp_path / "mine.csv"
-    path.write_text(HEADER + "enc,cpu,1,1,0,10,10,\nenc,cpu,2,1,0,8,4.5,\n", encoding="utf-8")
-    with pytest.raises(ProfileError) as err:
-        LatencyProfile.from_csv(path)
-    assert str(err.value) == (
-        f"{path} line 3: p95_ms 4.5 is below mean_ms 8; a 95th percentile is at least the mean "
-        "(columns swapped?): fix the row, or leave p95_ms empty to plan with the mean"
-    )
-    path.write_text(HEADER + "enc,cpu,1,1,0,10,10,\nenc,cpu,2,1,0,8,,\n", encoding="utf-8")
-    assert LatencyProfile.from_csv(path).points == (pt(1, 1, 0, 10.0, 10.0), pt(2, 1, 0, 8.0))  # equal, or none
-
-
 def test_csv_a_spreadsheets_byte_order_mark_is_not_a_column(tmp_path: Path) -> None:
     """It was read into the first column's name: "missing columns ['stage']" for a profile written by hand."""
     path = tmp_path / "mine.csv"

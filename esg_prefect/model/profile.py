@@ -14,8 +14,7 @@ measured. Which statistic the scheduler plans with is a knob (``p95`` where
 measured, else the mean).
 
 CSV format (header required; extra columns are skipped, but one that looks like a
-misspelt name of a column the table lacks, ``p95`` for ``p95_ms``, is refused;
-``p95_ms`` may be empty, and is never below ``mean_ms``)::
+misspelt name of a column the table lacks, ``p95`` for ``p95_ms``, is refused)::
 
     stage,hardware,batch,vcpus,gpu_share,mean_ms,p95_ms,cold_start_ms
     resnet,cpu,1,1,0,41.5,44.0,820
@@ -57,21 +56,6 @@ PROFILER_COLUMNS = (
 )
 """The columns ``esg-prefect profile`` writes after those: skipped, never taken for misspelt names."""
 _PERCENTILES = ("p95", "mean")
-
-
-def _below_mean(mean_ms: float, p95_ms: float) -> str:
-    """Why a row with ``p95_ms`` below ``mean_ms`` is refused, and what to write instead.
-
-    ``esg-prefect profile`` never writes one (numpy's p95 of 20 calls or
-    fewer is at least their mean, and it times at most 15), so such a row
-    was most likely written by hand with the columns swapped. Read as it is,
-    the simulator would draw that point's latency with no spread, and
-    planning with the p95 would plan with less than the mean.
-    """
-    return (
-        f"p95_ms {p95_ms:g} is below mean_ms {mean_ms:g}; a 95th percentile is at least the mean "
-        "(columns swapped?): fix the row, or leave p95_ms empty to plan with the mean"
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,8 +429,6 @@ class LatencyProfile:
                     mean_ms=decimal(row, "mean_ms"),
                     p95_ms=decimal(row, "p95_ms") if p95.strip() else None,
                 )
-                if point.p95_ms is not None and point.p95_ms < point.mean_ms:  # see _below_mean
-                    raise ValueError(_below_mean(point.mean_ms, point.p95_ms))
                 cs = (row.get("cold_start_ms") or "").strip()
                 if cs:
                     ms = decimal(row, "cold_start_ms")
