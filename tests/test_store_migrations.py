@@ -27,6 +27,11 @@ ADDED_AFTER_V1: dict[int, tuple[str, str | None]] = {
 }
 """What each shipped migration after version 1 adds (table, column; None: the whole table): what version 1 lacks."""
 
+INDEXES_AFTER_V1: dict[int, tuple[tuple[str, str], ...]] = {
+    7: (("batches", "ix_batches_worker_end"), ("worker_idle", "ix_worker_idle_worker_start")),
+}
+"""The indexes shipped migrations after version 1 add (table, index name): version 1 lacks them too."""
+
 
 def test_schema_version_and_migration_keep_data(store_url: str) -> None:
     with CostStore(store_url) as s:
@@ -60,7 +65,8 @@ def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) ->
     Version 1 had no ``worker_idle.loading_ms``: its idle intervals read as having no
     pre-warm load, i.e. billed at their GPU share's price for their whole length.
     """
-    assert sorted(ADDED_AFTER_V1) == [m.version for m in MIGRATIONS[1:]]  # a new migration: say what it adds
+    # a new migration: say what it adds
+    assert sorted([*ADDED_AFTER_V1, *INDEXES_AFTER_V1]) == [m.version for m in MIGRATIONS[1:]]
     if store_url.startswith("sqlite") and sqlite3.sqlite_version_info < (3, 35, 0):
         pytest.skip(f"SQLite {sqlite3.sqlite_version} cannot drop a column (3.35 can)")
     # A fresh store stamped with version 1 alone is built from today's table classes: it has the
@@ -68,6 +74,8 @@ def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) ->
     with CostStore(store_url, migrations=MIGRATIONS[:1]) as s:
         record_all(s)  # w4's 200 ms load is written, then lost with its column, as version 1 would never have kept it
         with s.engine.begin() as conn:
+            for _, index in indexes_added():
+                conn.execute(text(f"DROP INDEX {index}"))
             for table, column in ADDED_AFTER_V1.values():
                 drop = f"DROP TABLE {table}" if column is None else f"ALTER TABLE {table} DROP COLUMN {column}"
                 conn.execute(text(drop))
@@ -77,8 +85,10 @@ def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) ->
         added = {column for _, column in ADDED_AFTER_V1.values() if column is not None}
         assert idle_cols == {c.name for c in IdleRow.__table__.columns} - added  # type: ignore[attr-defined]
         assert list(versions) == [1] and s.schema_version == 1
+        assert not set(indexes_added()) & indexes_of(s)
     with CostStore(store_url) as s:
         assert s.schema_version == SHIPPED
+        assert set(indexes_added()) <= indexes_of(s)  # added by the upgrade
         with s.engine.connect() as conn:
             idle_cols = {c["name"] for c in inspect(conn).get_columns("worker_idle")}
             versions = conn.execute(text("SELECT version, description FROM schema_version ORDER BY version")).all()
@@ -95,6 +105,42 @@ def test_a_version_1_database_upgrades_to_the_shipped_version(store_url: str) ->
         record_all(s)  # written again by this esg-prefect: the load is known now
         assert costs_by_key(s) == pytest.approx({**EXPECTED_PER_RUN, IDLE_KEY: EXPECTED_IDLE_LINE}, rel=1e-12)
         assert count(s, IdleRow) == 3
+
+
+def indexes_added() -> list[tuple[str, str]]:
+    """Every (table, index) the shipped migrations after version 1 add."""
+    return [ix for v in sorted(INDEXES_AFTER_V1) for ix in INDEXES_AFTER_V1[v]]
+
+
+def indexes_of(store: CostStore) -> set[tuple[str, str]]:
+    """The (table, index) pairs of the store's batches and idle intervals."""
+    with store.engine.connect() as conn:
+        found = inspect(conn)
+        return {(t, ix["name"] or "") for t in ("batches", "worker_idle") for ix in found.get_indexes(t)}
+
+
+def test_a_workers_records_are_read_by_time_through_an_index(store_url: str) -> None:
+    """The restart read's lookups around a run's batches (``store.earlier``) do not read a worker's whole history.
+
+    A fresh store has the indexes as an upgraded one does; on SQLite, its plans use them
+    for both the worker and the time.
+    """
+    with CostStore(store_url) as s:
+        assert set(indexes_added()) <= indexes_of(s)
+        if not store_url.startswith("sqlite"):
+            return
+        with s.engine.connect() as conn:
+            plans = {
+                q: " ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {q}"))
+                for q in (
+                    "SELECT * FROM batches WHERE worker_id = 'w1' AND end_ms = 1.0",
+                    "SELECT min(end_ms) FROM batches WHERE worker_id = 'w1' AND end_ms > 1.0",
+                    "SELECT * FROM worker_idle WHERE worker_id = 'w1' AND start_ms >= 1.0 AND start_ms < 2.0",
+                )
+            }
+    assert all(
+        re.search(r"USING (COVERING )?INDEX ix_\w+_worker_(end|start) \(worker_id=\? AND", p) for p in plans.values()
+    ), plans
 
 
 def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:

@@ -102,7 +102,7 @@ class CostStore:
     Examples:
         >>> store = CostStore("sqlite://")        # in memory
         >>> store.schema_version
-        5
+        7
         >>> store.costs("run")[-1].key
         '(unattributed idle)'
     """

@@ -183,6 +183,18 @@ def _create_pools(conn: Connection) -> None:
     )
 
 
+def _index_workers_by_time(conn: Connection) -> None:
+    """Version 7: a worker's batches by end and its idle intervals by start, in one index each.
+
+    What the restart read (:mod:`esg_prefect.store.earlier`) looks up around a run's batches:
+    with an index on the worker alone, each lookup reads the worker's whole history. Spelled
+    out, as :func:`_create_pools` is; ``IF NOT EXISTS``, since a store created at an older
+    version by this code's table classes has them already.
+    """
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_batches_worker_end ON batches (worker_id, end_ms)"))
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_worker_idle_worker_start ON worker_idle (worker_id, start_ms)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "runs, stage calls, batches and their items, worker idle intervals, price sheets", _create_v1),
     Migration(
@@ -205,6 +217,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         6,
         "runs.ended: a provisional row told from a run that ended with no finish (older rows read as ended)",
         add_column("runs", "ended", "BOOLEAN", "TRUE"),
+    ),
+    Migration(
+        7,
+        "indexes batches(worker_id, end_ms) and worker_idle(worker_id, start_ms): a worker's records by time",
+        _index_workers_by_time,
     ),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

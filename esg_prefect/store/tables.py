@@ -22,7 +22,7 @@ ours in theirs.
 
 from __future__ import annotations
 
-from sqlalchemy import MetaData
+from sqlalchemy import Index, MetaData
 from sqlmodel import Field, SQLModel
 
 
@@ -105,6 +105,7 @@ class BatchRow(StoreModel, table=True):
     """One batch as it ran: worker, configuration, hardware, time and the prices in force."""
 
     __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_worker_end", "worker_id", "end_ms"),)  # a worker's batches by end
 
     batch_id: str = Field(primary_key=True)
     worker_id: str = Field(index=True)
@@ -135,6 +136,7 @@ class IdleRow(StoreModel, table=True):
     """An interval in which a warm worker held its resources without work."""
 
     __tablename__ = "worker_idle"
+    __table_args__ = (Index("ix_worker_idle_worker_start", "worker_id", "start_ms"),)  # a worker's idle by start
 
     idle_id: str = Field(primary_key=True, description="scoped worker id and start time")
     worker_id: str = Field(index=True)
