@@ -321,13 +321,13 @@ class CostStore:
                 for r in s.execute(select(PriceSheetRow)).scalars()
             }
             # Ordered, so that sums run in the same order whatever the database's physical order.
-            bq = select(BatchRow).order_by(col(BatchRow.start_ms), col(BatchRow.batch_id))
-            iq = select(IdleRow).order_by(col(IdleRow.start_ms), col(IdleRow.idle_id))
+            bq = select(*Q.BATCH_COLUMNS).order_by(col(BatchRow.start_ms), col(BatchRow.batch_id))
+            iq = select(*Q.IDLE_COLUMNS).order_by(col(IdleRow.start_ms), col(IdleRow.idle_id))
             if start is not None:
                 bq = bq.where(col(BatchRow.start_ms) >= start)
                 iq = iq.where(col(IdleRow.start_ms) >= start)
-            batch_rows: list[BatchRow] = list(s.execute(bq).scalars())
-            idle_rows: list[IdleRow] = list(s.execute(iq).scalars())
+            batch_rows = s.execute(bq).all()
+            idle_rows = s.execute(iq).all()
             items = Q.items_of(s, [b.batch_id for b in batch_rows])
             prior = Q.busy_before(s, sorted({i.worker_id for i in idle_rows}), start) if start is not None else set()
         # Per pool and sheet: a worker belongs to one pool, which has one sheet and one set of options.
@@ -431,17 +431,16 @@ class CostStore:
         report, priced = self._priced_report(since, split, idle_billing)
         start = since_ms(since)
         with Session(self.engine) as s:
-            rq = select(RunRow)
+            rq = select(*Q.RUN_COLUMNS)
             cq = select(col(StageCallRow.run_id), func.count()).group_by(col(StageCallRow.run_id))
             if start is not None:
                 rq = rq.where(col(RunRow.arrival_ms) >= start)
                 cq = cq.where(col(StageCallRow.start_ms) >= start)
-            found: dict[str, RunRow] = {r.run_id: r for r in s.execute(rq).scalars()}
+            found = {r.run_id: r for r in s.execute(rq)}
             missing = sorted(set(report.per_run) - set(found))
             for chunk in Q.chunks(missing):
-                found.update(
-                    {r.run_id: r for r in s.execute(select(RunRow).where(col(RunRow.run_id).in_(chunk))).scalars()}
-                )
+                mq = select(*Q.RUN_COLUMNS).where(col(RunRow.run_id).in_(chunk))
+                found.update({r.run_id: r for r in s.execute(mq)})
             calls: dict[str, int] = {rid: n for rid, n in s.execute(cq).all()}
             pending = sorted(set(report.per_run) - set(found))
             batch_of_pending = Q.first_batches(s, pending)

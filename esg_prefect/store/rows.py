@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 from esg_prefect.model.attribution import BatchItem, BatchRecord, IdleRecord
 from esg_prefect.model.config import Config
 from esg_prefect.model.pricing import PriceSheet
-from esg_prefect.store.tables import BatchItemRow, BatchRow, IdleRow
+from esg_prefect.store.tables import BatchRow, IdleRow
 
 if TYPE_CHECKING:
+    from sqlalchemy import Row
+
     from esg_prefect.control.records import CallRecord, RunRecords, RunStub
     from esg_prefect.store.billing import Billing
 
@@ -200,12 +202,12 @@ def idle_rows(idles: Iterable[IdleRecord], prices: PriceSheet, scope: str) -> li
     ]
 
 
-def batch_record(row: BatchRow, items: Iterable[BatchItemRow]) -> BatchRecord:
-    """A stored batch (a ``BatchRow`` and its ``BatchItemRow``s in position order) as the model's record."""
+def batch_record(row: BatchRow | Row[Any], items: Iterable[BatchItem]) -> BatchRecord:
+    """A stored batch as the model's record: a ``BatchRow`` (or a row of its columns) and its items in order."""
     return BatchRecord(
         row.batch_id,
         row.worker_id,
-        tuple(BatchItem(i.request_id, i.run_id, i.input_size) for i in items),
+        tuple(items),
         Config(row.batch_size, row.vcpus, row.gpu_share),
         row.hardware,
         row.start_ms,
@@ -213,8 +215,8 @@ def batch_record(row: BatchRow, items: Iterable[BatchItemRow]) -> BatchRecord:
     )
 
 
-def idle_record(row: IdleRow) -> IdleRecord:
-    """A stored idle interval as the model's record."""
+def idle_record(row: IdleRow | Row[Any]) -> IdleRecord:
+    """A stored idle interval (an ``IdleRow`` or a row of its columns) as the model's record."""
     return IdleRecord(
         row.worker_id,
         row.vcpus,
