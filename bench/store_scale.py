@@ -10,7 +10,7 @@ holds as many rows at either size), and times on each:
   deployment and day over the whole store, and by run over the last day
   (``--since 1d``; ``--limit N`` only cuts the rows printed, after the same read);
 * a run's end (:meth:`CostStore.record_run`) and a batch flush
-  (:meth:`CostStore.record_batches`) on the full store;
+  (:meth:`CostStore.record_batches`, one batch of four calls) on the full store;
 * the restart reads of :mod:`esg_prefect.store.earlier`: ``earlier_parts`` for a
   run whose first calls ran on an earlier pool instance, and ``ended_elsewhere``
   for a run that instance served whole, both among workers' thousands of
@@ -29,9 +29,9 @@ to build and time nothing of interest).
 Per operation it prints the milliseconds at each size (median of its repeats),
 their ratio (linear in the store's size would be 10x; near 1x is what an
 indexed read or write should show) and, with ``--old``, the same on a copy of
-the big store without schema version 7's indexes (a version-6 store), so that
-the effect of the migration is measured in the same run (the reads of the whole
-store are not repeated there: they use none of those indexes).
+the big store without schema versions 7's and 8's indexes (a version-6 store), so
+that the effect of the migrations is measured in the same run (the reads of the
+whole store are not repeated there: they use none of those indexes).
 
 Run:  python bench/store_scale.py [--sizes 10000 100000] [--old] [--explain]
 Ends with: RESULT <operation>_ratio=<x> ... (big size over small)
@@ -79,8 +79,8 @@ SHEETS = (
     PriceSheet(0.000012, {"T4": 0.00012, "A100": 0.00045}),
 )
 BILLINGS = (Billing("equal", "attribute"), Billing("input_size", "attribute"), Billing("equal", "separate"))
-NEW_INDEXES = ("ix_batches_worker_end", "ix_worker_idle_worker_start")
-"""Schema version 7's indexes: dropped from a copy of the store for ``--old``."""
+NEW_INDEXES = ("ix_batches_worker_end", "ix_worker_idle_worker_start", "ix_stage_calls_start_ms")
+"""Schema versions 7's and 8's indexes: dropped from a copy of the store for ``--old``."""
 
 
 class Built:
@@ -266,19 +266,32 @@ def measure(built: Built, migrations: Any = None, repeats: int = 5, whole: bool 
     day_ago = p["end_ms"] - DAY_MS
     flushes = iter(range(10_000))
 
-    def flush() -> None:
+    def flush() -> None:  # a batch of 4 calls of the last run: rows in stage_calls' indexes too
         n = next(flushes)
+        last, t = p["last"], p["end_ms"] + n
+        bid = f"new{n}"
         b = BatchRecord(
-            f"new{n}",
-            "w1",
-            (BatchItem("r", p["last"].run_id),),
-            Config(1, 2, 0.25),
-            "T4",
-            p["end_ms"] + n,
-            p["end_ms"] + n + 30,
+            bid, "w1", tuple(BatchItem(f"r{k}", last.run_id) for k in range(4)), Config(4, 2, 0.25), "T4", t, t + 30
         )
-        stub = RunStub(p["last"].run_id, p["last"].workflow, p["last"].arrival_ms, SLO_MS)
-        store.record_batches([BatchDone(b, (), p["last"].workflow, "stage0", SHEETS[2], (stub,))], scope=SCOPES[2])
+        calls = tuple(
+            CallRecord(
+                f"{bid}-c{k}",
+                f"r{k}",
+                last.run_id,
+                last.workflow,
+                "stage0",
+                t - 5.0,
+                t,
+                t + 30.0,
+                True,
+                StageResult(
+                    f"{bid}-c{k}", None, bid, 4, "w1", "T4", 2, 0.25, 5.0, 30.0, 30.0, False, False, "planned", 1
+                ),
+            )
+            for k in range(4)
+        )
+        stub = RunStub(last.run_id, last.workflow, last.arrival_ms, SLO_MS)
+        store.record_batches([BatchDone(b, calls, last.workflow, "stage0", SHEETS[2], (stub,))], scope=SCOPES[2])
 
     out: dict[str, float] = {}
     try:
@@ -299,7 +312,7 @@ def measure(built: Built, migrations: Any = None, repeats: int = 5, whole: bool 
 
 
 def old_copy(built: Built) -> Built:
-    """A copy of the store as schema version 6 left it: without version 7's indexes."""
+    """A copy of the store as schema version 6 left it: without versions 7's and 8's indexes."""
     path = built.path.with_name(built.path.stem + "-v6.db")
     shutil.copy(built.path, path)
     with sqlite3.connect(path) as conn:
@@ -318,7 +331,7 @@ def explain(built: Built) -> None:
         "next end": f"SELECT min(end_ms) FROM batches WHERE worker_id = '{w}' AND end_ms > 1.0",
         "idle in window": f"SELECT * FROM worker_idle WHERE worker_id = '{w}' AND start_ms >= 1 AND start_ms < 2",
         "lead idle": f"SELECT * FROM worker_idle WHERE worker_id = '{w}' AND start_ms < 1.0",
-        "calls per run since": "SELECT run_id, count(*) FROM stage_calls WHERE start_ms >= 1 GROUP BY run_id",
+        "calls since": "SELECT run_id FROM stage_calls WHERE start_ms >= 1",
         "busy before": f"SELECT DISTINCT worker_id FROM batches WHERE worker_id IN ('{w}') AND start_ms < 1",
     }
     with sqlite3.connect(built.path) as conn:
@@ -347,7 +360,7 @@ def main() -> None:
         if olds:
             old = [measure(b, migrations=MIGRATIONS[:6], repeats=args.repeats, whole=False) for b in olds]
             if args.explain:
-                print("plans without version 7's indexes:")
+                print("plans without versions 7's and 8's indexes:")
                 explain(olds[1])
         if args.explain:
             print("plans:")
@@ -366,7 +379,7 @@ def main() -> None:
             line += f"{oa:>12.1f}{ob:>12.1f}{ob / oa:>10.1f}{ob / b:>8.1f}"
         print(line)
     if old:
-        ratios.update({f"{op}_v6_over_v7": old[1][op] / results[1][op] for op in old[1]})
+        ratios.update({f"{op}_v6_over_new": old[1][op] / results[1][op] for op in old[1]})
     print(
         "RESULT " + " ".join(f"{op}_ratio={r:.2f}" if "_v6_" not in op else f"{op}={r:.2f}" for op, r in ratios.items())
     )

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect, select, text
+from sqlmodel import col
 
 from esg_prefect.exceptions import ConfigError
 from esg_prefect.store import IDLE_KEY, CostStore, Migration
 from esg_prefect.store.migrations import MIGRATIONS, add_column
-from esg_prefect.store.tables import BatchRow, IdleRow, RunRow
+from esg_prefect.store.tables import BatchRow, IdleRow, RunRow, StageCallRow
 from tests.cost_records import EXPECTED_IDLE_LINE, EXPECTED_PER_RUN, RUN_A, RUN_B, RUN_C
 from tests.test_store import SHIPPED, costs_by_key, count, record_all
 
@@ -29,6 +30,7 @@ ADDED_AFTER_V1: dict[int, tuple[str, str | None]] = {
 
 INDEXES_AFTER_V1: dict[int, tuple[tuple[str, str], ...]] = {
     7: (("batches", "ix_batches_worker_end"), ("worker_idle", "ix_worker_idle_worker_start")),
+    8: (("stage_calls", "ix_stage_calls_start_ms"),),
 }
 """The indexes shipped migrations after version 1 add (table, index name): version 1 lacks them too."""
 
@@ -113,10 +115,10 @@ def indexes_added() -> list[tuple[str, str]]:
 
 
 def indexes_of(store: CostStore) -> set[tuple[str, str]]:
-    """The (table, index) pairs of the store's batches and idle intervals."""
+    """The (table, index) pairs of the store's stage calls, batches and idle intervals."""
     with store.engine.connect() as conn:
         found = inspect(conn)
-        return {(t, ix["name"] or "") for t in ("batches", "worker_idle") for ix in found.get_indexes(t)}
+        return {(t, ix["name"] or "") for t in ("stage_calls", "batches", "worker_idle") for ix in found.get_indexes(t)}
 
 
 def test_a_workers_records_are_read_by_time_through_an_index(store_url: str) -> None:
@@ -141,6 +143,24 @@ def test_a_workers_records_are_read_by_time_through_an_index(store_url: str) -> 
     assert all(
         re.search(r"USING (COVERING )?INDEX ix_\w+_worker_(end|start) \(worker_id=\? AND", p) for p in plans.values()
     ), plans
+
+
+def test_a_windows_calls_are_read_through_an_index(store_url: str) -> None:
+    """``esg-prefect costs --since``'s per-run call counts do not scan every call the store holds.
+
+    A fresh store has the index on stage_calls(start_ms), as an upgraded one does (above); on
+    SQLite, the query the windowed read runs searches it.
+    """
+    with CostStore(store_url) as s:
+        assert ("stage_calls", "ix_stage_calls_start_ms") in indexes_of(s)
+        record_all(s)
+        if not store_url.startswith("sqlite"):
+            return
+        q = select(col(StageCallRow.run_id)).where(col(StageCallRow.start_ms) >= 1.0)
+        with s.engine.connect() as conn:
+            sql = str(q.compile(conn, compile_kwargs={"literal_binds": True}))
+            plan = " ".join(r[3] for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+    assert re.search(r"SEARCH stage_calls USING (COVERING )?INDEX ix_stage_calls_start_ms \(start_ms>\?\)", plan), plan
 
 
 def test_a_failed_migration_leaves_the_previous_version(store_url: str) -> None:

@@ -195,6 +195,14 @@ def _index_workers_by_time(conn: Connection) -> None:
     conn.execute(text("CREATE INDEX IF NOT EXISTS ix_worker_idle_worker_start ON worker_idle (worker_id, start_ms)"))
 
 
+def _index_calls_by_start(conn: Connection) -> None:
+    """Version 8: stage calls by start, for the per-run call counts of a window (``esg-prefect costs --since``).
+
+    Without it, the read scans every call the store holds. ``IF NOT EXISTS``, as in version 7.
+    """
+    conn.execute(text("CREATE INDEX IF NOT EXISTS ix_stage_calls_start_ms ON stage_calls (start_ms)"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "runs, stage calls, batches and their items, worker idle intervals, price sheets", _create_v1),
     Migration(
@@ -223,5 +231,6 @@ MIGRATIONS: tuple[Migration, ...] = (
         "indexes batches(worker_id, end_ms) and worker_idle(worker_id, start_ms): a worker's records by time",
         _index_workers_by_time,
     ),
+    Migration(8, "index stage_calls(start_ms): the calls of a time window", _index_calls_by_start),
 )
 """Every schema version, oldest first; the last one is the version the table classes describe."""

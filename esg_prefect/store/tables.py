@@ -95,7 +95,7 @@ class StageCallRow(StoreModel, table=True):
     at_risk: bool | None = None
     reason: str = ""
     ready_ms: float
-    start_ms: float
+    start_ms: float = Field(index=True)  # the calls of a window (``esg-prefect costs --since``)
     end_ms: float
     ok: bool
     error: str = ""
