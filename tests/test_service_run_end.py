@@ -55,6 +55,17 @@ def _ended(client: PoolClient) -> None:
     client._executor.shutdown(wait=True)
 
 
+def _end_on(client: PoolClient, clock: list[float]) -> None:
+    """End run r1 through a client the service has answered before, its waits on ``clock``; wait for the posts."""
+    client._answered = True
+    client._stop = FakeWait(clock)
+    try:
+        client.end_run("r1")
+        _ended(client)
+    finally:
+        client.close()
+
+
 def _lost(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "end of flow run" in r.message]
 
@@ -114,14 +125,7 @@ def test_an_end_never_answered_gives_up_after_its_bound_with_one_warning(
         posts.append(clock[0])
         raise httpx.ConnectError("connection refused", request=request)
 
-    client = _client(handler, deadline_s)
-    client._answered = True  # the service served the run's calls, then went
-    client._stop = FakeWait(clock)
-    try:
-        client.end_run("r1")
-        _ended(client)
-    finally:
-        client.close()
+    _end_on(_client(handler, deadline_s), clock)  # the service served the run's calls, then went
     span = posts[-1] - posts[0]  # it gives up when the next wait (at most 5 s, jittered by half) would pass the bound
     assert len(posts) > 3 and bound - MAX_BACKOFF_S * JITTER_MAX < span <= bound
     assert _lost(caplog) == [
@@ -146,13 +150,7 @@ def test_a_retry_after_of_zero_still_backs_off(monkeypatch: pytest.MonkeyPatch) 
         raise httpx.ConnectError("connection refused", request=request)
 
     client = _client(handler)
-    client._answered = True
-    client._stop = FakeWait(clock)
-    try:
-        client.end_run("r1")
-        _ended(client)
-    finally:
-        client.close()
+    _end_on(client, clock)
     assert 5 < len(posts) < 20  # 0.2 s doubling to 5 s over the 30 s bound
 
 
