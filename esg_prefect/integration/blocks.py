@@ -138,9 +138,9 @@ class ESGPool(Block):
                     "token is the bearer token of a pool service; the embedded pool (no address) takes none: "
                     "set the address or leave the token empty"
                 )
-            from esg_prefect.integration.runner import _check_embedded  # the runner imports the pool: only here
+            from esg_prefect.integration.runner import check_embedded  # the runner imports the pool: only here
 
-            _refused(lambda: _check_embedded(self.scheduler, None, self.profile_path or None, None))
+            _refused(lambda: check_embedded(self.scheduler, None, self.profile_path or None, None))
             return self
         if refusal := address_refusal(self.address):
             raise ValueError(f"address: {refusal}")

@@ -111,7 +111,7 @@ def _resolve(value: Any, block_type: str) -> Any:
     return value
 
 
-def _check_embedded(scheduler: str, settings: Any, profile: str | Path | None, prices: Any) -> Any:
+def check_embedded(scheduler: str, settings: Any, profile: str | Path | None, prices: Any) -> Any:
     """Refuse what an embedded pool would fail on at the first stage call, naming it; a dict of
     settings becomes :class:`ESGSettings` (its keys and values checked)."""
     from esg_prefect.integration import blocks
@@ -352,7 +352,7 @@ class ESGTaskRunner(ThreadPoolTaskRunner):  # type: ignore[type-arg]
                 "token is the bearer token of a pool service; the embedded pool (no address) takes none: "
                 "give address= too, or drop token"
             )
-        settings = _check_embedded(scheduler, settings, profile, prices)
+        settings = check_embedded(scheduler, settings, profile, prices)
         self._pool: StagePool | None = pool
         self._warm = [False]  # shared with the duplicates: the first to start warms the shared pool up
         self._run_id: str | None = None  # the flow run this duplicate serves, seen on its first stage call
